@@ -1,0 +1,111 @@
+"""The training step shared by benchmarks and training, and the optimizer that goes with it."""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import torch
+import torch.nn as nn
+
+PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
+
+
+def param_groups(model: nn.Module, weight_decay: float, scheme: str = "matrices") -> list[dict]:
+    """AdamW parameter groups.
+
+    'matrices': decay only parameters with >= 2 dims (weights of Linear/Embedding), not
+    biases or norm gains - nanoGPT's ``configure_optimizers`` rule, applied to every model
+    alike so that a comparison is not confounded by different decay sets.
+    'all': decay everything (``torch.optim.AdamW(model.parameters())``).
+    """
+    params = [p for p in model.parameters() if p.requires_grad]
+    if scheme == "all":
+        return [{"params": params, "weight_decay": weight_decay}]
+    if scheme != "matrices":
+        raise ValueError(f"unknown weight-decay scheme {scheme!r}; expected 'matrices' or 'all'")
+    decay = [p for p in params if p.dim() >= 2]
+    no_decay = [p for p in params if p.dim() < 2]
+    return [
+        {"params": decay, "weight_decay": weight_decay},
+        {"params": no_decay, "weight_decay": 0.0},
+    ]
+
+
+def make_optimizer(
+    model: nn.Module,
+    lr: float = 3e-4,
+    betas: tuple[float, float] = (0.9, 0.999),
+    weight_decay: float = 0.01,
+    scheme: str = "matrices",
+    fused: bool | None = None,
+    capturable: bool = False,
+) -> torch.optim.AdamW:
+    """AdamW (Loshchilov & Hutter 2019) with the original training script's defaults.
+
+    ``capturable=True`` keeps the step count on the device so the step can be captured
+    in a CUDA graph; ``fused=True`` uses the single-kernel CUDA implementation.
+    """
+    kwargs: dict = {"lr": lr, "betas": betas}
+    if fused is not None:
+        kwargs["fused"] = fused
+    if capturable:
+        kwargs["capturable"] = True
+    return torch.optim.AdamW(param_groups(model, weight_decay, scheme), **kwargs)
+
+
+@contextlib.contextmanager
+def precision(mode: str, device: torch.device | str = "cpu") -> Iterator[None]:
+    """Run a region in one of the book's precisions, restoring global settings after.
+
+    'fp32': strict IEEE float32 matmuls (TF32 off); 'tf32': float32 storage, TF32 tensor-core
+    matmuls and convolutions; 'bf16'/'fp16': float32 weights under autocast.
+    """
+    if mode not in PRECISIONS:
+        raise ValueError(f"unknown precision {mode!r}; expected one of {PRECISIONS}")
+    dev_type = torch.device(device).type
+    saved = (
+        torch.backends.cuda.matmul.allow_tf32,
+        torch.backends.cudnn.allow_tf32,
+        torch.get_float32_matmul_precision(),
+    )
+    tf32 = mode == "tf32"
+    torch.backends.cuda.matmul.allow_tf32 = tf32
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    try:
+        if mode in ("bf16", "fp16"):
+            dtype = torch.bfloat16 if mode == "bf16" else torch.float16
+            with torch.autocast(device_type=dev_type, dtype=dtype):
+                yield
+        else:
+            yield
+    finally:
+        torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32, mp = saved
+        torch.set_float32_matmul_precision(mp)
+
+
+def train_step(
+    model: nn.Module,
+    optimizer: torch.optim.Optimizer,
+    x: torch.Tensor,
+    y: torch.Tensor,
+    grad_clip: float | None = None,
+    autocast_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """zero_grad(set_to_none) + forward + loss + backward + (clip) + optimizer step.
+
+    This is exactly the timed region of the original benchmark. Returns the loss as a
+    detached device tensor: no ``.item()``, so no host sync and the step stays capturable.
+    """
+    optimizer.zero_grad(set_to_none=True)
+    if autocast_dtype is not None:
+        with torch.autocast(device_type=x.device.type, dtype=autocast_dtype):
+            _, loss = model(x, y)
+    else:
+        _, loss = model(x, y)
+    loss.backward()
+    if grad_clip is not None:
+        torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+    optimizer.step()
+    return loss.detach()
