@@ -1,0 +1,56 @@
+"""Showing plotly figures in the book so they work everywhere and stay testable.
+
+``show(fig, name)`` emits one output with three representations:
+
+* ``application/vnd.plotly.v1+json`` - rendered interactively by JupyterLab;
+* ``text/html`` - a self-contained div (plotly.js from its CDN) for Colab, HTML builds
+  and nbviewer; its div id is derived from ``name``, so the output is deterministic and
+  nbval can compare it;
+* ``image/png`` - a static image when kaleido can render one (GitHub, no-JS viewers);
+* ``text/plain`` - the figure's title, for terminals.
+"""
+
+from __future__ import annotations
+
+import re
+
+import plotly.graph_objects as go
+
+TEMPLATE = "plotly_white"
+
+
+def _slug(name: str) -> str:
+    return re.sub(r"[^a-zA-Z0-9_-]+", "-", name).strip("-") or "figure"
+
+
+def static_png(fig: go.Figure) -> bytes | None:
+    """PNG bytes via kaleido, or None where kaleido/Chromium is not available."""
+    try:
+        return fig.to_image(format="png", scale=1)
+    except Exception:  # kaleido missing or no browser: the interactive outputs still work
+        return None
+
+
+def bundle(fig: go.Figure, name: str, png: bool = True) -> dict:
+    """The mime bundle :func:`show` displays."""
+    fig.update_layout(template=TEMPLATE)
+    title = fig.layout.title.text or name
+    data = {
+        "application/vnd.plotly.v1+json": fig.to_plotly_json(),
+        "text/html": fig.to_html(include_plotlyjs="cdn", full_html=False, div_id=f"fig-{_slug(name)}"),
+        "text/plain": f"<Figure: {title}>",
+    }
+    if png:
+        img = static_png(fig)
+        if img is not None:
+            import base64
+
+            data["image/png"] = base64.b64encode(img).decode()
+    return data
+
+
+def show(fig: go.Figure, name: str, png: bool = True) -> None:
+    """Display ``fig`` with interactive and static representations (see module docstring)."""
+    from IPython.display import display
+
+    display(bundle(fig, name, png), raw=True)
