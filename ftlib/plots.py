@@ -12,6 +12,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 
 import plotly.graph_objects as go
@@ -36,7 +37,7 @@ def bundle(fig: go.Figure, name: str, png: bool = True) -> dict:
     fig.update_layout(template=TEMPLATE)
     title = fig.layout.title.text or name
     data = {
-        "application/vnd.plotly.v1+json": fig.to_plotly_json(),
+        "application/vnd.plotly.v1+json": json.loads(fig.to_json()),
         "text/html": fig.to_html(include_plotlyjs="cdn", full_html=False, div_id=f"fig-{_slug(name)}"),
         "text/plain": f"<Figure: {title}>",
     }
