@@ -109,7 +109,7 @@ def random_batch(
     ix = torch.randint(len(data) - block_size, (batch_size,), generator=generator)
     offs = ix[:, None] + torch.arange(block_size + 1)  # (B, T+1)
     win = data[offs]
-    return win[:, :-1].to(device), win[:, 1:].to(device)
+    return win[:, :-1].contiguous().to(device), win[:, 1:].contiguous().to(device)
 
 
 class SequentialBatches:

@@ -62,7 +62,7 @@ class GPT(nn.Module):
         logits = self.head(self.norm_f(x))  # (B, T, V)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(B * T, -1), targets.view(B * T))
+            loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
         return logits, loss
 
     @torch.no_grad()
