@@ -1,0 +1,100 @@
+"""Convergence studies and the speedrun, stored as result rows (resumable).
+
+Fair comparisons (issue 7): every model gets the same initialization scheme ('gpt2'),
+the same AdamW parameter groups (decay matrices only), the same recipe and the same
+held-out evaluation; several seeds give a mean and spread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import torch
+
+from ftlib.config import ModelConfig, preset
+from ftlib.data import CharDataset
+from ftlib.env import device_slug, provenance
+from ftlib.results import ResultStore, row_key
+from ftlib.trainer import Recipe, recipe, train
+
+# The book's fair comparison: nanoGPT's optimizer recipe at the post's batch shape.
+FAIR = recipe("nanogpt-char", batch_size=32, steps=3000, decay_steps=3000, precision="tf32",
+              compile="default", eval_interval=100, eval_iters=50)
+
+
+def fair_models() -> dict[str, ModelConfig]:
+    """GPT-2, FastTransformer and one-change ablations, all with the same init scheme."""
+    same = dict(init="gpt2")
+    return {
+        "gpt2": preset("gpt2", **same),
+        "fasttransformer": preset("fasttransformer", **same),
+        "gpt2 + MQA": preset("gpt2", n_kv_head=1, **same),
+        "gpt2 + 2x MLP": preset("gpt2", mlp_ratio=2.0, **same),
+        "gpt2 + RMSNorm": preset("gpt2", norm="rmsnorm", **same),
+    }
+
+
+def speedrun_candidates() -> dict[str, tuple[ModelConfig, Recipe]]:
+    """nanoGPT's recipe and co-designed variants, all run to validation loss 1.50."""
+    nano = recipe("nanogpt-char", eval_interval=50, eval_iters=50)
+    base = preset("nanogpt-char")
+    return {
+        "nanogpt-char (reference)": (base, nano),
+        "nanogpt-char, MQA + 2x MLP + RMSNorm": (base.replace(n_kv_head=1, mlp_ratio=2.0, norm="rmsnorm"), nano),
+        "nanogpt-char, MQA + RMSNorm, lr 2e-3": (base.replace(n_kv_head=1, norm="rmsnorm"), nano.replace(lr=2e-3)),
+        "256x6 fasttransformer-style, lr 2e-3": (
+            preset("fasttransformer", init="gpt2", tie_weights=True, dropout=0.1),
+            nano.replace(lr=2e-3, min_lr=2e-4)),
+    }
+
+
+def _row(name: str, cfg: ModelConfig, rec: Recipe, out: dict, device, key: str, target) -> dict[str, Any]:
+    reached = out["reached"]
+    return {
+        **provenance(device), "key": key, "model": name, "config": cfg.to_dict(),
+        "config_hash": cfg.config_hash(), "recipe": out["recipe"], "seed": rec.seed,
+        "params": sum(p.numel() for p in out["model"].parameters()),
+        "history": out["history"], "best_val_loss": out["best_val_loss"],
+        "train_time_s": out["train_time_s"], "steps_done": out["steps_done"], "target": target,
+        "time_to_target_s": reached["time_s"] if reached else None,
+        "steps_to_target": reached["step"] if reached else None, "status": "ok",
+    }
+
+
+def run_study(
+    bench: str,
+    runs: dict[str, tuple[ModelConfig, Recipe]],
+    ds: CharDataset,
+    seeds: Iterable[int],
+    device: torch.device | str,
+    target_val_loss: float | None = None,
+    time_budget_s: float | None = None,
+    deadline: float | None = None,
+    progress: bool = True,
+) -> list[dict[str, Any]]:
+    """Train every (run, seed) not yet stored under ``bench``; return the new rows.
+
+    ``deadline`` (a ``time.time()`` value) stops starting new runs when passed, so a
+    bounded GPU session ends cleanly; what is left is measured by the next call.
+    """
+    import time
+
+    device = torch.device(device)
+    store = ResultStore(bench, device_slug(device))
+    new = []
+    for seed in seeds:
+        for name, (cfg, rec) in runs.items():
+            rec = rec.replace(seed=seed)
+            key = row_key(bench, cfg.config_hash(), rec.batch_size, rec.block_size, str(rec.compile),
+                          rec.precision, {"recipe": repr(rec), "target": target_val_loss})
+            if store.has(key):
+                continue
+            if deadline is not None and time.time() > deadline:
+                return new
+            out = train(cfg, rec, ds, device, target_val_loss=target_val_loss,
+                        time_budget_s=time_budget_s, progress=progress)
+            row = _row(name, cfg, rec, out, device, key, target_val_loss)
+            store.append(row)
+            new.append(row)
+    return new
