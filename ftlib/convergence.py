@@ -95,6 +95,57 @@ def run_study(
             out = train(cfg, rec, ds, device, target_val_loss=target_val_loss,
                         time_budget_s=time_budget_s, progress=progress)
             row = _row(name, cfg, rec, out, device, key, target_val_loss)
+            row["sample"] = sample_text(out["model"], ds, device, seed=seed)
             store.append(row)
             new.append(row)
     return new
+
+
+def sample_text(model, ds: CharDataset, device, n: int = 300, seed: int = 0, prompt: str = "\n") -> str:
+    """``n`` characters sampled (temperature 0.8, top-k 40) after ``prompt``, reproducibly."""
+    model.eval()
+    g = torch.Generator(device=torch.device(device)).manual_seed(seed)
+    idx = torch.tensor([ds.encode(prompt)], dtype=torch.long, device=device)
+    out = model.generate(idx, n, temperature=0.8, top_k=40, generator=g)
+    return ds.decode(out[0, len(prompt):].tolist())
+
+
+def aggregate(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
+    """Per model, per evaluated step: mean, min and max over seeds of val/train loss and time."""
+    by_model: dict[str, dict[int, list[dict]]] = {}
+    for r in rows:
+        for ev in r["history"]:
+            by_model.setdefault(r["model"], {}).setdefault(ev["step"], []).append(ev)
+    out: dict[str, list[dict[str, Any]]] = {}
+    for model, steps in by_model.items():
+        pts = []
+        for step in sorted(steps):
+            evs = steps[step]
+            vals = [e["val_loss"] for e in evs]
+            pts.append({
+                "step": step, "tokens": evs[0]["tokens"], "n_seeds": len(evs),
+                "time_s": sum(e["time_s"] for e in evs) / len(evs),
+                "val_mean": sum(vals) / len(vals), "val_min": min(vals), "val_max": max(vals),
+                "train_mean": sum(e["train_loss"] for e in evs) / len(evs),
+            })
+        out[model] = pts
+    return out
+
+
+def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per model: seeds, best validation loss (mean, min, max), time to target."""
+    by: dict[str, list[dict]] = {}
+    for r in rows:
+        by.setdefault(r["model"], []).append(r)
+    table = []
+    for model, rs in by.items():
+        best = [r["best_val_loss"] for r in rs]
+        ttt = [r["time_to_target_s"] for r in rs if r.get("time_to_target_s") is not None]
+        table.append({
+            "model": model, "params": rs[0]["params"], "seeds": len(rs),
+            "best val loss (mean)": sum(best) / len(best), "min": min(best), "max": max(best),
+            "time to target s (mean)": sum(ttt) / len(ttt) if ttt else None,
+            "reached": f"{len(ttt)}/{len(rs)}",
+            "train time s (mean)": sum(r["train_time_s"] for r in rs) / len(rs),
+        })
+    return table

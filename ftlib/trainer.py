@@ -146,6 +146,7 @@ def train(
     reached_at: dict[str, Any] | None = None
     bar = tqdm(range(rec.steps + 1), desc=f"train {config.config_hash()}", disable=not progress, leave=False)
     tf32 = "tf32" if rec.precision == "tf32" else "fp32"
+    last_loss = None
     for step in bar:
         if step % rec.eval_interval == 0 or step == rec.steps:
             _sync(device)
@@ -156,6 +157,8 @@ def train(
                 "val_loss": estimate_loss(model, ds.val, rec.batch_size, rec.block_size, rec.eval_iters,
                                           device, prec=rec.precision),
                 "lr": rec.lr_at(step),
+                # loss of the last training batch: what the original script reports as "perplexity"
+                "batch_loss": float(last_loss) if last_loss is not None else None,
             }
             history.append(ev)
             best = min(best, ev["val_loss"])
@@ -177,6 +180,7 @@ def train(
             loss = train_step(step_model, opt, x, y, grad_clip=rec.grad_clip, autocast_dtype=autocast)
         _sync(device)
         train_time += time.perf_counter() - t0
+        last_loss = loss
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss became {float(loss)} at step {step}")
     result = {

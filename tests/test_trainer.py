@@ -52,3 +52,20 @@ def test_bad_recipe():
         Recipe(sampler="shuffled")
     with pytest.raises(ValueError, match="unknown recipe"):
         recipe("nope")
+
+
+def test_study_is_resumable_and_aggregates(ds, tmp_path, monkeypatch):
+    from ftlib.convergence import aggregate, run_study, summary
+
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path))
+    rec = Recipe(steps=10, batch_size=4, block_size=32, eval_interval=5, eval_iters=2)
+    runs = {"tiny": (preset("fasttransformer", **TINY), rec)}
+    rows = run_study("conv", runs, ds, [0, 1], "cpu", progress=False)
+    assert len(rows) == 2 and rows[0]["history"][-1]["batch_loss"] is not None
+    assert len(rows[0]["sample"]) == 300 and set(rows[0]["sample"]) <= set(ds.chars)
+    assert run_study("conv", runs, ds, [0, 1], "cpu", progress=False) == []  # nothing left to do
+    agg = aggregate(rows)["tiny"]
+    assert [p["step"] for p in agg] == [0, 5, 10] and all(p["n_seeds"] == 2 for p in agg)
+    assert agg[-1]["val_min"] <= agg[-1]["val_mean"] <= agg[-1]["val_max"]
+    (line,) = summary(rows)
+    assert line["seeds"] == 2 and line["reached"] == "0/2"
