@@ -19,8 +19,8 @@ from ftlib.results import ResultStore, row_key
 from ftlib.trainer import Recipe, recipe, train
 
 # The book's fair comparison: nanoGPT's optimizer recipe at the post's batch shape.
-FAIR = recipe("nanogpt-char", batch_size=32, steps=3000, decay_steps=3000, precision="tf32",
-              compile="default", eval_interval=100, eval_iters=50)
+FAIR = recipe("nanogpt-char", batch_size=32, steps=2000, decay_steps=2000, precision="tf32",
+              compile="default", eval_interval=100, eval_iters=40)
 
 
 def fair_models() -> dict[str, ModelConfig]:
@@ -47,6 +47,59 @@ def speedrun_candidates() -> dict[str, tuple[ModelConfig, Recipe]]:
             preset("fasttransformer", init="gpt2", tie_weights=True, dropout=0.1),
             nano.replace(lr=2e-3, min_lr=2e-4)),
     }
+
+
+SEEDS = (0, 1, 2)
+SUITE_ORDER = ("convergence-original", "convergence", "speedrun", "convergence-nanogpt")
+
+
+def suites(smoke: bool) -> dict[str, dict]:
+    """bench name -> runs, seeds and target; smoke shrinks everything for CPU checks."""
+    tiny = dict(n_layer=1, n_embd=48, block_size=32) if smoke else {}  # 48: divisible by 6 and 8 heads
+    shrink = dict(steps=20, batch_size=4, block_size=32, eval_interval=10, eval_iters=2, compile=None,
+                  decay_steps=20, warmup=2, precision="fp32") if smoke else {}
+    original = recipe("original").replace(**shrink)
+
+    return {
+        # The post's experiment as the original ran it: original inits, 200 sequential steps, seed 42.
+        "convergence-original": dict(
+            runs={"gpt2": (preset("gpt2", **tiny), original),
+                  "fasttransformer": (preset("fasttransformer", **tiny), original)},
+            seeds=(42, 0, 1), target=None),
+        "convergence": dict(
+            runs={n: (c.replace(**tiny), FAIR.replace(**shrink)) for n, c in fair_models().items()},
+            seeds=SEEDS, target=None),
+        # nanoGPT's own recipe, cut at 2,500 of its 5,000 steps: past the overfitting point (~1,750).
+        "convergence-nanogpt": dict(
+            runs={"nanogpt-char": (preset("nanogpt-char", **tiny),
+                                   recipe("nanogpt-char", steps=2500, eval_interval=100,
+                                          eval_iters=40).replace(**shrink))},
+            seeds=SEEDS, target=None),
+        "speedrun": dict(
+            runs={n: (c.replace(**tiny), r.replace(**shrink)) for n, (c, r) in speedrun_candidates().items()},
+            seeds=SEEDS[:1], target=1.50),
+    }
+
+
+
+def run_suites(names: Iterable[str], device, smoke: bool = False, budget_s: float | None = None,
+               ds: CharDataset | None = None, progress: bool = False) -> list[dict[str, Any]]:
+    """Run the named suites (see :func:`suites`) until done or ``budget_s`` seconds have passed."""
+    import time
+
+    from ftlib.data import load_tinyshakespeare
+
+    deadline = time.time() + budget_s if budget_s else None
+    ds = ds or load_tinyshakespeare()
+    table = suites(smoke)
+    new = []
+    for name in names:
+        s = table[name]
+        new += run_study(name, s["runs"], ds, s["seeds"], device, target_val_loss=s["target"],
+                         deadline=deadline, progress=progress)
+        if deadline is not None and time.time() > deadline:
+            break
+    return new
 
 
 def _row(name: str, cfg: ModelConfig, rec: Recipe, out: dict, device, key: str, target) -> dict[str, Any]:
