@@ -1,0 +1,247 @@
+"""The GPU runner's driver: the book's benchmark suites, run within a time budget, resumably.
+
+    python3 ci/gpu_bench.py run --out OUT [--only fig1,precision] [--budget-s 540] [--notebooks 01,03]
+    python3 ci/gpu_bench.py collect --out OUT [--only ...]   # copy results into OUT, print the summary
+
+``run`` measures every case of the named suites whose key is not yet in
+``data/results/<device_slug>/<suite>.jsonl`` (results committed from earlier runs are
+skipped), stops starting new cases when the budget is nearly spent, and copies each
+suite's file into OUT after every row, so a run killed by the machine's limit still
+returns what it measured. ``collect`` keeps OUT at no more than 8 files and prints a
+short table last. ``ci/gpu-run`` calls both.
+"""
+
+from __future__ import annotations
+
+import argparse
+import glob
+import math
+import shutil
+import subprocess
+import sys
+import tarfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from ftlib.bench import Case, bench_cases, make_cases  # noqa: E402
+from ftlib.config import preset  # noqa: E402
+from ftlib.env import device_slug, pick_device  # noqa: E402
+from ftlib.results import ResultStore, results_dir  # noqa: E402
+
+MAX_OUT_FILES = 8  # what the device tool brings back
+TOKENS_PER_STEP = 8192  # the original T sweep's fixed tokens per step
+RESERVE_S = 25.0  # left for collecting files and the summary
+
+
+def _fig1() -> list[Case]:
+    """Figure 1: both presets at B=32, T=256, fp32, in the four execution modes.
+
+    The FastTransformer twice: K/V expanded to (B, H, T, d) (ftlib's default, gets the
+    memory-efficient kernel in fp32) and broadcast as (B, 1, T, d) as the original passes it.
+    Modes ordered so the cheap and the headline numbers come first.
+    """
+    configs = {
+        "gpt2": preset("gpt2"),
+        "fasttransformer": preset("fasttransformer", kv_layout="expand"),
+        "fasttransformer-broadcast": preset("fasttransformer", kv_layout="broadcast"),
+    }
+    cases: list[Case] = []
+    for mode in ("eager", "compile-ro", "cudagraph", "compile"):
+        cases += make_cases(configs, [(32, 256)], [mode], ["fp32"])
+    return cases
+
+
+def _precision() -> list[Case]:
+    """Both presets in TF32 and bf16 autocast, compiled (reduce-overhead) first, then eager."""
+    configs = {"gpt2": "gpt2", "fasttransformer": "fasttransformer"}
+    return make_cases(configs, [(32, 256)], ["compile-ro"], ["tf32", "bf16"]) + make_cases(
+        configs, [(32, 256)], ["eager"], ["tf32", "bf16"]
+    )
+
+
+def _tsweep() -> list[Case]:
+    """T from 128 to 4096 at 8,192 tokens per step (B = 8192 // T); block_size = T so T fits."""
+    cases: list[Case] = []
+    for prec in ("fp32", "tf32"):
+        for mode in ("compile-ro", "eager"):
+            for T in (128, 256, 512, 1024, 2048, 4096):
+                configs = {name: preset(name, block_size=T) for name in ("gpt2", "fasttransformer")}
+                cases += make_cases(configs, [(TOKENS_PER_STEP // T, T)], [mode], [prec])
+    return cases
+
+
+def _compile_time() -> list[Case]:
+    """First step from a cold process and empty compile caches, per model and mode (fp32)."""
+    return make_cases({"gpt2": "gpt2", "fasttransformer": "fasttransformer"}, [(32, 256)],
+                      ["compile", "compile-ro", "cudagraph"], ["fp32"])
+
+
+def _compile_max() -> list[Case]:
+    """max-autotune (no CUDA graphs): may not finish; isolated with a time limit. Not run by default."""
+    return make_cases({"gpt2": "gpt2", "fasttransformer": "fasttransformer"}, [(32, 256)],
+                      ["compile-max"], ["fp32"])
+
+
+# name -> (cases, options for bench_cases); in the order they run by default.
+SUITES: dict[str, tuple[Callable[[], list[Case]], dict]] = {
+    "fig1": (_fig1, {}),
+    "precision": (_precision, {}),
+    "tsweep": (_tsweep, {}),
+    "compile_time": (_compile_time, {"isolate_modes": ("compile", "compile-ro", "cudagraph"),
+                                     "warmup": 3, "iters": 10}),
+    "compile_max": (_compile_max, {"isolate_modes": ("compile-max",), "timeout_s": 420.0}),
+}
+DEFAULT_SUITES = ("fig1", "precision", "tsweep", "compile_time")
+
+
+def _suites(only: str | None) -> list[str]:
+    if only is None:
+        return list(DEFAULT_SUITES)
+    names = [s.strip() for s in only.split(",") if s.strip() and s.strip() != "none"]
+    unknown = [n for n in names if n not in SUITES]
+    if unknown:
+        sys.exit(f"unknown suite(s) {unknown}; known: {list(SUITES)}")
+    return names
+
+
+def _log_row(row: dict) -> None:
+    ms = row.get("median_ms")
+    timing = f"{ms:8.3f} ms [{row['p20_ms']:.3f}, {row['p80_ms']:.3f}]" if ms is not None else " " * 8 + " -"
+    first = row.get("first_step_s")
+    print(f"  {row['bench']:<12} {row['label']:<26} B={row['B']:<4} T={row['T']:<5} {row['mode']:<10} "
+          f"{row['precision']:<5} {row['status']:<11} {timing}"
+          f"  first {first if first is None else round(first, 1)} s  check {row.get('check_ok')}"
+          + (f"  {row['error'][:160]}" if row.get("error") else ""), flush=True)
+
+
+def run(args: argparse.Namespace) -> None:
+    start = time.monotonic()
+    deadline = start + args.budget_s - RESERVE_S
+    device = pick_device(args.device)
+    slug = device_slug(device)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    print(f"device {device} ({slug}); budget {args.budget_s:.0f} s; results in {results_dir() / slug}/", flush=True)
+    for name in _suites(args.only):
+        make, opts = SUITES[name]
+        store = ResultStore(name, slug)
+
+        def on_row(row: dict, store: ResultStore = store) -> None:
+            _log_row(row)
+            shutil.copyfile(store.path, out / store.path.name)  # so a killed run still returns it
+
+        if time.monotonic() > deadline:
+            print(f"[{name}] skipped: budget spent", flush=True)
+            continue
+        cases = make()
+        kw = {"warmup": args.warmup, "iters": args.iters, **opts}
+        rows = bench_cases(cases, store, progress=sys.stderr.isatty(), device=device,
+                           deadline=deadline, on_row=on_row, **kw)
+        missing = sum(1 for c in cases if not store.has(c.key(name), skip_status=("error",)))
+        print(f"[{name}] measured {len(rows)} now; {len(cases) - missing}/{len(cases)} done", flush=True)
+    if args.notebooks:
+        run_notebooks(args.notebooks.split(","), out, deadline + RESERVE_S - 5)
+
+
+def run_notebooks(chapters: list[str], out: Path, deadline: float) -> None:
+    """Execute book chapters in measuring mode with papermill, each within the time left."""
+    try:
+        import papermill  # noqa: F401
+    except ImportError:
+        print("notebooks: papermill is not importable here; skipped", flush=True)
+        return
+    for ch in (c.strip() for c in chapters if c.strip()):
+        found = sorted(glob.glob(str(ROOT / "book" / f"{ch}*.ipynb")))
+        if not found:
+            print(f"notebooks: no book/{ch}*.ipynb; skipped", flush=True)
+            continue
+        nb = Path(found[0])
+        left = deadline - time.monotonic()
+        if left < 30:
+            print(f"notebooks: {nb.name} skipped, {left:.0f} s left", flush=True)
+            continue
+        cmd = [sys.executable, "-m", "papermill", "--no-progress-bar", "-k", "python3", "--cwd",
+               str(nb.parent), str(nb), str(out / nb.name), "-p", "MEASURE", "True", "-p", "SMOKE", "False"]
+        print(f"notebooks: {nb.name} ({left:.0f} s left)", flush=True)
+        t0 = time.monotonic()
+        try:
+            rc = subprocess.run(cmd, cwd=str(ROOT), timeout=left).returncode
+        except subprocess.TimeoutExpired:
+            rc = "timeout"
+        print(f"notebooks: {nb.name} -> rc {rc} in {time.monotonic() - t0:.0f} s", flush=True)
+
+
+def collect(args: argparse.Namespace) -> None:
+    """Copy this device's result files into OUT (few files), then print the summary table."""
+    slug = device_slug(pick_device(args.device))
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    src = ResultStore("x", slug).path.parent
+    jsonl = sorted(src.glob("*.jsonl")) if src.exists() else []
+    for p in jsonl:
+        shutil.copyfile(p, out / p.name)
+    _limit_files(out)
+    names = _suites(args.only)
+    print(f"\n== summary: {src}/ ({', '.join(p.name for p in jsonl) or 'no files'})")
+    print(f"{'suite':<12} {'label':<26} {'B':>4} {'T':>5} {'mode':<10} {'prec':<5} {'status':<11} "
+          f"{'median ms':>9} {'p20-p80':>15} {'tok/s':>9} {'first s':>7} check")
+    counts: dict[str, int] = {}
+    for name in names:
+        for r in ResultStore(name, slug).latest().values():
+            counts[r["status"]] = counts.get(r["status"], 0) + 1
+            ms = r.get("median_ms")
+            spread = f"{r['p20_ms']:.2f}-{r['p80_ms']:.2f}" if ms is not None else ""
+            tps = f"{r['tokens_per_s']:.3g}" if r.get("tokens_per_s") else ""
+            first = r.get("first_step_s")
+            print(f"{name:<12} {r['label'][:26]:<26} {r['B']:>4} {r['T']:>5} {r['mode']:<10} "
+                  f"{r['precision']:<5} {r['status']:<11} {ms if ms is None else round(ms, 3)!s:>9} "
+                  f"{spread:>15} {tps:>9} {'' if first is None else round(first, 1)!s:>7} {r.get('check_ok')}")
+    print("rows by status: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
+    print("files in OUT: " + ", ".join(sorted(p.name for p in out.iterdir())))
+
+
+def _limit_files(out: Path) -> None:
+    """The device tool returns at most 8 files: pack the jsonl (then notebooks) into tars if needed."""
+    for pattern, tar_name in (("*.jsonl", "results.tar"), ("*.ipynb", "notebooks.tar")):
+        files = [p for p in out.iterdir() if p.is_file()]
+        if len(files) <= MAX_OUT_FILES:
+            return
+        group = sorted(out.glob(pattern))
+        if not group:
+            continue
+        with tarfile.open(out / tar_name, "w") as tar:
+            for p in group:
+                tar.add(p, arcname=p.name)
+        for p in group:
+            p.unlink()
+
+
+def main(argv: list[str] | None = None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("command", choices=("run", "collect", "list"))
+    ap.add_argument("--out", default="build/gpu-out")
+    ap.add_argument("--only", default=None, help=f"comma-separated suites (default {','.join(DEFAULT_SUITES)})")
+    ap.add_argument("--budget-s", type=float, default=540.0)
+    ap.add_argument("--notebooks", default="", help="chapters to execute with papermill, e.g. 01,03")
+    ap.add_argument("--device", default="auto")
+    ap.add_argument("--warmup", type=int, default=10)
+    ap.add_argument("--iters", type=int, default=50)
+    args = ap.parse_args(argv)
+    if not math.isfinite(args.budget_s) or args.budget_s <= 0:
+        ap.error("--budget-s must be a positive number of seconds")
+    if args.command == "run":
+        run(args)
+    elif args.command == "collect":
+        collect(args)
+    else:
+        for name in SUITES:
+            cases = SUITES[name][0]()
+            print(f"{name:<13} {len(cases):>3} cases" + ("" if name in DEFAULT_SUITES else "  (not default)"))
+
+
+if __name__ == "__main__":
+    main()
