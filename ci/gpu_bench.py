@@ -86,6 +86,28 @@ def _compile_max() -> list[Case]:
                       ["compile-max"], ["fp32"])
 
 
+def _grid() -> list[Case]:
+    """Chapter 4: the 2^4 grid of the four switches, then the K/V-head and MLP-ratio sweeps.
+
+    Eager and manual CUDA graph only (no compile: 16+ compiles would not fit a session);
+    fp32 first, then tf32.
+    """
+    from ftlib.ablations import grid, kv_head_sweep, mlp_ratio_sweep
+
+    cases: list[Case] = []
+    for prec in ("fp32", "tf32"):
+        cases += make_cases(grid(), [(32, 256)], ["eager", "cudagraph"], [prec])
+        cases += make_cases({**kv_head_sweep(), **mlp_ratio_sweep()}, [(32, 256)], ["eager", "cudagraph"], [prec])
+    return cases
+
+
+def _ladder() -> list[Case]:
+    """Chapter 4: the cumulative ladder GPT-2 -> FastTransformer under torch.compile(reduce-overhead)."""
+    from ftlib.ablations import ladder
+
+    return make_cases(ladder(), [(32, 256)], ["compile-ro"], ["fp32"])
+
+
 # name -> (cases, options for bench_cases); in the order they run by default.
 SUITES: dict[str, tuple[Callable[[], list[Case]], dict]] = {
     "fig1": (_fig1, {}),
@@ -94,7 +116,40 @@ SUITES: dict[str, tuple[Callable[[], list[Case]], dict]] = {
     "compile_time": (_compile_time, {"isolate_modes": ("compile", "compile-ro", "cudagraph"),
                                      "warmup": 3, "iters": 10}),
     "compile_max": (_compile_max, {"isolate_modes": ("compile-max",), "timeout_s": 420.0}),
+    "grid": (_grid, {}),
+    "ladder": (_ladder, {}),
 }
+
+
+def _profile(device, deadline: float) -> None:
+    """Chapter 1: measured profiles, both presets, B=32 T=256; cheap modes first."""
+    from ftlib.profiling import profile_suite
+
+    for modes, precs in ((["eager", "cudagraph"], ["fp32", "tf32"]), (["compile-ro"], ["fp32"]),
+                         (["eager", "cudagraph"], ["bf16"])):
+        for name in ("gpt2", "fasttransformer"):
+            if time.monotonic() > deadline - 60:
+                print("[profile] budget spent", flush=True)
+                return
+            for r in profile_suite([name], modes, precs, 32, 256, device):
+                print(f"  profile {name:<16} {r.get('mode'):<10} {r.get('precision'):<5} {r.get('status')} "
+                      f"step {r.get('step_ms')} ms sdpa {r.get('sdpa_backend')} {str(r.get('error', ''))[:120]}",
+                      flush=True)
+
+
+def _train(device, deadline: float) -> None:
+    """Chapter 8: convergence suites (ftlib.convergence), resumable."""
+    from ftlib.convergence import SUITE_ORDER, run_suites
+
+    for r in run_suites(SUITE_ORDER, device, budget_s=max(1.0, deadline - time.monotonic())):
+        print(f"  train {r['bench'] if 'bench' in r else ''}{r['model']:<40} seed {r['seed']} best val "
+              f"{r['best_val_loss']:.4f} steps {r['steps_done']} train {r['train_time_s']:.1f}s "
+              f"to-target {r['time_to_target_s']}", flush=True)
+
+
+# Suites that are not lists of step-benchmark cases: name -> runner(device, deadline).
+CUSTOM: dict[str, Callable] = {"profile": _profile, "train": _train}
+FILES = {"profile": ["profile"], "train": ["convergence-original", "convergence", "speedrun", "convergence-nanogpt"]}
 DEFAULT_SUITES = ("fig1", "precision", "tsweep", "compile_time")
 
 
@@ -102,7 +157,7 @@ def _suites(only: str | None) -> list[str]:
     if only is None:
         return list(DEFAULT_SUITES)
     names = [s.strip() for s in only.split(",") if s.strip() and s.strip() != "none"]
-    unknown = [n for n in names if n not in SUITES]
+    unknown = [n for n in names if n not in SUITES and n not in CUSTOM]
     if unknown:
         sys.exit(f"unknown suite(s) {unknown}; known: {list(SUITES)}")
     return names
@@ -127,6 +182,19 @@ def run(args: argparse.Namespace) -> None:
     out.mkdir(parents=True, exist_ok=True)
     print(f"device {device} ({slug}); budget {args.budget_s:.0f} s; results in {results_dir() / slug}/", flush=True)
     for name in _suites(args.only):
+        if name in CUSTOM:
+            if time.monotonic() > deadline:
+                print(f"[{name}] skipped: budget spent", flush=True)
+                continue
+            try:
+                CUSTOM[name](device, deadline)
+            except Exception as e:  # a broken suite must not lose the others' results
+                print(f"[{name}] failed: {type(e).__name__}: {e}", flush=True)
+            for stem in FILES[name]:
+                p = ResultStore(stem, slug).path
+                if p.exists():
+                    shutil.copyfile(p, out / p.name)
+            continue
         make, opts = SUITES[name]
         store = ResultStore(name, slug)
 
@@ -191,6 +259,8 @@ def collect(args: argparse.Namespace) -> None:
           f"{'median ms':>9} {'p20-p80':>15} {'tok/s':>9} {'first s':>7} check")
     counts: dict[str, int] = {}
     for name in names:
+        if name in CUSTOM:
+            continue
         for r in ResultStore(name, slug).latest().values():
             counts[r["status"]] = counts.get(r["status"], 0) + 1
             ms = r.get("median_ms")

@@ -76,7 +76,9 @@ def precision(mode: str, device: torch.device | str = "cpu") -> Iterator[None]:
     try:
         if mode in ("bf16", "fp16"):
             dtype = torch.bfloat16 if mode == "bf16" else torch.float16
-            with torch.autocast(device_type=dev_type, dtype=dtype):
+            # cache_enabled=False: the cast cache lives as long as the region, so steps inside one
+            # region would reuse bf16 copies of weights the optimizer has since changed.
+            with torch.autocast(device_type=dev_type, dtype=dtype, cache_enabled=False):
                 yield
         else:
             yield
