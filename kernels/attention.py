@@ -1,0 +1,342 @@
+"""Fused causal attention, forward and backward, FlashAttention-2 style, with MQA/GQA K/V.
+
+kernels (``_attn_fwd_kernel``, ``_attn_bwd_dq_kernel``, ``_attn_bwd_dkdv_kernel``) ->
+launchers (``attention_fwd``, ``attention_bwd``) -> ``FlashAttentionFunction`` ->
+``TritonCausalAttention``. Reference: :func:`ftlib.reference.causal_attention_ref`.
+
+Algorithm: Dao 2023, "FlashAttention-2" (arXiv:2307.08691). Forward = Algorithm 1 with
+the online softmax (sec. 3.1.1: running max m and sum l, one rescale of the output at the
+end), logsumexp saved per row. Backward = Algorithm 2 (P recomputed from Q, K and the
+logsumexp; D = rowsum(dO * O)), but split into two kernels as in the Triton fused-attention
+tutorial: one program per (batch, kv head, key block) accumulates dK and dV in registers
+over every query block *and every query head of its group*, and one program per (batch,
+query head, query block) accumulates dQ. Neither needs atomics, so the result is
+deterministic; the cost is computing Q K^T twice in the backward.
+
+K/V heads: q is (B, nh, T, hs), k and v are (B, nkv, T, hs) with nkv | nh; query head h
+reads kv head h // (nh // nkv) by pointer arithmetic (Ainslie et al. 2023's grouping), so a
+single MQA head (the FastTransformer's nkv = 1) is never copied or expanded.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import triton
+import triton.language as tl
+
+from kernels._common import check_tensor, compute_dtype, interpret_mode, same_device
+
+LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2 e), exp2 is the fast unit
+PRECISIONS = ("ieee", "tf32")
+
+
+@triton.jit
+def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
+    """tl.dot with fp32 (or fp64) accumulation. UPCAST multiplies in fp32 instead: the Triton
+    3.9 CPU interpreter mis-computes bf16 tl.dot, and bf16 x bf16 products are exact in fp32,
+    so the result is the same as a tensor core's bf16 MMA with fp32 accumulation."""
+    if UPCAST:
+        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
+    else:
+        return tl.dot(a, b, input_precision=PREC)
+
+
+@triton.jit
+def _attn_fwd_kernel(
+    Q, K, V, Out, LSE,  # Q, Out: (B, nh, T, HS); K, V: (B, nkv, T, HS); LSE: (B, nh, T) in CD
+    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
+    nh, T, qk_scale, group,  # qk_scale = softmax scale * log2(e); group = nh // nkv
+    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+):
+    """One program per (query block of BLOCK_M rows, batch * query head). With s = q k^T * scale
+    in base-2 units (s2 = s * log2 e), for each key block j up to the diagonal:
+
+        m_new = max(m, rowmax(s2_j));  p = exp2(s2_j - m_new);  alpha = exp2(m - m_new)
+        l = alpha l + rowsum(p);  acc = alpha acc + p v_j;  m = m_new
+
+    then o = acc / l and lse2 = m + log2(l) (FlashAttention-2 Alg. 1; the division by l is
+    deferred to the end, sec. 3.1.1). Keys beyond the diagonal block are never loaded
+    (causal block skipping); the causal and T masks are applied as -inf before the max.
+    """
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // nh).to(tl.int64)
+    h = bh % nh
+    kvh = (h // group).to(tl.int64)  # the shared K/V head: indexing, no copy
+    h = h.to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HS)
+    q_ptrs = Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :]
+    q = tl.load(q_ptrs, mask=offs_m[:, None] < T, other=0.0)  # (BLOCK_M, HS)
+    k_base = K + b * skb + kvh * skh
+    v_base = V + b * svb + kvh * svh
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), CD)
+    l_i = tl.zeros((BLOCK_M,), CD)
+    acc = tl.zeros((BLOCK_M, HS), CD)
+    hi = tl.minimum((start_m + 1) * BLOCK_M, T)  # causal: keys <= the block's last query
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kt = tl.load(k_base + cols[None, :] * skt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)  # (HS, BN)
+        s = _dot(q, kt, PREC, UPCAST).to(CD) * qk_scale  # (BLOCK_M, BLOCK_N), base-2 units
+        keep = (offs_m[:, None] >= cols[None, :]) & (cols[None, :] < T)
+        s = tl.where(keep, s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: key 0 is in the first block for every row
+        p = tl.exp2(s - m_new[:, None])
+        alpha = tl.exp2(m_i - m_new)
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=cols[:, None] < T, other=0.0)  # (BN, HS)
+        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC, UPCAST).to(CD)
+        m_i = m_new
+    acc = acc / l_i[:, None]
+    row_ok = offs_m < T
+    tl.store(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], acc.to(Out.dtype.element_ty),
+             mask=row_ok[:, None])
+    tl.store(LSE + (b * nh + h) * T + offs_m, m_i + tl.log2(l_i), mask=row_ok)
+
+
+@triton.jit
+def _attn_bwd_dq_kernel(
+    Q, K, V, Out, DO, LSE, DELTA, DQ,  # DELTA: (B, nh, T) written here, read by the dK/dV kernel
+    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sdob, sdoh, sdot, sdqb, sdqh, sdqt,
+    nh, T, qk_scale, sm_scale, group,
+    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+):
+    """dQ for one (query block, batch * head), FlashAttention-2 Alg. 2 restricted to dQ:
+
+        D = rowsum(dO * O)  (stored for the dK/dV kernel: this kernel is its preprocessing)
+        P = exp2(s2 - lse2),  dP = dO V^T,  dS = P * (dP - D),  dQ = scale * dS K
+    """
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // nh).to(tl.int64)
+    h = bh % nh
+    kvh = (h // group).to(tl.int64)
+    h = h.to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HS)
+    row_ok = offs_m < T
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    o = tl.load(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    delta = tl.sum(do.to(CD) * o.to(CD), axis=1)  # (BLOCK_M,)
+    tl.store(DELTA + (b * nh + h) * T + offs_m, delta, mask=row_ok)
+    lse = tl.load(LSE + (b * nh + h) * T + offs_m, mask=row_ok, other=0.0)
+    k_base = K + b * skb + kvh * skh
+    v_base = V + b * svb + kvh * svh
+
+    dq = tl.zeros((BLOCK_M, HS), CD)
+    hi = tl.minimum((start_m + 1) * BLOCK_M, T)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kt = tl.load(k_base + cols[None, :] * skt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)  # (HS, BN)
+        vt = tl.load(v_base + cols[None, :] * svt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)  # (HS, BN)
+        s = _dot(q, kt, PREC, UPCAST).to(CD) * qk_scale
+        keep = (offs_m[:, None] >= cols[None, :]) & (cols[None, :] < T) & row_ok[:, None]
+        p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)
+        dp = _dot(do, vt, PREC, UPCAST).to(CD)
+        ds = p * (dp - delta[:, None])
+        dq += _dot(ds.to(kt.dtype), tl.trans(kt), PREC, UPCAST).to(CD)
+    dq = dq * sm_scale
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, DO, LSE, DELTA, DK, DV,  # DK, DV: (B, nkv, T, HS) contiguous
+    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
+    nh, nkv, T, qk_scale, sm_scale, group,
+    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+):
+    """dK, dV for one (key block, batch * kv head), summed over the group's query heads:
+
+        for h in group, for query blocks i at or after the key block (causal):
+            P^T = exp2(s2^T - lse2),  dV += P^T dO,  dP^T = V dO^T,
+            dS^T = P^T * (dP^T - D),  dK += scale * dS^T Q
+
+    FlashAttention-2 Alg. 2's outer loop over key blocks (sec. 3.1.2 parallelizes the
+    backward over the sequence this way); the extra loop over the group's heads replaces
+    the atomics (or the expanded K/V and a reduction) that MQA/GQA would otherwise need.
+    """
+    start_n = tl.program_id(0)
+    bk = tl.program_id(1)
+    b = (bk // nkv).to(tl.int64)
+    kvh = (bk % nkv).to(tl.int64)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HS)
+    col_ok = offs_n < T
+    k = tl.load(K + b * skb + kvh * skh + offs_n[:, None] * skt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    v = tl.load(V + b * svb + kvh * svh + offs_n[:, None] * svt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    dk = tl.zeros((BLOCK_N, HS), CD)
+    dv = tl.zeros((BLOCK_N, HS), CD)
+    lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M  # first query block that sees these keys
+    for g in range(0, group):
+        h = kvh * group + g
+        q_base = Q + b * sqb + h * sqh
+        do_base = DO + b * sdob + h * sdoh
+        row_base = (b * nh + h) * T
+        for start_m in range(lo, T, BLOCK_M):
+            offs_m = start_m + offs_m0
+            row_ok = offs_m < T
+            q = tl.load(q_base + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            do = tl.load(do_base + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=0.0)
+            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+            st = _dot(k, tl.trans(q), PREC, UPCAST).to(CD) * qk_scale  # (BLOCK_N, BLOCK_M)
+            keep = (offs_m[None, :] >= offs_n[:, None]) & row_ok[None, :] & col_ok[:, None]
+            pt = tl.where(keep, tl.exp2(st - lse[None, :]), 0.0)
+            dv += _dot(pt.to(do.dtype), do, PREC, UPCAST).to(CD)
+            dpt = _dot(v, tl.trans(do), PREC, UPCAST).to(CD)
+            dst = pt * (dpt - delta[None, :])
+            dk += _dot(dst.to(q.dtype), q, PREC, UPCAST).to(CD)
+    dk = dk * sm_scale
+    out = (b * nkv + kvh) * T * HS + offs_n[:, None] * HS + offs_d[None, :]
+    tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
+    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
+
+
+def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_precision: str) -> None:
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        check_tensor(name, t, dtypes=_DTYPES, ndim=4, contiguous=False)
+        if t.stride(-1) != 1:
+            raise ValueError(f"{name}'s head dim must be contiguous (stride 1), got strides {t.stride()}")
+    same_device(("q", q), ("k", k), ("v", v))
+    if not (q.dtype == k.dtype == v.dtype):
+        raise TypeError(f"q, k, v dtypes differ: {q.dtype}, {k.dtype}, {v.dtype}")
+    B, nh, T, hs = q.shape
+    if k.shape != v.shape or k.shape[0] != B or k.shape[2] != T or k.shape[3] != hs:
+        raise ValueError(
+            f"k/v must be (B, nkv, T, hs) = ({B}, nkv, {T}, {hs}); got k {tuple(k.shape)}, v {tuple(v.shape)}"
+        )
+    nkv = k.shape[1]
+    if nkv < 1 or nh % nkv:
+        raise ValueError(f"n_kv_head={nkv} must divide n_head={nh}")
+    if hs not in (16, 32, 64, 128):
+        raise ValueError(f"head size {hs} not supported; tl.dot needs a power of two in [16, 128]")
+    if input_precision not in PRECISIONS:
+        raise ValueError(f"input_precision {input_precision!r}; expected one of {PRECISIONS}")
+
+
+def _prec(dtype: torch.dtype, input_precision: str) -> str:
+    return input_precision if dtype == torch.float32 else "ieee"  # tf32 applies to fp32 operands only
+
+
+def _upcast(dtype: torch.dtype) -> bool:
+    return interpret_mode() and dtype in (torch.bfloat16, torch.float16)
+
+
+def attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+    input_precision: str = "ieee", block_m: int = 64, block_n: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Causal softmax(q k^T * scale) v; returns (o (B, nh, T, hs) contiguous, lse2 (B, nh, T)).
+
+    lse2 is the row log-sum-exp of the scaled scores in base 2 (log2 e * natural lse), in
+    fp32 (fp64 for fp64 inputs). input_precision: 'ieee' (strict fp32) or 'tf32' for fp32 q/k/v.
+    """
+    _check_qkv(q, k, v, input_precision)
+    B, nh, T, hs = q.shape
+    nkv = k.shape[1]
+    sm_scale = 1.0 / math.sqrt(hs) if sm_scale is None else sm_scale
+    cd = torch.float64 if q.dtype == torch.float64 else torch.float32
+    o = torch.empty((B, nh, T, hs), dtype=q.dtype, device=q.device)
+    lse = torch.empty((B, nh, T), dtype=cd, device=q.device)
+    if B * nh * T == 0:
+        return o, lse
+    grid = (triton.cdiv(T, block_m), B * nh)
+    _attn_fwd_kernel[grid](
+        q, k, v, o, lse,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+        nh, T, sm_scale * LOG2E, nh // nkv,
+        HS=hs, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype, input_precision),
+        UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype), num_warps=4, num_stages=2,
+    )
+    return o, lse
+
+
+def attention_bwd(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
+    sm_scale: float | None = None, input_precision: str = "ieee", block_m: int = 64, block_n: int = 64,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) for o, lse = attention_fwd(q, k, v, ...); dk, dv have k's shape (B, nkv, T, hs)."""
+    _check_qkv(q, k, v, input_precision)
+    check_tensor("do", do, dtypes=(q.dtype,), ndim=4, contiguous=False)
+    if do.shape != q.shape:
+        raise ValueError(f"do shape {tuple(do.shape)} != q shape {tuple(q.shape)}")
+    if do.stride(-1) != 1:
+        do = do.contiguous()
+    B, nh, T, hs = q.shape
+    nkv = k.shape[1]
+    sm_scale = 1.0 / math.sqrt(hs) if sm_scale is None else sm_scale
+    dq = torch.empty((B, nh, T, hs), dtype=q.dtype, device=q.device)
+    dk = torch.empty((B, nkv, T, hs), dtype=k.dtype, device=k.device)
+    dv = torch.empty((B, nkv, T, hs), dtype=v.dtype, device=v.device)
+    delta = torch.empty_like(lse)
+    if B * nh * T == 0:
+        return dq, dk.zero_(), dv.zero_()
+    common = dict(
+        HS=hs, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype, input_precision),
+        UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype), num_warps=4, num_stages=2,
+    )
+    qs, ks, vs = q.stride()[:3], k.stride()[:3], v.stride()[:3]
+    # The dQ kernel runs first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads.
+    _attn_bwd_dq_kernel[(triton.cdiv(T, block_m), B * nh)](
+        q, k, v, o, do, lse, delta, dq, *qs, *ks, *vs, *o.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
+        nh, T, sm_scale * LOG2E, sm_scale, nh // nkv, **common,
+    )
+    _attn_bwd_dkdv_kernel[(triton.cdiv(T, block_n), B * nkv)](
+        q, k, v, do, lse, delta, dk, dv, *qs, *ks, *vs, *do.stride()[:3],
+        nh, nkv, T, sm_scale * LOG2E, sm_scale, nh // nkv, **common,
+    )
+    return dq, dk, dv
+
+
+class FlashAttentionFunction(torch.autograd.Function):
+    """Saves q, k, v, o and the (B, nh, T) logsumexp; never the (T, T) probabilities."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, sm_scale=None, input_precision="ieee", block_m=64, block_n=64):
+        o, lse = attention_fwd(q, k, v, sm_scale, input_precision, block_m, block_n)
+        ctx.save_for_backward(q, k, v, o, lse)
+        ctx.cfg = (sm_scale, input_precision, block_m, block_n)
+        return o
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, o, lse = ctx.saved_tensors
+        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, *ctx.cfg)
+        return dq, dk, dv, None, None, None, None
+
+
+def flash_attention(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+    input_precision: str = "ieee", block_m: int = 64, block_n: int = 64,
+) -> torch.Tensor:
+    """Causal attention through the fused kernels; q (B, nh, T, hs), k/v (B, nkv, T, hs)."""
+    return FlashAttentionFunction.apply(q, k, v, sm_scale, input_precision, block_m, block_n)
+
+
+class TritonCausalAttention(nn.Module):
+    """Thin module over :func:`flash_attention` (no parameters: the projections stay in
+    :class:`ftlib.attention.CausalSelfAttention`)."""
+
+    def __init__(self, input_precision: str = "ieee", block_m: int = 64, block_n: int = 64) -> None:
+        super().__init__()
+        self.input_precision, self.block_m, self.block_n = input_precision, block_m, block_n
+
+    def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        return flash_attention(q, k, v, None, self.input_precision, self.block_m, self.block_n)

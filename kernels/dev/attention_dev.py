@@ -1,0 +1,73 @@
+"""Causal attention forward + backward: check then time. ``python -m kernels.dev.attention_dev [--check-only]``.
+
+Shape: the FastTransformer's attention, B=32, nh=8, T=256, hs=32, with nkv=1 (MQA) and 8.
+Variants: v1 explicit reference (materializes (B, nh, T, T)), v2 SDPA with a stride-0
+expanded K/V (memory-efficient kernel in fp32, facts.md), v3 Triton 'ieee' fp32, v4 Triton
+'tf32', and in bf16 v5 SDPA and v6 Triton. FLOPs: the causal half of the 4 matmuls'
+worth forward (4 B nh T^2 hs / 2) and 2.5x that backward (FlashAttention-2 paper's
+convention, sec. 4.1: 5 matmuls vs 2); the Triton backward actually does 7 (QK^T twice).
+"""
+
+from __future__ import annotations
+
+from kernels.dev._harness import Variant, parse_args, run, setup
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(__doc__, argv)
+    device = setup(args)
+    import torch
+    import torch.nn.functional as F
+
+    from ftlib.attention import kv_for_sdpa
+    from ftlib.reference import causal_attention_ref
+    from kernels.attention import flash_attention
+
+    cuda = device.type == "cuda"
+    B, nh, T, hs = (32, 8, 256, 32) if cuda else (1, 4, 37, 32)
+    blk = {} if cuda else dict(block_m=16, block_n=16)
+    ok = True
+    # One function per case so the closures below bind its arguments, not loop variables.
+    def case(nkv: int, dtype: torch.dtype) -> bool:
+        mk = lambda h: torch.randn(B, h, T, hs, device=device, dtype=dtype, requires_grad=True)
+        q, k, v = mk(nh), mk(nkv), mk(nkv)
+        do = torch.randn(B, nh, T, hs, device=device, dtype=dtype)
+
+        def fwd_bwd(f):
+            return lambda: (lambda o: (o, *torch.autograd.grad(o, (q, k, v), do)))(f(q, k, v))
+
+        def sdpa(q_, k_, v_):
+            k2, _ = kv_for_sdpa(k_, nh, "expand")
+            v2, _ = kv_for_sdpa(v_, nh, "expand")
+            return F.scaled_dot_product_attention(q_, k2, v2, is_causal=True)
+
+        ins64 = [t.detach().double().requires_grad_(True) for t in (q, k, v)]
+
+        def reference():
+            o = causal_attention_ref(*ins64)
+            return (o, *torch.autograd.grad(o, ins64, do.double()))
+
+        if dtype == torch.float32:
+            variants = [
+                Variant("v1 explicit", fwd_bwd(causal_attention_ref), 1e-5, gpu_only=True),
+                Variant("v2 sdpa expand", fwd_bwd(sdpa), 1e-5, gpu_only=True),
+                Variant("v3 triton ieee", fwd_bwd(lambda a, b, c: flash_attention(a, b, c, **blk)), 1e-5),
+                Variant("v4 triton tf32", fwd_bwd(
+                    lambda a, b, c: flash_attention(a, b, c, input_precision="tf32", **blk)), 5e-3),
+            ]
+        else:
+            variants = [
+                Variant("v5 sdpa bf16", fwd_bwd(sdpa), 3e-2, gpu_only=True),
+                Variant("v6 triton bf16", fwd_bwd(lambda a, b, c: flash_attention(a, b, c, **blk)), 3e-2),
+            ]
+        flops = 4 * B * nh * T * T * hs / 2 * (1 + 2.5)
+        return run(f"causal attention fwd+bwd B={B} nh={nh} nkv={nkv} T={T} hs={hs} {dtype}", args, device,
+                  reference, variants, work=flops, unit="TFLOP/s")
+    for nkv in (1, nh):
+        for dtype in (torch.float32, torch.bfloat16):
+            ok &= case(nkv, dtype)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""RMSNorm forward + backward: check then time. ``python -m kernels.dev.rmsnorm_dev [--check-only]``.
+
+Variants: v1 eager reference (ftlib.norm.rms_norm_ref), v2 torch.compile of it, v3 the Triton
+kernels. Shape: the FastTransformer's norm input, (B*T, C) = (8192, 256), fp32 and bf16.
+Bytes (the floor): forward reads x and writes y, backward reads x and dy and writes dx;
+weight, rstd and the partial dweight sums are O(N + M) and left out.
+"""
+
+from __future__ import annotations
+
+from kernels.dev._harness import Variant, parse_args, run, setup
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(__doc__, argv)
+    device = setup(args)
+    import torch
+
+    from ftlib.reference import rms_norm_ref
+    from kernels.rmsnorm import rms_norm
+
+    M, N = (8192, 256) if device.type == "cuda" else (37, 256)
+    ok = True
+    # One function per case so the closures below bind its arguments, not loop variables.
+    def case(dtype, tol) -> bool:
+        x = torch.randn(M, N, device=device, dtype=dtype, requires_grad=True)
+        w = torch.ones(N, device=device, dtype=dtype).add_(0.1 * torch.randn(N, device=device, dtype=dtype))
+        w.requires_grad_(True)
+        dy = torch.randn(M, N, device=device, dtype=dtype)
+
+        def fwd_bwd(f):
+            return lambda: (lambda y: (y, *torch.autograd.grad(y, (x, w), dy)))(f(x, w, 1e-5))
+
+        # fp64 reference from the same inputs
+        x64, w64 = x.detach().double().requires_grad_(True), w.detach().double().requires_grad_(True)
+
+        def reference():
+            y = rms_norm_ref(x64, w64, 1e-5)
+            return (y, *torch.autograd.grad(y, (x64, w64), dy.double()))
+
+        compiled = torch.compile(rms_norm_ref) if device.type == "cuda" else rms_norm_ref
+        variants = [
+            Variant("v1 eager", fwd_bwd(rms_norm_ref), tol),
+            Variant("v2 torch.compile", fwd_bwd(compiled), tol, gpu_only=True),
+            Variant("v3 triton", fwd_bwd(rms_norm), tol),
+        ]
+        return run(f"rmsnorm fwd+bwd ({M}, {N}) {dtype}", args, device, reference, variants,
+                  work=5 * M * N * x.element_size(), unit="GB/s")
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        ok &= case(dtype, tol)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
