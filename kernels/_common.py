@@ -71,3 +71,18 @@ def num_programs(device: torch.device, work: int) -> int:
     else:
         sms = 4  # interpreter: a few programs still exercise the partial-sum reduction
     return max(1, min(sms, work))
+
+
+def interpreter_ready() -> bool:
+    """True when Triton kernels can run in the CPU interpreter in this process.
+
+    TRITON_INTERPRET=1 must be set before the first ``import triton``: Triton's own
+    ``@triton.jit`` library functions (tl.max's combine function, ...) are built at import
+    and stay compiled-mode objects otherwise. torch can import triton on its own (e.g.
+    torch.utils.flop_counter does), so a pytest session that imports torch first cannot
+    interpret kernels; tests/test_kernels_subprocess.py then reruns the kernel tests in a
+    fresh process.
+    """
+    import triton.language.standard as std
+
+    return interpret_mode() and type(std.cdiv).__name__ == "InterpretedFunction"

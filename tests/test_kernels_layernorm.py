@@ -9,6 +9,12 @@ import torch  # noqa: E402
 
 triton = pytest.importorskip("triton")
 
+from kernels._common import interpreter_ready  # noqa: E402
+
+# When triton was imported before TRITON_INTERPRET=1 (torch imports it in some test modules),
+# this process cannot interpret kernels: test_kernels_subprocess.py reruns this file instead.
+pytestmark = pytest.mark.skipif(not interpreter_ready(), reason="triton imported before TRITON_INTERPRET=1")
+
 from ftlib.reference import layer_norm_ref  # noqa: E402
 from kernels.layernorm import LayerNormFunction, TritonLayerNorm, layer_norm  # noqa: E402
 
