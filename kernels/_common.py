@@ -79,9 +79,8 @@ def interpreter_ready() -> bool:
     TRITON_INTERPRET=1 must be set before the first ``import triton``: Triton's own
     ``@triton.jit`` library functions (tl.max's combine function, ...) are built at import
     and stay compiled-mode objects otherwise. torch can import triton on its own (e.g.
-    torch.utils.flop_counter does), so a pytest session that imports torch first cannot
-    interpret kernels; tests/test_kernels_subprocess.py then reruns the kernel tests in a
-    fresh process.
+    torch.utils.flop_counter does), so a process that imports torch first cannot interpret
+    kernels; tests/conftest.py therefore sets it before any test module is imported.
     """
     import triton.language.standard as std
 

@@ -12,7 +12,7 @@ triton = pytest.importorskip("triton")
 from kernels._common import interpreter_ready  # noqa: E402
 
 # When triton was imported before TRITON_INTERPRET=1 (torch imports it in some test modules),
-# this process cannot interpret kernels: test_kernels_subprocess.py reruns this file instead.
+# this process cannot interpret kernels (tests/conftest.py sets TRITON_INTERPRET before triton loads).
 pytestmark = pytest.mark.skipif(not interpreter_ready(), reason="triton imported before TRITON_INTERPRET=1")
 
 from ftlib.reference import cross_entropy_ref  # noqa: E402
