@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as _dt
+import os
 import platform
 import re
 import subprocess
@@ -40,6 +41,9 @@ def device_slug(device: torch.device | str) -> str:
 
 
 def git_commit() -> str:
+    """The checkout's commit (+dirty); ``$FTLIB_COMMIT`` where there is no .git (a copied tree)."""
+    if os.environ.get("FTLIB_COMMIT"):
+        return os.environ["FTLIB_COMMIT"]
     root = Path(__file__).resolve().parent.parent
     try:
         out = subprocess.run(

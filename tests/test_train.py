@@ -57,3 +57,11 @@ def test_precision_restores_globals():
     with pytest.raises(ValueError, match="precision 'fp8'"):
         with precision("fp8"):
             pass
+
+
+def test_provenance_commit_from_env(monkeypatch):
+    from ftlib.env import provenance
+
+    monkeypatch.setenv("FTLIB_COMMIT", "abc123+dirty")
+    p = provenance("cpu")
+    assert p["commit"] == "abc123+dirty" and p["device_type"] == "cpu" and p["date"].endswith("Z")
