@@ -39,6 +39,7 @@ import math
 
 import plotly.graph_objects as go
 
+from ftlib.benchview import provenance_line
 from ftlib.convergence import FAIR, SUITE_ORDER, aggregate, run_suites, summary
 from ftlib.env import pick_device
 from ftlib.plots import show
@@ -53,11 +54,6 @@ if MEASURE:
 def stored(bench):
     """Rows of a bench: this device's fresh ones when measuring, else the committed GPU ones."""
     return load_rows(bench, include_cpu=MEASURE)
-
-
-def provenance_line(rows):
-    keys = sorted({(r["device"], r["torch"], r["date"][:10], r["commit"]) for r in rows})
-    return "; ".join(f"{d}, torch {t}, {day}, commit {c}" for d, t, day, c in keys)
 
 
 # %% [markdown]
