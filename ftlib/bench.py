@@ -49,7 +49,8 @@ from ftlib.data import synthetic_batch
 from ftlib.env import device_slug, pick_device, provenance
 from ftlib.model import build_model
 from ftlib.results import ResultStore, row_key
-from ftlib.train import make_optimizer, precision, train_step
+from ftlib.train import make_optimizer, train_step
+from ftlib.train import precision as precision_region  # bench_step has a `precision` argument
 
 MODES = ("eager", "cudagraph", "compile", "compile-ro", "compile-max")
 COMPILE_MODES: dict[str, str | None] = {
@@ -111,25 +112,6 @@ def summarize_ms(times_ms: Sequence[float]) -> dict[str, float]:
         "median_ms": _percentile(xs, 0.5), "p20_ms": _percentile(xs, 0.2), "p80_ms": _percentile(xs, 0.8),
         "min_ms": xs[0], "max_ms": xs[-1], "mean_ms": sum(xs) / len(xs),
     }
-
-
-@contextlib.contextmanager
-def _numerics(prec: str, device: torch.device) -> Iterator[None]:
-    """``ftlib.train.precision`` plus an autocast region with its weight-cast cache off.
-
-    ``precision('bf16')`` opens one autocast region; autocast caches the bf16 copy of each
-    weight until the outermost region exits, so over several steps the forward would reuse
-    casts of the *old* weights (and a CUDA graph would capture no cast at all). A nested
-    ``cache_enabled=False`` region re-casts every step, which is what a step-per-region
-    training loop does anyway.
-    """
-    with precision(prec, device):
-        if prec in ("bf16", "fp16"):
-            dtype = torch.bfloat16 if prec == "bf16" else torch.float16
-            with torch.autocast(device_type=device.type, dtype=dtype, cache_enabled=False):
-                yield
-        else:
-            yield
 
 
 @contextlib.contextmanager
@@ -364,7 +346,8 @@ def bench_step(
     )
     try:
         cfg.check_sequence(T)
-        with _numerics(prec, dev), compile_ctx:
+        # precision() opens autocast with its weight-cast cache off, so each step casts fresh weights.
+        with precision_region(prec, dev), compile_ctx:
             pool = _batch_pool(cfg.vocab_size, B, T, n_batches, dev, seed + 1)
             first_k = GRAPH_WARMUP if mode == "cudagraph" else 0
             check_k = first_k + 1  # the step after the mode's first update

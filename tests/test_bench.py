@@ -192,10 +192,10 @@ def test_bench_restores_globals(tiny_ft):
 
 
 def test_bf16_steps_see_updated_weights():
-    """Inside one long autocast region the bench must not reuse stale bf16 casts of the weights."""
+    """Inside one long precision('bf16') region steps must not reuse stale bf16 casts of the weights."""
     lin = torch.nn.Linear(4, 4)
     x = torch.randn(2, 4)
-    with bench._numerics("bf16", torch.device("cpu")):
+    with precision("bf16", torch.device("cpu")):
         y1 = lin(x)
         with torch.no_grad():
             lin.weight.add_(1.0)
