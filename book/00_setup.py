@@ -1,8 +1,12 @@
 # ---
 # jupyter:
+#   accelerator: GPU
+#   colab:
+#     gpuType: T4
+#     provenance: []
 #   jupytext:
 #     cell_metadata_filter: tags,-all
-#     notebook_metadata_filter: kernelspec,jupytext,-jupytext.text_representation.jupytext_version
+#     notebook_metadata_filter: kernelspec,jupytext,accelerator,colab,-jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -28,23 +32,29 @@
 # and CI) and `MEASURE` (measure on this machine and store the results; when `False` the
 # chapter shows the stored GPU results only, so its outputs are reproducible).
 
+# %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/00_setup.ipynb)
+
 # %% tags=["parameters"]
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
 
-# %% [markdown]
-# On Colab, the next cell installs `ftlib` from the repository (keeping Colab's own torch);
-# elsewhere it does nothing. Run the book from a clone with `pip install -e .` instead.
-
 # %%
+# Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
+# install ftlib without dependencies (Colab's torch stays) and work from book/.
 import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
+    import os
     import subprocess
 
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps",
-                    "git+https://github.com/fasttransformer-book/fasttransformer-book"], check=True)
+    root = "/content/fasttransformer-book"
+    if not os.path.exists(root):
+        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/fasttransformer-book/fasttransformer-book", root], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", root], check=True)
+    sys.path.insert(0, root)
+    os.chdir(os.path.join(root, "book"))
 
 # %% [markdown]
 # ## The machine
