@@ -1,0 +1,32 @@
+"""Figures: every representation present, the interactive ones deterministic."""
+
+import base64
+
+import plotly.graph_objects as go
+import pytest
+
+from ftlib import plots
+
+
+def fig():
+    return go.Figure(go.Bar(x=["a", "b"], y=[1.5, 2.0]), layout=dict(title="t"))
+
+
+def test_bundle_is_deterministic_and_complete(monkeypatch):
+    monkeypatch.setenv("FTLIB_STATIC_PNG", "0")
+    monkeypatch.setattr(plots, "_KALEIDO", {})
+    a, b = plots.bundle(fig(), "my fig"), plots.bundle(fig(), "my fig")
+    assert a == b and "image/png" not in a
+    assert 'id="fig-my-fig"' in a["text/html"] and a["text/plain"] == "<Figure: t>"
+    assert a["application/vnd.plotly.v1+json"]["data"][0]["y"] == [1.5, 2.0]
+
+
+def test_static_png_when_a_browser_is_there(monkeypatch):
+    monkeypatch.setattr(plots, "_KALEIDO", {})
+    monkeypatch.delenv("FTLIB_STATIC_PNG", raising=False)
+    pytest.importorskip("kaleido")
+    png = plots.static_png(fig())
+    if png is None:
+        pytest.skip("kaleido found no Chromium/Chrome here")
+    assert png[:8] == b"\x89PNG\r\n\x1a\n"
+    assert base64.b64decode(plots.bundle(fig(), "x")["image/png"])[:4] == b"\x89PNG"
