@@ -69,9 +69,9 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     import os
     import subprocess
 
-    root = "/content/fasttransformer-book"
+    root, url = "/content/fasttransformer-book", "https://github.com/fasttransformer-book/fasttransformer-book"
     if not os.path.exists(root):
-        subprocess.run(["git", "clone", "--depth", "1", "https://github.com/fasttransformer-book/fasttransformer-book", root], check=True)
+        subprocess.run(["git", "clone", "--depth", "1", url, root], check=True)
     subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", root], check=True)
     sys.path.insert(0, root)
     os.chdir(os.path.join(root, "book"))

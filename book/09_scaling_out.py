@@ -1,8 +1,12 @@
 # ---
 # jupyter:
+#   accelerator: GPU
+#   colab:
+#     gpuType: T4
+#     provenance: []
 #   jupytext:
 #     cell_metadata_filter: tags,-all
-#     notebook_metadata_filter: kernelspec,jupytext,-jupytext.text_representation.jupytext_version
+#     notebook_metadata_filter: kernelspec,jupytext,accelerator,colab,-jupytext.text_representation.jupytext_version
 #     text_representation:
 #       extension: .py
 #       format_name: percent
@@ -31,10 +35,29 @@
 # throughput, scaling efficiency, and the all-reduce kernels' time read from `torch.profiler`)
 # follow where stored rows exist.
 
+# %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/09_scaling_out.ipynb)
+
 # %% tags=["parameters"]
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
+
+# %%
+# Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
+# install ftlib without dependencies (Colab's torch stays) and work from book/.
+import sys
+
+if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
+    import os
+    import subprocess
+
+    root, url = "/content/fasttransformer-book", "https://github.com/fasttransformer-book/fasttransformer-book"
+    if not os.path.exists(root):
+        subprocess.run(["git", "clone", "--depth", "1", url, root], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", root], check=True)
+    sys.path.insert(0, root)
+    os.chdir(os.path.join(root, "book"))
 
 # %%
 import subprocess
