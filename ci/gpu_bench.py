@@ -108,6 +108,33 @@ def _ladder() -> list[Case]:
     return make_cases(ladder(), [(32, 256)], ["compile-ro"], ["fp32"])
 
 
+def _engine() -> list[Case]:
+    """Issue 6: the engine (ftlib.engine) beside compile-ro and the manual CUDA graph, same run.
+
+    Both presets at B=32, T=256. First the headline comparison per precision (engine, then
+    the two baselines), fp32 then tf32; then what each kernel buys (the engine with one
+    kernel switched off, with none, and uncaptured; GPT-2 also with the attention kernel
+    replacing its explicit softmax); bf16 last. Variants carry their engine options in
+    ``extra`` (their own row keys) and a label saying what changed.
+    """
+    configs = {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
+    shape = [(32, 256)]
+    cases: list[Case] = []
+    for prec in ("fp32", "tf32"):
+        cases += make_cases(configs, shape, ["engine", "compile-ro", "cudagraph"], [prec])
+    for prec in ("fp32", "tf32"):
+        for name, cfg in configs.items():
+            ops = [cfg.norm] + (["attention"] if cfg.attn_impl == "sdpa" else []) + ["cross_entropy", "adamw"]
+            variants = [(f" -{op}", {"use_kernels": {op: False}}) for op in ops]
+            variants += [(" no-kernels", {"use_kernels": False}), (" uncaptured", {"capture": False})]
+            if cfg.attn_impl == "explicit":
+                variants.append((" +flash-attn", {"attention_for_explicit": True}))
+            cases += [Case(f"{name} engine{suffix}", cfg, 32, 256, "engine", prec, extra)
+                      for suffix, extra in variants]
+    cases += make_cases(configs, shape, ["engine", "compile-ro"], ["bf16"])
+    return cases
+
+
 # name -> (cases, options for bench_cases); in the order they run by default.
 SUITES: dict[str, tuple[Callable[[], list[Case]], dict]] = {
     "fig1": (_fig1, {}),
@@ -118,6 +145,7 @@ SUITES: dict[str, tuple[Callable[[], list[Case]], dict]] = {
     "compile_max": (_compile_max, {"isolate_modes": ("compile-max",), "timeout_s": 420.0}),
     "grid": (_grid, {}),
     "ladder": (_ladder, {}),
+    "engine": (_engine, {}),
 }
 
 
@@ -147,9 +175,51 @@ def _train(device, deadline: float) -> None:
               f"to-target {r['time_to_target_s']}", flush=True)
 
 
+def _engine_check(device, deadline: float) -> None:
+    """Issue 6: engine vs reference training over 100 steps (ftlib.engine.check_against_reference).
+
+    Both presets at B=32, T=256, fp32 first (the issue's check), then tf32 and bf16; one row
+    per run in engine_check.jsonl, skipped when its key is already stored.
+    """
+    import traceback
+
+    from ftlib.engine import check_against_reference
+    from ftlib.env import provenance
+    from ftlib.results import row_key
+
+    steps, B, T = 100, 32, 256
+    store = ResultStore("engine_check", device_slug(device))
+    for prec in ("fp32", "tf32", "bf16"):
+        for name in ("gpt2", "fasttransformer"):
+            cfg = preset(name)
+            key = row_key("engine_check", cfg.config_hash(), B, T, "engine", prec, {"steps": steps})
+            if store.has(key, skip_status=("error",)):
+                continue
+            if time.monotonic() > deadline - 30:
+                print("[engine_check] budget spent", flush=True)
+                return
+            row = {"key": key, "bench": "engine_check", "label": name, "preset": name, "config": cfg.to_dict(),
+                   "config_hash": cfg.config_hash(), "B": B, "T": T, "mode": "engine", "precision": prec,
+                   **provenance(device)}
+            t0 = time.perf_counter()
+            try:
+                r = check_against_reference(cfg, steps, device, prec, B, T)
+                row.update(status="ok", check_ok=r["ok"], **r)
+            except Exception as e:  # a failure is a row, so the other checks still run
+                row.update(status="error", check_ok=False, error=f"{type(e).__name__}: {e}"[:2000],
+                           traceback=traceback.format_exc()[-3000:])
+            row["wall_s"] = time.perf_counter() - t0
+            store.append(row)
+            print(f"  engine_check {name:<16} {prec:<5} {row['status']:<6} ok {row.get('check_ok')} "
+                  f"max rel err {row.get('max_rel_err')} param rel err {row.get('param_rel_err')} "
+                  f"loss {row.get('losses_ref', [None])[0]} -> {row.get('losses_ref', [None])[-1]} "
+                  f"kernels {row.get('kernels')} {row.get('error', '')[:160]}", flush=True)
+
+
 # Suites that are not lists of step-benchmark cases: name -> runner(device, deadline).
-CUSTOM: dict[str, Callable] = {"profile": _profile, "train": _train}
-FILES = {"profile": ["profile"], "train": ["convergence-original", "convergence", "speedrun", "convergence-nanogpt"]}
+CUSTOM: dict[str, Callable] = {"profile": _profile, "train": _train, "engine_check": _engine_check}
+FILES = {"profile": ["profile"], "train": ["convergence-original", "convergence", "speedrun", "convergence-nanogpt"],
+         "engine_check": ["engine_check"]}
 DEFAULT_SUITES = ("fig1", "precision", "tsweep", "compile_time")
 
 

@@ -15,6 +15,10 @@ Modes:
 * ``compile-ro``  - ``torch.compile(model, mode='reduce-overhead')`` (Inductor + CUDA graphs).
 * ``compile-max`` - ``mode='max-autotune-no-cudagraphs'``; its compile can take many minutes,
   so sweeps run it in a subprocess with a time limit (``bench_step_isolated``).
+* ``engine``      - ``ftlib.engine.Engine``: the kernels, flat parameter/grad buffers and flat
+  AdamW, the whole step in one CUDA graph (uncaptured on CPU). It builds its own model and
+  optimizer; a case's ``extra`` may carry engine options (``ftlib.engine.BENCH_OPTIONS``,
+  e.g. ``{"use_kernels": {"attention": False}}``), which then also enter the row's key.
 
 Timing follows the original: synthetic tokens, warm-up steps, then per-step CUDA events
 (wall clock on CPU); median and spread over the measured steps. A pool of batches is made
@@ -52,7 +56,7 @@ from ftlib.results import ResultStore, row_key
 from ftlib.train import make_optimizer, train_step
 from ftlib.train import precision as precision_region  # bench_step has a `precision` argument
 
-MODES = ("eager", "cudagraph", "compile", "compile-ro", "compile-max")
+MODES = ("eager", "cudagraph", "compile", "compile-ro", "compile-max", "engine")
 COMPILE_MODES: dict[str, str | None] = {
     "compile": None,
     "compile-ro": "reduce-overhead",
@@ -227,6 +231,18 @@ def _cudagraph_runner(model, opt, pool) -> _Runner:
     return _Runner(prepare, run, first_k=GRAPH_WARMUP)
 
 
+def _engine_runner(engine, pool) -> _Runner:
+    """Like the cudagraph mode: copy the batch into the engine's static buffers untimed, replay timed."""
+    n = len(pool)
+
+    def prepare(k: int) -> None:
+        engine.static_x.copy_(pool[k % n][0])
+        engine.static_y.copy_(pool[k % n][1])
+
+    # Handing the engine its own static buffers makes its copies no-ops (copy_ of a tensor onto itself).
+    return _Runner(prepare, lambda k: engine.step(engine.static_x, engine.static_y))
+
+
 def _make_runner(mode: str, model, opt, pool) -> _Runner:
     if mode == "eager":
         return _eager_runner(model, opt, pool)
@@ -340,7 +356,7 @@ def bench_step(
         row["wall_s"] = time.perf_counter() - t_start
         return row
 
-    model = opt = runner = pool = None
+    model = opt = runner = pool = engine = None
     compile_ctx = (
         _fresh_compile_cache() if (mode in COMPILE_MODES and cold_compile) else contextlib.nullcontext()
     )
@@ -359,13 +375,22 @@ def bench_step(
                 torch.cuda.empty_cache()
                 torch.cuda.reset_peak_memory_stats(dev)
 
-            model = build_model(cfg, seed=seed).to(dev)
-            opt, row["optimizer"] = _make_optimizer(model, optimizer, mode, dev)
-            row["n_params"] = sum(p.numel() for p in model.parameters())
+            if mode != "engine":  # the engine builds its own model and optimizer, inside the first step
+                model = build_model(cfg, seed=seed).to(dev)
+                opt, row["optimizer"] = _make_optimizer(model, optimizer, mode, dev)
+                row["n_params"] = sum(p.numel() for p in model.parameters())
 
-            # First step: compile (compile modes) or side-stream warm-up + capture (cudagraph).
+            # First step: compile (compile modes), side-stream warm-up + capture (cudagraph, engine).
             t0 = time.perf_counter()
-            runner = _make_runner(mode, model, opt, pool)
+            if mode == "engine":
+                from ftlib.engine import BENCH_OPTIONS, Engine
+
+                opts = {k: v for k, v in (extra or {}).items() if k in BENCH_OPTIONS}
+                engine = Engine(cfg, B, T, prec, dev, seed=seed, **opts)
+                runner = _engine_runner(engine, pool)
+                row.update(optimizer=engine.optimizer_name, n_params=engine.num_params(), engine=engine.describe())
+            else:
+                runner = _make_runner(mode, model, opt, pool)
             runner.prepare(first_k)
             loss_first = runner.run(first_k).item()  # .item() synchronizes
             row["first_step_s"] = time.perf_counter() - t0
@@ -410,7 +435,7 @@ def bench_step(
         row.update(status=_classify(exc), error=f"{type(exc).__name__}: {exc}"[:2000],
                    traceback=traceback.format_exc()[-3000:])
     finally:
-        del model, opt, runner, pool
+        del model, opt, runner, pool, engine
         if dev.type == "cuda":  # graphs and compiled code hold memory via reference cycles
             gc.collect()
             with contextlib.suppress(Exception):
@@ -540,7 +565,8 @@ def make_cases(
 
 
 # Rough seconds a case takes when nothing is known yet (compile dominates), for budgeting.
-DEFAULT_COST_S = {"eager": 10.0, "cudagraph": 15.0, "compile": 60.0, "compile-ro": 60.0, "compile-max": 120.0}
+DEFAULT_COST_S = {"eager": 10.0, "cudagraph": 15.0, "compile": 60.0, "compile-ro": 60.0, "compile-max": 120.0,
+                  "engine": 20.0}
 
 
 def bench_cases(

@@ -1,0 +1,524 @@
+"""The training engine (issue 6): the whole step on flat buffers, captured in one CUDA graph.
+
+``Engine(config, B, T, precision, device)`` owns a model of ``config`` and trains it with
+``engine.step(x, y) -> loss``. Against ``ftlib.train.train_step`` with ``torch.optim.AdamW``
+(same math, same initial weights) it changes how the step is *executed*, not what it computes:
+
+1. **Kernels.** Where a kernel in ``kernels/`` applies, the model's op is swapped for it:
+   RMSNorm -> ``TritonRMSNorm``, LayerNorm -> ``TritonLayerNorm``, SDPA attention ->
+   ``TritonCausalAttention`` (MQA/GQA K/V shared by indexing, never expanded), the loss ->
+   the fused cross-entropy, AdamW -> the flat AdamW kernel. Each can be switched off
+   (``use_kernels={'attention': False}``), falling back to the PyTorch op the model uses,
+   so the book can show what each kernel buys.
+2. **Flat buffers.** Every parameter is a view into one fp32 buffer and every gradient a
+   view into one fp32 grad buffer, decayed matrices first (the two groups of
+   ``ftlib.train.param_groups``). Then the optimizer is one elementwise kernel over the
+   whole model (no per-tensor launches; ``kernels/adamw.py`` explains the segment
+   boundary), and zero_grad is one memset; the gradients keep fixed addresses, where
+   set_to_none would make every backward allocate ~50 new grad tensors that a flat
+   optimizer could not read through one pointer. Cost: autograd *adds* each new gradient
+   into its view (AccumulateGrad's in-place branch, since a grad already exists), one add
+   per parameter that set_to_none would avoid; at 2.5M parameters that is ~30 MB of
+   traffic, ~6 us at 4.8 TB/s.
+3. **Static shapes, one graph.** Inputs live in static (B, T) buffers. On CUDA the whole
+   step (memset, forward, loss, backward, AdamW) is captured once in a
+   ``torch.cuda.CUDAGraph`` and replayed: one launch per step from the host, so no gaps
+   between the hundreds of kernels of a step while Python and the dispatcher queue the next one
+   (facts.md: at B=32, T=256 the eager step is launch-bound). The capture follows
+   PyTorch's "whole-network capture" recipe (CUDA semantics notes): warm up on a side
+   stream first (Triton JIT compiles and loads its kernels, cuBLAS creates workspaces,
+   the optimizer creates its state: none of that may happen during capture), then capture.
+   Unlike the recipe, the warm-up steps are undone (weights and optimizer state restored
+   from a snapshot: one copy each, thanks to the flat buffers), so step k of the engine
+   is step k of reference training. On CPU the same step runs uncaptured, which is how CI
+   tests it (kernels under ``TRITON_INTERPRET=1``).
+
+Precision: ``precision`` is one of ``ftlib.train.PRECISIONS``; TF32 flags and autocast are
+set only while the step is warmed up, captured or (uncaptured) run, and restored after,
+so the engine changes no global setting. A replay needs no flags: cuBLAS's math mode and
+the autocast casts were fixed when the graph was captured.
+
+``check_against_reference`` trains an engine and ``train_step`` + ``torch.optim.AdamW``
+side by side from the same weights on the same batches and compares the losses step by
+step and the weights at the end (the issue's 100-step check; ``ci/gpu_bench.py``'s
+``engine_check`` suite runs it on the GPU).
+
+Import of this module imports neither Triton nor ``kernels``' op modules: they are
+imported when an engine that uses them is built.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from typing import Any
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ftlib.attention import CausalSelfAttention
+from ftlib.config import ModelConfig, preset
+from ftlib.env import pick_device
+from ftlib.model import GPT, build_model
+from ftlib.norm import LayerNorm, RMSNorm
+from ftlib.train import PRECISIONS, make_optimizer, train_step
+from ftlib.train import precision as precision_region
+
+# The ops a kernel can take over, each switchable on its own.
+OPS = ("rmsnorm", "layernorm", "attention", "cross_entropy", "adamw")
+# Head sizes the attention kernel supports (tl.dot needs a power of two in [16, 128]).
+ATTN_HEAD_SIZES = (16, 32, 64, 128)
+# Side-stream steps before capture; PyTorch's whole-network example uses 3.
+WARMUP_STEPS = 3
+# Engine options a benchmark case may carry in its ``extra`` (ftlib.bench's 'engine' mode).
+BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture")
+
+
+def resolve_kernels(use_kernels: bool | Mapping[str, bool]) -> dict[str, bool]:
+    """``True``/``False`` for all ops, or a dict overriding some ops (the others stay on)."""
+    if isinstance(use_kernels, bool):
+        return {op: use_kernels for op in OPS}
+    unknown = sorted(set(use_kernels) - set(OPS))
+    if unknown:
+        raise ValueError(f"unknown kernel op(s) {unknown} in use_kernels; known ops: {list(OPS)}")
+    return {op: bool(use_kernels.get(op, True)) for op in OPS}
+
+
+def _kernels_runnable(device: torch.device) -> tuple[bool, str]:
+    """Triton kernels run on CUDA tensors, or on CPU tensors in the interpreter."""
+    import kernels
+
+    if not kernels.HAS_TRITON:
+        return False, "Triton is not installed"
+    if device.type == "cuda":
+        return True, ""
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return True, ""
+    return False, f"no Triton on {device.type} (set TRITON_INTERPRET=1 before importing triton for the CPU)"
+
+
+class KernelCausalSelfAttention(nn.Module):
+    """``ftlib.attention.CausalSelfAttention`` with its attention core on the Triton kernel.
+
+    It takes over the original's ``qkv`` and ``proj`` Linears (the same Parameter objects,
+    registered under the same names and in the same order, so parameter lists and
+    optimizer groups are unchanged). K and V stay (B, nkv, T, hs) strided views of the
+    qkv output: the kernel maps query head h to K/V head h // (nh // nkv) by pointer
+    arithmetic, so MQA/GQA needs no expand and no copy (the SDPA path needs an expanded
+    (B, nh, T, hs) K/V in fp32 to avoid the math backend; facts.md).
+    """
+
+    def __init__(self, attn: CausalSelfAttention, T: int, input_precision: str) -> None:
+        super().__init__()
+        from kernels.attention import TritonCausalAttention
+
+        self.n_head, self.n_kv_head, self.head_size = attn.n_head, attn.n_kv_head, attn.head_size
+        self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
+        # 64 x 64 tiles (the kernel's default) at the book's T; smaller tiles for short
+        # sequences so no tile is mostly padding (tl.dot needs at least 16).
+        block = min(64, max(16, 1 << (T - 1).bit_length()))
+        self.core = TritonCausalAttention(input_precision, block_m=block, block_n=block)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        kv_dim = self.n_kv_head * self.head_size
+        q, k, v = self.qkv(x).split([C, kv_dim, kv_dim], dim=-1)
+        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs), a view
+        k = k.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)  # (B, nkv, T, hs), a view
+        v = v.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)  # (B, nkv, T, hs), a view
+        y = self.core(q, k, v)  # (B, nh, T, hs), contiguous
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C), heads side by side
+        return self.resid_dropout(self.proj(y))
+
+
+def _swap_modules(
+    model: GPT, want: dict[str, bool], T: int, precision: str, attention_for_explicit: bool,
+    runnable: tuple[bool, str],
+) -> tuple[dict[str, bool], dict[str, str]]:
+    """Replace norms and attention cores by kernel modules in place; returns (applied, notes).
+
+    The new modules share the old ones' Parameter objects and take their place in the
+    parent's ordered ``_modules``, so ``model.parameters()`` keeps its order and identity.
+    """
+    cfg = model.config
+    ok, why_not = runnable
+    applied = {op: False for op in OPS}
+    notes: dict[str, str] = {}
+
+    def blocked(op: str, reason: str | None) -> bool:
+        if not want[op]:
+            notes[op] = "switched off: PyTorch reference op"
+            return True
+        if not ok:
+            notes[op] = why_not
+            return True
+        if reason:
+            notes[op] = reason
+            return True
+        return False
+
+    norm_op = cfg.norm  # 'rmsnorm' or 'layernorm'
+    other_norm = "layernorm" if norm_op == "rmsnorm" else "rmsnorm"
+    notes[other_norm] = f"not applicable: the config uses {norm_op}"
+    if not blocked(norm_op, None):
+        from kernels.layernorm import TritonLayerNorm
+        from kernels.rmsnorm import TritonRMSNorm
+
+        for parent in list(model.modules()):
+            for name, child in list(parent.named_children()):
+                if isinstance(child, RMSNorm):
+                    new = TritonRMSNorm(child.weight.shape[0], eps=child.eps)
+                elif isinstance(child, LayerNorm):
+                    new = TritonLayerNorm(child.weight.shape[0], bias=child.bias is not None, eps=child.eps)
+                    new.bias = child.bias
+                else:
+                    continue
+                new.weight = child.weight
+                setattr(parent, name, new)  # replaces the entry in place: order kept
+        applied[norm_op] = True
+
+    reason = None
+    if cfg.attn_impl == "explicit" and not attention_for_explicit:
+        reason = ("not applied: attn_impl='explicit' materializes the softmax by design "
+                  "(attention_for_explicit=True swaps it too)")
+    elif cfg.head_size not in ATTN_HEAD_SIZES:
+        reason = f"not applicable: head size {cfg.head_size} not in {ATTN_HEAD_SIZES}"
+    elif cfg.dropout > 0:
+        reason = f"not applicable: the kernel has no attention dropout (dropout={cfg.dropout})"
+    if not blocked("attention", reason):
+        # fp32 storage: strict IEEE dots, or TF32 tensor cores when the precision is tf32;
+        # bf16/fp16 operands (autocast) always go to the MMA directly.
+        input_precision = "tf32" if precision == "tf32" else "ieee"
+        for blk in model.blocks:
+            blk.attn = KernelCausalSelfAttention(blk.attn, T, input_precision)
+        applied["attention"] = True
+
+    applied["cross_entropy"] = not blocked("cross_entropy", None)
+    applied["adamw"] = not blocked("adamw", None)
+    return applied, notes
+
+
+def flatten_parameters_(
+    params: list[nn.Parameter],
+) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
+    """Move every parameter into one flat fp32 buffer and bind its ``.grad`` to one flat grad buffer.
+
+    After the call ``p.data`` is a view ``flat_param[off : off + n].view_as(p)`` and ``p.grad``
+    the same slice of ``flat_grad`` (zeros), in the order given. Returns
+    (flat_param (N,), flat_grad (N,), [(offset, numel)] per parameter). The grads must then
+    never be set to None (``model.zero_grad()`` would detach them from the buffer).
+    """
+    device = params[0].device
+    for i, p in enumerate(params):
+        if p.dtype != torch.float32 or p.device != device:
+            raise TypeError(f"parameter {i} is {p.dtype} on {p.device}; flat buffers need fp32 on {device}")
+    total = sum(p.numel() for p in params)
+    flat_param = torch.empty(total, dtype=torch.float32, device=device)
+    flat_grad = torch.zeros(total, dtype=torch.float32, device=device)
+    spans, off = [], 0
+    with torch.no_grad():
+        for p in params:
+            n = p.numel()
+            flat_param[off : off + n].copy_(p.reshape(-1))
+            p.data = flat_param[off : off + n].view_as(p)
+            p.grad = flat_grad[off : off + n].view_as(p)
+            spans.append((off, n))
+            off += n
+    return flat_param, flat_grad, spans
+
+
+class Engine:
+    """One model, its flat buffers and optimizer state, and (on CUDA) its captured step.
+
+    ``use_kernels``: True (every kernel that applies), False (none: the plain PyTorch
+    step, still flat and captured) or ``{op: bool}`` over ``OPS`` (unnamed ops stay on).
+    ``attention_for_explicit``: also replace the explicit materialized-softmax attention
+    (attn_impl='explicit', GPT-2) by the kernel: the same function, but that is the post's
+    "fused attention" change, so it is off by default. ``capture``: None = on CUDA only.
+    Optimizer: AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
+    ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
+    ``ftlib.train.make_optimizer``; no gradient clipping.
+
+    Attributes: ``model``, ``flat_param`` / ``flat_grad`` (N,), ``n_decay`` (elements
+    [0, n_decay) are decayed), ``spans`` (name -> (offset, numel)), ``kernels`` (op ->
+    applied?), ``notes`` (op -> why not), ``captured``, ``static_x`` / ``static_y`` (B, T).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig | str,
+        B: int,
+        T: int,
+        precision: str = "fp32",
+        device: torch.device | str = "auto",
+        use_kernels: bool | Mapping[str, bool] = True,
+        *,
+        lr: float = 3e-4,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        seed: int | None = 0,
+        capture: bool | None = None,
+        attention_for_explicit: bool = False,
+        warmup_steps: int = WARMUP_STEPS,
+    ) -> None:
+        cfg = preset(config) if isinstance(config, str) else config
+        cfg.check_sequence(T)
+        if precision not in PRECISIONS:
+            raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
+        dev = pick_device(device) if isinstance(device, str) else torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        self.capture = dev.type == "cuda" if capture is None else bool(capture)
+        if self.capture and dev.type != "cuda":
+            raise ValueError(f"capture=True needs a CUDA device, got {dev}")
+        self.config, self.B, self.T, self.precision, self.device = cfg, int(B), int(T), precision, dev
+        self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        self.requested = resolve_kernels(use_kernels)
+
+        # Same initial weights as build_model(cfg, seed) - the reference's - then kernels in.
+        self.model = build_model(cfg, seed=seed).to(dev)
+        self.model.train()
+        self.kernels, self.notes = _swap_modules(
+            self.model, self.requested, self.T, precision, attention_for_explicit, _kernels_runnable(dev)
+        )
+        if self.kernels["cross_entropy"]:
+            from kernels.cross_entropy import cross_entropy
+
+            self._loss_fn = cross_entropy
+        else:
+            self._loss_fn = F.cross_entropy  # exactly what GPT.forward computes
+
+        # Flat buffers, decayed parameters first (ftlib.train.param_groups 'matrices').
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        decay = [(n, p) for n, p in named if p.dim() >= 2]
+        no_decay = [(n, p) for n, p in named if p.dim() < 2]
+        ordered = decay + no_decay
+        self.flat_param, self.flat_grad, spans = flatten_parameters_([p for _, p in ordered])
+        self.spans = {n: s for (n, _), s in zip(ordered, spans)}
+        self.n_decay = sum(p.numel() for _, p in decay)
+        self._make_optimizer(lr, [p for _, p in decay], [p for _, p in no_decay])
+
+        self.static_x = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) tokens
+        self.static_y = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) targets
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_loss: torch.Tensor | None = None
+        self.captured = False
+        if self.capture:
+            self._warm_up_and_capture(warmup_steps)
+
+    # -- optimizer ---------------------------------------------------------------------
+
+    def _make_optimizer(self, lr: float, decay: list[nn.Parameter], no_decay: list[nn.Parameter]) -> None:
+        if self.kernels["adamw"]:
+            # State as flat as the parameters; step and lr are device scalars, read by the
+            # kernel on every replay (torch's capturable=True keeps them on the device too).
+            self.exp_avg = torch.zeros_like(self.flat_param)
+            self.exp_avg_sq = torch.zeros_like(self.flat_param)
+            self.step_t = torch.zeros((), dtype=torch.float32, device=self.device)
+            self.lr_t = torch.tensor(lr, dtype=torch.float32, device=self.device)
+            self.optimizer = None
+            self.optimizer_name = "flat-adamw-triton"
+            return
+        groups = [{"params": decay, "weight_decay": self.weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+        if self.device.type == "cuda":
+            # The best capturable PyTorch AdamW: one fused kernel per group, step on the device
+            # (what ftlib.bench's cudagraph mode uses).
+            self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=self.betas, eps=self.eps,
+                                               fused=True, capturable=True)
+            self.optimizer_name = "adamw-fused-capturable"
+        else:
+            self.optimizer = torch.optim.AdamW(groups, lr=lr, betas=self.betas, eps=self.eps)
+            self.optimizer_name = "adamw-default"
+
+    @torch.no_grad()
+    def _optimizer_step(self) -> None:
+        if self.optimizer is not None:
+            self.optimizer.step()
+            return
+        from kernels.adamw import adamw_step_
+
+        self.step_t += 1  # its own launch: incrementing inside the kernel would race with its readers
+        adamw_step_(self.flat_param, self.flat_grad, self.exp_avg, self.exp_avg_sq, self.step_t, self.lr_t,
+                    betas=self.betas, eps=self.eps, weight_decay=self.weight_decay, n_decay=self.n_decay)
+
+    @torch.no_grad()
+    def _reset_optimizer(self) -> None:
+        """Back to a fresh optimizer (zero moments, step 0), in place so captured pointers stay valid."""
+        if self.optimizer is None:
+            self.exp_avg.zero_()
+            self.exp_avg_sq.zero_()
+            self.step_t.zero_()
+            return
+        for state in self.optimizer.state.values():
+            for v in state.values():
+                if torch.is_tensor(v):
+                    v.zero_()  # step, exp_avg, exp_avg_sq
+
+    def set_lr(self, lr: float) -> None:
+        """Change the learning rate; a captured graph reads the new value on its next replay."""
+        if self.optimizer is None:
+            self.lr_t.fill_(lr)
+            return
+        if self.captured:  # torch's AdamW takes a float lr: the capture baked it into the graph
+            raise RuntimeError("set_lr after capture needs the adamw kernel (its lr is a device tensor)")
+        for g in self.optimizer.param_groups:
+            g["lr"] = lr
+
+    # -- the step ----------------------------------------------------------------------
+
+    def _step_body(self) -> torch.Tensor:
+        """zero grad (one memset) + forward + loss + backward + AdamW, on the static buffers."""
+        self.flat_grad.zero_()
+        logits, _ = self.model(self.static_x)  # (B, T, V)
+        loss = self._loss_fn(logits.view(self.B * self.T, -1), self.static_y.view(self.B * self.T))
+        loss.backward()
+        self._optimizer_step()
+        return loss.detach()
+
+    def _warm_up(self, steps: int) -> None:
+        """Run ``steps`` real steps (kernels compile and load, the optimizer creates its state),
+        then undo them, so that engine step 0 starts from the initial weights like the reference."""
+        saved = self.flat_param.clone()  # one copy: the flat buffer holds every weight
+        for _ in range(steps):
+            self._step_body()
+        with torch.no_grad():
+            self.flat_param.copy_(saved)
+        self._reset_optimizer()
+
+    def _warm_up_and_capture(self, warmup_steps: int) -> None:
+        """PyTorch's whole-network capture: side-stream warm-up, then one graph of the step."""
+        with precision_region(self.precision, self.device):
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._warm_up(max(1, warmup_steps))
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            # Nothing runs during capture, it is only recorded; activations come from the
+            # graph's private memory pool and are reused by every replay. The grads exist
+            # (views into flat_grad), so backward accumulates into them in place.
+            with torch.cuda.graph(self.graph):
+                self.static_loss = self._step_body()
+        self.captured = True
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One training step on tokens x and targets y (B, T); returns the loss (0-dim, detached).
+
+        On CUDA the returned tensor is the graph's static output: the next step overwrites
+        it, so take ``.item()`` or ``.clone()`` before then. No host sync happens here.
+        Passing ``static_x`` / ``static_y`` themselves (after filling them) skips the copies.
+        """
+        if tuple(x.shape) != (self.B, self.T) or tuple(y.shape) != (self.B, self.T):
+            raise ValueError(f"x and y must be ({self.B}, {self.T}); got {tuple(x.shape)}, {tuple(y.shape)}")
+        if x is not self.static_x:
+            self.static_x.copy_(x)
+        if y is not self.static_y:
+            self.static_y.copy_(y)
+        if self.captured:
+            self.graph.replay()
+            return self.static_loss
+        with precision_region(self.precision, self.device):
+            return self._step_body()
+
+    def num_params(self) -> int:
+        return self.flat_param.numel()
+
+    def describe(self) -> dict[str, Any]:
+        """What this engine runs, for result rows and the book."""
+        return {
+            "kernels": [op for op in OPS if self.kernels[op]],
+            "requested_off": [op for op in OPS if not self.requested[op]],
+            "notes": dict(self.notes),
+            "captured": self.captured,
+            "optimizer": self.optimizer_name,
+            "n_params": self.num_params(),
+            "n_decay": self.n_decay,
+        }
+
+
+# ---------------------------------------------------------------------------------------
+# The issue's correctness check: engine vs reference training, step by step.
+
+
+def pattern_batches(
+    vocab_size: int, B: int, T: int, n: int, seed: int = 0, device: torch.device | str = "cpu"
+) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """``n`` batches of learnable sequences: row r is a_r + b_r * t (mod V), targets shifted by one.
+
+    Unlike uniform random tokens the loss falls (the next token follows from the previous
+    two, which needs attention), so a wrong gradient anywhere shows in the losses.
+    """
+    g = torch.Generator().manual_seed(seed)
+    t = torch.arange(T + 1)
+    out = []
+    for _ in range(n):
+        a = torch.randint(vocab_size, (B, 1), generator=g)
+        b = torch.randint(1, max(2, min(8, vocab_size)), (B, 1), generator=g)
+        seq = (a + b * t) % vocab_size  # (B, T + 1)
+        out.append((seq[:, :-1].contiguous().to(device), seq[:, 1:].contiguous().to(device)))
+    return out
+
+
+def check_against_reference(
+    config: ModelConfig | str,
+    steps: int = 100,
+    device: torch.device | str = "auto",
+    precision: str = "fp32",
+    B: int = 32,
+    T: int = 256,
+    use_kernels: bool | Mapping[str, bool] = True,
+    seed: int = 0,
+    rtol: float | None = None,
+    **engine_kwargs: Any,
+) -> dict[str, Any]:
+    """Train an Engine and the reference (``train_step`` + ``torch.optim.AdamW``, same groups)
+    ``steps`` steps from the same initial weights on the same batches; compare.
+
+    Returns a dict: both loss curves, ``max_rel_err`` (largest |engine - ref| / |ref| over
+    the steps), ``param_rel_err`` (||w_engine - w_ref|| / ||w_ref|| over all weights at the
+    end), ``ok`` (max_rel_err <= rtol and all losses finite; rtol defaults to
+    ``ftlib.bench.CHECK_RTOL[precision]``), and the engine's ``describe()``.
+    """
+    from ftlib.bench import CHECK_RTOL
+
+    cfg = preset(config) if isinstance(config, str) else config
+    dev = pick_device(device) if isinstance(device, str) else torch.device(device)
+    lr = engine_kwargs.get("lr", 3e-4)
+    betas = engine_kwargs.get("betas", (0.9, 0.999))
+    wd = engine_kwargs.get("weight_decay", 0.01)
+    batches = pattern_batches(cfg.vocab_size, B, T, steps, seed=seed + 1, device=dev)
+
+    ref = build_model(cfg, seed=seed).to(dev)
+    opt = make_optimizer(ref, lr=lr, betas=betas, weight_decay=wd)  # param_groups 'matrices'
+    ref_losses = []
+    with precision_region(precision, dev):
+        for x, y in batches:
+            ref_losses.append(train_step(ref, opt, x, y).clone())  # clone: no sync per step
+
+    engine = Engine(cfg, B, T, precision, dev, use_kernels, seed=seed, **engine_kwargs)
+    eng_losses = [engine.step(x, y).clone() for x, y in batches]  # clone: the graph reuses its output
+
+    ref_l = torch.stack(ref_losses).double().cpu().tolist()
+    eng_l = torch.stack(eng_losses).double().cpu().tolist()
+    rel = [abs(e - r) / max(abs(r), 1e-12) for e, r in zip(eng_l, ref_l)]
+    ref_params = dict(ref.named_parameters())
+    num = den = 0.0
+    with torch.no_grad():
+        for name, p in engine.model.named_parameters():
+            r = ref_params[name].double()
+            num += float((p.double() - r).pow(2).sum())
+            den += float(r.pow(2).sum())
+    tol = CHECK_RTOL[precision] if rtol is None else rtol
+    finite = all(math.isfinite(v) for v in eng_l + ref_l)
+    return {
+        "steps": steps, "B": B, "T": T, "precision": precision,
+        "losses_engine": eng_l, "losses_ref": ref_l,
+        "max_rel_err": max(rel), "rel_err_last": rel[-1],
+        "param_rel_err": math.sqrt(num / max(den, 1e-300)),
+        "rtol": tol, "ok": bool(finite and max(rel) <= tol),
+        "loss_drop_ref": ref_l[0] - ref_l[-1],
+        **engine.describe(),
+    }

@@ -1,0 +1,175 @@
+"""CPU tests of ftlib.engine: flat buffers, kernel swaps, and losses against reference training.
+
+The kernels run in Triton's CPU interpreter (tests/conftest.py sets TRITON_INTERPRET=1), so
+the shapes are tiny (B=2, T=16, one or two layers) and the runs short; the GPU runner checks
+100 steps at B=32, T=256 with ``check_against_reference`` (ci/gpu_bench.py, suite engine_check).
+The CUDA-graph capture itself cannot run here; on CPU the engine runs the same step uncaptured.
+"""
+
+from __future__ import annotations
+
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported, so this file runs alone too
+
+import pytest
+import torch
+
+from ftlib.bench import bench_step
+from ftlib.config import preset
+from ftlib.engine import OPS, Engine, check_against_reference, pattern_batches, resolve_kernels
+from ftlib.model import build_model
+
+B, T = 2, 16
+# hs = 64 / 4 = 16: the smallest head size the attention kernel takes.
+FT1 = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
+FT4 = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
+GPT4 = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
+# Two layers, n_embd=32: hs = 8, which the attention kernel does not take (it falls back).
+FT1_L2_HS8 = preset("fasttransformer", n_layer=2, n_embd=32, n_head=4, n_kv_head=1, block_size=T)
+GPT1_L2 = preset("gpt2", n_layer=2, n_embd=32, n_head=4, n_kv_head=1, block_size=T)
+STEPS = 4  # against reference; the GPU check runs 100
+# fp32 on the CPU: the kernels change only the order of float sums (measured ~2e-7 over 10 steps).
+LOSS_RTOL = 1e-5
+PARAM_RTOL = 1e-5
+
+
+@pytest.fixture(autouse=True)
+def results_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
+
+
+def test_parameters_and_grads_are_views_into_the_flat_buffers():
+    for cfg in (FT1, GPT1_L2):
+        eng = Engine(cfg, B, T, "fp32", "cpu")
+        fp, fg, esz = eng.flat_param, eng.flat_grad, eng.flat_param.element_size()
+        params = dict(eng.model.named_parameters())
+        assert set(eng.spans) == set(params) and eng.num_params() == sum(p.numel() for p in params.values())
+        end = 0
+        for name, (off, n) in sorted(eng.spans.items(), key=lambda kv: kv[1][0]):
+            p = params[name]
+            assert off == end, "segments are packed back to back"
+            assert p.is_contiguous() and p.numel() == n
+            assert p.data_ptr() == fp.data_ptr() + off * esz, name
+            assert p.grad is not None and p.grad.data_ptr() == fg.data_ptr() + off * esz, name
+            # Decayed matrices first: the flat AdamW kernel decays elements [0, n_decay).
+            assert (off + n <= eng.n_decay) if p.dim() >= 2 else (off >= eng.n_decay), name
+            end = off + n
+        assert end == fp.numel() == fg.numel()
+        assert eng.n_decay == sum(p.numel() for p in params.values() if p.dim() >= 2)
+
+
+def test_kernels_swapped_where_they_apply():
+    ft = Engine(FT1, B, T, "tf32", "cpu")
+    assert ft.kernels == {"rmsnorm": True, "layernorm": False, "attention": True, "cross_entropy": True,
+                          "adamw": True}
+    assert type(ft.model.norm_f).__name__ == "TritonRMSNorm"
+    assert ft.model.blocks[0].attn.core.input_precision == "tf32"  # tf32 precision -> tf32 dots
+    assert ft.optimizer is None and ft.optimizer_name == "flat-adamw-triton"
+    gpt = Engine(GPT4, B, T, "fp32", "cpu")
+    assert [op for op in OPS if gpt.kernels[op]] == ["layernorm", "cross_entropy", "adamw"]
+    assert "explicit" in gpt.notes["attention"]  # GPT-2's materialized softmax stays by default
+    assert type(gpt.model.blocks[0].norm1).__name__ == "TritonLayerNorm"
+    flash = Engine(GPT4, B, T, "fp32", "cpu", attention_for_explicit=True)
+    assert flash.kernels["attention"] and flash.model.blocks[0].attn.core.input_precision == "ieee"
+    hs8 = Engine(FT1_L2_HS8, B, T, "fp32", "cpu")
+    assert not hs8.kernels["attention"] and "head size 8" in hs8.notes["attention"]
+    off = Engine(FT1, B, T, "fp32", "cpu", {"attention": False, "adamw": False})
+    assert not off.kernels["attention"] and off.kernels["rmsnorm"] and off.kernels["cross_entropy"]
+    assert off.optimizer_name == "adamw-default" and "switched off" in off.notes["adamw"]
+    # The swaps keep parameter names and order: the reference's optimizer groups line up.
+    assert [n for n, _ in ft.model.named_parameters()] == [n for n, _ in build_model(FT1).named_parameters()]
+
+
+def test_gradients_land_in_the_flat_buffer_and_match_reference():
+    for cfg in (FT1, GPT4):
+        (x, y), = pattern_batches(cfg.vocab_size, B, T, 1, seed=3)
+        eng = Engine(cfg, B, T, "fp32", "cpu", seed=5)
+        eng.step(x, y)  # the step leaves its gradients in flat_grad (zeroed at the next step's start)
+        ref = build_model(cfg, seed=5)
+        ref(x, y)[1].backward()
+        for name, p in ref.named_parameters():
+            off, n = eng.spans[name]
+            g = eng.flat_grad[off : off + n].view_as(p)
+            torch.testing.assert_close(g, p.grad, rtol=1e-4, atol=1e-6, msg=lambda m, name=name: f"{name}: {m}")
+        assert eng.flat_grad.abs().sum() > 0
+
+
+@pytest.mark.parametrize("cfg", [FT1, FT4, GPT4, GPT1_L2], ids=["ft-mqa", "ft-mha", "gpt2-mha", "gpt2-mqa-2layer"])
+def test_losses_match_reference_training(cfg):
+    r = check_against_reference(cfg, steps=STEPS, device="cpu", B=B, T=T)
+    assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL, r["max_rel_err"]
+    assert r["param_rel_err"] <= PARAM_RTOL, r["param_rel_err"]
+    assert len(r["losses_engine"]) == STEPS and r["captured"] is False
+
+
+@pytest.mark.parametrize("cfg,op", [(FT1, "rmsnorm"), (FT1, "attention"), (FT1, "cross_entropy"), (FT1, "adamw"),
+                                    (GPT4, "layernorm")], ids=lambda v: v if isinstance(v, str) else v.norm)
+def test_each_kernel_can_be_switched_off(cfg, op):
+    r = check_against_reference(cfg, steps=3, device="cpu", B=B, T=T, use_kernels={op: False})
+    assert op not in r["kernels"] and op in r["requested_off"]
+    assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL and r["param_rel_err"] <= PARAM_RTOL
+
+
+@pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "no-kernels"])
+def test_weight_decay_groups_match_reference(use_kernels):
+    # A strong decay (lr * wd = 1e-3 per step) makes a wrong group visible: decaying the gains
+    # and biases too, or nothing, moves the weights ~1e-3 relative, far over the 1e-5 tolerance.
+    r = check_against_reference(GPT4, steps=3, device="cpu", B=B, T=T, use_kernels=use_kernels,
+                                lr=1e-3, weight_decay=1.0)
+    assert r["param_rel_err"] <= PARAM_RTOL and r["max_rel_err"] <= LOSS_RTOL, r
+
+
+# Only the optimizer matters here: the flat AdamW kernel, or torch's AdamW (its lazily made state).
+@pytest.mark.parametrize("use_kernels", [{"layernorm": False, "cross_entropy": False}, False],
+                         ids=["flat-adamw", "torch-adamw"])
+def test_warm_up_is_undone(use_kernels):
+    # On CUDA the engine runs warm-up steps before capture and then restores the weights and a
+    # fresh optimizer; run that here (uncaptured) and check training still matches the reference.
+    cfg = GPT4
+    batches = pattern_batches(cfg.vocab_size, B, T, 3, seed=2)
+    plain = Engine(cfg, B, T, "fp32", "cpu", use_kernels)
+    warmed = Engine(cfg, B, T, "fp32", "cpu", use_kernels)
+    warmed._warm_up(2)
+    assert torch.equal(warmed.flat_param, plain.flat_param)
+    for x, y in batches:
+        assert torch.equal(warmed.step(x, y), plain.step(x, y))
+    assert torch.equal(warmed.flat_param, plain.flat_param)
+
+
+def test_all_kernels_off_is_the_reference_bit_for_bit():
+    # Same ops and the same torch AdamW as the reference; only the buffers are flat, and an
+    # in-place add of a gradient into zeros is exact. Any difference is a packing bug.
+    for cfg in (FT1_L2_HS8, GPT4):
+        r = check_against_reference(cfg, steps=4, device="cpu", B=B, T=T, use_kernels=False)
+        assert r["kernels"] == [] and r["max_rel_err"] == 0.0 and r["param_rel_err"] == 0.0
+
+
+def test_bf16_autocast_runs_and_stays_close():
+    r = check_against_reference(FT1, steps=2, device="cpu", precision="bf16", B=B, T=T)
+    assert r["ok"], r["max_rel_err"]  # ftlib.bench.CHECK_RTOL['bf16'] = 3e-2
+
+
+def test_engine_mode_in_bench_step():
+    tiny = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, block_size=8)
+    row = bench_step(tiny, 2, 8, "engine", "fp32", "cpu", warmup=2, iters=2)
+    assert row["status"] == "ok", row.get("traceback")
+    assert row["check_ok"] and row["check_rel_err"] < 1e-5
+    assert row["optimizer"] == "flat-adamw-triton" and row["engine"]["captured"] is False
+    assert row["n_params"] == build_model(tiny).num_params()
+    off = bench_step(tiny, 2, 8, "engine", "fp32", "cpu", warmup=2, iters=1, check=False,
+                     extra={"use_kernels": {"attention": False}})
+    assert off["status"] == "ok" and "attention" not in off["engine"]["kernels"]
+    assert off["key"] != row["key"]  # the variant is its own measurement
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="unknown kernel op"):
+        resolve_kernels({"softmax": False})
+    with pytest.raises(ValueError, match="CUDA"):
+        Engine(FT1, B, T, "fp32", "cpu", capture=True)
+    with pytest.raises(ValueError, match="precision"):
+        Engine(FT1, B, T, "fp64", "cpu")
+    eng = Engine(FT1, B, T, "fp32", "cpu", use_kernels=False)
+    with pytest.raises(ValueError, match=r"\(2, 16\)"):
+        eng.step(torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long))
