@@ -13,6 +13,7 @@ MODE_NAMES = {
     "compile": "torch.compile (default)",
     "compile-ro": "torch.compile (reduce-overhead)",
     "compile-max": "torch.compile (max-autotune-no-cudagraphs)",
+    "engine": "ftlib engine (our kernels, flat buffers, one CUDA graph)",
 }
 
 
