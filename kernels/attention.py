@@ -30,7 +30,10 @@ import triton.language as tl
 from kernels._common import check_tensor, compute_dtype, interpret_mode, same_device
 
 LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2 e), exp2 is the fast unit
-PRECISIONS = ("ieee", "tf32")
+# 'tf32x3' splits each fp32 operand into a TF32 head and a TF32 tail and adds three tensor-core
+# products (Triton's F32DotTC pass; CUTLASS's 3xTF32, NVIDIA/cutlass discussion 385): close to
+# fp32 accuracy at tensor-core speed, where 'ieee' runs on the far slower FMA units.
+PRECISIONS = ("ieee", "tf32", "tf32x3")
 
 
 @triton.jit
@@ -240,7 +243,7 @@ def _upcast(dtype: torch.dtype) -> bool:
 
 def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
-    input_precision: str = "ieee", block_m: int = 64, block_n: int = 64,
+    input_precision: str = "ieee", block_m: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal softmax(q k^T * scale) v; returns (o (B, nh, T, hs) contiguous, lse2 (B, nh, T)).
 
@@ -263,7 +266,7 @@ def attention_fwd(
         v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
         nh, T, sm_scale * LOG2E, nh // nkv,
         HS=hs, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype, input_precision),
-        UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype), num_warps=4, num_stages=2,
+        UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     return o, lse
 
@@ -271,6 +274,7 @@ def attention_fwd(
 def attention_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     sm_scale: float | None = None, input_precision: str = "ieee", block_m: int = 64, block_n: int = 64,
+    num_warps: int = 4, num_stages: int = 2,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for o, lse = attention_fwd(q, k, v, ...); dk, dv have k's shape (B, nkv, T, hs)."""
     _check_qkv(q, k, v, input_precision)
@@ -290,7 +294,7 @@ def attention_bwd(
         return dq, dk.zero_(), dv.zero_()
     common = dict(
         HS=hs, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype, input_precision),
-        UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype), num_warps=4, num_stages=2,
+        UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype), num_warps=num_warps, num_stages=num_stages,
     )
     qs, ks, vs = q.stride()[:3], k.stride()[:3], v.stride()[:3]
     # The dQ kernel runs first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads.
