@@ -73,7 +73,10 @@ ATTN_HEAD_SIZES = (16, 32, 64, 128)
 # Side-stream steps before capture; PyTorch's whole-network example uses 3.
 WARMUP_STEPS = 3
 # Engine options a benchmark case may carry in its ``extra`` (ftlib.bench's 'engine' mode).
-BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture")
+BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture", "linear_precision", "attention_precision")
+# Engine precisions the Triton GEMM (kernels/linear.py) may take the Linear layers in: fp32
+# storage only (bf16 autocast stays on cuBLAS's bf16 tensor-core GEMMs).
+LINEAR_PRECISIONS = ("ieee", "tf32", "tf32x3")
 
 
 def resolve_kernels(use_kernels: bool | Mapping[str, bool]) -> dict[str, bool]:
@@ -135,7 +138,7 @@ class KernelCausalSelfAttention(nn.Module):
 
 def _swap_modules(
     model: GPT, want: dict[str, bool], T: int, precision: str, attention_for_explicit: bool,
-    runnable: tuple[bool, str],
+    runnable: tuple[bool, str], linear_precision: str | None = None, attention_precision: str | None = None,
 ) -> tuple[dict[str, bool], dict[str, str]]:
     """Replace norms and attention cores by kernel modules in place; returns (applied, notes).
 
@@ -190,10 +193,24 @@ def _swap_modules(
     if not blocked("attention", reason):
         # fp32 storage: strict IEEE dots, or TF32 tensor cores when the precision is tf32;
         # bf16/fp16 operands (autocast) always go to the MMA directly.
-        input_precision = "tf32" if precision == "tf32" else "ieee"
+        input_precision = attention_precision or ("tf32" if precision == "tf32" else "ieee")
         for blk in model.blocks:
             blk.attn = KernelCausalSelfAttention(blk.attn, T, input_precision)
         applied["attention"] = True
+
+    if linear_precision is not None:
+        # Every nn.Linear (attention, MLP, head) onto the Triton GEMM, sharing its Parameters.
+        reason = None if precision in ("fp32", "tf32") else f"not applicable: {precision} stays on cuBLAS"
+        if ok and reason is None:
+            from kernels.linear import TritonLinear
+
+            for parent in list(model.modules()):
+                for name, child in list(parent.named_children()):
+                    if isinstance(child, nn.Linear):
+                        setattr(parent, name, TritonLinear(child, linear_precision))
+            notes["linear"] = f"Triton GEMM, input_precision={linear_precision!r}"
+        else:
+            notes["linear"] = reason or why_not
 
     applied["cross_entropy"] = not blocked("cross_entropy", None)
     applied["adamw"] = not blocked("adamw", None)
@@ -237,9 +254,15 @@ class Engine:
     ``attention_for_explicit``: also replace the explicit materialized-softmax attention
     (attn_impl='explicit', GPT-2) by the kernel: the same function, but that is the post's
     "fused attention" change, so it is off by default. ``capture``: None = on CUDA only.
+    ``linear_precision``: None keeps the Linear layers on cuBLAS; 'tf32x3', 'ieee' or 'tf32'
+    runs them on the Triton GEMM of ``kernels/linear.py`` (fp32 storage only). 'tf32x3' is
+    fp32-accurate on tensor cores (3xTF32): the engine's answer to a strict-fp32 step that
+    is bound by SIMT SGEMM. ``attention_precision``: overrides the attention kernel's
+    ``input_precision`` (default 'ieee' in fp32, 'tf32' in tf32).
     Optimizer: AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
     ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
-    ``ftlib.train.make_optimizer``; no gradient clipping.
+    ``ftlib.train.make_optimizer``. ``grad_clip``: clip the global gradient norm to this
+    value before the optimizer step, like ``torch.nn.utils.clip_grad_norm_`` (None: no clipping).
 
     Attributes: ``model``, ``flat_param`` / ``flat_grad`` (N,), ``n_decay`` (elements
     [0, n_decay) are decayed), ``spans`` (name -> (offset, numel)), ``kernels`` (op ->
@@ -263,6 +286,9 @@ class Engine:
         capture: bool | None = None,
         attention_for_explicit: bool = False,
         warmup_steps: int = WARMUP_STEPS,
+        grad_clip: float | None = None,
+        linear_precision: str | None = None,
+        attention_precision: str | None = None,
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
         cfg.check_sequence(T)
@@ -276,13 +302,21 @@ class Engine:
             raise ValueError(f"capture=True needs a CUDA device, got {dev}")
         self.config, self.B, self.T, self.precision, self.device = cfg, int(B), int(T), precision, dev
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        if grad_clip is not None and not grad_clip > 0:
+            raise ValueError(f"grad_clip={grad_clip} must be positive (or None for no clipping)")
+        self.grad_clip = grad_clip
         self.requested = resolve_kernels(use_kernels)
+        for name, val in (("linear_precision", linear_precision), ("attention_precision", attention_precision)):
+            if val is not None and val not in LINEAR_PRECISIONS:
+                raise ValueError(f"{name}={val!r}; expected None or one of {LINEAR_PRECISIONS}")
+        self.linear_precision, self.attention_precision = linear_precision, attention_precision
 
         # Same initial weights as build_model(cfg, seed) - the reference's - then kernels in.
         self.model = build_model(cfg, seed=seed).to(dev)
         self.model.train()
         self.kernels, self.notes = _swap_modules(
-            self.model, self.requested, self.T, precision, attention_for_explicit, _kernels_runnable(dev)
+            self.model, self.requested, self.T, precision, attention_for_explicit, _kernels_runnable(dev),
+            linear_precision, attention_precision,
         )
         if self.kernels["cross_entropy"]:
             from kernels.cross_entropy import cross_entropy
@@ -375,6 +409,9 @@ class Engine:
         logits, _ = self.model(self.static_x)  # (B, T, V)
         loss = self._loss_fn(logits.view(self.B * self.T, -1), self.static_y.view(self.B * self.T))
         loss.backward()
+        if self.grad_clip is not None:  # clip_grad_norm_'s formula on the flat buffer; no host sync
+            norm = torch.linalg.vector_norm(self.flat_grad)
+            self.flat_grad.mul_(torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0))
         self._optimizer_step()
         return loss.detach()
 
@@ -436,6 +473,10 @@ class Engine:
             "optimizer": self.optimizer_name,
             "n_params": self.num_params(),
             "n_decay": self.n_decay,
+            "grad_clip": self.grad_clip,
+            "linear_precision": self.linear_precision if "linear" in self.notes and
+            self.notes["linear"].startswith("Triton") else None,
+            "attention_precision": self.attention_precision,
         }
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "cross_entropy_ref",
     "gelu_tanh_ref",
     "layer_norm_ref",
+    "linear_ref",
     "mlp_epilogue_ref",
     "rms_norm_ref",
 ]
@@ -78,6 +79,12 @@ def adamw_step_ref(
     step_size = lr / bias_correction1
     denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(eps)
     param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:
+    """y = x W^T + b over the last dim of x (nn.Linear's definition): what ``kernels.linear``
+    computes with three GEMMs (forward, dx, dW) on the Triton matmul."""
+    return F.linear(x, weight, bias)
 
 
 def gelu_tanh_ref(h: torch.Tensor) -> torch.Tensor:

@@ -203,9 +203,13 @@ def main() -> int:
         rows += attention_variants()
         save()
     if "engine" in parts:
-        for name, prec in (("fasttransformer", "fp32"), ("fasttransformer", "tf32"), ("gpt2", "fp32")):
+        cases = [("fasttransformer", "fp32", {}), ("fasttransformer", "tf32", {}), ("gpt2", "fp32", {}),
+                 ("fasttransformer", "fp32", {"linear_precision": "tf32x3", "attention_precision": "tf32x3"}),
+                 ("gpt2", "fp32", {"linear_precision": "tf32x3"}),
+                 ("fasttransformer", "tf32", {"linear_precision": "tf32"})]
+        for name, prec, kw in cases:
             try:
-                rows.append(engine_profile(name, prec))
+                rows.append(engine_profile(name, prec, **kw))
             except Exception as e:
                 rows.append({"op": "engine", "preset": name, "precision": prec,
                              "error": f"{type(e).__name__}: {e}"[:500]})
