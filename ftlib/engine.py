@@ -67,7 +67,7 @@ from ftlib.train import PRECISIONS, make_optimizer, train_step
 from ftlib.train import precision as precision_region
 
 # The ops a kernel can take over, each switchable on its own.
-OPS = ("rmsnorm", "layernorm", "attention", "cross_entropy", "adamw")
+OPS = ("rmsnorm", "layernorm", "attention", "embedding", "cross_entropy", "adamw")
 # Head sizes the attention kernel supports (tl.dot needs a power of two in [16, 128]).
 ATTN_HEAD_SIZES = (16, 32, 64, 128)
 # Side-stream steps before capture; PyTorch's whole-network example uses 3.
@@ -211,6 +211,14 @@ def _swap_modules(
             notes["linear"] = f"Triton GEMM, input_precision={linear_precision!r}"
         else:
             notes["linear"] = reason or why_not
+
+    if not blocked("embedding", None):
+        from kernels.embedding import ScatterEmbedding
+
+        # Token and position tables: the same Parameters, a scatter-add backward.
+        model.wte = ScatterEmbedding(model.wte)
+        model.wpe = ScatterEmbedding(model.wpe)
+        applied["embedding"] = True
 
     applied["cross_entropy"] = not blocked("cross_entropy", None)
     applied["adamw"] = not blocked("adamw", None)

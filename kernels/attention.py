@@ -154,9 +154,9 @@ def _attn_bwd_dq_kernel(
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV,  # DK, DV: (B, nkv, T, HS) contiguous
+    Q, K, V, DO, LSE, DELTA, DK, DV,  # DK, DV: (B, nkv * n_split, T, HS) contiguous
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
-    nh, nkv, T, qk_scale, sm_scale, group,
+    nh, nkv, T, qk_scale, sm_scale, group, n_split,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
 ):
@@ -169,11 +169,18 @@ def _attn_bwd_dkdv_kernel(
     FlashAttention-2 Alg. 2's outer loop over key blocks (sec. 3.1.2 parallelizes the
     backward over the sequence this way); the extra loop over the group's heads replaces
     the atomics (or the expanded K/V and a reduction) that MQA/GQA would otherwise need.
+    With ``n_split`` > 1 the group's heads are dealt to n_split programs (group / n_split
+    heads each), each writing its partial dK, dV to its own slice, summed by the launcher:
+    for MQA at B=32, T=256 one program per (key block, batch) is only 128 programs, under
+    one per SM, each looping over 8 heads; splitting restores the parallelism.
     """
     start_n = tl.program_id(0)
-    bk = tl.program_id(1)
+    bks = tl.program_id(1)  # (batch, kv head, split)
+    sp = bks % n_split
+    bk = bks // n_split
     b = (bk // nkv).to(tl.int64)
     kvh = (bk % nkv).to(tl.int64)
+    heads = group // n_split
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
     offs_d = tl.arange(0, HS)
@@ -183,8 +190,8 @@ def _attn_bwd_dkdv_kernel(
     dk = tl.zeros((BLOCK_N, HS), CD)
     dv = tl.zeros((BLOCK_N, HS), CD)
     lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M  # first query block that sees these keys
-    for g in range(0, group):
-        h = kvh * group + g
+    for g in range(0, heads):
+        h = kvh * group + sp * heads + g
         q_base = Q + b * sqb + h * sqh
         do_base = DO + b * sdob + h * sdoh
         row_base = (b * nh + h) * T
@@ -203,7 +210,7 @@ def _attn_bwd_dkdv_kernel(
             dst = pt * (dpt - delta[None, :])
             dk += _dot(dst.to(q.dtype), q, PREC, UPCAST).to(CD)
     dk = dk * sm_scale
-    out = (b * nkv + kvh) * T * HS + offs_n[:, None] * HS + offs_d[None, :]
+    out = ((b * nkv + kvh) * n_split + sp) * T * HS + offs_n[:, None] * HS + offs_d[None, :]
     tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
@@ -231,6 +238,24 @@ def _check_qkv(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, input_precisio
         raise ValueError(f"head size {hs} not supported; tl.dot needs a power of two in [16, 128]")
     if input_precision not in PRECISIONS:
         raise ValueError(f"input_precision {input_precision!r}; expected one of {PRECISIONS}")
+
+
+def _kv_split(B: int, nkv: int, group: int, key_blocks: int, device: torch.device) -> int:
+    """How many programs share one K/V head's query-head group in the dK/dV kernel.
+
+    Enough that the grid has ~2 programs per SM (a power of two dividing the group); 1 when
+    the grid is already that large (MHA, long sequences). In the interpreter 2 when it can,
+    so the CPU tests exercise the partial-sum path.
+    """
+    if group == 1:
+        return 1
+    if device.type != "cuda":
+        return 2 if group % 2 == 0 else 1
+    target = 2 * torch.cuda.get_device_properties(device).multi_processor_count
+    n = 1
+    while n < group and group % (2 * n) == 0 and key_blocks * B * nkv * n < target:
+        n *= 2
+    return n
 
 
 def _prec(dtype: torch.dtype, input_precision: str) -> str:
@@ -287,8 +312,11 @@ def attention_bwd(
     nkv = k.shape[1]
     sm_scale = 1.0 / math.sqrt(hs) if sm_scale is None else sm_scale
     dq = torch.empty((B, nh, T, hs), dtype=q.dtype, device=q.device)
-    dk = torch.empty((B, nkv, T, hs), dtype=k.dtype, device=k.device)
-    dv = torch.empty((B, nkv, T, hs), dtype=v.dtype, device=v.device)
+    n_split = _kv_split(B, nkv, nh // nkv, triton.cdiv(T, block_n), q.device)
+    # With n_split > 1 the dK/dV kernel writes fp32 partials per split, summed below.
+    part_dtype = k.dtype if n_split == 1 else (torch.float64 if k.dtype == torch.float64 else torch.float32)
+    dk = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=k.device)
+    dv = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=v.device)
     delta = torch.empty_like(lse)
     if B * nh * T == 0:
         return dq, dk.zero_(), dv.zero_()
@@ -302,10 +330,13 @@ def attention_bwd(
         q, k, v, o, do, lse, delta, dq, *qs, *ks, *vs, *o.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
         nh, T, sm_scale * LOG2E, sm_scale, nh // nkv, **common,
     )
-    _attn_bwd_dkdv_kernel[(triton.cdiv(T, block_n), B * nkv)](
+    _attn_bwd_dkdv_kernel[(triton.cdiv(T, block_n), B * nkv * n_split)](
         q, k, v, do, lse, delta, dk, dv, *qs, *ks, *vs, *do.stride()[:3],
-        nh, nkv, T, sm_scale * LOG2E, sm_scale, nh // nkv, **common,
+        nh, nkv, T, sm_scale * LOG2E, sm_scale, nh // nkv, n_split, **common,
     )
+    if n_split > 1:
+        dk = dk.view(B, nkv, n_split, T, hs).sum(2).to(k.dtype)
+        dv = dv.view(B, nkv, n_split, T, hs).sum(2).to(v.dtype)
     return dq, dk, dv
 
 

@@ -61,17 +61,23 @@ def test_parameters_and_grads_are_views_into_the_flat_buffers():
 
 def test_kernels_swapped_where_they_apply():
     ft = Engine(FT1, B, T, "tf32", "cpu")
-    assert ft.kernels == {"rmsnorm": True, "layernorm": False, "attention": True, "cross_entropy": True,
-                          "adamw": True}
+    assert ft.kernels == {"rmsnorm": True, "layernorm": False, "attention": True, "embedding": True,
+                          "cross_entropy": True, "adamw": True}
+    assert type(ft.model.wte).__name__ == type(ft.model.wpe).__name__ == "ScatterEmbedding"
     assert type(ft.model.norm_f).__name__ == "TritonRMSNorm"
     assert ft.model.blocks[0].attn.core.input_precision == "tf32"  # tf32 precision -> tf32 dots
     assert ft.optimizer is None and ft.optimizer_name == "flat-adamw-triton"
     gpt = Engine(GPT4, B, T, "fp32", "cpu")
-    assert [op for op in OPS if gpt.kernels[op]] == ["layernorm", "cross_entropy", "adamw"]
+    assert [op for op in OPS if gpt.kernels[op]] == ["layernorm", "embedding", "cross_entropy", "adamw"]
     assert "explicit" in gpt.notes["attention"]  # GPT-2's materialized softmax stays by default
     assert type(gpt.model.blocks[0].norm1).__name__ == "TritonLayerNorm"
     flash = Engine(GPT4, B, T, "fp32", "cpu", attention_for_explicit=True)
     assert flash.kernels["attention"] and flash.model.blocks[0].attn.core.input_precision == "ieee"
+    x3 = Engine(FT1, B, T, "fp32", "cpu", attention_precision="tf32x3", linear_precision="tf32x3")
+    assert x3.model.blocks[0].attn.core.input_precision == "tf32x3"
+    assert type(x3.model.head).__name__ == "TritonLinear" and x3.describe()["linear_precision"] == "tf32x3"
+    with pytest.raises(ValueError, match="linear_precision"):
+        Engine(FT1, B, T, "fp32", "cpu", linear_precision="fp8")
     hs8 = Engine(FT1_L2_HS8, B, T, "fp32", "cpu")
     assert not hs8.kernels["attention"] and "head size 8" in hs8.notes["attention"]
     off = Engine(FT1, B, T, "fp32", "cpu", {"attention": False, "adamw": False})
@@ -173,3 +179,28 @@ def test_bad_arguments_raise():
     eng = Engine(FT1, B, T, "fp32", "cpu", use_kernels=False)
     with pytest.raises(ValueError, match=r"\(2, 16\)"):
         eng.step(torch.zeros(2, 8, dtype=torch.long), torch.zeros(2, 8, dtype=torch.long))
+
+
+@pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "no-kernels"])
+def test_grad_clip_equals_clip_grad_norm(use_kernels):
+    # The engine clips the flat grad buffer in place before AdamW and leaves it there after the
+    # step; the reference clips per-parameter grads with torch.nn.utils.clip_grad_norm_.
+    (x, y), = pattern_batches(FT1.vocab_size, B, T, 1, seed=4)
+    ref = build_model(FT1, seed=1)
+    ref(x, y)[1].backward()
+    norm = float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in ref.parameters()])))
+    for clip in (norm / 4, norm * 4):  # active, then a no-op
+        eng = Engine(FT1, B, T, "fp32", "cpu", use_kernels, seed=1, grad_clip=clip)
+        eng.step(x, y)
+        ref = build_model(FT1, seed=1)
+        ref(x, y)[1].backward()
+        torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
+        for name, p in ref.named_parameters():
+            off, n = eng.spans[name]
+            torch.testing.assert_close(eng.flat_grad[off : off + n].view_as(p), p.grad, rtol=1e-4, atol=1e-7,
+                                       msg=lambda m, name=name: f"{name}: {m}")
+        clipped = float(torch.linalg.vector_norm(eng.flat_grad))
+        assert clipped == pytest.approx(min(clip, norm), rel=1e-4)
+    assert eng.describe()["grad_clip"] == clip
+    with pytest.raises(ValueError, match="grad_clip=0"):
+        Engine(FT1, B, T, "fp32", "cpu", grad_clip=0)

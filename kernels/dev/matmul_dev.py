@@ -12,68 +12,31 @@ model: the forward ``y = x W^T``, the input gradient ``dx = dy W`` and the weigh
 ``dW = dy^T x`` (K = B*T = 8192: split-K so a 320x256 output still fills 132 SMs).
 
 Variants per shape: v1 cuBLAS strict fp32, v2 cuBLAS TF32, v3 Triton ieee, v4 Triton tf32x3,
-v5 Triton tf32. Each GEMM is timed inside a CUDA graph of ``REPS`` back-to-back calls (the
-step runs them inside one graph too), median of the replays.
+v5 Triton tf32 (the Triton variants run kernels/linear.py's tile kernel at each of
+``CONFIGS`` and keep the fastest). Each GEMM is timed as one call per CUDA-graph replay with a
+cold L2 (``_harness.time_graph``). ``h200-matmul.log`` was taken with an earlier timer (10
+back-to-back calls per replay, warm L2), so its times are a little lower than this one's.
 """
 
 from __future__ import annotations
 
 import json
-import statistics
 import sys
 
 import torch
 
-from kernels.dev._harness import parse_args, setup
+from kernels.dev._harness import parse_args, setup, time_graph
 
-REPS = 10
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the configurations tried per shape.
 CONFIGS = ((128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4))
 
 
-def _kernel():
+def triton_mm(a: torch.Tensor, b: torch.Tensor, prec: str, cfg: tuple[int, ...], split: int = 1) -> torch.Tensor:
+    """a (M, K) @ b (K, N) in fp32 through kernels/linear.py's tile kernel at one fixed config."""
     import triton
     import triton.language as tl
 
-    @triton.jit
-    def mm_kernel(A, B, C, M, N, K, sam, sak, sbk, sbn, scs, scm, scn, k_per_split,
-                  PREC: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                  GROUP_M: tl.constexpr):
-        """C[s] = A[:, ks] @ B[ks, :] over the s-th K slice (split-K partials; fp32 accumulation).
-
-        Tiles are visited in groups of GROUP_M rows so neighbouring programs share B tiles in L2
-        (the Triton matmul tutorial's "L2 cache optimizations").
-        """
-        pid = tl.program_id(0)
-        s = tl.program_id(1)
-        num_m = tl.cdiv(M, BM)
-        num_n = tl.cdiv(N, BN)
-        group = GROUP_M * num_n
-        first_m = (pid // group) * GROUP_M
-        size_m = min(num_m - first_m, GROUP_M)
-        pm = first_m + (pid % group) % size_m
-        pn = (pid % group) // size_m
-        rm = pm * BM + tl.arange(0, BM)
-        rn = pn * BN + tl.arange(0, BN)
-        rk = tl.arange(0, BK)
-        k0 = s * k_per_split
-        k1 = min(k0 + k_per_split, K)
-        acc = tl.zeros((BM, BN), tl.float32)
-        for k in range(k0, k1, BK):
-            kk = k + rk
-            a = tl.load(A + rm[:, None] * sam + kk[None, :] * sak,
-                        mask=(rm[:, None] < M) & (kk[None, :] < k1), other=0.0)
-            b = tl.load(B + kk[:, None] * sbk + rn[None, :] * sbn,
-                        mask=(kk[:, None] < k1) & (rn[None, :] < N), other=0.0)
-            acc = tl.dot(a, b, acc, input_precision=PREC)
-        tl.store(C + s * scs + rm[:, None] * scm + rn[None, :] * scn, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
-
-    return mm_kernel
-
-
-def triton_mm(a: torch.Tensor, b: torch.Tensor, prec: str, cfg: tuple[int, ...], split: int = 1) -> torch.Tensor:
-    """a (M, K) @ b (K, N) in fp32 with any strides; split-K partials summed by torch."""
-    import triton
+    from kernels.linear import _matmul_tile_kernel
 
     M, K = a.shape
     N = b.shape[1]
@@ -81,13 +44,10 @@ def triton_mm(a: torch.Tensor, b: torch.Tensor, prec: str, cfg: tuple[int, ...],
     k_per = triton.cdiv(triton.cdiv(K, split), BK) * BK
     out = torch.empty((split, M, N), device=a.device, dtype=torch.float32)
     grid = (triton.cdiv(M, BM) * triton.cdiv(N, BN), split)
-    _KERNEL[0][grid](a, b, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                     out.stride(0), out.stride(1), out.stride(2), k_per,
-                     PREC=prec, BM=BM, BN=BN, BK=BK, GROUP_M=8, num_warps=warps, num_stages=stages)
+    _matmul_tile_kernel[grid](a, b, out, out, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
+                              out.stride(0), out.stride(1), out.stride(2), k_per, HAS_BIAS=False, PREC=prec,
+                              CD=tl.float32, GROUP_M=8, BM=BM, BN=BN, BK=BK, num_warps=warps, num_stages=stages)
     return out[0] if split == 1 else out.sum(0)
-
-
-_KERNEL: list = []
 
 
 def step_shapes(
@@ -102,30 +62,10 @@ def step_shapes(
     return shapes
 
 
-def graph_time_us(fn, reps: int = REPS, replays: int = 30) -> tuple[float, float, float]:
-    """Median, p20, p80 microseconds of one call of ``fn``, timed as ``reps`` calls per graph replay."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    g.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(replays):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        g.replay()
-        e1.record()
-        e1.synchronize()
-        times.append(e0.elapsed_time(e1) * 1e3 / reps)
-    q = statistics.quantiles(times, n=5)
-    return statistics.median(times), q[0], q[3]
+def _graph_us(fn) -> tuple[float, float, float]:
+    """(median, p20, p80) microseconds of one call in a CUDA graph replay (the harness's timer)."""
+    t = time_graph(fn)
+    return t["median_us"], t["p20_us"], t["p80_us"]
 
 
 def _operands(M: int, K: int, N: int, kind: str, device) -> tuple[torch.Tensor, torch.Tensor]:
@@ -142,7 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     ap_args = parse_args(__doc__, [a for a in argv if not a.startswith("--json=")])
     json_out = next((a.split("=", 1)[1] for a in argv if a.startswith("--json=")), None)
     device = setup(ap_args)
-    _KERNEL.append(_kernel())
     cuda = device.type == "cuda"
     rows, ok = [], True
     shapes = step_shapes() if cuda else [("odd fwd", 37, 40, 29, "fwd"), ("odd dW", 24, 70, 33, "dw")]
@@ -168,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
                     if not cuda:
                         best[vname] = (0.0, 0.0, 0.0, cfg, sp, err)
                         continue
-                    t = graph_time_us(fn)
+                    t = _graph_us(fn)
                     if vname not in best or t[0] < best[vname][0]:
                         best[vname] = (*t, cfg, sp, err)
         if cuda:
@@ -178,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
                 try:
                     got = a @ b
                     err = ((got.double() - want).abs().max() / want.abs().max()).item()
-                    t = graph_time_us(lambda a=a, b=b: a @ b)  # captured under the flag: the graph keeps its math mode
+                    t = _graph_us(lambda a=a, b=b: a @ b)  # captured under the flag: the graph keeps its math mode
                 finally:
                     torch.backends.cuda.matmul.allow_tf32 = old
                 best[vname] = (*t, None, 1, err)

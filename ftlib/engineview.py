@@ -1,0 +1,266 @@
+"""Reading the step-level rows for chapter 6: the compiler ceiling, the engine, its 100-step check.
+
+Sources (all rows of ``ftlib.bench`` or ``ci/gpu_bench.py``, read with :func:`ftlib.benchview.ok_rows`):
+
+* ``fig1`` / ``precision``: eager, whole-step CUDA graph, torch.compile default and
+  reduce-overhead (chapters 3 and 5).
+* ``engine``: the engine (``mode='engine'``, label = the preset) measured in the same run as
+  compile-ro and the CUDA graph; then variants labelled ``'<preset> engine <change>'``
+  (``-rmsnorm``: that kernel off, ``no-kernels``, ``uncaptured``, ``+flash-attn``).
+* ``engine_check``: one row per (model, precision), the engine and the reference trained
+  100 steps side by side (``losses_engine``, ``losses_ref``, ``max_rel_err``, ``ok``).
+
+Every function takes rows and returns table rows, verdicts or figures; comparisons against
+the engine use baselines from the engine's own run, where the same session measured both.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ftlib.benchview import pick, select
+
+MODELS = ("gpt2", "fasttransformer")
+MODES = ("eager", "cudagraph", "compile", "compile-ro", "engine")
+SHORT_MODES = {"eager": "eager", "cudagraph": "CUDA graph", "compile": "compile", "compile-ro": "compile-ro",
+               "engine": "engine"}
+PRECISIONS = ("fp32", "tf32")
+SHAPE = {"B": 32, "T": 256}
+TARGET_FT_SPEEDUP = 1.5  # the issue: FastTransformer engine >= 1.5x faster than compile-ro, fp32 and tf32
+NOT_MEASURED = "not measured yet: run bash ci/gpu-run --only engine_check,engine"
+
+
+def _round(r: dict[str, Any]) -> int:
+    return int((r.get("extra") or {}).get("round", 1))
+
+
+def latest_round(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per results file (``bench``), only the rows of its newest engine round.
+
+    ``ci/gpu_bench.py`` tags engine cases with ``extra['round']`` and measures every round
+    together with its own baselines; older rounds stay stored for the record but are not
+    mixed into one comparison. Rows without a round are round 1.
+    """
+    rows = list(rows)
+    newest: dict[str, int] = {}
+    for r in rows:
+        newest[r.get("bench", "")] = max(newest.get(r.get("bench", ""), 1), _round(r))
+    return [r for r in rows if _round(r) == newest[r.get("bench", "")]]
+
+
+def _shape(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in latest_round(rows) if r.get("B") == SHAPE["B"] and r.get("T") == SHAPE["T"]]
+
+
+def engine_devices(engine_rows: Iterable[dict[str, Any]]) -> list[str]:
+    """Devices with at least one headline engine row."""
+    return sorted({r["device_slug"] for r in _shape(engine_rows) if r.get("mode") == "engine"
+                   and r.get("label") in MODELS})
+
+
+def headroom(step_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per device, model and precision: eager, CUDA graph and compile-ro against the floors of a step.
+
+    Floors from the accounting at the device's datasheet peaks (chapter 2): the PaLM FLOP
+    count at the matmul peak, and the roofline sum over components. ``gap`` = compile-ro over
+    the roofline floor: what the compiler leaves for kernels to take.
+    """
+    from ftlib.accounting import palm_flops
+    from ftlib.config import ModelConfig
+    from ftlib.peaks import flops_floor, lookup, step_floor
+
+    rows = _shape(step_rows)
+    out = []
+    for dev in sorted({r["device_slug"] for r in rows}):
+        for prec in PRECISIONS:
+            for model in MODELS:
+                got = {m: pick(rows, device_slug=dev, label=model, mode=m, precision=prec)
+                       for m in ("eager", "cudagraph", "compile-ro")}
+                ro = got["compile-ro"]
+                if ro is None:
+                    continue
+                try:
+                    peaks = lookup(ro["device"])
+                except KeyError:
+                    continue
+                cfg = ModelConfig(**ro["config"])
+                B, T = ro["B"], ro["T"]
+                roof = step_floor(cfg, B, T, peaks, prec)["floor_s"] * 1e3
+                out.append({
+                    "device": dev, "model": model, "precision": prec,
+                    **{f"{m} ms": (got[m] or {}).get("median_ms") for m in got},
+                    "FLOP floor ms": flops_floor(palm_flops(cfg, B, T), peaks, prec) * 1e3,
+                    "roofline floor ms": roof, "compile-ro / floor": ro["median_ms"] / roof,
+                })
+    return out
+
+
+def step_table(step_rows: Iterable[dict[str, Any]], engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The post's Figure 1 extended by the engine: one row per (device, model, precision, mode).
+
+    engine, compile-ro and cudagraph come from the engine's run where it has them (same
+    session), else from fig1/precision; eager and compile from fig1/precision. Devices
+    without engine rows are left out.
+    """
+    eng, steps = _shape(engine_rows), _shape(step_rows)
+    out = []
+    for dev in engine_devices(eng):
+        for prec in PRECISIONS:
+            for model in MODELS:
+                for mode in MODES:
+                    r = pick(eng, device_slug=dev, label=model, mode=mode, precision=prec)
+                    src = "engine run"
+                    if r is None:
+                        r, src = pick(steps, device_slug=dev, label=model, mode=mode, precision=prec), "fig1/precision"
+                    if r is None:
+                        continue
+                    out.append({"device": dev, "model": model, "precision": prec, "mode": mode,
+                                "median_ms": r["median_ms"], "p20_ms": r["p20_ms"], "p80_ms": r["p80_ms"],
+                                "source": src, "commit": r.get("commit"), "date": str(r.get("date", ""))[:10]})
+    return out
+
+
+def figure1(table: list[dict[str, Any]], device: str) -> go.Figure:
+    """Step time per mode for both models, fp32 and tf32 side by side (median, p20-p80)."""
+    fig = go.Figure()
+    for model in MODELS:
+        pts = [t for t in table if t["device"] == device and t["model"] == model]
+        fig.add_trace(go.Bar(
+            name=model, x=[f"{t['precision']} · {SHORT_MODES[t['mode']]}" for t in pts],
+            y=[t["median_ms"] for t in pts],
+            error_y=dict(type="data", symmetric=False, array=[t["p80_ms"] - t["median_ms"] for t in pts],
+                         arrayminus=[t["median_ms"] - t["p20_ms"] for t in pts])))
+    fig.update_layout(barmode="group", height=450, yaxis_title="ms per step",
+                      title=f"Training step per mode, engine included, {device} (median, p20–p80)")
+    return fig
+
+
+def speedups(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per device, model, precision: engine vs compile-ro and vs the CUDA graph, all from the engine's run."""
+    rows = _shape(engine_rows)
+    out = []
+    for dev in engine_devices(rows):
+        for prec in ("fp32", "tf32", "bf16"):
+            for model in MODELS:
+                e = pick(rows, device_slug=dev, label=model, mode="engine", precision=prec)
+                if e is None:
+                    continue
+                ro = pick(rows, device_slug=dev, label=model, mode="compile-ro", precision=prec)
+                cg = pick(rows, device_slug=dev, label=model, mode="cudagraph", precision=prec)
+                out.append({"device": dev, "model": model, "precision": prec, "engine ms": e["median_ms"],
+                            "compile-ro ms": ro and ro["median_ms"], "cudagraph ms": cg and cg["median_ms"],
+                            "engine over compile-ro": ro and ro["median_ms"] / e["median_ms"],
+                            "engine over cudagraph": cg and cg["median_ms"] / e["median_ms"],
+                            "check ok": e.get("check_ok")})
+    return out
+
+
+def verdicts(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The issue's targets, each computed from the engine's run (or 'not measured').
+
+    FastTransformer engine at least 1.5x faster than compile-ro in fp32 and in tf32;
+    GPT-2 engine faster than compiled (reduce-overhead) GPT-2, fp32 and tf32.
+    """
+    sp = speedups(engine_rows)
+    devs = sorted({s["device"] for s in sp}) or ["(no GPU rows)"]
+    out = []
+    for dev in devs:
+        for model, need, what in (("fasttransformer", TARGET_FT_SPEEDUP, "FastTransformer engine >= 1.5x compile-ro"),
+                                  ("gpt2", 1.0, "GPT-2 engine faster than compiled GPT-2")):
+            for prec in PRECISIONS:
+                s = next((s for s in sp if s["device"] == dev and s["model"] == model and s["precision"] == prec),
+                         None)
+                x = s and s["engine over compile-ro"]
+                verdict = "not measured" if x is None else ("met" if (x >= need if need > 1 else x > need) else
+                                                            "not met")
+                out.append({"device": dev, "target": f"{what}, {prec}", "needed": need, "measured": x,
+                            "engine ms": s and s["engine ms"], "compile-ro ms": s and s["compile-ro ms"],
+                            "verdict": verdict})
+    return out
+
+
+def variant_name(r: dict[str, Any]) -> str:
+    """'-rmsnorm' for label 'fasttransformer engine -rmsnorm'; 'engine' for a headline row."""
+    label, model = r.get("label", ""), r.get("preset") or ""
+    prefix = f"{model} engine"
+    return label[len(prefix):].strip() if label.startswith(prefix) and label != model else "engine"
+
+
+def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What each kernel buys: every engine variant against the full engine of the same model and precision.
+
+    ``delta ms`` = variant - full engine (positive: the variant is slower, i.e. what was
+    switched off was worth that much per step).
+    """
+    rows = [r for r in _shape(engine_rows) if r.get("mode") == "engine"]
+    out = []
+    for dev in engine_devices(rows):
+        for prec in ("fp32", "tf32", "bf16"):
+            for model in MODELS:
+                full = pick(rows, device_slug=dev, label=model, precision=prec)
+                if full is None:
+                    continue
+                variants = [r for r in select(rows, device_slug=dev, precision=prec, preset=model)
+                            if r.get("label") != model]
+                for r in sorted(variants, key=lambda r: r["label"]):
+                    out.append({"device": dev, "model": model, "precision": prec, "variant": variant_name(r),
+                                "ms": r["median_ms"], "engine ms": full["median_ms"],
+                                "delta ms": r["median_ms"] - full["median_ms"],
+                                "delta %": 100 * (r["median_ms"] / full["median_ms"] - 1),
+                                "kernels": ", ".join((r.get("engine") or {}).get("kernels", [])) or None,
+                                "check ok": r.get("check_ok")})
+    return out
+
+
+def loss_table(check_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per device, model, precision: the 100-step check's agreement (max relative loss error vs rtol)."""
+    out = []
+    for r in sorted(check_rows, key=lambda r: (r["device_slug"], ("fp32", "tf32", "bf16").index(r["precision"])
+                                                 if r["precision"] in ("fp32", "tf32", "bf16") else 9, r["label"])):
+        ref = r.get("losses_ref") or []
+        out.append({"device": r["device_slug"], "model": r["label"], "precision": r["precision"],
+                    "steps": r.get("steps"), "ref loss first": ref[0] if ref else None,
+                    "ref loss last": ref[-1] if ref else None, "max rel err": r.get("max_rel_err"),
+                    "rtol": r.get("rtol"), "param rel err": r.get("param_rel_err"),
+                    "ok": r.get("ok", r.get("check_ok")), "kernels": ", ".join(r.get("kernels") or []) or None})
+    return out
+
+
+def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
+    """Per precision (columns): engine (solid) and reference (dotted) loss per step, and below it
+    the relative difference |engine - reference| / reference per step (log scale)."""
+    rows = [r for r in check_rows if r["device_slug"] == device and r.get("losses_engine")]
+    precs = [p for p in ("fp32", "tf32", "bf16") if any(r["precision"] == p for r in rows)]
+    short = {"gpt2": "GPT-2", "fasttransformer": "FT"}
+    titles = [f"{p}, max rel err<br>" + " · ".join(f"{short.get(r['label'], r['label'])} {r['max_rel_err']:.1e}"
+                                                 for r in rows if r["precision"] == p) for p in precs]
+    n = max(1, len(precs))
+    fig = make_subplots(rows=2, cols=n, subplot_titles=titles + [""] * n, shared_xaxes=True,
+                        row_heights=[0.6, 0.4], vertical_spacing=0.08)
+    colors = {"gpt2": "#d62728", "fasttransformer": "#1f77b4"}
+    for i, p in enumerate(precs, start=1):
+        for r in (r for r in rows if r["precision"] == p):
+            c, first = colors.get(r["label"]), i == 1
+            steps = list(range(1, len(r["losses_engine"]) + 1))
+            fig.add_trace(go.Scatter(x=steps, y=r["losses_engine"], mode="lines", name=f"{r['label']} engine",
+                                     line=dict(color=c), legendgroup=r["label"] + "e", showlegend=first),
+                          row=1, col=i)
+            fig.add_trace(go.Scatter(x=steps, y=r["losses_ref"], mode="lines", name=f"{r['label']} reference",
+                                     line=dict(color=c, dash="dot"), legendgroup=r["label"] + "r", showlegend=first),
+                          row=1, col=i)
+            rel = [abs(e - f) / abs(f) if (f and e != f) else None for e, f in zip(r["losses_engine"], r["losses_ref"])]
+            fig.add_trace(go.Scatter(x=steps, y=rel, mode="lines", name=f"{r['label']} |engine - ref| / ref",
+                                     line=dict(color=c, width=1), legendgroup=r["label"] + "d", showlegend=first),
+                          row=2, col=i)
+        fig.update_xaxes(title_text="step", row=2, col=i)
+        fig.update_yaxes(type="log", tickformat=".0e", row=2, col=i)
+    fig.update_yaxes(title_text="training loss", row=1, col=1)
+    fig.update_yaxes(title_text="relative difference", row=2, col=1)
+    fig.update_annotations(font_size=12)
+    fig.update_layout(height=580, margin=dict(t=110),
+                      title=f"Engine vs reference training, {device}: loss per step")
+    return fig
