@@ -23,3 +23,97 @@ def test_dev_driver_checks_pass(op, capsys):
     assert mod.main(["--check-only"]) == 0
     out = capsys.readouterr().out
     assert "OK" in out and "FAIL" not in out
+
+
+ROW_FIELDS = ("key", "bench", "op", "variant", "impl", "case", "shape", "dtype", "precision", "timing", "status",
+              "note", "median_us", "p20_us", "p80_us", "n_reps", "timer", "bytes", "flops", "bound", "gb_s",
+              "tflop_s", "peak", "frac_peak", "check_err", "check_tol", "check_ok", "device_slug", "device",
+              "torch", "triton", "date", "commit")
+
+
+@pytest.fixture()
+def store(tmp_path):
+    from ftlib.results import ResultStore
+
+    return ResultStore("kernels", "cpu", tmp_path)
+
+
+def test_driver_rows_are_tidy_and_resumable(store):
+    from kernels.dev._harness import Recorder
+    from kernels.dev.rmsnorm_dev import main
+
+    rec = Recorder(store=store)
+    assert main(["--reps", "1"], rec) == 0
+    rows = store.rows()
+    assert rows == rec.rows and len(rows) == 2 * 3 * 2  # 2 dtypes x 3 variants x (eager, graph)
+    for r in rows:
+        assert set(ROW_FIELDS) <= set(r), set(ROW_FIELDS) - set(r)
+        assert r["op"] == "rmsnorm" and r["shape"] == {"M": 37, "N": 256} and r["bench"] == "kernels"
+    assert len({r["key"] for r in rows}) == len(rows)
+    by = {(r["variant"], r["dtype"], r["timing"]): r for r in rows}
+    e = by[("v3 triton", "fp32", "eager")]
+    assert e["status"] == "ok" and e["check_ok"] and e["check_err"] <= e["check_tol"] == 1e-5
+    assert e["p20_us"] <= e["median_us"] <= e["p80_us"] and e["bytes"] == 5 * 37 * 256 * 4
+    assert e["gb_s"] == pytest.approx(e["bytes"] / (e["median_us"] * 1e-6) / 1e9)
+    assert e["bound"] == "memory" and e["timer"].startswith("perf-counter") and e["peak"] is None
+    assert by[("v3 triton", "bf16", "eager")]["bytes"] == 5 * 37 * 256 * 2
+    g = by[("v3 triton", "fp32", "graph")]
+    assert g["status"] == "skipped" and "CUDA graphs need a GPU" in g["note"] and g["median_us"] is None
+    assert by[("v2 torch.compile", "fp32", "eager")]["status"] == "skipped"
+    # a second run finds every key stored and measures nothing
+    rec2 = Recorder(store=store)
+    assert main(["--reps", "1"], rec2) == 0
+    assert rec2.rows == [] and len(store.rows()) == len(rows)
+
+
+def test_no_variant_starts_after_the_deadline(store):
+    from kernels.dev._harness import Recorder
+    from kernels.dev.cross_entropy_dev import main
+
+    rec = Recorder(store=store, deadline=0.0)  # time.monotonic() is already past it
+    main(["--reps", "1"], rec)
+    assert rec.stopped and rec.rows == [] and store.rows() == []
+
+
+def test_a_failed_check_is_a_row_without_timing(store):
+    import torch
+
+    from kernels.dev._harness import Recorder, Variant, parse_args, run
+
+    args = parse_args("", ["--reps", "1"], Recorder(store=store))
+    x = torch.ones(8)
+    ok = run("fake op", args, torch.device("cpu"), lambda: x,
+             [Variant("v1 right", lambda: x.clone(), 1e-6), Variant("v2 wrong", lambda: x * 1.01, 1e-6)],
+             work=64.0, unit="GB/s", op="fake", shape={"n": 8}, dtype=torch.float32)
+    assert not ok
+    by = {(r["variant"], r["timing"]): r for r in store.rows()}
+    assert by[("v1 right", "eager")]["status"] == "ok" and by[("v1 right", "eager")]["median_us"] > 0
+    bad = by[("v2 wrong", "eager")]
+    assert bad["status"] == "check_failed" and bad["median_us"] is None and bad["check_ok"] is False
+    assert bad["check_err"] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_suite_measures_ceilings_and_drivers(store):
+    from kernels.dev.suite import run_suite
+
+    rows = run_suite("cpu", store, ops=["ceilings", "cross_entropy"], cpu_reps=1)
+    ceil = {r["variant"]: r for r in rows if r["op"] == "ceiling"}
+    assert set(ceil) == {"copy", "matmul fp32", "matmul tf32", "matmul bf16"}
+    assert all(r["status"] == "ok" and r["check_ok"] for r in ceil.values())
+    assert ceil["copy"]["bytes"] == 2 * ceil["copy"]["shape"]["bytes"] and ceil["copy"]["gb_s"] > 0
+    n = ceil["matmul fp32"]["shape"]["M"]
+    assert ceil["matmul fp32"]["flops"] == 2 * n**3 and ceil["matmul bf16"]["precision"] == "bf16"
+    assert {r["op"] for r in rows} == {"ceiling", "cross_entropy"}
+    with pytest.raises(ValueError, match="unknown kernel suite op"):
+        run_suite("cpu", store, ops=["nope"])
+
+
+def test_matmul_driver_checks_every_precision(capsys):
+    """The GEMM driver runs kernels/linear.py's tile kernel at a fixed config against fp64."""
+    from kernels.dev.matmul_dev import main
+
+    assert main(["--check-only"]) == 0
+    out = capsys.readouterr().out
+    for variant in ("v3 triton ieee", "v4 triton tf32x3", "v5 triton tf32"):
+        assert variant in out
+    assert "FAIL" not in out

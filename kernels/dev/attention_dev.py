@@ -3,18 +3,20 @@
 Shape: the FastTransformer's attention, B=32, nh=8, T=256, hs=32, with nkv=1 (MQA) and 8.
 Variants: v1 explicit reference (materializes (B, nh, T, T)), v2 SDPA with a stride-0
 expanded K/V (memory-efficient kernel in fp32, facts.md), v3 Triton 'ieee' fp32, v4 Triton
-'tf32', and in bf16 v5 SDPA and v6 Triton. FLOPs: the causal half of the 4 matmuls'
+'tf32', v7 Triton 'tf32x3', and in bf16 v5 SDPA and v6 Triton. FLOPs: the causal half of the 4 matmuls'
 worth forward (4 B nh T^2 hs / 2) and 2.5x that backward (FlashAttention-2 paper's
 convention, sec. 4.1: 5 matmuls vs 2); the Triton backward actually does 7 (QK^T twice).
+Bytes (the memory floor): forward reads q, k, v and writes o; backward reads q, k, v, o, dO
+and writes dq, dk, dv: 6 q-sized and 6 k-sized tensors (the logsumexp is O(B nh T)).
 """
 
 from __future__ import annotations
 
-from kernels.dev._harness import Variant, parse_args, run, setup
+from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(__doc__, argv)
+def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:
+    args = parse_args(__doc__, argv, recorder)
     device = setup(args)
     import torch
     import torch.nn.functional as F
@@ -53,7 +55,12 @@ def main(argv: list[str] | None = None) -> int:
                 Variant("v2 sdpa expand", fwd_bwd(sdpa), 1e-5, gpu_only=True),
                 Variant("v3 triton ieee", fwd_bwd(lambda a, b, c: flash_attention(a, b, c, **blk)), 1e-5),
                 Variant("v4 triton tf32", fwd_bwd(
-                    lambda a, b, c: flash_attention(a, b, c, input_precision="tf32", **blk)), 5e-3),
+                    lambda a, b, c: flash_attention(a, b, c, input_precision="tf32", **blk)), 5e-3,
+                    precision="tf32"),
+                # 3xTF32: three tensor-core products per dot, ~fp32 accuracy (kernels/attention.py)
+                Variant("v7 triton tf32x3", fwd_bwd(
+                    lambda a, b, c: flash_attention(a, b, c, input_precision="tf32x3", **blk)), 1e-4,
+                    precision="tf32x3"),
             ]
         else:
             variants = [
@@ -61,8 +68,10 @@ def main(argv: list[str] | None = None) -> int:
                 Variant("v6 triton bf16", fwd_bwd(lambda a, b, c: flash_attention(a, b, c, **blk)), 3e-2),
             ]
         flops = 4 * B * nh * T * T * hs / 2 * (1 + 2.5)
+        nbytes = 6 * (q.numel() + k.numel()) * q.element_size()
         return run(f"causal attention fwd+bwd B={B} nh={nh} nkv={nkv} T={T} hs={hs} {dtype}", args, device,
-                  reference, variants, work=flops, unit="TFLOP/s")
+                  reference, variants, unit="TFLOP/s", op="attention", flops=flops, nbytes=nbytes,
+                  shape={"B": B, "nh": nh, "nkv": nkv, "T": T, "hs": hs}, dtype=dtype)
     for nkv in (1, nh):
         for dtype in (torch.float32, torch.bfloat16):
             ok &= case(nkv, dtype)

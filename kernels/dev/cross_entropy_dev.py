@@ -7,11 +7,11 @@ Bytes (the floor): read the logits once, write dlogits once (plus the backward's
 
 from __future__ import annotations
 
-from kernels.dev._harness import Variant, parse_args, run, setup
+from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(__doc__, argv)
+def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:
+    args = parse_args(__doc__, argv, recorder)
     device = setup(args)
     import torch
 
@@ -41,7 +41,8 @@ def main(argv: list[str] | None = None) -> int:
             Variant("v3 triton fused", fwd_bwd(cross_entropy), tol),
         ]
         return run(f"cross-entropy fwd+bwd ({N}, {V}) {dtype}", args, device, reference, variants,
-                  work=2 * N * V * z.element_size(), unit="GB/s")
+                  work=2 * N * V * z.element_size(), unit="GB/s", op="cross_entropy", shape={"N": N, "V": V},
+                  dtype=dtype)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 1e-2)):
         ok &= case(dtype, tol)
     return 0 if ok else 1

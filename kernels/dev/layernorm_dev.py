@@ -6,11 +6,11 @@ Shape: the GPT-2 baseline's norm input (8192, 256) with bias. Bytes as in rmsnor
 
 from __future__ import annotations
 
-from kernels.dev._harness import Variant, parse_args, run, setup
+from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
 
 
-def main(argv: list[str] | None = None) -> int:
-    args = parse_args(__doc__, argv)
+def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:
+    args = parse_args(__doc__, argv, recorder)
     device = setup(args)
     import torch
 
@@ -44,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
             Variant("v3 triton", fwd_bwd(layer_norm), tol),
         ]
         return run(f"layernorm fwd+bwd ({M}, {N}) {dtype}", args, device, reference, variants,
-                  work=5 * M * N * x.element_size(), unit="GB/s")
+                  work=5 * M * N * x.element_size(), unit="GB/s", op="layernorm", shape={"M": M, "N": N},
+                  dtype=dtype)
     for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
         ok &= case(dtype, tol)
     return 0 if ok else 1

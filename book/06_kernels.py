@@ -1,0 +1,242 @@
+# ---
+# jupyter:
+#   accelerator: GPU
+#   colab:
+#     gpuType: T4
+#     provenance: []
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     notebook_metadata_filter: kernelspec,jupytext,accelerator,colab,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 6. Our own kernels and a whole-step engine
+#
+# Chapter 3 measured the post's "compiler ceiling": `torch.compile(mode="reduce-overhead")`
+# beats a whole-step CUDA graph of eager kernels, and the post's hand-written engine did not
+# beat the compiler. This chapter writes its own: five Triton kernels (`kernels/`), each
+# checked against a plain PyTorch reference and timed two ways, then an engine
+# (`ftlib.engine`) that runs the whole training step on flat parameter and gradient buffers
+# in one CUDA graph. The issue's targets: the FastTransformer engine at least 1.5× faster
+# than reduce-overhead in fp32 and in TF32, and the GPT-2 engine faster than compiled GPT-2,
+# with the engine's losses matching reference training over 100 steps.
+
+# %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/06_kernels.ipynb)
+
+# %% tags=["parameters"]
+DEVICE = "auto"
+SMOKE = True
+MEASURE = False
+
+# %%
+# Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
+# install ftlib without dependencies (Colab's torch stays) and work from book/.
+import sys
+
+if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
+    import os
+    import subprocess
+
+    root, url = "/content/fasttransformer-book", "https://github.com/fasttransformer-book/fasttransformer-book"
+    if not os.path.exists(root):
+        subprocess.run(["git", "clone", "--depth", "1", url, root], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", root], check=True)
+    sys.path.insert(0, root)
+    os.chdir(os.path.join(root, "book"))
+
+# %%
+from IPython.display import Markdown, display
+
+from ftlib import engineview, kernelview
+from ftlib.benchview import devices, ok_rows, provenance_line
+from ftlib.env import pick_device
+from ftlib.plots import show
+from ftlib.tables import show_table
+
+if MEASURE:
+    from kernels.dev.suite import run_suite
+
+    device = pick_device(DEVICE)
+    # On a GPU, SMOKE measures the ceilings and the two cheapest ops at full size (the same rows as
+    # the full suite, so nothing is stored at a lower quality); on the CPU every driver runs at tiny
+    # sizes in the Triton interpreter, which exercises the code, not the kernels' speed.
+    smoke_ops = ("ceilings", "rmsnorm", "cross_entropy") if (SMOKE and device.type == "cuda") else None
+    run_suite(device, ops=smoke_ops, cpu_reps=1)
+krows = kernelview.kernel_rows(include_cpu=MEASURE)
+steps = ok_rows(["fig1", "precision"], include_cpu=MEASURE)
+erows = ok_rows("engine", include_cpu=MEASURE)
+crows = ok_rows("engine_check", include_cpu=MEASURE)
+for name, rows in (("step benchmarks", steps), ("kernels", krows), ("engine", erows), ("engine check", crows)):
+    print(f"{name}: measured on", provenance_line(rows) or "nothing stored yet")
+
+# %% [markdown]
+# ## 1. Why write kernels
+#
+# The compiler's reduce-overhead step against the floors of the same step from the FLOP and
+# byte accounting (chapter 2, at the datasheet peaks): the FLOP floor counts only the matmul
+# work at the matmul peak, the roofline floor adds every component's own bound (the norms,
+# softmax and optimizer are memory-bound). `compile-ro / floor` is how far the compiler
+# leaves the step from the roofline: the room a kernel can take.
+
+# %%
+room = engineview.headroom(steps)
+if room:
+    show_table(room)
+else:
+    print("Step rows not measured yet: run bash ci/gpu-run --only fig1,precision on a GPU (resumable).")
+for h in room:
+    if h["cudagraph ms"] and h["eager ms"]:
+        print(f"{h['device']} {h['model']} {h['precision']}: eager -> CUDA graph removes "
+              f"{h['eager ms'] - h['cudagraph ms']:.2f} ms of launches, fusion (compile-ro) "
+              f"{h['cudagraph ms'] - h['compile-ro ms']:.2f} ms more; "
+              f"{h['compile-ro ms'] - h['roofline floor ms']:.2f} ms stay above the roofline floor")
+
+# %% [markdown]
+# ## 2. The kernels
+#
+# Five ops of the training step, after Liger-Kernel's layering (kernel, launcher with
+# argument checks, `autograd.Function`, thin module; `kernels/README.md`). The math each
+# kernel computes is stated in its docstring; the sections below quote those docstrings
+# rather than restate them. Each op has a driver in `kernels/dev/` that checks every variant
+# (PyTorch, `torch.compile` of the same reference, Triton) against an fp64 reference on
+# fresh random inputs, then times it twice:
+#
+# * **eager**: the call as a user makes it, autograd and launches from Python included
+#   (`triton.testing.do_bench`, cold L2). At these sizes this is mostly host time.
+# * **in a CUDA graph**: forward and backward captured once and replayed, each replay timed
+#   with CUDA events after an L2 flush. This is the time of the kernels, and what they cost
+#   inside the engine's graph.
+#
+# Rates are read against the card's *measured* ceilings: a 1 GiB device-to-device copy
+# (read + write) and an 8192² matmul in strict fp32, TF32 and bf16.
+
+# %%
+ceil_rows = kernelview.ceiling_table(krows)
+if ceil_rows:
+    show_table(ceil_rows)
+else:
+    print("Ceilings not measured yet: run bash ci/gpu-run --only kernels on a GPU (resumable).")
+
+# %% [markdown]
+# ### RMSNorm (FastTransformer)
+# One row per program forward, saving only the inverse RMS; the backward sums the weight
+# gradient in per-program partials (one program per SM) and reduces them with one sum.
+
+# %%
+display(Markdown(kernelview.kernel_math("rmsnorm")))
+
+# %% [markdown]
+# ### LayerNorm (GPT-2)
+# Same structure with the mean and an optional bias; PyTorch's own `F.layer_norm` is already
+# one fused kernel each way, so this is the op with the least to gain.
+
+# %%
+display(Markdown(kernelview.kernel_math("layernorm")))
+
+# %% [markdown]
+# ### Fused MQA attention
+# FlashAttention-2's forward and backward. The FastTransformer's single K/V head is read by
+# index from every query head (pointer arithmetic, `h // (nh // nkv)`), never expanded or
+# copied; SDPA needs the expanded (stride-0) K/V to take its fused kernel in fp32 (chapter 1).
+
+# %%
+display(Markdown(kernelview.kernel_math("attention")))
+
+# %% [markdown]
+# ### Fused cross-entropy
+# The loss and its gradient in one pass over the logits: the row's softmax is in registers
+# when the loss is computed, so the backward only scales the stored gradient.
+
+# %%
+display(Markdown(kernelview.kernel_math("cross_entropy")))
+
+# %% [markdown]
+# ### Flat AdamW
+# One launch for the whole model over flat fp32 buffers (decayed parameters first), reading
+# the step count and learning rate from device tensors so a captured graph replays it.
+
+# %%
+display(Markdown(kernelview.kernel_math("adamw")))
+
+# %% [markdown]
+# ### Measured: eager vs in a graph, against the ceilings
+# Per op and case: the median eager and in-graph time of each variant, the rate in the
+# graph (GB/s for memory-bound ops, TFLOP/s for attention), the floor from the measured
+# ceilings and the fraction of it reached, and the speed-up over the fastest PyTorch and
+# `torch.compile` variant of the same case (both in a graph). Rows with a status other than
+# ok (not capturable, skipped off-GPU, failed check) say why in `note`.
+
+# %%
+ktable = kernelview.kernel_table(krows)
+if not ktable:
+    print("Kernel rows not measured yet: run bash ci/gpu-run --only kernels on a GPU (resumable).")
+else:
+    show_table(ktable, ["device", "op", "case", "variant", "eager µs", "graph µs", "rate", "unit", "floor µs",
+                        "of ceiling", "vs PyTorch", "vs compile", "note"])
+    for dev in sorted({t["device"] for t in ktable}):
+        show(kernelview.kernel_figure(ktable, dev), f"kernels-{dev}")
+    print("\n".join(kernelview.verdicts(ktable)))
+
+# %% [markdown]
+# ## 3. The engine
+#
+# `ftlib.engine.Engine` swaps each op for its kernel where one applies, makes every parameter
+# and gradient a view into one flat fp32 buffer (so AdamW is one launch and `zero_grad` one
+# memset), and captures the whole step (memset, forward, loss, backward, AdamW) in one CUDA
+# graph. The engine's rows come from one run that also measured reduce-overhead and the
+# manual CUDA graph, so the comparison is within one session; eager and default
+# `torch.compile` come from chapter 3's and 5's runs.
+#
+# ### The post's Figure 1, extended by the engine
+
+# %%
+stable = engineview.step_table(steps, erows)
+if not stable:
+    print(engineview.NOT_MEASURED)
+else:
+    for dev in engineview.engine_devices(erows):
+        show(engineview.figure1(stable, dev), f"fig1-engine-{dev}")
+    show_table(engineview.speedups(erows))
+for v in engineview.verdicts(erows):
+    measured = "–" if v["measured"] is None else f"{v['measured']:.2f}x"
+    print(f"{v['device']}: {v['target']}: needed {v['needed']:g}x, measured {measured} -> {v['verdict']}")
+
+# %% [markdown]
+# ### What each kernel buys
+# The engine with one kernel switched off (falling back to the PyTorch op the model uses),
+# with none, uncaptured, and for GPT-2 with the fused attention replacing its explicit
+# softmax. `delta ms` is the variant's step time minus the full engine's: what the full
+# engine's choice saves per step against that variant. For `-op` and `no-kernels` a positive
+# delta is what the kernel buys and a negative one says the PyTorch op is faster inside the
+# graph; for `uncaptured` it is what the CUDA graph buys; for `+flash-attn` a negative delta
+# says the fused attention would pay.
+
+# %%
+deltas = engineview.kernel_deltas(erows)
+if deltas:
+    show_table(deltas)
+else:
+    print(engineview.NOT_MEASURED)
+
+# %% [markdown]
+# ### 100 steps against reference training
+# The engine and `train_step` with `torch.optim.AdamW` train side by side from the same
+# weights on the same batches (`ftlib.engine.check_against_reference`); the check passes when
+# every step's loss agrees within the precision's tolerance (`ftlib.bench.CHECK_RTOL`).
+
+# %%
+if not crows:
+    print(engineview.NOT_MEASURED)
+else:
+    show_table(engineview.loss_table(crows))
+    for dev in devices(crows):
+        show(engineview.loss_figure(crows, dev), f"engine-check-{dev}")

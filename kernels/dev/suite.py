@@ -1,0 +1,77 @@
+"""The kernels suite: the measured ceilings, then every dev driver, rows into kernels.jsonl.
+
+    python -m kernels.dev.suite [--ops ceilings,rmsnorm] [--budget-s 500]
+
+``ci/gpu_bench.py``'s ``kernels`` suite and chapter 6 call :func:`run_suite`. Resumable:
+rows whose keys are stored are skipped (a variant is re-measured only if one of its rows is
+missing or an error); no new variant starts after the deadline. Ceilings run first, because
+every kernel row is read against them. Without CUDA everything runs at tiny sizes in the
+Triton interpreter (set up here, before triton is imported) and the rows land in
+``data/results/cpu/`` (not committed).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import time
+from collections.abc import Callable, Sequence
+
+import torch
+
+from kernels.dev._harness import BENCH, Recorder, use_interpreter
+
+OPS = ("ceilings", "rmsnorm", "layernorm", "cross_entropy", "adamw", "attention")
+
+
+def run_suite(
+    device: torch.device | str | None = None,
+    store=None,
+    deadline: float | None = None,
+    ops: Sequence[str] | None = None,
+    on_row: Callable[[dict], None] | None = None,
+    cpu_reps: int = 3,
+) -> list[dict]:
+    """Run ``ops`` (default: all, ceilings first); return the rows measured now.
+
+    ``store`` defaults to ``ResultStore('kernels', device_slug(device))``; ``deadline`` is a
+    ``time.monotonic()`` value. A driver that fails outright is reported and the next one runs.
+    """
+    from ftlib.env import device_slug, pick_device
+    from ftlib.results import ResultStore
+
+    dev = pick_device(device or "auto") if not isinstance(device, torch.device) else device
+    if dev.type != "cuda":
+        use_interpreter()
+    if store is None:
+        store = ResultStore(BENCH, device_slug(dev))
+    names = list(ops or OPS)
+    unknown = [n for n in names if n not in OPS]
+    if unknown:
+        raise ValueError(f"unknown kernel suite op(s) {unknown}; known: {list(OPS)}")
+    rec = Recorder(store=store, deadline=deadline, on_row=on_row)
+    for name in names:
+        if rec.out_of_time():
+            print(f"[kernels] budget spent before {name}", flush=True)
+            break
+        module = "kernels.dev.ceilings" if name == "ceilings" else f"kernels.dev.{name}_dev"
+        try:
+            importlib.import_module(module).main(["--reps", str(cpu_reps)], rec)
+        except Exception as e:  # one broken driver must not lose the others' rows
+            print(f"[kernels] {name} failed: {type(e).__name__}: {e}", flush=True)
+    return rec.rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated, from " + ",".join(OPS))
+    ap.add_argument("--budget-s", type=float, default=None, help="no new variant after this many seconds")
+    args = ap.parse_args(argv)
+    deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
+    rows = run_suite(ops=[o for o in args.ops.split(",") if o], deadline=deadline)
+    print(f"[kernels] {len(rows)} rows measured now")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

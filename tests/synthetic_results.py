@@ -1,0 +1,140 @@
+"""Synthetic result rows for testing chapter 6's views before real GPU rows exist.
+
+Written into a temporary results directory (FTLIB_RESULTS_DIR), never into data/results.
+The numbers are chosen so every verdict is known in advance: the FastTransformer engine
+meets the 1.5x target in fp32 and misses it in tf32; the GPT-2 engine beats compile-ro in
+fp32 and loses in tf32.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ftlib.config import preset
+from ftlib.results import ResultStore, row_key
+
+SLUG = "h200"
+PROV = {"device": "NVIDIA H200", "device_type": "cuda", "torch": "2.11.0+cu130", "triton": "3.6.0",
+        "date": "2026-12-03T10:00:00Z", "commit": "synthetic"}
+# (model, precision, mode) -> median ms
+STEP_MS = {
+    ("gpt2", "fp32", "eager"): 15.4, ("gpt2", "fp32", "cudagraph"): 11.7, ("gpt2", "fp32", "compile"): 12.6,
+    ("gpt2", "fp32", "compile-ro"): 8.9,
+    ("fasttransformer", "fp32", "eager"): 16.8, ("fasttransformer", "fp32", "cudagraph"): 7.1,
+    ("fasttransformer", "fp32", "compile"): 11.3, ("fasttransformer", "fp32", "compile-ro"): 5.9,
+    ("gpt2", "tf32", "eager"): 18.7, ("gpt2", "tf32", "compile-ro"): 5.4,
+    ("fasttransformer", "tf32", "eager"): 17.8, ("fasttransformer", "tf32", "compile-ro"): 3.9,
+}
+# The engine's own run: engine, compile-ro and cudagraph measured together.
+ENGINE_MS = {
+    ("fasttransformer", "fp32"): {"engine": 3.6, "compile-ro": 6.0, "cudagraph": 7.2},  # 1.67x: met
+    ("fasttransformer", "tf32"): {"engine": 3.0, "compile-ro": 3.9, "cudagraph": 4.5},  # 1.30x: not met
+    ("gpt2", "fp32"): {"engine": 8.0, "compile-ro": 8.8, "cudagraph": 11.6},  # faster: met
+    ("gpt2", "tf32"): {"engine": 5.0, "compile-ro": 4.8, "cudagraph": 6.0},  # slower: not met
+}
+# Engine variants (fp32): label suffix -> median ms
+VARIANT_MS = {"fasttransformer": {"-rmsnorm": 3.9, "-attention": 4.4, "no-kernels": 5.0},
+              "gpt2": {"-layernorm": 8.1, "+flash-attn": 6.5}}
+
+
+def _step_row(bench: str, model: str, prec: str, mode: str, ms: float, label: str | None = None,
+              extra: dict | None = None) -> dict:
+    cfg = preset(model)
+    label = label or model
+    return {"key": row_key(bench, cfg.config_hash(), 32, 256, mode, prec, {"label": label, **(extra or {})}),
+            "bench": bench, "label": label, "preset": model, "config": cfg.to_dict(),
+            "config_hash": cfg.config_hash(), "B": 32, "T": 256, "mode": mode, "precision": prec, "status": "ok",
+            "median_ms": ms, "p20_ms": 0.97 * ms, "p80_ms": 1.04 * ms, "check_ok": True, "extra": extra or {},
+            "engine": {"kernels": ["rmsnorm", "attention", "cross_entropy", "adamw"]} if mode == "engine" else None,
+            **PROV}
+
+
+def write_step_rows(root: Path) -> None:
+    for (model, prec, mode), ms in STEP_MS.items():
+        bench = "fig1" if prec == "fp32" else "precision"
+        ResultStore(bench, SLUG, root).append(_step_row(bench, model, prec, mode, ms))
+
+
+def write_engine_rows(root: Path) -> None:
+    store = ResultStore("engine", SLUG, root)
+    for (model, prec), modes in ENGINE_MS.items():
+        for mode, ms in modes.items():
+            store.append(_step_row("engine", model, prec, mode, ms))
+    for model, variants in VARIANT_MS.items():
+        for suffix, ms in variants.items():
+            store.append(_step_row("engine", model, "fp32", "engine", ms, label=f"{model} engine {suffix}",
+                                   extra={"variant": suffix}))
+
+
+def losses(start: float, steps: int, wiggle: float) -> list[float]:
+    return [start * (0.97 ** k) * (1 + wiggle * (1 + k / steps) * ((-1) ** k)) for k in range(steps)]
+
+
+def write_check_rows(root: Path, steps: int = 100) -> None:
+    store = ResultStore("engine_check", SLUG, root)
+    for prec in ("fp32", "tf32"):
+        for model in ("gpt2", "fasttransformer"):
+            ref = losses(4.2, steps, 0.0)
+            eng = losses(4.2, steps, 2e-6 if prec == "fp32" else 2e-4)
+            rel = max(abs(e - r) / r for e, r in zip(eng, ref))
+            store.append({"key": f"check-{model}-{prec}", "bench": "engine_check", "label": model, "preset": model,
+                          "B": 32, "T": 256, "mode": "engine", "precision": prec, "status": "ok", "steps": steps,
+                          "losses_engine": eng, "losses_ref": ref, "max_rel_err": rel, "rtol": 1e-3,
+                          "ok": rel <= 1e-3, "check_ok": rel <= 1e-3, "param_rel_err": 1e-6,
+                          "kernels": ["rmsnorm", "cross_entropy", "adamw"], **PROV})
+
+
+def _krow(op: str, case: dict, dtype: str, variant: str, impl: str, timing: str, us: float | None,
+          nbytes: float | None, flops: float | None, bound: str, precision: str | None = None,
+          status: str = "ok", note: str = "") -> dict:
+    rate_b = nbytes / (us * 1e-6) / 1e9 if (us and nbytes) else None
+    rate_f = flops / (us * 1e-6) / 1e12 if (us and flops) else None
+    return {"key": f"{op}-{variant}-{dtype}-{sorted(case.items())}-{timing}", "bench": "kernels", "op": op,
+            "variant": variant, "impl": impl, "case": f"{op} {case} {dtype}", "shape": case, "dtype": dtype,
+            "precision": precision or dtype, "timing": timing, "status": status, "note": note,
+            "median_us": us, "p20_us": us and 0.95 * us, "p80_us": us and 1.05 * us, "bytes": nbytes,
+            "flops": flops, "bound": bound, "gb_s": rate_b, "tflop_s": rate_f, "check_err": 1e-7,
+            "check_tol": 1e-5, "check_ok": True, **PROV}
+
+
+# Measured ceilings: 4000 GB/s copy, 50 / 400 / 800 TFLOP/s matmuls.
+CEIL = {"copy": 4000.0, "matmul fp32": 50.0, "matmul tf32": 400.0, "matmul bf16": 800.0}
+NORM_BYTES = 5 * 8192 * 256 * 4  # 41.9 MB -> floor 10.49 us at 4000 GB/s
+
+
+def write_kernel_rows(root: Path) -> None:
+    store = ResultStore("kernels", SLUG, root)
+    for variant, rate in CEIL.items():
+        copy = variant == "copy"
+        nbytes, flops = (2.0 * 2**30, None) if copy else (3.0 * 8192**2 * 4, 2.0 * 8192**3)
+        us = (nbytes / (rate * 1e9) if copy else flops / (rate * 1e12)) * 1e6
+        store.append(_krow("ceiling", {"M": 8192}, "fp32", variant, "pytorch", "eager", us, nbytes, flops,
+                           "memory" if copy else "compute", precision=variant.split()[-1] if not copy else "fp32"))
+    norm = {"M": 8192, "N": 256}
+    for variant, impl, eager, graph in (("v1 eager", "pytorch", 550.0, 60.0), ("v2 torch.compile", "compile", 400.0,
+                                        25.0), ("v3 triton", "triton", 420.0, 20.0)):
+        for timing, us in (("eager", eager), ("graph", graph)):
+            store.append(_krow("rmsnorm", norm, "fp32", variant, impl, timing, us, NORM_BYTES, None, "memory"))
+    # AdamW foreach: not capturable, its graph row says so.
+    ad = {"n_params": 2559744, "tensors": 40, "steps": 3}
+    nb = 28.0 * 2559744 * 3
+    store.append(_krow("adamw", ad, "fp32", "v1 foreach", "pytorch", "eager", 1500.0, nb, None, "memory"))
+    store.append(_krow("adamw", ad, "fp32", "v1 foreach", "pytorch", "graph", None, nb, None, "memory",
+                       status="unsupported", note="not capturable"))
+    store.append(_krow("adamw", ad, "fp32", "v4 triton flat", "triton", "eager", 180.0, nb, None, "memory"))
+    store.append(_krow("adamw", ad, "fp32", "v4 triton flat", "triton", "graph", 70.0, nb, None, "memory"))
+    att = {"B": 32, "nh": 8, "nkv": 1, "T": 256, "hs": 32}
+    fl = 4 * 32 * 8 * 256 * 256 * 32 / 2 * 3.5
+    ab = 6 * (32 * 8 * 256 * 32 + 32 * 256 * 32) * 4
+    for variant, impl, prec, g in (("v2 sdpa expand", "pytorch", "fp32", 300.0), ("v4 triton tf32", "triton", "tf32",
+                                                                                   150.0)):
+        for timing, us in (("eager", 2 * g), ("graph", g)):
+            store.append(_krow("attention", att, "fp32", variant, impl, timing, us, ab, fl, "compute", precision=prec))
+
+
+def write_all(root: Path) -> Path:
+    write_step_rows(root)
+    write_engine_rows(root)
+    write_check_rows(root)
+    write_kernel_rows(root)
+    return root

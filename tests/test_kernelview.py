@@ -1,0 +1,76 @@
+"""ftlib.kernelview on synthetic kernel rows: measured ceilings, floors, speed-ups, figures, docstrings."""
+
+from __future__ import annotations
+
+import pytest
+from synthetic_results import CEIL, NORM_BYTES, write_kernel_rows
+
+from ftlib import kernelview
+
+
+@pytest.fixture()
+def krows(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
+    write_kernel_rows(tmp_path / "results")
+    return kernelview.kernel_rows()
+
+
+def test_ceilings_are_read_from_the_ceiling_rows(krows):
+    c = kernelview.ceilings(krows)["h200"]
+    assert c["bandwidth"] == pytest.approx(CEIL["copy"])
+    assert c["fp32"] == pytest.approx(CEIL["matmul fp32"]) and c["tf32"] == pytest.approx(CEIL["matmul tf32"])
+    assert len(kernelview.ceiling_table(krows)) == 4
+
+
+def test_table_reads_each_row_against_the_measured_ceiling(krows):
+    t = {(r["op"], r["variant"]): r for r in kernelview.kernel_table(krows)}
+    tri = t[("rmsnorm", "v3 triton")]
+    floor = NORM_BYTES / (CEIL["copy"] * 1e9) * 1e6
+    assert tri["floor µs"] == pytest.approx(floor)
+    assert tri["of ceiling"] == pytest.approx(floor / 20.0)  # graph time is the one read
+    assert tri["eager / graph"] == pytest.approx(420.0 / 20.0)
+    assert tri["vs PyTorch"] == pytest.approx(60.0 / 20.0) and tri["vs compile"] == pytest.approx(25.0 / 20.0)
+    assert tri["rate"] == pytest.approx(NORM_BYTES / 20e-6 / 1e9) and tri["unit"] == "GB/s"
+    # attention is compute-bound: its floor uses the matmul rate of its own precision (tf32 here)
+    att = t[("attention", "v4 triton tf32")]
+    assert att["unit"] == "TFLOP/s"
+    fl = 4 * 32 * 8 * 256 * 256 * 32 / 2 * 3.5
+    assert att["floor µs"] == pytest.approx(max(fl / (CEIL["matmul tf32"] * 1e12),
+                                                6 * (32 * 8 * 256 * 32 + 32 * 256 * 32) * 4 / 4000e9) * 1e6)
+    # not capturable: no graph time, the status and the reason are in the note
+    fe = t[("adamw", "v1 foreach")]
+    assert fe["graph µs"] is None and fe["eager µs"] == 1500.0 and "unsupported" in fe["note"]
+    assert list(kernelview.OPS).index("rmsnorm") < list(kernelview.OPS).index("adamw")
+
+
+def test_verdicts_name_the_fastest_in_graph(krows):
+    lines = kernelview.verdicts(kernelview.kernel_table(krows))
+    rms = next(line for line in lines if "RMSNorm" in line)
+    assert "fastest in a graph is v3 triton" in rms and "3.00x faster than pytorch (v1 eager)" in rms
+    assert "1.25x faster than compile (v2 torch.compile)" in rms
+    att = next(line for line in lines if "attention" in line)
+    assert "v4 triton tf32" in att and "2.00x faster than pytorch" in att
+
+
+def test_figure_has_eager_and_graph_bars_per_op(krows):
+    table = kernelview.kernel_table(krows)
+    fig = kernelview.kernel_figure(table, "h200")
+    assert len(fig.data) == 2 * 3  # rmsnorm, adamw, attention: two traces each
+    assert fig.layout.yaxis.type == "log"
+
+
+@pytest.mark.parametrize("op", kernelview.OPS)
+def test_kernel_math_quotes_the_jit_docstrings(op):
+    md = kernelview.kernel_math(op)
+    assert md.count(f"kernels/{op}.py::") >= 1 and "```text" in md
+    if op == "rmsnorm":
+        assert "rstd" in md
+
+
+def test_floor_uses_the_rate_of_the_rows_precision():
+    ceil = {"bandwidth": 4000.0, "fp32": 50.0, "tf32": 400.0}
+    row = {"bytes": 4e6, "flops": 1e9, "precision": "fp32"}
+    assert kernelview.floor_us(row, ceil) == pytest.approx(1e9 / 50e12 * 1e6)  # compute-bound: 20 us > 1 us
+    assert kernelview.floor_us({**row, "precision": "tf32x3"}, ceil) == pytest.approx(1e9 / (400e12 / 3) * 1e6)
+    assert kernelview.floor_us({**row, "precision": "bf16"}, ceil) == pytest.approx(4e6 / 4000e9 * 1e6)  # no bf16
+    assert kernelview.floor_us(row, {}) is None
