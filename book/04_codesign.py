@@ -34,7 +34,10 @@
 #
 # The grid keeps GPT-2's biases, so that each cell differs from GPT-2 by exactly the switches
 # in its name; FastTransformer itself also drops the biases (the ladder's last step).
-# Measured modes: eager and the manual whole-step CUDA graph, in fp32 and tf32.
+# Measured modes: eager and the manual whole-step CUDA graph in fp32 and tf32 (suite `grid`),
+# and `torch.compile` with reduce-overhead in fp32 (suites `ladder` and `grid_compile`).
+# Every table reads the stored rows through `ftlib.codesignview`; a suite not run yet shows
+# as "–" with the command that measures it.
 
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/04_codesign.ipynb)
@@ -64,93 +67,81 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 import plotly.graph_objects as go
 
 from ftlib.ablations import grid, kv_head_sweep, ladder, mlp_ratio_sweep
-from ftlib.accounting import expected_backend, num_params, step_summary
+from ftlib.accounting import step_summary
 from ftlib.bench import bench_sweep
-from ftlib.benchview import devices, ok_rows, pick, provenance_line
-from ftlib.env import pick_device
+from ftlib.benchview import devices, not_measured, ok_rows, provenance_line
+from ftlib.codesignview import (
+    backend_table,
+    col,
+    fallback_cost,
+    find,
+    grid_table,
+    ladder_table,
+    measured,
+    switch_effects,
+)
+from ftlib.env import device_slug, pick_device
 from ftlib.plots import show
 from ftlib.tables import show_table
 
-GRID = grid()
+# A smoke run measures a small grid at a small shape; the tables then look for those.
+SMALL = dict(n_layer=1, n_embd=64) if (MEASURE and SMOKE) else {}
+B, T = (4, 64) if (MEASURE and SMOKE) else (32, 256)
+GRID = {k: v.replace(**SMALL) for k, v in grid().items()}
+LADDER = {k: v.replace(**SMALL) for k, v in ladder().items()}
 if MEASURE:
     device = pick_device(DEVICE)
-    small = dict(n_layer=1, n_embd=64) if SMOKE else {}
     modes = ["eager", "cudagraph"] if device.type == "cuda" else ["eager"]
-    shape = (4, 64) if SMOKE else (32, 256)
-    bench_sweep({k: v.replace(**small) for k, v in GRID.items()}, [shape], modes, ["fp32"], bench="grid",
-                device=device, progress=False, **(dict(warmup=3, iters=10) if SMOKE else {}))
-rows = ok_rows("grid", include_cpu=MEASURE)
-fig1 = ok_rows("fig1", include_cpu=MEASURE)
+    bench_sweep(GRID, [(B, T)], modes, ["fp32"], bench="grid", device=device, progress=False,
+                **(dict(warmup=3, iters=10) if SMOKE else {}))
+    dev = device_slug(device)
+else:
+    dev = (devices(ok_rows("grid")) or [None])[0]  # the first GPU with stored grid rows
+rows = measured(dev, include_cpu=MEASURE) if dev else []
 print("Measured on:", provenance_line(rows) or "nothing stored yet")
 
 # %% [markdown]
 # ## What each cell costs on paper, and what it costs on the H200 (B = 32, T = 256)
 # FLOPs and bytes per training step from `ftlib.accounting` (fp32, the kernel PyTorch is expected
-# to pick on an H200), measured medians from the grid suite.
+# to pick on an H200), measured medians from the grid suites: eager and CUDA graph (`grid`), and
+# compiled with reduce-overhead (`grid_compile`; the ladder's rungs also from `ladder`).
 
 # %%
-dev = devices(rows)[0] if rows else None
-table = []
-for label, cfg in GRID.items():
-    s = step_summary(cfg, 32, 256, precision="fp32")
-    line = {"cell": label, "params": num_params(cfg), "GFLOP / step": s["flops"] / 1e9,
-            "GB moved / step (eager)": s["bytes"] / 1e9,
-            "attention kernel (expected)": expected_backend(cfg, "fp32", (9, 0))}
-    for prec in ("fp32", "tf32"):
-        for mode in ("eager", "cudagraph"):
-            r = pick(rows, device_slug=dev, label=label, mode=mode, precision=prec) if dev else None
-            line[f"{mode} {prec} ms"] = r["median_ms"] if r else None
-    table.append(line)
+table = grid_table(rows, GRID, B, T)
 show_table(table)
+missing = [r["cell"] for r in table if r[col("compile-ro", "fp32")] is None]
+if missing:
+    print(f"compile-ro, {len(missing)} of {len(table)} cells:", not_measured("grid_compile"))
 
 # %% [markdown]
 # ## Which change buys what
 # The effect of switching one change on, averaged over the 8 cells where it is off (so every
 # combination of the other three counts once): the ratio of step times with and without it.
+# A mode whose 16 cells are not all measured shows "–".
 
 # %%
-switches = ("MQA", "SDPA", "MLP2x", "RMS")
-effect_rows = []
-for prec in ("fp32", "tf32"):
-    for mode in ("eager", "cudagraph"):
-        line = {"mode": f"{mode} {prec}"}
-        for sw in switches:
-            ratios = []
-            for label in GRID:
-                names = () if label == "gpt2" else tuple(label.split("+"))
-                if sw in names:
-                    continue
-                on = tuple(n for n in switches if n in names or n == sw)
-                on_label = "+".join(on)
-                a = pick(rows, device_slug=dev, label=label, mode=mode, precision=prec) if dev else None
-                b = pick(rows, device_slug=dev, label=on_label, mode=mode, precision=prec) if dev else None
-                if a and b:
-                    ratios.append(a["median_ms"] / b["median_ms"])
-            line[f"{sw} speed-up"] = (sum(ratios) / len(ratios)) if ratios else None
-        effect_rows.append(line)
-show_table(effect_rows)
+show_table(switch_effects(table))
 
 # %% [markdown]
 # ## The ladder: GPT-2 → FastTransformer, one change at a time
+# Each rung adds one change to the one before, in the post's order, and the last drops the
+# biases, which gives the FastTransformer. Every rung is timed in each mode; "from" names the
+# suite whose row it is (a rung that is also a grid cell comes from the grid suites, the last
+# rung also from Figure 1's FastTransformer, whose only difference, the init, leaves the step's
+# work unchanged).
 
 # %%
-LADDER = ladder()
-steps = list(LADDER)
-grid_label = {"gpt2": "gpt2", "+MQA": "MQA", "+SDPA": "MQA+SDPA", "+MLP2x": "MQA+SDPA+MLP2x",
-              "+RMS": "MQA+SDPA+MLP2x+RMS"}
+steps = ladder_table(rows, LADDER, B, T)
 fig = go.Figure()
-for prec in ("fp32", "tf32"):
-    for mode in ("eager", "cudagraph"):
-        ys = []
-        for st in steps:
-            if st in grid_label:
-                r = pick(rows, device_slug=dev, label=grid_label[st], mode=mode, precision=prec) if dev else None
-            else:  # the last rung is the FastTransformer preset, measured in the fig1/precision suites
-                r = pick(fig1, device_slug=dev, label="fasttransformer", mode=mode, precision=prec) if dev else None
-            ys.append(r["median_ms"] if r else None)
-        fig.add_trace(go.Scatter(x=steps, y=ys, mode="lines+markers", name=f"{mode} {prec}"))
-fig.update_layout(title=f"Cumulative ladder, {dev} (B=32, T=256)", yaxis_title="ms per step", height=430)
+for mode, prec in (("eager", "fp32"), ("cudagraph", "fp32"), ("eager", "tf32"), ("cudagraph", "tf32"),
+                   ("compile-ro", "fp32")):
+    fig.add_trace(go.Scatter(x=[r["rung"] for r in steps], y=[r[col(mode, prec)] for r in steps],
+                             mode="lines+markers", name=f"{mode} {prec}"))
+fig.update_layout(title=f"Cumulative ladder, {dev} (B={B}, T={T})", yaxis_title="ms per step", height=430)
 show(fig, "ladder")
+show_table(steps)
+if not any(r[col("compile-ro", "fp32")] for r in steps):
+    print("compile-ro rungs:", not_measured("ladder"))
 
 # %% [markdown]
 # ## Grouped-query attention and the MLP ratio as curves
@@ -162,8 +153,8 @@ for title, sweep, xs in (("K/V heads", kv_head_sweep(), [1, 2, 4, 8]),
     fig = go.Figure()
     for prec in ("fp32", "tf32"):
         for mode in ("eager", "cudagraph"):
-            ys = [(pick(rows, device_slug=dev, label=lbl, mode=mode, precision=prec) or {}).get("median_ms")
-                  for lbl in sweep]
+            # By config, not label: n_kv_head=1 and mlp_ratio=2 are both the FastTransformer, one row.
+            ys = [(find(rows, cfg, mode, prec, B, T, ("grid",)) or {}).get("median_ms") for cfg in sweep.values()]
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{mode} {prec}"))
     fig.add_trace(go.Scatter(x=xs, y=[step_summary(c, 32, 256)["flops"] / 1e9 for c in sweep.values()],
                              name="GFLOP / step (accounting)", yaxis="y2", line=dict(dash="dot")))
@@ -174,18 +165,18 @@ for title, sweep, xs in (("K/V heads", kv_head_sweep(), [1, 2, 4, 8]),
 
 # %% [markdown]
 # ## The attention kernel that actually runs, and the cost of the math fallback
-# The profiler (chapter 1) reads the SDPA backend off the trace; the original FastTransformer
-# passes K/V as (B, 1, T, d), which in fp32 sends SDPA to its math backend. `ftlib` passes a
-# stride-0 `expand`ed (B, H, T, d) view instead, which the memory-efficient kernel accepts.
+# The profiler (chapter 1) reads the SDPA backend off each trace. The original FastTransformer
+# passes K/V as (B, 1, T, d); no fused kernel takes K/V with fewer heads than Q, so SDPA falls
+# back to its math backend, which materializes the (B, H, T, T) scores. `ftlib` passes a stride-0
+# `expand`ed (B, H, T, d) view instead (no copy), which the memory-efficient kernel accepts.
+# "expected" is what the kernel rules in `ftlib.accounting` predict; the trace is what ran.
 
 # %%
-prof = ok_rows("profile", include_cpu=MEASURE)
-show_table([{"device": r["device_slug"], "model": r["preset"], "mode": r["mode"], "precision": r["precision"],
-             "SDPA backend (from trace)": r["sdpa_backend"]} for r in prof if r["mode"] == "eager"])
-def fig1_ms(label, mode):
-    return (pick(fig1, device_slug=dev, label=label, mode=mode, precision="fp32") or {}).get("median_ms")
+show_table(backend_table(dev, include_cpu=MEASURE) if dev else [])
 
+# %% [markdown]
+# What the layout costs per mode (fp32, Figure 1's suite, both layouts timed in the same session):
+# the original layout's step time over the expanded view's.
 
-show_table([{"mode": m, "expand view ms": fig1_ms("fasttransformer", m),
-             "original (B,1,T,d) ms": fig1_ms("fasttransformer-broadcast", m)}
-            for m in ("eager", "cudagraph", "compile", "compile-ro")])
+# %%
+show_table(fallback_cost(rows))

@@ -34,6 +34,7 @@ from ftlib.results import ResultStore, results_dir  # noqa: E402
 
 MAX_OUT_FILES = 8  # what the device tool brings back
 TOKENS_PER_STEP = 8192  # the original T sweep's fixed tokens per step
+TSWEEP_T = (128, 256, 512, 1024, 2048, 4096)  # the original's 128..1024, then the post's "long context"
 RESERVE_S = 25.0  # left for collecting files and the summary
 
 
@@ -64,20 +65,35 @@ def _precision() -> list[Case]:
 
 
 def _tsweep() -> list[Case]:
-    """T from 128 to 4096 at 8,192 tokens per step (B = 8192 // T); block_size = T so T fits."""
+    """T from 128 to 4096 at 8,192 tokens per step (B = 8192 // T); block_size = T so T fits.
+
+    In the order the book needs them, since a bounded session may stop part-way: fp32
+    compile-ro first (the post's Figure 5 and its T=128 claim), then tf32 compile-ro, then
+    eager fp32 and tf32; T ascending within each, both models at each T.
+    """
     cases: list[Case] = []
-    for prec in ("fp32", "tf32"):
-        for mode in ("compile-ro", "eager"):
-            for T in (128, 256, 512, 1024, 2048, 4096):
-                configs = {name: preset(name, block_size=T) for name in ("gpt2", "fasttransformer")}
-                cases += make_cases(configs, [(TOKENS_PER_STEP // T, T)], [mode], [prec])
+    for mode, prec in (("compile-ro", "fp32"), ("compile-ro", "tf32"), ("eager", "fp32"), ("eager", "tf32")):
+        for T in TSWEEP_T:
+            configs = {name: preset(name, block_size=T) for name in ("gpt2", "fasttransformer")}
+            cases += make_cases(configs, [(TOKENS_PER_STEP // T, T)], [mode], [prec])
     return cases
 
 
+def _fig5() -> list[Case]:
+    """The post's Figure 5 alone: tsweep's fp32 compile-ro cases (stored in tsweep.jsonl, same keys)."""
+    return [c for c in _tsweep() if c.mode == "compile-ro" and c.precision == "fp32"]
+
+
 def _compile_time() -> list[Case]:
-    """First step from a cold process and empty compile caches, per model and mode (fp32)."""
-    return make_cases({"gpt2": "gpt2", "fasttransformer": "fasttransformer"}, [(32, 256)],
-                      ["compile", "compile-ro", "cudagraph"], ["fp32"])
+    """First step from a cold process and empty compile caches (fp32), the post's claim first.
+
+    compile-ro (the claim: 4.31 -> 1.22 s), then compile default, then the manual CUDA graph
+    (no compiler: what a first step costs without one). Each case is a fresh process: about
+    its first step plus ~8 s of process start, imports and the eager reference.
+    """
+    models = {"gpt2": "gpt2", "fasttransformer": "fasttransformer"}
+    return [c for mode in ("compile-ro", "compile", "cudagraph") for c in make_cases(models, [(32, 256)], [mode],
+                                                                                    ["fp32"])]
 
 
 def _compile_max() -> list[Case]:
@@ -108,51 +124,98 @@ def _ladder() -> list[Case]:
     return make_cases(ladder(), [(32, 256)], ["compile-ro"], ["fp32"])
 
 
+def _grid_compile() -> list[Case]:
+    """Chapter 4: the 16 grid cells compiled (reduce-overhead, fp32), beside the eager/cudagraph grid.
+
+    Five cells are also ladder rungs (ladder.jsonl); chapter 4 reads each cell from either
+    suite (ftlib.codesignview). With shared caches, cells reuse the kernels others built.
+    """
+    from ftlib.ablations import grid
+
+    return make_cases(grid(), [(32, 256)], ["compile-ro"], ["fp32"])
+
+
+ENGINE_ROUND = 2  # bump when the engine changes: its rows get new keys, older rounds stay stored
+
+
 def _engine() -> list[Case]:
     """Issue 6: the engine (ftlib.engine) beside compile-ro and the manual CUDA graph, same run.
 
-    Both presets at B=32, T=256. First the headline comparison per precision (engine, then
-    the two baselines), fp32 then tf32; then what each kernel buys (the engine with one
-    kernel switched off, with none, and uncaptured; GPT-2 also with the attention kernel
-    replacing its explicit softmax); bf16 last. Variants carry their engine options in
-    ``extra`` (their own row keys) and a label saying what changed.
+    Both presets at B=32, T=256. Every case carries ``extra['round']`` (ENGINE_ROUND), so a
+    changed engine is measured again, with its baselines, in one run. First the headline
+    comparison per precision (engine, then the two baselines), fp32 then tf32; then what
+    each kernel buys (the engine with one kernel switched off, with none, and uncaptured;
+    GPT-2 also with the attention kernel replacing its explicit softmax); then the fp32
+    tensor-core options (3xTF32 attention and/or Linear layers: fp32-accurate, labelled as
+    such); bf16 last. Variants carry their engine options in ``extra`` and a label saying
+    what changed.
     """
     configs = {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
-    shape = [(32, 256)]
+    rnd = {"round": ENGINE_ROUND}
     cases: list[Case] = []
     for prec in ("fp32", "tf32"):
-        cases += make_cases(configs, shape, ["engine", "compile-ro", "cudagraph"], [prec])
+        for mode in ("engine", "compile-ro", "cudagraph"):
+            cases += [Case(name, cfg, 32, 256, mode, prec, dict(rnd)) for name, cfg in configs.items()]
+    x3 = {"attention_precision": "tf32x3"}
+    lin = {"linear_precision": "tf32x3"}
+    cases += [
+        Case("fasttransformer engine, 3xTF32 attention", configs["fasttransformer"], 32, 256, "engine", "fp32",
+             {**rnd, **x3}),
+        Case("fasttransformer engine, 3xTF32 attention+linear", configs["fasttransformer"], 32, 256, "engine",
+             "fp32", {**rnd, **x3, **lin}),
+        Case("gpt2 engine +flash-attn 3xTF32", configs["gpt2"], 32, 256, "engine", "fp32",
+             {**rnd, **x3, "attention_for_explicit": True}),
+        Case("gpt2 engine +flash-attn 3xTF32 +linear", configs["gpt2"], 32, 256, "engine", "fp32",
+             {**rnd, **x3, **lin, "attention_for_explicit": True}),
+    ]
     for prec in ("fp32", "tf32"):
         for name, cfg in configs.items():
-            ops = [cfg.norm] + (["attention"] if cfg.attn_impl == "sdpa" else []) + ["cross_entropy", "adamw"]
+            ops = [cfg.norm] + (["attention"] if cfg.attn_impl == "sdpa" else []) + [
+                "embedding", "cross_entropy", "adamw"]
             variants = [(f" -{op}", {"use_kernels": {op: False}}) for op in ops]
             variants += [(" no-kernels", {"use_kernels": False}), (" uncaptured", {"capture": False})]
             if cfg.attn_impl == "explicit":
                 variants.append((" +flash-attn", {"attention_for_explicit": True}))
-            cases += [Case(f"{name} engine{suffix}", cfg, 32, 256, "engine", prec, extra)
+            cases += [Case(f"{name} engine{suffix}", cfg, 32, 256, "engine", prec, {**rnd, **extra})
                       for suffix, extra in variants]
-    cases += make_cases(configs, shape, ["engine", "compile-ro"], ["bf16"])
+    for mode in ("engine", "compile-ro"):
+        cases += [Case(name, cfg, 32, 256, mode, "bf16", dict(rnd)) for name, cfg in configs.items()]
+    cases.append(Case("gpt2 engine +flash-attn", configs["gpt2"], 32, 256, "engine", "bf16",
+                      {**rnd, "attention_for_explicit": True}))
     return cases
 
 
-# name -> (cases, options for bench_cases); in the order they run by default.
+# Suites whose compile time is not what they measure compile against shared caches
+# (ftlib.bench: cold_compile=False): kernels an earlier case built are not built again.
+SHARED_CACHE = {"cold_compile": False}
+# name -> (cases, options for bench_cases); in the order they run by default. The option
+# "store" names the results file when it is not the suite's own (a suite that is part of another).
 SUITES: dict[str, tuple[Callable[[], list[Case]], dict]] = {
     "fig1": (_fig1, {}),
     "precision": (_precision, {}),
-    "tsweep": (_tsweep, {}),
+    "tsweep": (_tsweep, SHARED_CACHE),
+    "fig5": (_fig5, {"store": "tsweep", **SHARED_CACHE}),
     "compile_time": (_compile_time, {"isolate_modes": ("compile", "compile-ro", "cudagraph"),
                                      "warmup": 3, "iters": 10}),
     "compile_max": (_compile_max, {"isolate_modes": ("compile-max",), "timeout_s": 420.0}),
     "grid": (_grid, {}),
-    "ladder": (_ladder, {}),
+    "ladder": (_ladder, SHARED_CACHE),
+    "grid_compile": (_grid_compile, SHARED_CACHE),
     "engine": (_engine, {}),
 }
 
 
 def _profile(device, deadline: float) -> None:
-    """Chapter 1: measured profiles, both presets, B=32 T=256; cheap modes first."""
+    """Chapter 1: measured profiles, both presets, B=32 T=256; cheap modes first.
+
+    First the FastTransformer as the original passes K/V, (B, 1, T, d) (kv_layout='broadcast'),
+    eager fp32 and tf32: chapters 4 and 7 read from its trace which SDPA backend that layout gets.
+    """
     from ftlib.profiling import profile_suite
 
+    for r in profile_suite(["fasttransformer"], ["eager"], ["fp32", "tf32"], 32, 256, device, kv_layout="broadcast"):
+        print(f"  profile fasttransformer kv=broadcast {r.get('mode'):<10} {r.get('precision'):<5} {r.get('status')} "
+              f"step {r.get('step_ms')} ms sdpa {r.get('sdpa_backend')} {str(r.get('error', ''))[:120]}", flush=True)
     for modes, precs in ((["eager", "cudagraph"], ["fp32", "tf32"]), (["compile-ro"], ["fp32"]),
                          (["eager", "cudagraph"], ["bf16"])):
         for name in ("gpt2", "fasttransformer"):
@@ -167,12 +230,10 @@ def _profile(device, deadline: float) -> None:
 
 def _train(device, deadline: float) -> None:
     """Chapter 8: convergence suites (ftlib.convergence), resumable."""
-    from ftlib.convergence import SUITE_ORDER, run_suites
+    from ftlib.convergence import SUITE_ORDER, describe_row, run_suites
 
     for r in run_suites(SUITE_ORDER, device, budget_s=max(1.0, deadline - time.monotonic())):
-        print(f"  train {r['bench'] if 'bench' in r else ''}{r['model']:<40} seed {r['seed']} best val "
-              f"{r['best_val_loss']:.4f} steps {r['steps_done']} train {r['train_time_s']:.1f}s "
-              f"to-target {r['time_to_target_s']}", flush=True)
+        print(f"  train {describe_row(r)}", flush=True)  # failed runs too (stored with status 'error')
 
 
 def _engine_check(device, deadline: float) -> None:
@@ -216,10 +277,22 @@ def _engine_check(device, deadline: float) -> None:
                   f"kernels {row.get('kernels')} {row.get('error', '')[:160]}", flush=True)
 
 
+def _kernels(device, deadline: float) -> None:
+    """Issue 6: the measured ceilings (1 GiB copy, 8192^2 matmuls) and every kernels/dev driver, each
+    variant timed eagerly and inside a CUDA graph; rows in kernels.jsonl, resumable (kernels.dev.suite).
+    """
+    from kernels.dev.suite import run_suite
+
+    # A torch.compile variant compiles for ~30 s before its timing starts: stop starting them earlier.
+    rows = run_suite(device, ResultStore("kernels", device_slug(device)), deadline=deadline - 45)
+    print(f"[kernels] measured {len(rows)} rows now", flush=True)
+
+
 # Suites that are not lists of step-benchmark cases: name -> runner(device, deadline).
-CUSTOM: dict[str, Callable] = {"profile": _profile, "train": _train, "engine_check": _engine_check}
+CUSTOM: dict[str, Callable] = {"profile": _profile, "train": _train, "engine_check": _engine_check,
+                               "kernels": _kernels}
 FILES = {"profile": ["profile"], "train": ["convergence-original", "convergence", "speedrun", "convergence-nanogpt"],
-         "engine_check": ["engine_check"]}
+         "engine_check": ["engine_check"], "kernels": ["kernels"]}
 DEFAULT_SUITES = ("fig1", "precision", "tsweep", "compile_time")
 
 
@@ -266,7 +339,8 @@ def run(args: argparse.Namespace) -> None:
                     shutil.copyfile(p, out / p.name)
             continue
         make, opts = SUITES[name]
-        store = ResultStore(name, slug)
+        opts = dict(opts)
+        store = ResultStore(opts.pop("store", name), slug)
 
         def on_row(row: dict, store: ResultStore = store) -> None:
             _log_row(row)
@@ -279,7 +353,7 @@ def run(args: argparse.Namespace) -> None:
         kw = {"warmup": args.warmup, "iters": args.iters, **opts}
         rows = bench_cases(cases, store, progress=sys.stderr.isatty(), device=device,
                            deadline=deadline, on_row=on_row, **kw)
-        missing = sum(1 for c in cases if not store.has(c.key(name), skip_status=("error",)))
+        missing = sum(1 for c in cases if not store.has(c.key(store.bench), skip_status=("error",)))
         print(f"[{name}] measured {len(rows)} now; {len(cases) - missing}/{len(cases)} done", flush=True)
     if args.notebooks:
         run_notebooks(args.notebooks.split(","), out, deadline + RESERVE_S - 5)
@@ -328,9 +402,8 @@ def collect(args: argparse.Namespace) -> None:
     print(f"{'suite':<12} {'label':<26} {'B':>4} {'T':>5} {'mode':<10} {'prec':<5} {'status':<11} "
           f"{'median ms':>9} {'p20-p80':>15} {'tok/s':>9} {'first s':>7} check")
     counts: dict[str, int] = {}
-    for name in names:
-        if name in CUSTOM:
-            continue
+    stems = dict.fromkeys(SUITES[n][1].get("store", n) for n in names if n not in CUSTOM)  # fig5 is tsweep
+    for name in stems:
         for r in ResultStore(name, slug).latest().values():
             counts[r["status"]] = counts.get(r["status"], 0) + 1
             ms = r.get("median_ms")
@@ -380,7 +453,9 @@ def main(argv: list[str] | None = None) -> None:
     else:
         for name in SUITES:
             cases = SUITES[name][0]()
-            print(f"{name:<13} {len(cases):>3} cases" + ("" if name in DEFAULT_SUITES else "  (not default)"))
+            store = SUITES[name][1].get("store")
+            print(f"{name:<13} {len(cases):>3} cases" + ("" if name in DEFAULT_SUITES else "  (not default)")
+                  + (f"  (part of {store}, rows in {store}.jsonl)" if store else ""))
 
 
 if __name__ == "__main__":

@@ -146,6 +146,25 @@ def _fresh_compile_cache() -> Iterator[None]:
             torch._dynamo.reset()
 
 
+@contextlib.contextmanager
+def _shared_compile_cache() -> Iterator[None]:
+    """Compile against this machine's Inductor/Triton caches (possibly warm), Dynamo reset around it.
+
+    For sweeps whose compile time is not the measurement: kernels another case already built
+    come from the cache. The resets matter: without them a new model of the same class
+    recompiles on guard failures, Dynamo gives up and runs eager after a few recompiles
+    (its recompile limit), and a changed shape makes it compile dynamic shapes. Either would
+    silently change what a 'compile' row measures.
+    """
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    try:
+        yield
+    finally:
+        torch._dynamo.reset()
+
+
 def _batch_pool(
     vocab_size: int, B: int, T: int, n: int, device: torch.device, seed: int
 ) -> list[tuple[torch.Tensor, torch.Tensor]]:
@@ -337,9 +356,10 @@ def bench_step(
     ``warmup`` counts steps after the mode's setup (including the first, compiling step
     and the check step); ``iters`` steps are then timed one by one. ``cold_compile`` runs
     compile modes with fresh, empty compile caches so ``first_step_s`` includes the whole
-    compile. If ``first_step_budget_s`` is given and the first step took longer, the row
-    is marked 'timeout' and the timing is skipped (the step itself cannot be interrupted
-    in-process; use ``bench_step_isolated`` for a hard limit).
+    compile; without it they use the machine's caches (faster when earlier cases built the
+    same kernels), with Dynamo reset all the same. If ``first_step_budget_s`` is given and
+    the first step took longer, the row is marked 'timeout' and the timing is skipped (the
+    step itself cannot be interrupted in-process; use ``bench_step_isolated`` for a hard limit).
     """
     t_start = time.perf_counter()
     cfg, preset_name = _resolve(config)
@@ -358,7 +378,8 @@ def bench_step(
 
     model = opt = runner = pool = engine = None
     compile_ctx = (
-        _fresh_compile_cache() if (mode in COMPILE_MODES and cold_compile) else contextlib.nullcontext()
+        (_fresh_compile_cache() if cold_compile else _shared_compile_cache()) if mode in COMPILE_MODES
+        else contextlib.nullcontext()
     )
     try:
         cfg.check_sequence(T)
@@ -394,7 +415,9 @@ def bench_step(
             runner.prepare(first_k)
             loss_first = runner.run(first_k).item()  # .item() synchronizes
             row["first_step_s"] = time.perf_counter() - t0
-            row["first_step_cache"] = "fresh-dir" if (mode in COMPILE_MODES and cold_compile) else "process"
+            # 'shared-dir': compiled against caches earlier cases may have filled, so not a cold compile.
+            row["first_step_cache"] = (("fresh-dir" if cold_compile else "shared-dir") if mode in COMPILE_MODES
+                                       else "process")
             row["loss_first"] = loss_first
             if first_step_budget_s is not None and row["first_step_s"] > first_step_budget_s:
                 row.update(status="timeout",

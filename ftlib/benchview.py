@@ -50,3 +50,19 @@ def provenance_line(rows: Iterable[dict[str, Any]]) -> str:
     """'NVIDIA H200, torch 2.11.0, 2026-12-02, commit abc' for each distinct source of ``rows``."""
     keys = sorted({(r.get("device"), r.get("torch"), str(r.get("date", ""))[:10], r.get("commit")) for r in rows})
     return "; ".join(f"{d}, torch {t}, {day}, commit {c}" for d, t, day, c in keys)
+
+
+def not_measured(suites: str) -> str:
+    """What a chapter says where a suite's rows are missing: the GPU command that measures them."""
+    return f"not measured yet: bash ci/gpu-run --out OUT --only {suites}"
+
+
+def same_config(row: dict[str, Any], cfg: Any, ignore: tuple[str, ...] = ("init",)) -> bool:
+    """True if ``row`` measured ``cfg`` (a ModelConfig), fields in ``ignore`` aside.
+
+    The init is ignored by default: it changes the weights' values, not the work of a step,
+    so the ladder's last rung (GPT-2's init) and the FastTransformer preset time alike.
+    Matching the whole config keeps smoke runs of smaller models out of the full-size views.
+    """
+    want, got = cfg.to_dict(), row.get("config") or {}
+    return all(got.get(k) == v for k, v in want.items() if k not in ignore)

@@ -1,0 +1,262 @@
+"""Chapters 4, 5 and 7 read stored rows through ftlib.codesignview, ftlib.sweepview and ftlib.audit.
+
+Synthetic rows go into a temporary results directory (FTLIB_RESULTS_DIR), never into
+data/results; their numbers are chosen so every ratio and verdict is known in advance.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from ftlib import audit, codesignview, sweepview
+from ftlib.ablations import SWITCHES, grid, ladder
+from ftlib.accounting import expected_backend
+from ftlib.claims import POST_CLAIMED, POST_GPU, roofline_projection
+from ftlib.config import ModelConfig, preset
+from ftlib.results import ResultStore, row_key
+
+SLUG = "h200"
+DATE = "2026-12-03T10:00:00Z"
+
+
+@pytest.fixture(autouse=True)
+def results_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
+    return tmp_path / "results"
+
+
+def step_row(bench: str, label: str, cfg: ModelConfig, B: int, T: int, mode: str, prec: str, ms: float,
+             **extra) -> dict:
+    """A row shaped like ftlib.bench's, with only the fields the views read."""
+    return {"key": row_key(bench, cfg.config_hash(), B, T, mode, prec, {"label": label}), "bench": bench,
+            "label": label, "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "B": B, "T": T,
+            "tokens": B * T, "mode": mode, "precision": prec, "status": "ok", "median_ms": ms,
+            "tokens_per_s": B * T / (ms / 1e3), "device": "NVIDIA H200", "torch": "2.11.0", "date": DATE,
+            "commit": "synthetic", **extra}
+
+
+def write(*rows: dict, slug: str = SLUG) -> None:
+    for r in rows:
+        ResultStore(r["bench"], slug).append(r)
+
+
+def sweep_pair(T: int, g_ms: float, f_ms: float, mode: str = "compile-ro", prec: str = "fp32") -> list[dict]:
+    B = 8192 // T
+    return [step_row("tsweep", m, sweep_config, B, T, mode, prec, ms)
+            for m, ms in (("gpt2", g_ms), ("fasttransformer", f_ms))
+            for sweep_config in [sweepview.sweep_config(m, T)]]
+
+
+# ------------------------------------------------------------------ chapter 5: the T sweep
+
+def test_sweep_table_ratios_and_filters():
+    write(*sweep_pair(128, 16.0, 10.0), *sweep_pair(256, 13.0, 10.0), *sweep_pair(128, 9.0, 9.0, prec="tf32"))
+    write(step_row("tsweep", "gpt2", sweepview.sweep_config("gpt2", 512), 16, 512, "compile-ro", "fp32", 20.0))
+    # A smoke run of a smaller model at the same T and an other GPU's rows must not enter.
+    write(step_row("tsweep", "fasttransformer", sweepview.sweep_config("fasttransformer", 128, n_layer=1), 64,
+                   128, "compile-ro", "fp32", 1.0))
+    write(*sweep_pair(128, 1.0, 100.0), slug="a100")
+    table = sweepview.sweep_table(sweepview.sweep_rows(SLUG))
+    assert [r["T"] for r in table] == [128, 256, 512]
+    assert table[0]["speed-up"] == pytest.approx(1.6) and table[1]["speed-up"] == pytest.approx(1.3)
+    assert table[2]["speed-up"] is None and table[2]["gpt2 ms"] == 20.0  # FastTransformer not measured there
+    assert table[0]["fasttransformer tokens/s"] == pytest.approx(8192 / 0.010)
+    assert sweepview.sweep_table(sweepview.sweep_rows(SLUG), "tf32")[0]["speed-up"] == pytest.approx(1.0)
+    assert sweepview.sweep_table(sweepview.sweep_rows(SLUG), "fp32", "eager") == []
+
+
+def test_t4_projection_is_labelled_and_matches_the_roofline():
+    proj = sweepview.t4_projection((128, 1024))
+    for p in proj:
+        B, T = 8192 // p["T"], p["T"]
+        g = roofline_projection(preset("gpt2", block_size=T), B, T, POST_GPU)["floor_ms"]
+        f = roofline_projection(preset("fasttransformer", block_size=T), B, T, POST_GPU)["floor_ms"]
+        assert p["floor ratio"] == pytest.approx(g / f) and p["B"] == B
+        assert "projection" in p["source"] and "not a measurement" in p["source"]
+    # GPT-2's (B,H,T,T) traffic grows with T at fixed tokens; FastTransformer's fused attention does not.
+    assert proj[1]["floor ratio"] > proj[0]["floor ratio"] > 1
+
+
+def test_compile_time_prefers_the_cold_process_rows():
+    g, f = preset("gpt2"), preset("fasttransformer")
+    write(step_row("fig1", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=18.0),
+          step_row("fig1", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=8.0),
+          step_row("compile_time", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=20.0),
+          step_row("compile_time", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=5.0),
+          step_row("compile_time", "gpt2", g, 32, 256, "cudagraph", "fp32", 11.0, first_step_s=0.5))
+    table = sweepview.compile_time_table(SLUG)
+    assert table[0]["source"].startswith("compile_time") and table[0]["gpt2 / FT"] == pytest.approx(4.0)
+    cudagraph = [r for r in table if r["mode"] == "cudagraph"][0]
+    assert cudagraph["gpt2 / FT"] is None and cudagraph["gpt2 first step s"] == 0.5
+    assert [r["gpt2 / FT"] for r in table if r["source"].startswith("fig1")] == [pytest.approx(2.25)]
+    post = table[-1]
+    assert post["device"] == POST_GPU and post["gpt2 / FT"] == pytest.approx(4.31 / 1.22)
+
+
+def test_eager_inversion_verdicts_come_from_the_rows():
+    g, f = preset("gpt2"), preset("fasttransformer")
+    write(step_row("fig1", "fasttransformer", f, 32, 256, "eager", "fp32", 16.8),
+          step_row("fig1", "gpt2", g, 32, 256, "compile-ro", "fp32", 8.9))
+    write(*[r for r in sweep_pair(128, 7.0, 5.0, mode="eager") if r["label"] == "fasttransformer"],
+          *[r for r in sweep_pair(128, 6.0, 4.0) if r["label"] == "gpt2"])
+    lines = sweepview.eager_inversion_table(SLUG)
+    assert lines[0]["source"].startswith("post") and lines[0]["verdict"] == "holds"  # 98 < 101.3 ms
+    measured = {(r["source"].split(",")[0], r["T"]): r["verdict"] for r in lines[1:]}
+    assert measured == {("fig1/precision suites", 256): "does not hold", ("tsweep suite", 128): "holds"}
+
+
+# ------------------------------------------------------------------ chapter 7: verdicts from rows
+
+def _claim(rows: list[dict], start: str) -> dict:
+    found = [r for r in rows if r["claim"].startswith(start)]
+    assert len(found) == 1, [r["claim"] for r in rows]
+    return found[0]
+
+
+@pytest.mark.parametrize("g_ms,verdict", [(16.0, "holds on H200 only"), (12.0, "does not hold")])
+def test_audit_T128_claim_from_tsweep_rows(g_ms, verdict):
+    write(*sweep_pair(128, g_ms, 10.0), *sweep_pair(128, 30.0, 10.0, prec="tf32"))  # tf32 must not count
+    row = _claim(audit.audit_rows(SLUG), "speed-up at T=128")
+    assert row["verdict"] == verdict and f"{g_ms / 10:.2f}x" in row["book finds"]
+
+
+def test_audit_T128_claim_without_rows_says_how_to_measure():
+    row = _claim(audit.audit_rows(SLUG), "speed-up at T=128")
+    assert row["verdict"] == "cannot test here" and "not measured yet" in row["book finds"]
+    assert "1.58" in row["post says"]
+
+
+def test_audit_compile_time_claim_uses_compile_time_rows_first():
+    g, f = preset("gpt2"), preset("fasttransformer")
+    fig1 = [step_row("fig1", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=18.0),
+            step_row("fig1", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=8.0)]
+    assert _claim(audit.audit_rows(SLUG), "first step (compile)")["verdict"] == "cannot test here"
+    write(*fig1)
+    row = _claim(audit.audit_rows(SLUG), "first step (compile)")
+    assert row["verdict"] == "does not hold" and row["from"].startswith("fig1")  # 2.25x < 3.5x
+    write(step_row("compile_time", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=20.0),
+          step_row("compile_time", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=5.0))
+    row = _claim(audit.audit_rows(SLUG), "first step (compile)")
+    assert row["verdict"] == "holds on H200 only" and row["from"].startswith("compile_time")  # 4.0x
+    assert "20.0 s -> 5.0 s" in row["book finds"]
+
+
+def profile_row(name: str, prec: str, backend: str, step_ms: float = 10.0, mode: str = "eager") -> dict:
+    cfg = codesignview.VARIANTS[name]
+    return {"key": row_key("profile", cfg.config_hash(), 32, 256, mode, prec, {"preset": "x"}), "bench": "profile",
+            "status": "ok", "preset": "fasttransformer" if name.startswith("fast") else name,
+            "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "B": 32, "T": 256, "precision": prec,
+            "mode": mode, "sdpa_backend": backend, "step_ms": step_ms,
+            "provenance": {"capability": "9.0", "device": "NVIDIA H200", "date": DATE}}
+
+
+@pytest.mark.parametrize("seen,verdict", [("math", "does not hold"), ("mem_efficient", "holds")])
+def test_audit_sdpa_claim_reads_the_broadcast_trace(seen, verdict):
+    # The expanded layout is listed first, so a reader that took the first FastTransformer row would see it.
+    write(profile_row("fasttransformer", "fp32", "mem_efficient"), profile_row("fasttransformer-broadcast",
+                                                                                "fp32", seen))
+    row = _claim(audit.audit_rows(SLUG), "SDPA keeps")
+    assert row["verdict"] == verdict and "from its trace" in row["book finds"]
+    assert f"-> '{seen}'" in row["book finds"] and "view -> mem_efficient" in row["book finds"]
+
+
+def test_audit_sdpa_claim_without_trace_uses_the_kernel_rules():
+    row = _claim(audit.audit_rows(SLUG), "SDPA keeps")
+    assert expected_backend(preset("fasttransformer", kv_layout="broadcast"), "fp32", (9, 0)) == "math"
+    assert row["verdict"] == "does not hold" and "expected by the kernel rules" in row["book finds"]
+    assert "not measured yet" in row["book finds"]
+
+
+# ------------------------------------------------------------------ chapter 4: grid, ladder, kernels
+
+FACTORS = {"eager": {"MQA": 0.9, "SDPA": 0.8, "MLP2x": 0.7, "RMS": 1.1},
+           "compile-ro": {"MQA": 0.95, "SDPA": 0.9, "MLP2x": 0.8, "RMS": 1.0}}
+
+
+def grid_rows(mode: str, bench: str, skip: tuple[str, ...] = ()) -> list[dict]:
+    """Every grid cell, its time the product of its switches' factors (so each effect is exact)."""
+    out = []
+    for label, cfg in grid().items():
+        if label in skip:
+            continue
+        names = () if label == "gpt2" else label.split("+")
+        out.append(step_row(bench, label, cfg, 32, 256, mode, "fp32",
+                            10.0 * math.prod(FACTORS[mode][n] for n in names)))
+    return out
+
+
+def test_grid_table_compile_column_and_switch_effects():
+    write(*grid_rows("eager", "grid"), *grid_rows("compile-ro", "grid_compile"))
+    table = codesignview.grid_table(codesignview.measured(SLUG))
+    assert len(table) == 16 and table[0]["cell"] == "gpt2"
+    assert table[0]["compile-ro fp32 ms"] == pytest.approx(10.0) and table[0]["cudagraph fp32 ms"] is None
+    effects = {r["mode"]: r for r in codesignview.switch_effects(table)}
+    for sw in SWITCHES:
+        assert effects["eager fp32"][f"{sw} speed-up"] == pytest.approx(1 / FACTORS["eager"][sw])
+        assert effects["compile-ro fp32"][f"{sw} speed-up"] == pytest.approx(1 / FACTORS["compile-ro"][sw])
+        assert effects["cudagraph fp32"][f"{sw} speed-up"] is None
+
+
+def test_switch_effect_needs_all_eight_pairs(results_root):
+    write(*grid_rows("compile-ro", "grid_compile", skip=("MQA+SDPA",)))
+    effects = {r["mode"]: r for r in codesignview.switch_effects(codesignview.grid_table(codesignview.measured(SLUG)))}
+    # MQA+SDPA pairs with SDPA (for MQA) and with MQA (for SDPA), and is 'off' for MLP2x and RMS.
+    assert all(effects["compile-ro fp32"][f"{sw} speed-up"] is None for sw in SWITCHES)
+
+
+def test_ladder_takes_its_own_rows_first_and_the_last_rung_from_figure1():
+    rungs = ladder()
+    write(*[step_row("ladder", r, cfg, 32, 256, "compile-ro", "fp32", 9.0 - i) for i, (r, cfg) in
+            enumerate(rungs.items())])
+    write(*grid_rows("compile-ro", "grid_compile"), *grid_rows("eager", "grid"))
+    # Figure 1's FastTransformer differs from the last rung in its init only.
+    write(step_row("fig1", "fasttransformer", preset("fasttransformer"), 32, 256, "eager", "fp32", 4.5))
+    assert rungs["+no bias = fasttransformer"] != preset("fasttransformer")
+    table = {r["rung"]: r for r in codesignview.ladder_table(codesignview.measured(SLUG))}
+    assert table["gpt2"]["compile-ro fp32 ms"] == 9.0 and table["gpt2"]["compile-ro fp32 from"] == "ladder"
+    last = table["+no bias = fasttransformer"]
+    assert last["eager fp32 ms"] == 4.5 and last["eager fp32 from"] == "fig1"
+    assert table["+MQA"]["eager fp32 from"] == "grid" and table["+MQA"]["eager fp32 ms"] == pytest.approx(9.0)
+    # The grid view prefers the grid's compiled run where both measured a cell.
+    grid_view = {r["cell"]: r for r in codesignview.grid_table(codesignview.measured(SLUG))}
+    assert grid_view["gpt2"]["compile-ro fp32 ms"] == pytest.approx(10.0)
+
+
+def test_backend_table_reads_each_variant_from_its_trace():
+    write(profile_row("fasttransformer", "fp32", "mem_efficient", 17.0),
+          profile_row("fasttransformer-broadcast", "fp32", "math", 20.0),
+          profile_row("fasttransformer-broadcast", "fp32", "math", 1.0, mode="cudagraph"))
+    lines = {(r["model"], r["precision"]): r for r in codesignview.backend_table(SLUG)}
+    assert lines[("fasttransformer", "fp32")]["SDPA backend (from trace)"] == "mem_efficient"
+    b = lines[("fasttransformer-broadcast", "fp32")]
+    assert b["SDPA backend (from trace)"] == "math" and b["step ms (profiler run)"] == 20.0
+    assert b["expected (accounting)"] == "math" and "(B, 1, T, d)" in b["K/V as passed"]
+    assert lines[("fasttransformer-broadcast", "tf32")]["SDPA backend (from trace)"].startswith("not measured yet")
+    assert lines[("gpt2", "fp32")]["step ms (profiler run)"] is None
+
+
+def test_fallback_cost_compares_the_two_layouts_of_figure1():
+    ft, fb = codesignview.VARIANTS["fasttransformer"], codesignview.VARIANTS["fasttransformer-broadcast"]
+    write(step_row("fig1", "fasttransformer", ft, 32, 256, "eager", "fp32", 10.0),
+          step_row("fig1", "fasttransformer-broadcast", fb, 32, 256, "eager", "fp32", 12.0),
+          step_row("grid", "n_kv_head=1", ft, 32, 256, "eager", "fp32", 3.0))  # same config, other suite
+    cost = {r["mode"]: r for r in codesignview.fallback_cost(codesignview.measured(SLUG))}
+    assert cost["eager"]["expanded K/V ms"] == 10.0 and cost["eager"]["cost of the layout"] == pytest.approx(1.2)
+    assert cost["compile-ro"]["cost of the layout"] is None
+
+
+def test_profile_of_the_broadcast_layout_on_cpu_shows_the_math_backend():
+    """A real (tiny, CPU) profile of the original K/V layout, read back through backend_table."""
+    from ftlib.profiling import profile_suite
+
+    small = dict(n_layer=1, n_embd=64, n_head=8, block_size=16)
+    rows = profile_suite(["fasttransformer"], ["eager"], ["fp32"], 2, 16, "cpu", steps=1, warmup=1,
+                         timing_steps=2, kv_layout="broadcast", **small)
+    assert rows[0]["status"] == "ok", rows[0].get("error")
+    lines = {r["model"]: r for r in codesignview.backend_table("cpu", include_cpu=True, precisions=("fp32",),
+                                                                b=2, t=16, **small)}
+    assert lines["fasttransformer-broadcast"]["SDPA backend (from trace)"] == "math"
+    assert lines["fasttransformer"]["SDPA backend (from trace)"].startswith("not measured yet")
+    assert POST_CLAIMED["speedup_T128"] == 1.58  # the claim chapter 7 tests, as the post states it
