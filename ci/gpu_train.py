@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import argparse
 
-from ftlib.convergence import SUITE_ORDER, run_suites
+from ftlib.convergence import SUITE_ORDER, describe_row, run_suites
 from ftlib.env import pick_device
 
 
@@ -23,8 +23,7 @@ def main() -> None:
     args = ap.parse_args()
     rows = run_suites(args.suites.split(","), pick_device(args.device), smoke=args.smoke, budget_s=args.budget_s)
     for r in rows:
-        print(f"{r['model']:40s} seed {r['seed']}: best val {r['best_val_loss']:.4f} steps {r['steps_done']} "
-              f"train {r['train_time_s']:.1f}s to-target {r['time_to_target_s']}", flush=True)
+        print(describe_row(r), flush=True)
 
 
 if __name__ == "__main__":

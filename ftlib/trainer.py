@@ -1,9 +1,18 @@
 """Training runs: recipes, a loop with held-out evaluation, time-to-loss, checkpoints.
 
-Every run, whatever the model, goes through the same loop and the same
-:func:`ftlib.train.train_step`, so convergence comparisons differ only in what they name.
-Wall-clock time counts training steps only (evaluation is excluded and synchronized
-out), so "time to validation loss 1.50" credits a faster model for its speed.
+Every run, whatever the model, goes through the same loop, so convergence comparisons
+differ only in what they name. A step is :func:`ftlib.train.train_step` (optionally under
+``torch.compile``), or with ``Recipe(engine=True)`` one step of :class:`ftlib.engine.Engine`
+(Triton kernels, flat AdamW, the whole step in one CUDA graph): the same math, executed
+differently, with the same batches, schedule, evaluation and clock.
+
+Wall-clock time counts training steps only (evaluation and batch sampling are excluded
+and synchronized out), so "time to validation loss 1.50" credits a faster model for its
+speed. The startup is also recorded on its own as ``startup_s``: building the model and
+optimizer plus the first step, which holds ``torch.compile``'s compilation (tens of seconds
+on the H200); for the engine, building it (kernel JIT, warm-up steps, CUDA-graph capture)
+plus its first replay. A one-off cost like that can dominate a short run, so results
+report the time with it and without it (the steps after the first).
 """
 
 from __future__ import annotations
@@ -20,7 +29,11 @@ import torch
 from ftlib.config import ModelConfig
 from ftlib.data import CharDataset, SequentialBatches, random_batch
 from ftlib.model import GPT
-from ftlib.train import make_optimizer, precision, train_step
+from ftlib.train import PRECISIONS, make_optimizer, precision, train_step
+
+# Fields added after results were stored: left out of ``Recipe.key_repr`` while at their
+# default, so the result keys of earlier runs (which hash the repr) stay the same.
+_LATER_FIELDS = ("engine",)
 
 
 @dataclass(frozen=True)
@@ -42,6 +55,10 @@ class Recipe:
     eval_interval: int = 50
     eval_iters: int = 50  # batches per split for each loss estimate
     seed: int = 0
+    # Train through ftlib.engine.Engine (kernels, flat AdamW, one CUDA graph per step)
+    # instead of train_step; excludes torch.compile. Its attention kernel has no dropout:
+    # with config.dropout > 0 attention stays on PyTorch's SDPA (the other kernels still apply).
+    engine: bool = False
 
     def __post_init__(self) -> None:
         bad = []
@@ -52,11 +69,33 @@ class Recipe:
             bad.append(f"sampler={self.sampler!r} is not 'random' or 'sequential'")
         if self.compile not in (None, "default", "reduce-overhead"):
             bad.append(f"compile={self.compile!r} is not None, 'default' or 'reduce-overhead'")
+        if self.precision not in PRECISIONS:
+            bad.append(f"precision={self.precision!r} is not one of {PRECISIONS}")
+        if self.grad_clip is not None and not self.grad_clip > 0:
+            bad.append(f"grad_clip={self.grad_clip} must be positive (or None for no clipping)")
+        if self.engine and self.compile is not None:
+            bad.append(f"engine=True with compile={self.compile!r}: the engine captures the step itself")
+        if self.engine and self.decay_scheme != "matrices":
+            bad.append(f"engine=True with decay_scheme={self.decay_scheme!r}: the engine decays matrices only")
         if bad:
             raise ValueError("invalid Recipe: " + "; ".join(bad))
 
     def replace(self, **changes: Any) -> Recipe:
         return dataclasses.replace(self, **changes)
+
+    def key_repr(self) -> str:
+        """``repr(self)`` without the fields added later (``_LATER_FIELDS``) while at their default.
+
+        Result keys hash this string, so a recipe that leaves the new fields alone keeps the
+        key it had before they existed, and stored runs are still recognized as done.
+        """
+        shown = []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.name in _LATER_FIELDS and value == f.default:
+                continue
+            shown.append(f"{f.name}={value!r}")
+        return f"{type(self).__qualname__}({', '.join(shown)})"
 
     def lr_at(self, step: int) -> float:
         """Linear warm-up then cosine decay to ``min_lr`` (nanoGPT's get_lr; Loshchilov & Hutter 2017)."""
@@ -113,6 +152,74 @@ def estimate_loss(
     return total / iters
 
 
+class _PlainSteps:
+    """The reference execution: ``train_step`` on the model (optionally compiled) with torch's AdamW."""
+
+    def __init__(self, config: ModelConfig, rec: Recipe, device: torch.device) -> None:
+        torch.manual_seed(rec.seed)
+        self.model = GPT(config).to(device)
+        self.opt = make_optimizer(self.model, lr=rec.lr, betas=rec.betas, weight_decay=rec.weight_decay,
+                                  scheme=rec.decay_scheme, fused=device.type == "cuda" or None)
+        self.step_model = torch.compile(self.model, mode=rec.compile) if rec.compile else self.model
+        self.rec, self.device = rec, device
+        self.autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rec.precision)
+        self.matmul = "tf32" if rec.precision == "tf32" else "fp32"  # autocast covers bf16/fp16
+
+    def set_lr(self, lr: float) -> None:
+        for group in self.opt.param_groups:
+            group["lr"] = lr
+
+    def load(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.x, self.y = x, y
+
+    def step(self) -> torch.Tensor:
+        with precision(self.matmul, self.device):
+            return train_step(self.step_model, self.opt, self.x, self.y, grad_clip=self.rec.grad_clip,
+                              autocast_dtype=self.autocast)
+
+    def trained_model(self) -> GPT:
+        return self.model
+
+    def describe(self) -> None:
+        return None  # nothing beyond the recipe: torch's ops, optionally compiled
+
+
+class _EngineSteps:
+    """``ftlib.engine.Engine``: the same step on kernels and flat buffers, one CUDA graph on CUDA."""
+
+    def __init__(self, config: ModelConfig, rec: Recipe, device: torch.device) -> None:
+        from ftlib.engine import Engine
+
+        torch.manual_seed(rec.seed)  # dropout's random stream; the weights come from seed=rec.seed below
+        # Same initial weights as _PlainSteps (build_model seeds the init like torch.manual_seed + GPT).
+        self.engine = Engine(config, rec.batch_size, rec.block_size, rec.precision, device, seed=rec.seed,
+                             lr=rec.lr_at(0), betas=rec.betas, weight_decay=rec.weight_decay,
+                             grad_clip=rec.grad_clip)
+        self.model = self.engine.model  # its parameters are views into the engine's flat buffer
+        self.config, self.device = config, device
+
+    def set_lr(self, lr: float) -> None:
+        self.engine.set_lr(lr)  # a device scalar the captured graph reads on every replay
+
+    def load(self, x: torch.Tensor, y: torch.Tensor) -> None:
+        self.engine.static_x.copy_(x)
+        self.engine.static_y.copy_(y)
+
+    def step(self) -> torch.Tensor:
+        # On CUDA the graph's static output: the next replay overwrites it (the loop clones it).
+        return self.engine.step(self.engine.static_x, self.engine.static_y)
+
+    def trained_model(self) -> GPT:
+        """A plain ``GPT`` with the trained weights (no kernels, own storage): for sampling and checkpoints."""
+        with torch.random.fork_rng(devices=[]):  # its throw-away init must not move the global RNG
+            plain = GPT(self.config).to(self.device)
+        plain.load_state_dict(self.model.state_dict())
+        return plain
+
+    def describe(self) -> dict[str, Any]:
+        return self.engine.describe()  # kernels applied, and why not where not (e.g. attention with dropout)
+
+
 def train(
     config: ModelConfig,
     rec: Recipe,
@@ -127,25 +234,30 @@ def train(
 
     Stops at ``rec.steps``, at the first evaluation with validation loss <= ``target_val_loss``
     (a speedrun), or once training wall time exceeds ``time_budget_s``.
+
+    Timing: ``build_s`` (model, optimizer, and for the engine its kernels, warm-up and
+    capture), ``first_step_s`` (for ``torch.compile``, the compilation), ``startup_s`` (their
+    sum) and ``train_time_s`` (startup plus every later step). History ``time_s`` values
+    include the startup from step 1 on.
     """
     from tqdm.auto import tqdm
 
     device = torch.device(device)
     config.check_sequence(rec.block_size)
-    torch.manual_seed(rec.seed)
-    model = GPT(config).to(device)
-    opt = make_optimizer(model, lr=rec.lr, betas=rec.betas, weight_decay=rec.weight_decay,
-                         scheme=rec.decay_scheme, fused=device.type == "cuda" or None)
-    step_model = torch.compile(model, mode=rec.compile) if rec.compile else model
+    _sync(device)  # CUDA context creation is nobody's build time
+    t_build = time.perf_counter()
+    runner = _EngineSteps(config, rec, device) if rec.engine else _PlainSteps(config, rec, device)
+    _sync(device)
+    build_s = time.perf_counter() - t_build
+    model = runner.model
     g = torch.Generator().manual_seed(rec.seed)
     seq = SequentialBatches(ds.train, rec.batch_size, rec.block_size, device) if rec.sampler == "sequential" else None
-    autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rec.precision)
     history: list[dict[str, Any]] = []
     train_time = 0.0
+    first_step_s: float | None = None
     best = math.inf
     reached_at: dict[str, Any] | None = None
     bar = tqdm(range(rec.steps + 1), desc=f"train {config.config_hash()}", disable=not progress, leave=False)
-    tf32 = "tf32" if rec.precision == "tf32" else "fp32"
     last_loss = None
     for step in bar:
         if step % rec.eval_interval == 0 or step == rec.steps:
@@ -172,22 +284,29 @@ def train(
             break
         x, y = next(seq) if seq is not None else random_batch(
             ds.train, rec.batch_size, rec.block_size, generator=g, device=device)
-        for group in opt.param_groups:
-            group["lr"] = rec.lr_at(step)
+        runner.load(x, y)
+        runner.set_lr(rec.lr_at(step))
         _sync(device)
         t0 = time.perf_counter()
-        with precision(tf32, device):
-            loss = train_step(step_model, opt, x, y, grad_clip=rec.grad_clip, autocast_dtype=autocast)
+        loss = runner.step()
         _sync(device)
-        train_time += time.perf_counter() - t0
-        last_loss = loss
+        dt = time.perf_counter() - t0
+        if first_step_s is None:
+            first_step_s = dt
+            dt += build_s  # the startup is paid once, before the first step's result
+        train_time += dt
+        last_loss = loss.clone()  # outside the clock; the engine's next replay overwrites its output
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss became {float(loss)} at step {step}")
+    startup_s = build_s + (first_step_s or 0.0)
     result = {
         "config": config.to_dict(), "config_hash": config.config_hash(), "recipe": dataclasses.asdict(rec),
         "history": history, "best_val_loss": best, "train_time_s": train_time,
+        "build_s": build_s, "first_step_s": first_step_s, "startup_s": startup_s,
         "steps_done": history[-1]["step"], "reached": reached_at,
+        "engine": runner.describe(),
     }
+    model = runner.trained_model()
     if checkpoint is not None:
         save_checkpoint(checkpoint, model, config, rec, result)
     result["model"] = model

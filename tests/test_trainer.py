@@ -1,5 +1,9 @@
 """The training loop on a tiny model: it learns, evaluates on held-out data, checkpoints."""
 
+import os
+
+os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: the engine path's kernels on CPU
+
 import pytest
 import torch
 
@@ -69,3 +73,64 @@ def test_study_is_resumable_and_aggregates(ds, tmp_path, monkeypatch):
     assert agg[-1]["val_min"] <= agg[-1]["val_mean"] <= agg[-1]["val_max"]
     (line,) = summary(rows)
     assert line["seeds"] == 2 and line["reached"] == "0/2"
+
+
+# The engine's kernels need a head size in (16, 32, 64, 128): 64 / 4 = 16, one layer, T = 16.
+ENGINE_TINY = dict(n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=16, init="gpt2", tie_weights=True)
+
+
+def _final_params(out):
+    return torch.cat([p.detach().reshape(-1) for _, p in sorted(out["model"].named_parameters())])
+
+
+def test_engine_path_matches_plain_path(ds, tmp_path):
+    # Same seed, batches, lr schedule (warm-up then cosine) and weight decay; grad_clip small
+    # enough to clip every step. fp32 on CPU: the kernels only reorder float sums.
+    rec = Recipe(steps=5, batch_size=2, block_size=16, lr=3e-3, min_lr=3e-4, warmup=2, decay_steps=5,
+                 betas=(0.9, 0.99), weight_decay=0.1, grad_clip=0.05, eval_interval=5, eval_iters=1)
+    cfg = preset("fasttransformer", **ENGINE_TINY)
+    plain = train(cfg, rec, ds, progress=False)
+    ck = tmp_path / "engine.pt"
+    eng = train(cfg, rec.replace(engine=True), ds, progress=False, checkpoint=ck)
+    assert {"rmsnorm", "attention", "cross_entropy", "adamw"} <= set(eng["engine"]["kernels"])
+    assert eng["engine"]["grad_clip"] == 0.05 and plain["engine"] is None
+    for a, b in zip(plain["history"], eng["history"], strict=True):
+        assert a["step"] == b["step"]
+        for k in ("train_loss", "val_loss", "batch_loss"):
+            if a[k] is not None:
+                assert b[k] == pytest.approx(a[k], rel=1e-5), (k, a["step"])
+    w_plain, w_eng = _final_params(plain), _final_params(eng)
+    assert float((w_eng - w_plain).norm() / w_plain.norm()) < 1e-5
+    # Without clipping the weights end elsewhere: the tolerance above can see a missing clip.
+    unclipped = _final_params(train(cfg, rec.replace(grad_clip=None), ds, progress=False))
+    assert float((unclipped - w_plain).norm() / w_plain.norm()) > 1e-3
+    # The returned model and the checkpoint are plain GPTs with the trained weights.
+    model, _ = load_checkpoint(ck)
+    x = torch.randint(0, 65, (2, 16))
+    model.eval()
+    eng["model"].eval()
+    assert type(eng["model"]).__name__ == "GPT"
+    torch.testing.assert_close(model(x)[0], eng["model"](x)[0])
+
+
+def test_startup_is_timed_apart(ds):
+    rec = Recipe(steps=6, batch_size=4, block_size=32, eval_interval=3, eval_iters=1)
+    out = train(preset("fasttransformer", **TINY), rec, ds, progress=False)
+    assert out["first_step_s"] > 0 and out["build_s"] > 0
+    assert out["startup_s"] == pytest.approx(out["build_s"] + out["first_step_s"])
+    times = [e["time_s"] for e in out["history"]]
+    assert times[0] == 0 and times[1] >= out["startup_s"] and times == sorted(times)
+    assert out["train_time_s"] == pytest.approx(times[-1])
+
+
+def test_recipe_engine_validation_and_key():
+    with pytest.raises(ValueError, match="engine=True with compile='default'"):
+        Recipe(engine=True, compile="default")
+    with pytest.raises(ValueError, match="decay_scheme='all'"):
+        Recipe(engine=True, decay_scheme="all")
+    with pytest.raises(ValueError, match="precision='fp64'"):
+        Recipe(precision="fp64")
+    # The key string leaves out fields added later while at their default (stored keys stay valid).
+    r = recipe("nanogpt-char")
+    assert "engine" not in r.key_repr() and r.key_repr() == repr(r).replace(", engine=False", "")
+    assert "engine=True" in r.replace(compile=None, engine=True).key_repr()

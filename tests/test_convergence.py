@@ -1,0 +1,118 @@
+"""The speedrun's bookkeeping: stored keys stay valid, candidates are well-formed, rows old and new
+are summarized, a failed run is stored and retried, and the reference and the fastest get more seeds."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from ftlib import preset
+from ftlib.convergence import REFERENCE, run_key, run_study, speedrun_candidates, speedrun_finalists, suites, summary
+from ftlib.data import load_tinyshakespeare
+from ftlib.trainer import Recipe
+
+STORED = Path(__file__).resolve().parent.parent / "data" / "results" / "h200"
+BENCHES = ("convergence-original", "convergence", "convergence-nanogpt", "speedrun")
+
+
+def _suite_keys(bench: str, spec: dict) -> set[str]:
+    seeds = tuple(spec["seeds"]) + tuple(spec.get("more_seeds", ()))
+    return {run_key(bench, cfg, rec.replace(seed=s), spec["target"])
+            for s in seeds for cfg, rec in spec["runs"].values()}
+
+
+def test_stored_rows_keep_their_keys():
+    # Adding Recipe fields or candidates must not orphan committed rows (they would be re-run).
+    table = suites(smoke=False)
+    found = 0
+    for bench in BENCHES:
+        path = STORED / f"{bench}.jsonl"
+        if not path.exists():
+            continue
+        stored = {json.loads(line)["key"] for line in path.read_text().splitlines() if line.strip()}
+        assert stored <= _suite_keys(bench, table[bench]), bench
+        found += len(stored)
+    if not found:
+        pytest.skip("no stored GPU rows in this tree")
+    # The reference's key, literally: the stored seed-0 row of 2026-12-02.
+    cfg, rec = speedrun_candidates()[REFERENCE]
+    assert run_key("speedrun", cfg, rec, 1.50) == "bcbdd6faa70679a7"
+
+
+def test_speedrun_candidates_are_well_formed():
+    cands = speedrun_candidates()
+    assert next(iter(cands)) == REFERENCE
+    engine = {n: (c, r) for n, (c, r) in cands.items() if r.engine}
+    assert len(engine) == 5 and all(r.compile is None and r.precision == "bf16" for _, r in engine.values())
+    assert all("engine" in n for n in engine)
+    for name, (cfg, rec) in cands.items():
+        cfg.check_sequence(rec.block_size)
+        if "cosine to" in name:  # a speedrun's horizon, named in the label; steps capped at twice it
+            assert rec.decay_steps <= 1500 and f"{rec.decay_steps:,}" in name and rec.steps == 2 * rec.decay_steps
+    # Engine candidates come before the older compiled ones (the run order is the dict order).
+    names = list(cands)
+    assert max(names.index(n) for n in engine) < names.index("nanogpt-char, MQA + 2x MLP + RMSNorm")
+
+
+def _row(model, seed, t=None, startup=None, status="ok"):
+    r = {"model": model, "seed": seed, "status": status, "params": 10, "best_val_loss": 1.49,
+         "train_time_s": 5.0, "target": 1.5, "time_to_target_s": t, "history": [],
+         "steps_to_target": 100 if t is not None else None}
+    if startup is not None:  # rows stored before startup was recorded have neither field
+        r["startup_s"] = startup
+        r["time_to_target_excl_startup_s"] = t - startup if t is not None else None
+    return r
+
+
+def test_summary_reads_old_and_new_rows_and_finalists():
+    rows = [_row(REFERENCE, 0, 40.0), _row(REFERENCE, 1, 44.0, startup=30.0),
+            _row("a", 0, 20.0, startup=2.0), _row("b", 0, 9.0, startup=1.0), _row("c", 0, None, startup=1.0),
+            _row("old", 0, 5.0), _row("d", 0, status="error")]
+    table = {r["model"]: r for r in summary(rows)}
+    assert set(table) == {REFERENCE, "a", "b", "c", "old"}  # the failed run is left out
+    ref = table[REFERENCE]
+    assert ref["time to target s (mean)"] == 42.0 and ref["excl. startup s (mean)"] == 14.0
+    assert ref["startup s (mean)"] == 30.0 and ref["reached"] == "2/2"
+    assert table["old"]["excl. startup s (mean)"] is None and table["c"]["reached"] == "0/1"
+    # Seeds 1 and 2 go to the reference and the fastest excluding startup ('old' has no such figure).
+    assert speedrun_finalists(rows) == [REFERENCE, "b"]
+    assert speedrun_finalists([_row(REFERENCE, 0, 40.0)]) == [REFERENCE]
+    # A suite without a target has no timing columns beyond the old ones.
+    plain = summary([{**_row("m", 0), "target": None}])[0]
+    assert "excl. startup s (mean)" not in plain and "time to target s (mean)" in plain
+
+
+def test_failed_run_is_stored_and_retried(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path))
+    ds = load_tinyshakespeare(download=False)
+    tiny = preset("fasttransformer", n_layer=1, n_embd=32, n_head=4, n_kv_head=1, block_size=16)
+    rec = Recipe(steps=2, batch_size=2, block_size=32, eval_interval=2, eval_iters=1)  # T=32 > block_size=16
+    (row,) = run_study("s", {"too long": (tiny, rec)}, ds, [0], "cpu", progress=False)
+    assert row["status"] == "error" and "block_size=16" in row["error"]
+    (again,) = run_study("s", {"too long": (tiny, rec)}, ds, [0], "cpu", progress=False)
+    assert again["key"] == row["key"] and again["status"] == "error"  # tried again, not skipped
+    assert summary([row]) == []
+
+
+def test_speedrun_smoke_runs_engine_candidates_and_extra_seeds(tmp_path, monkeypatch):
+    # The whole speedrun suite at smoke size on CPU (engine candidates uncaptured, on PyTorch
+    # ops): every candidate with seed 0, then seeds 1 and 2 for the reference and the fastest.
+    from ftlib.convergence import run_suites
+
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path))
+    # Kernels off (the engine reads this when built): Triton's interpreter would take minutes here;
+    # tests/test_trainer.py checks the engine path with its kernels.
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    monkeypatch.setattr("ftlib.convergence.sample_text", lambda *a, **k: "")  # sampling is tested elsewhere
+    rows = run_suites(["speedrun"], "cpu", smoke=True)
+    n = len(speedrun_candidates())
+    assert [r["status"] for r in rows] == ["ok"] * len(rows), [r.get("error") for r in rows]
+    assert [r["seed"] for r in rows[:n]] == [0] * n
+    extra = rows[n:]
+    assert sorted(r["seed"] for r in extra) == [1, 1, 2, 2] or sorted(r["seed"] for r in extra) == [1, 2]
+    assert {r["model"] for r in extra} >= {REFERENCE}
+    eng = [r for r in rows if r["execution"] == "engine"]
+    assert len(eng) >= 5 and all(r["engine"] is not None and r["startup_s"] > 0 for r in eng)
+    assert run_suites(["speedrun"], "cpu", smoke=True) == []  # resumable: nothing left
