@@ -180,6 +180,11 @@ def _engine() -> list[Case]:
                       for suffix, extra in variants]
     for mode in ("engine", "compile-ro"):
         cases += [Case(name, cfg, 32, 256, mode, "bf16", dict(rnd)) for name, cfg in configs.items()]
+    # Prepared after round 2 ran, measured by the next run: attention from the packed qkv.
+    packed = {"attention_layout": "packed"}
+    cases += [Case(f"fasttransformer engine, packed attention{tag}", configs["fasttransformer"], 32, 256, "engine",
+                   prec, {**rnd, **packed, **opts})
+              for prec, tag, opts in (("tf32", "", {}), ("bf16", "", {}), ("fp32", ", 3xTF32", x3))]
     cases.append(Case("gpt2 engine +flash-attn", configs["gpt2"], 32, 256, "engine", "bf16",
                       {**rnd, "attention_for_explicit": True}))
     return cases

@@ -73,7 +73,12 @@ ATTN_HEAD_SIZES = (16, 32, 64, 128)
 # Side-stream steps before capture; PyTorch's whole-network example uses 3.
 WARMUP_STEPS = 3
 # Engine options a benchmark case may carry in its ``extra`` (ftlib.bench's 'engine' mode).
-BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture", "linear_precision", "attention_precision")
+BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture", "linear_precision", "attention_precision",
+                 "attention_layout")
+# 'heads': q/k/v as (B, h, T, hs) views, o transposed back with a copy (measured, round 2);
+# 'packed': kernels.attention.packed_attention reads the qkv output and writes (B, T, C)
+# directly, d(qkv) into one buffer (no layout copies; not yet measured on a GPU).
+ATTENTION_LAYOUTS = ("heads", "packed")
 # Engine precisions the Triton GEMM (kernels/linear.py) may take the Linear layers in: fp32
 # storage only (bf16 autocast stays on cuBLAS's bf16 tensor-core GEMMs).
 LINEAR_PRECISIONS = ("ieee", "tf32", "tf32x3")
@@ -113,7 +118,7 @@ class KernelCausalSelfAttention(nn.Module):
     (B, nh, T, hs) K/V in fp32 to avoid the math backend; facts.md).
     """
 
-    def __init__(self, attn: CausalSelfAttention, T: int, input_precision: str) -> None:
+    def __init__(self, attn: CausalSelfAttention, T: int, input_precision: str, layout: str = "heads") -> None:
         super().__init__()
         from kernels.attention import TritonCausalAttention
 
@@ -123,8 +128,15 @@ class KernelCausalSelfAttention(nn.Module):
         # sequences so no tile is mostly padding (tl.dot needs at least 16).
         block = min(64, max(16, 1 << (T - 1).bit_length()))
         self.core = TritonCausalAttention(input_precision, block_m=block, block_n=block)
+        self.layout = layout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.layout == "packed":
+            from kernels.attention import packed_attention
+
+            y = packed_attention(self.qkv(x), self.n_head, self.n_kv_head, self.head_size,
+                                 self.core.input_precision, self.core.block_m, self.core.block_n)  # (B, T, C)
+            return self.resid_dropout(self.proj(y))
         B, T, C = x.shape
         kv_dim = self.n_kv_head * self.head_size
         q, k, v = self.qkv(x).split([C, kv_dim, kv_dim], dim=-1)
@@ -139,6 +151,7 @@ class KernelCausalSelfAttention(nn.Module):
 def _swap_modules(
     model: GPT, want: dict[str, bool], T: int, precision: str, attention_for_explicit: bool,
     runnable: tuple[bool, str], linear_precision: str | None = None, attention_precision: str | None = None,
+    attention_layout: str = "heads",
 ) -> tuple[dict[str, bool], dict[str, str]]:
     """Replace norms and attention cores by kernel modules in place; returns (applied, notes).
 
@@ -195,7 +208,7 @@ def _swap_modules(
         # bf16/fp16 operands (autocast) always go to the MMA directly.
         input_precision = attention_precision or ("tf32" if precision == "tf32" else "ieee")
         for blk in model.blocks:
-            blk.attn = KernelCausalSelfAttention(blk.attn, T, input_precision)
+            blk.attn = KernelCausalSelfAttention(blk.attn, T, input_precision, attention_layout)
         applied["attention"] = True
 
     if linear_precision is not None:
@@ -266,7 +279,8 @@ class Engine:
     runs them on the Triton GEMM of ``kernels/linear.py`` (fp32 storage only). 'tf32x3' is
     fp32-accurate on tensor cores (3xTF32): the engine's answer to a strict-fp32 step that
     is bound by SIMT SGEMM. ``attention_precision``: overrides the attention kernel's
-    ``input_precision`` (default 'ieee' in fp32, 'tf32' in tf32).
+    ``input_precision`` (default 'ieee' in fp32, 'tf32' in tf32). ``attention_layout``: one of
+    ``ATTENTION_LAYOUTS``.
     Optimizer: AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
     ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
     ``ftlib.train.make_optimizer``. ``grad_clip``: clip the global gradient norm to this
@@ -297,6 +311,7 @@ class Engine:
         grad_clip: float | None = None,
         linear_precision: str | None = None,
         attention_precision: str | None = None,
+        attention_layout: str = "heads",
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
         cfg.check_sequence(T)
@@ -318,13 +333,16 @@ class Engine:
             if val is not None and val not in LINEAR_PRECISIONS:
                 raise ValueError(f"{name}={val!r}; expected None or one of {LINEAR_PRECISIONS}")
         self.linear_precision, self.attention_precision = linear_precision, attention_precision
+        if attention_layout not in ATTENTION_LAYOUTS:
+            raise ValueError(f"attention_layout={attention_layout!r}; expected one of {ATTENTION_LAYOUTS}")
+        self.attention_layout = attention_layout
 
         # Same initial weights as build_model(cfg, seed) - the reference's - then kernels in.
         self.model = build_model(cfg, seed=seed).to(dev)
         self.model.train()
         self.kernels, self.notes = _swap_modules(
             self.model, self.requested, self.T, precision, attention_for_explicit, _kernels_runnable(dev),
-            linear_precision, attention_precision,
+            linear_precision, attention_precision, attention_layout,
         )
         if self.kernels["cross_entropy"]:
             from kernels.cross_entropy import cross_entropy
@@ -485,6 +503,7 @@ class Engine:
             "linear_precision": self.linear_precision if "linear" in self.notes and
             self.notes["linear"].startswith("Triton") else None,
             "attention_precision": self.attention_precision,
+            "attention_layout": self.attention_layout if self.kernels["attention"] else None,
         }
 
 

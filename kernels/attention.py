@@ -269,6 +269,7 @@ def _upcast(dtype: torch.dtype) -> bool:
 def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
     input_precision: str = "ieee", block_m: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
+    out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal softmax(q k^T * scale) v; returns (o (B, nh, T, hs) contiguous, lse2 (B, nh, T)).
 
@@ -280,7 +281,10 @@ def attention_fwd(
     nkv = k.shape[1]
     sm_scale = 1.0 / math.sqrt(hs) if sm_scale is None else sm_scale
     cd = torch.float64 if q.dtype == torch.float64 else torch.float32
-    o = torch.empty((B, nh, T, hs), dtype=q.dtype, device=q.device)
+    o = torch.empty((B, nh, T, hs), dtype=q.dtype, device=q.device) if out is None else out
+    if o.shape != q.shape or o.dtype != q.dtype or o.stride(-1) != 1:
+        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a unit last stride; got "
+                         f"{tuple(o.shape)} {o.dtype} strides {o.stride()}")
     lse = torch.empty((B, nh, T), dtype=cd, device=q.device)
     if B * nh * T == 0:
         return o, lse
@@ -300,8 +304,13 @@ def attention_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
     sm_scale: float | None = None, input_precision: str = "ieee", block_m: int = 64, block_n: int = 64,
     num_warps: int = 4, num_stages: int = 2,
+    dq_out: torch.Tensor | None = None, dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(dq, dk, dv) for o, lse = attention_fwd(q, k, v, ...); dk, dv have k's shape (B, nkv, T, hs)."""
+    """(dq, dk, dv) for o, lse = attention_fwd(q, k, v, ...); dk, dv have k's shape (B, nkv, T, hs).
+
+    ``dq_out``/``dk_out``/``dv_out``: strided views to write into (e.g. slices of one packed
+    d(qkv) buffer); dq is written in place by the kernel, dk/dv (small for MQA) are copied in.
+    """
     _check_qkv(q, k, v, input_precision)
     check_tensor("do", do, dtypes=(q.dtype,), ndim=4, contiguous=False)
     if do.shape != q.shape:
@@ -311,7 +320,7 @@ def attention_bwd(
     B, nh, T, hs = q.shape
     nkv = k.shape[1]
     sm_scale = 1.0 / math.sqrt(hs) if sm_scale is None else sm_scale
-    dq = torch.empty((B, nh, T, hs), dtype=q.dtype, device=q.device)
+    dq = torch.empty((B, nh, T, hs), dtype=q.dtype, device=q.device) if dq_out is None else dq_out
     n_split = _kv_split(B, nkv, nh // nkv, triton.cdiv(T, block_n), q.device)
     # With n_split > 1 the dK/dV kernel writes fp32 partials per split, summed below.
     part_dtype = k.dtype if n_split == 1 else (torch.float64 if k.dtype == torch.float64 else torch.float32)
@@ -337,6 +346,10 @@ def attention_bwd(
     if n_split > 1:
         dk = dk.view(B, nkv, n_split, T, hs).sum(2).to(k.dtype)
         dv = dv.view(B, nkv, n_split, T, hs).sum(2).to(v.dtype)
+    if dk_out is not None:
+        dk = dk_out.copy_(dk)
+    if dv_out is not None:
+        dv = dv_out.copy_(dv)
     return dq, dk, dv
 
 
@@ -363,6 +376,63 @@ def flash_attention(
 ) -> torch.Tensor:
     """Causal attention through the fused kernels; q (B, nh, T, hs), k/v (B, nkv, T, hs)."""
     return FlashAttentionFunction.apply(q, k, v, sm_scale, input_precision, block_m, block_n)
+
+
+def _packed_views(t: torch.Tensor, n_head: int, n_kv_head: int, head_size: int):
+    """(q, k, v) views (B, nh|nkv, T, hs) of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor."""
+    B, T, _ = t.shape
+    C, kvd = n_head * head_size, n_kv_head * head_size
+    q = t[..., :C].view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs), a view
+    k = t[..., C:C + kvd].view(B, T, n_kv_head, head_size).transpose(1, 2)  # (B, nkv, T, hs), a view
+    v = t[..., C + kvd:].view(B, T, n_kv_head, head_size).transpose(1, 2)  # (B, nkv, T, hs), a view
+    return q, k, v
+
+
+class PackedAttentionFunction(torch.autograd.Function):
+    """Attention straight from the packed qkv projection to (B, T, C), and back.
+
+    With q, k, v as views of the qkv output and o as (B, nh, T, hs) the module needs
+    ``o.transpose(1, 2).contiguous()`` forward and, backward, a copy of each of dq, dk, dv
+    into (B, T, ...) order and a ``cat`` into d(qkv). Here the forward kernel writes o
+    through a (B, T, nh, hs)-ordered view of the (B, T, C) output, and the backward writes
+    dq (and copies the small dk, dv) into views of one d(qkv) buffer: no layout copies.
+    """
+
+    @staticmethod
+    def forward(ctx, qkv, n_head, n_kv_head, head_size, input_precision="ieee", block_m=64, block_n=64):
+        B, T, _ = qkv.shape
+        q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
+        y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
+        o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
+        _, lse = attention_fwd(q, k, v, None, input_precision, block_m, block_n, out=o)
+        ctx.save_for_backward(qkv, y, lse)
+        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, block_m, block_n)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy):
+        qkv, y, lse = ctx.saved_tensors
+        nh, nkv, hs, prec, bm, bn = ctx.cfg
+        B, T, C = y.shape
+        q, k, v = _packed_views(qkv, nh, nkv, hs)
+        o = y.view(B, T, nh, hs).transpose(1, 2)
+        do = dy.contiguous().view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view
+        dqkv = torch.empty_like(qkv)
+        dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
+        attention_bwd(do, q, k, v, o, lse, None, prec, bm, bn, dq_out=dq, dk_out=dk, dv_out=dv)
+        return dqkv, None, None, None, None, None, None
+
+
+def packed_attention(
+    qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
+    block_m: int = 64, block_n: int = 64,
+) -> torch.Tensor:
+    """Causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C), heads side by side."""
+    if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
+        raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
+                         f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
+                         f"{tuple(qkv.shape)} strides {qkv.stride()}")
+    return PackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, input_precision, block_m, block_n)
 
 
 class TritonCausalAttention(nn.Module):

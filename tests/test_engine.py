@@ -78,6 +78,8 @@ def test_kernels_swapped_where_they_apply():
     assert type(x3.model.head).__name__ == "TritonLinear" and x3.describe()["linear_precision"] == "tf32x3"
     with pytest.raises(ValueError, match="linear_precision"):
         Engine(FT1, B, T, "fp32", "cpu", linear_precision="fp8")
+    with pytest.raises(ValueError, match="attention_layout"):
+        Engine(FT1, B, T, "fp32", "cpu", attention_layout="bthd")
     hs8 = Engine(FT1_L2_HS8, B, T, "fp32", "cpu")
     assert not hs8.kernels["attention"] and "head size 8" in hs8.notes["attention"]
     off = Engine(FT1, B, T, "fp32", "cpu", {"attention": False, "adamw": False})
@@ -107,6 +109,16 @@ def test_losses_match_reference_training(cfg):
     assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL, r["max_rel_err"]
     assert r["param_rel_err"] <= PARAM_RTOL, r["param_rel_err"]
     assert len(r["losses_engine"]) == STEPS and r["captured"] is False
+
+
+@pytest.mark.parametrize("options", [{"attention_layout": "packed"},
+                                     {"attention_precision": "tf32x3", "linear_precision": "tf32x3"}],
+                         ids=["packed-attention", "3xtf32"])
+def test_engine_options_train_like_the_reference(options):
+    r = check_against_reference(FT1, steps=3, device="cpu", B=B, T=T, **options)
+    assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL and r["param_rel_err"] <= PARAM_RTOL
+    for k, v in options.items():
+        assert r[k] == v
 
 
 @pytest.mark.parametrize("cfg,op", [(FT1, "rmsnorm"), (FT1, "attention"), (FT1, "cross_entropy"), (FT1, "adamw"),

@@ -118,3 +118,35 @@ def test_detects_non_causal_output():
     o = flash_attention(q, k, v, **BLK).detach()
     full = torch.softmax(q @ k.transpose(-2, -1) / 32**0.5, dim=-1) @ v
     assert _rel_err(o, full.detach().double()) > 1e-2
+
+
+@pytest.mark.parametrize("nkv", [1, 2, 4])
+def test_packed_attention_matches_reference_forward_and_qkv_gradient(nkv):
+    """packed_attention: (B, T, C + 2 nkv hs) in, (B, T, C) out, d(qkv) in one buffer."""
+    from kernels.attention import packed_attention
+
+    B, T, nh, hs = 2, 37, 4, 16
+    C = nh * hs
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(B, T, C + 2 * nkv * hs, generator=g, dtype=torch.float64).float().requires_grad_(True)
+    dy = torch.randn(B, T, C, generator=g, dtype=torch.float64).float()
+    y = packed_attention(qkv, nh, nkv, hs, block_m=16, block_n=16)
+    (dqkv,) = torch.autograd.grad(y, qkv, dy)
+
+    ref_in = qkv.detach().double().requires_grad_(True)
+    q, k, v = ref_in.split([C, nkv * hs, nkv * hs], dim=-1)
+    q = q.view(B, T, nh, hs).transpose(1, 2)
+    k = k.view(B, T, nkv, hs).transpose(1, 2)
+    v = v.view(B, T, nkv, hs).transpose(1, 2)
+    yr = causal_attention_ref(q, k, v).transpose(1, 2).reshape(B, T, C)
+    (dr,) = torch.autograd.grad(yr, ref_in, dy.double())
+    assert y.shape == (B, T, C) and y.is_contiguous() and dqkv.shape == qkv.shape
+    torch.testing.assert_close(y.double(), yr, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(dqkv.double(), dr, atol=1e-5, rtol=1e-5)
+
+
+def test_packed_attention_rejects_a_mismatched_width():
+    from kernels.attention import packed_attention
+
+    with pytest.raises(ValueError, match="qkv must be"):
+        packed_attention(torch.randn(1, 8, 100), 4, 1, 16)

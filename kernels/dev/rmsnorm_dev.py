@@ -1,7 +1,9 @@
 """RMSNorm forward + backward: check then time. ``python -m kernels.dev.rmsnorm_dev [--check-only]``.
 
 Variants: v1 eager reference (ftlib.norm.rms_norm_ref), v2 torch.compile of it, v3 the Triton
-kernels. Shape: the FastTransformer's norm input, (B*T, C) = (8192, 256), fp32 and bf16.
+kernels in the model (kernels/rmsnorm.py), v4/v5 the experiment of kernels/dev/rmsnorm_rows.py
+(tiles of 16 / 4 rows per program, fwd and bwd; not in the model until it wins).
+Shape: the FastTransformer's norm input, (B*T, C) = (8192, 256), fp32 and bf16.
 Bytes (the floor): forward reads x and writes y, backward reads x and dy and writes dx;
 weight, rstd and the partial dweight sums are O(N + M) and left out.
 """
@@ -17,6 +19,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     import torch
 
     from ftlib.reference import rms_norm_ref
+    from kernels.dev.rmsnorm_rows import rms_norm_rows
     from kernels.rmsnorm import rms_norm
 
     M, N = (8192, 256) if device.type == "cuda" else (37, 256)
@@ -43,6 +46,8 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             Variant("v1 eager", fwd_bwd(rms_norm_ref), tol),
             Variant("v2 torch.compile", fwd_bwd(compiled), tol, gpu_only=True),
             Variant("v3 triton", fwd_bwd(rms_norm), tol),
+            Variant("v4 triton 16 rows", fwd_bwd(lambda a, b, e: rms_norm_rows(a, b, e, 16)), tol),
+            Variant("v5 triton 4 rows", fwd_bwd(lambda a, b, e: rms_norm_rows(a, b, e, 4)), tol),
         ]
         return run(f"rmsnorm fwd+bwd ({M}, {N}) {dtype}", args, device, reference, variants,
                   work=5 * M * N * x.element_size(), unit="GB/s", op="rmsnorm", shape={"M": M, "N": N}, dtype=dtype)
