@@ -180,11 +180,14 @@ def _engine() -> list[Case]:
                       for suffix, extra in variants]
     for mode in ("engine", "compile-ro"):
         cases += [Case(name, cfg, 32, 256, mode, "bf16", dict(rnd)) for name, cfg in configs.items()]
-    # Prepared after round 2 ran, measured by the next run: attention from the packed qkv.
+    # Prepared after round 2 ran, measured by the next run: attention from the packed qkv, and
+    # that plus every residual add fused into the RMSNorm after it.
     packed = {"attention_layout": "packed"}
-    cases += [Case(f"fasttransformer engine, packed attention{tag}", configs["fasttransformer"], 32, 256, "engine",
-                   prec, {**rnd, **packed, **opts})
-              for prec, tag, opts in (("tf32", "", {}), ("bf16", "", {}), ("fp32", ", 3xTF32", x3))]
+    fused = {**packed, "fuse_residual_norm": True}
+    for name, opts in ((", packed attention", packed), (", packed attention + fused residual-norm", fused)):
+        cases += [Case(f"fasttransformer engine{name}{tag}", configs["fasttransformer"], 32, 256, "engine",
+                       prec, {**rnd, **opts, **more})
+                  for prec, tag, more in (("tf32", "", {}), ("bf16", "", {}), ("fp32", ", 3xTF32", {**x3, **lin}))]
     cases.append(Case("gpt2 engine +flash-attn", configs["gpt2"], 32, 256, "engine", "bf16",
                       {**rnd, "attention_for_explicit": True}))
     return cases

@@ -7,9 +7,12 @@
 1. **Kernels.** Where a kernel in ``kernels/`` applies, the model's op is swapped for it:
    RMSNorm -> ``TritonRMSNorm``, LayerNorm -> ``TritonLayerNorm``, SDPA attention ->
    ``TritonCausalAttention`` (MQA/GQA K/V shared by indexing, never expanded), the loss ->
-   the fused cross-entropy, AdamW -> the flat AdamW kernel. Each can be switched off
-   (``use_kernels={'attention': False}``), falling back to the PyTorch op the model uses,
-   so the book can show what each kernel buys.
+   the fused cross-entropy, the embeddings -> a scatter-add backward, AdamW -> the flat
+   AdamW kernel. Each can be switched off (``use_kernels={'attention': False}``), falling
+   back to the PyTorch op the model uses, so the book can show what each kernel buys.
+   Options that are off by default until a GPU run shows they win (kernels/dev/NOTES.md):
+   3xTF32 attention and Linear layers in fp32, attention from the packed qkv, residual adds
+   fused into the RMSNorm after them.
 2. **Flat buffers.** Every parameter is a view into one fp32 buffer and every gradient a
    view into one fp32 grad buffer, decayed matrices first (the two groups of
    ``ftlib.train.param_groups``). Then the optimizer is one elementwise kernel over the
@@ -74,7 +77,7 @@ ATTN_HEAD_SIZES = (16, 32, 64, 128)
 WARMUP_STEPS = 3
 # Engine options a benchmark case may carry in its ``extra`` (ftlib.bench's 'engine' mode).
 BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture", "linear_precision", "attention_precision",
-                 "attention_layout")
+                 "attention_layout", "fuse_residual_norm")
 # 'heads': q/k/v as (B, h, T, hs) views, o transposed back with a copy (measured, round 2);
 # 'packed': kernels.attention.packed_attention reads the qkv output and writes (B, T, C)
 # directly, d(qkv) into one buffer (no layout copies; not yet measured on a GPU).
@@ -238,6 +241,29 @@ def _swap_modules(
     return applied, notes
 
 
+def forward_fused_residual_norm(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+    """``GPT.forward`` (logits only) with each residual add fused into the RMSNorm that follows it.
+
+    The same function as the model's pre-norm blocks (x + attn(norm1(x)), x + mlp(norm2(x)),
+    then norm_f and the head), regrouped so that every ``x = x + branch`` meets the next
+    norm in :func:`kernels.residual_rmsnorm.add_rms_norm`: after attention that is the block's
+    norm2, after the MLP the next block's norm1 (the final norm_f after the last block).
+    """
+    from kernels.residual_rmsnorm import add_rms_norm
+
+    B, T = idx.shape
+    model.config.check_sequence(T)
+    pos = torch.arange(T, device=idx.device)
+    x = model.drop(model.wte(idx) + model.wpe(pos))  # (B, T, C)
+    blocks = list(model.blocks)
+    h = blocks[0].norm1(x)
+    for i, blk in enumerate(blocks):
+        x, h = add_rms_norm(x, blk.attn(h), blk.norm2.weight, blk.norm2.eps)
+        after = blocks[i + 1].norm1 if i + 1 < len(blocks) else model.norm_f
+        x, h = add_rms_norm(x, blk.mlp(h), after.weight, after.eps)
+    return model.head(h)
+
+
 def flatten_parameters_(
     params: list[nn.Parameter],
 ) -> tuple[torch.Tensor, torch.Tensor, list[tuple[int, int]]]:
@@ -280,7 +306,8 @@ class Engine:
     fp32-accurate on tensor cores (3xTF32): the engine's answer to a strict-fp32 step that
     is bound by SIMT SGEMM. ``attention_precision``: overrides the attention kernel's
     ``input_precision`` (default 'ieee' in fp32, 'tf32' in tf32). ``attention_layout``: one of
-    ``ATTENTION_LAYOUTS``.
+    ``ATTENTION_LAYOUTS``. ``fuse_residual_norm``: RMSNorm configs only, every residual add
+    and the RMSNorm after it in one kernel each way (:func:`forward_fused_residual_norm`).
     Optimizer: AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
     ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
     ``ftlib.train.make_optimizer``. ``grad_clip``: clip the global gradient norm to this
@@ -312,6 +339,7 @@ class Engine:
         linear_precision: str | None = None,
         attention_precision: str | None = None,
         attention_layout: str = "heads",
+        fuse_residual_norm: bool = False,
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
         cfg.check_sequence(T)
@@ -336,6 +364,7 @@ class Engine:
         if attention_layout not in ATTENTION_LAYOUTS:
             raise ValueError(f"attention_layout={attention_layout!r}; expected one of {ATTENTION_LAYOUTS}")
         self.attention_layout = attention_layout
+        self.fuse_residual_norm = False  # set below once the model and its kernels are known
 
         # Same initial weights as build_model(cfg, seed) - the reference's - then kernels in.
         self.model = build_model(cfg, seed=seed).to(dev)
@@ -344,6 +373,15 @@ class Engine:
             self.model, self.requested, self.T, precision, attention_for_explicit, _kernels_runnable(dev),
             linear_precision, attention_precision, attention_layout,
         )
+        if fuse_residual_norm:
+            ok, why_not = _kernels_runnable(dev)
+            if cfg.norm != "rmsnorm":
+                self.notes["residual_norm"] = f"not applicable: the config uses {cfg.norm}"
+            elif not ok:
+                self.notes["residual_norm"] = why_not
+            else:
+                self.fuse_residual_norm = True
+                self.notes["residual_norm"] = "residual add fused into the next RMSNorm (kernels/residual_rmsnorm.py)"
         if self.kernels["cross_entropy"]:
             from kernels.cross_entropy import cross_entropy
 
@@ -432,7 +470,10 @@ class Engine:
     def _step_body(self) -> torch.Tensor:
         """zero grad (one memset) + forward + loss + backward + AdamW, on the static buffers."""
         self.flat_grad.zero_()
-        logits, _ = self.model(self.static_x)  # (B, T, V)
+        if self.fuse_residual_norm:
+            logits = forward_fused_residual_norm(self.model, self.static_x)  # (B, T, V)
+        else:
+            logits, _ = self.model(self.static_x)  # (B, T, V)
         loss = self._loss_fn(logits.view(self.B * self.T, -1), self.static_y.view(self.B * self.T))
         loss.backward()
         if self.grad_clip is not None:  # clip_grad_norm_'s formula on the flat buffer; no host sync
@@ -504,6 +545,7 @@ class Engine:
             self.notes["linear"].startswith("Triton") else None,
             "attention_precision": self.attention_precision,
             "attention_layout": self.attention_layout if self.kernels["attention"] else None,
+            "fuse_residual_norm": self.fuse_residual_norm,
         }
 
 

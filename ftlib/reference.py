@@ -18,6 +18,7 @@ from ftlib.norm import layer_norm_ref, rms_norm_ref
 
 __all__ = [
     "adamw_step_ref",
+    "add_rms_norm_ref",
     "causal_attention_ref",
     "cross_entropy_ref",
     "gelu_tanh_ref",
@@ -79,6 +80,14 @@ def adamw_step_ref(
     step_size = lr / bias_correction1
     denom = (exp_avg_sq.sqrt() / math.sqrt(bias_correction2)).add_(eps)
     param.addcdiv_(exp_avg, denom, value=-step_size)
+
+
+def add_rms_norm_ref(
+    x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A pre-norm block's residual add and the RMSNorm after it: (s, rms_norm(s) * w), s = x + r."""
+    s = x + r
+    return s, rms_norm_ref(s, weight, eps)
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

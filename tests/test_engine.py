@@ -78,6 +78,7 @@ def test_kernels_swapped_where_they_apply():
     assert type(x3.model.head).__name__ == "TritonLinear" and x3.describe()["linear_precision"] == "tf32x3"
     with pytest.raises(ValueError, match="linear_precision"):
         Engine(FT1, B, T, "fp32", "cpu", linear_precision="fp8")
+    assert not Engine(GPT4, B, T, "fp32", "cpu", fuse_residual_norm=True).fuse_residual_norm  # LayerNorm config
     with pytest.raises(ValueError, match="attention_layout"):
         Engine(FT1, B, T, "fp32", "cpu", attention_layout="bthd")
     hs8 = Engine(FT1_L2_HS8, B, T, "fp32", "cpu")
@@ -112,8 +113,9 @@ def test_losses_match_reference_training(cfg):
 
 
 @pytest.mark.parametrize("options", [{"attention_layout": "packed"},
-                                     {"attention_precision": "tf32x3", "linear_precision": "tf32x3"}],
-                         ids=["packed-attention", "3xtf32"])
+                                     {"attention_precision": "tf32x3", "linear_precision": "tf32x3"},
+                                     {"fuse_residual_norm": True}],
+                         ids=["packed-attention", "3xtf32", "fused-residual-norm"])
 def test_engine_options_train_like_the_reference(options):
     r = check_against_reference(FT1, steps=3, device="cpu", B=B, T=T, **options)
     assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL and r["param_rel_err"] <= PARAM_RTOL
