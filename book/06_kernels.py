@@ -228,6 +228,19 @@ else:
     print(engineview.NOT_MEASURED)
 
 # %% [markdown]
+# ### Rounds, and what the measurements changed
+# Every change to the engine starts a new round (`extra['round']` in its rows, `ENGINE_ROUND`
+# in `ci/gpu_bench.py`), measured together with its own baselines; this chapter shows the
+# newest round that has rows. Two of the rows above shaped the engine. In strict fp32 the
+# `-attention` variant (SDPA's memory-efficient kernel) is faster than the full engine: our
+# kernel's FMA dots lose inside a graph (the kernel table in section 2 says by how much), so
+# from round 3 the engine keeps SDPA in strict fp32 and takes our kernel only when asked
+# (`attention_precision`). And strict fp32 is bound by cuBLAS's SIMT matrix products, so the
+# fp32 variants labelled 3xTF32 run attention and the Linear layers on tensor cores at fp32
+# accuracy (`kernels/linear.py`): a different algorithm, labelled as such and left out of the
+# verdicts. What the next round tries, with its predictions, is in `kernels/dev/NOTES.md`.
+
+# %% [markdown]
 # ### 100 steps against reference training
 # The engine and `train_step` with `torch.optim.AdamW` train side by side from the same
 # weights on the same batches (`ftlib.engine.check_against_reference`); the check passes when

@@ -206,6 +206,13 @@ def _swap_modules(
         reason = f"not applicable: head size {cfg.head_size} not in {ATTN_HEAD_SIZES}"
     elif cfg.dropout > 0:
         reason = f"not applicable: the kernel has no attention dropout (dropout={cfg.dropout})"
+    elif precision == "fp32" and cfg.attn_impl == "sdpa" and attention_precision is None:
+        # Only a measured winner enters the step: in a CUDA graph on the H200 the kernel's
+        # strict-fp32 ('ieee', FMA) dots took 743 us fwd+bwd per FastTransformer layer against
+        # SDPA's memory-efficient kernel's 357 (kernels.jsonl, 2026-12-02). attention_precision
+        # ='tf32x3' (fp32-accurate, 211 us) or 'ieee' selects the kernel explicitly.
+        reason = ("not applied in strict fp32: SDPA's kernel is faster than the 'ieee' one "
+                  "(attention_precision='tf32x3' or 'ieee' selects it)")
     if not blocked("attention", reason):
         # fp32 storage: strict IEEE dots, or TF32 tensor cores when the precision is tf32;
         # bf16/fp16 operands (autocast) always go to the MMA directly.

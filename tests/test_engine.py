@@ -73,6 +73,8 @@ def test_kernels_swapped_where_they_apply():
     assert type(gpt.model.blocks[0].norm1).__name__ == "TritonLayerNorm"
     flash = Engine(GPT4, B, T, "fp32", "cpu", attention_for_explicit=True)
     assert flash.kernels["attention"] and flash.model.blocks[0].attn.core.input_precision == "ieee"
+    strict = Engine(FT1, B, T, "fp32", "cpu")  # strict fp32: SDPA's kernel won in a graph, so it stays
+    assert not strict.kernels["attention"] and "strict fp32" in strict.notes["attention"]
     x3 = Engine(FT1, B, T, "fp32", "cpu", attention_precision="tf32x3", linear_precision="tf32x3")
     assert x3.model.blocks[0].attn.core.input_precision == "tf32x3"
     assert type(x3.model.head).__name__ == "TritonLinear" and x3.describe()["linear_precision"] == "tf32x3"
@@ -106,13 +108,14 @@ def test_gradients_land_in_the_flat_buffer_and_match_reference():
 
 @pytest.mark.parametrize("cfg", [FT1, FT4, GPT4, GPT1_L2], ids=["ft-mqa", "ft-mha", "gpt2-mha", "gpt2-mqa-2layer"])
 def test_losses_match_reference_training(cfg):
-    r = check_against_reference(cfg, steps=STEPS, device="cpu", B=B, T=T)
+    # attention_precision='ieee' puts the attention kernel in the fp32 step (the default keeps SDPA)
+    r = check_against_reference(cfg, steps=STEPS, device="cpu", B=B, T=T, attention_precision="ieee")
     assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL, r["max_rel_err"]
     assert r["param_rel_err"] <= PARAM_RTOL, r["param_rel_err"]
     assert len(r["losses_engine"]) == STEPS and r["captured"] is False
 
 
-@pytest.mark.parametrize("options", [{"attention_layout": "packed"},
+@pytest.mark.parametrize("options", [{"attention_layout": "packed", "attention_precision": "ieee"},
                                      {"attention_precision": "tf32x3", "linear_precision": "tf32x3"},
                                      {"fuse_residual_norm": True}],
                          ids=["packed-attention", "3xtf32", "fused-residual-norm"])
