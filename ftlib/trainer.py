@@ -33,7 +33,10 @@ from ftlib.train import PRECISIONS, make_optimizer, precision, train_step
 
 # Fields added after results were stored: left out of ``Recipe.key_repr`` while at their
 # default, so the result keys of earlier runs (which hash the repr) stay the same.
-_LATER_FIELDS = ("engine",)
+_LATER_FIELDS = ("engine", "engine_options")
+# Engine keyword options a recipe may set (ftlib.engine.Engine; capture and the optimizer stay the trainer's).
+ENGINE_RECIPE_OPTIONS = ("use_kernels", "attention_precision", "linear_precision", "attention_layout",
+                         "fuse_residual_norm")
 
 
 @dataclass(frozen=True)
@@ -59,6 +62,9 @@ class Recipe:
     # instead of train_step; excludes torch.compile. Its attention kernel has no dropout:
     # with config.dropout > 0 attention stays on PyTorch's SDPA (the other kernels still apply).
     engine: bool = False
+    # Extra Engine options as (name, value) pairs (hashable, so the recipe stays frozen), e.g.
+    # (("fuse_residual_norm", True),); names from ENGINE_RECIPE_OPTIONS; engine=True only.
+    engine_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
         bad = []
@@ -77,6 +83,11 @@ class Recipe:
             bad.append(f"engine=True with compile={self.compile!r}: the engine captures the step itself")
         if self.engine and self.decay_scheme != "matrices":
             bad.append(f"engine=True with decay_scheme={self.decay_scheme!r}: the engine decays matrices only")
+        unknown = sorted({k for k, _ in self.engine_options} - set(ENGINE_RECIPE_OPTIONS))
+        if unknown:
+            bad.append(f"engine_options {unknown} not in {ENGINE_RECIPE_OPTIONS}")
+        if self.engine_options and not self.engine:
+            bad.append(f"engine_options={self.engine_options!r} need engine=True")
         if bad:
             raise ValueError("invalid Recipe: " + "; ".join(bad))
 
@@ -194,7 +205,7 @@ class _EngineSteps:
         # Same initial weights as _PlainSteps (build_model seeds the init like torch.manual_seed + GPT).
         self.engine = Engine(config, rec.batch_size, rec.block_size, rec.precision, device, seed=rec.seed,
                              lr=rec.lr_at(0), betas=rec.betas, weight_decay=rec.weight_decay,
-                             grad_clip=rec.grad_clip)
+                             grad_clip=rec.grad_clip, **dict(rec.engine_options))
         self.model = self.engine.model  # its parameters are views into the engine's flat buffer
         self.config, self.device = config, device
 

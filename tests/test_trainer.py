@@ -91,7 +91,9 @@ def test_engine_path_matches_plain_path(ds, tmp_path):
     cfg = preset("fasttransformer", **ENGINE_TINY)
     plain = train(cfg, rec, ds, progress=False)
     ck = tmp_path / "engine.pt"
-    eng = train(cfg, rec.replace(engine=True), ds, progress=False, checkpoint=ck)
+    # Strict fp32 keeps SDPA's attention by default; the recipe's engine_options put the kernel in.
+    eng = train(cfg, rec.replace(engine=True, engine_options=(("attention_precision", "ieee"),)), ds,
+                progress=False, checkpoint=ck)
     assert {"rmsnorm", "attention", "cross_entropy", "adamw"} <= set(eng["engine"]["kernels"])
     assert eng["engine"]["grad_clip"] == 0.05 and plain["engine"] is None
     for a, b in zip(plain["history"], eng["history"], strict=True):
@@ -132,5 +134,10 @@ def test_recipe_engine_validation_and_key():
         Recipe(precision="fp64")
     # The key string leaves out fields added later while at their default (stored keys stay valid).
     r = recipe("nanogpt-char")
-    assert "engine" not in r.key_repr() and r.key_repr() == repr(r).replace(", engine=False", "")
+    assert "engine" not in r.key_repr()
+    assert r.key_repr() == repr(r).replace(", engine=False", "").replace(", engine_options=()", "")
+    with pytest.raises(ValueError, match="engine_options"):
+        Recipe(engine_options=(("fuse_residual_norm", True),))  # needs engine=True
+    with pytest.raises(ValueError, match="not in"):
+        Recipe(engine=True, engine_options=(("capture", False),))
     assert "engine=True" in r.replace(compile=None, engine=True).key_repr()
