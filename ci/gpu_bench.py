@@ -136,9 +136,11 @@ def _grid_compile() -> list[Case]:
 
 
 # Bump when the engine changes: its rows get new keys, older rounds stay stored. Round 3:
-# strict fp32 keeps SDPA's attention (the 'ieee' kernel lost in round 2); the packed-qkv
-# attention and the fused residual-norm variants are new.
-ENGINE_ROUND = 3
+# strict fp32 keeps SDPA's attention (the 'ieee' kernel lost in round 2); packed-qkv attention
+# and the fused residual-norm measured as variants. Round 4: both became the defaults (they
+# won in round 3), the residual add is fused into LayerNorm too (GPT-2), and RMSNorm runs on
+# 4-row tiles (kernels.jsonl v5).
+ENGINE_ROUND = 4
 
 
 def _engine() -> list[Case]:
@@ -146,53 +148,45 @@ def _engine() -> list[Case]:
 
     Both presets at B=32, T=256. Every case carries ``extra['round']`` (ENGINE_ROUND), so a
     changed engine is measured again, with its baselines, in one run. First the headline
-    comparison per precision (engine, then the two baselines), fp32 then tf32; then what
-    each kernel buys (the engine with one kernel switched off, with none, and uncaptured;
-    GPT-2 also with the attention kernel replacing its explicit softmax); then the fp32
-    tensor-core options (3xTF32 attention and/or Linear layers: fp32-accurate, labelled as
-    such); bf16 last. Variants carry their engine options in ``extra`` and a label saying
-    what changed.
+    comparison per precision (engine, then the two baselines), fp32, tf32, bf16; then GPT-2
+    with the attention kernel replacing its explicit softmax (the same function); then the
+    fp32-accurate tensor-core options (3xTF32 attention and/or Linear layers, labelled as
+    such); then what each piece buys (the engine with one kernel switched off, with none,
+    uncaptured, with the heads layout, with the residual add unfused). Variants carry their
+    engine options in ``extra`` and a label saying what changed.
     """
     configs = {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
     rnd = {"round": ENGINE_ROUND}
     cases: list[Case] = []
-    for prec in ("fp32", "tf32"):
+    for prec in ("fp32", "tf32", "bf16"):
         for mode in ("engine", "compile-ro", "cudagraph"):
             cases += [Case(name, cfg, 32, 256, mode, prec, dict(rnd)) for name, cfg in configs.items()]
+    flash = {"attention_for_explicit": True}
     x3 = {"attention_precision": "tf32x3"}
     lin = {"linear_precision": "tf32x3"}
+    cases += [Case("gpt2 engine +flash-attn", configs["gpt2"], 32, 256, "engine", prec, {**rnd, **flash})
+              for prec in ("tf32", "bf16")]
     cases += [
         Case("fasttransformer engine, 3xTF32 attention", configs["fasttransformer"], 32, 256, "engine", "fp32",
              {**rnd, **x3}),
         Case("fasttransformer engine, 3xTF32 attention+linear", configs["fasttransformer"], 32, 256, "engine",
              "fp32", {**rnd, **x3, **lin}),
-        Case("gpt2 engine +flash-attn 3xTF32", configs["gpt2"], 32, 256, "engine", "fp32",
-             {**rnd, **x3, "attention_for_explicit": True}),
+        Case("gpt2 engine +flash-attn 3xTF32", configs["gpt2"], 32, 256, "engine", "fp32", {**rnd, **x3, **flash}),
         Case("gpt2 engine +flash-attn 3xTF32 +linear", configs["gpt2"], 32, 256, "engine", "fp32",
-             {**rnd, **x3, **lin, "attention_for_explicit": True}),
+             {**rnd, **x3, **lin, **flash}),
     ]
-    for prec in ("fp32", "tf32"):
+    for prec in ("tf32", "fp32"):
         for name, cfg in configs.items():
             ops = [cfg.norm] + (["attention"] if cfg.attn_impl == "sdpa" else []) + [
                 "embedding", "cross_entropy", "adamw"]
             variants = [(f" -{op}", {"use_kernels": {op: False}}) for op in ops]
-            variants += [(" no-kernels", {"use_kernels": False}), (" uncaptured", {"capture": False})]
-            if cfg.attn_impl == "explicit":
-                variants.append((" +flash-attn", {"attention_for_explicit": True}))
+            variants += [(" no-kernels", {"use_kernels": False}), (" uncaptured", {"capture": False}),
+                         (" unfused residual-norm", {"fuse_residual_norm": False})]
+            if prec == "tf32":  # (in strict fp32 the layout does not apply: SDPA, or GPT-2's softmax)
+                variants.append((" +flash-attn heads layout", {**flash, "attention_layout": "heads"})
+                                if cfg.attn_impl == "explicit" else (" heads layout", {"attention_layout": "heads"}))
             cases += [Case(f"{name} engine{suffix}", cfg, 32, 256, "engine", prec, {**rnd, **extra})
                       for suffix, extra in variants]
-    for mode in ("engine", "compile-ro"):
-        cases += [Case(name, cfg, 32, 256, mode, "bf16", dict(rnd)) for name, cfg in configs.items()]
-    # Prepared after round 2 ran, measured by the next run: attention from the packed qkv, and
-    # that plus every residual add fused into the RMSNorm after it.
-    packed = {"attention_layout": "packed"}
-    fused = {**packed, "fuse_residual_norm": True}
-    for name, opts in ((", packed attention", packed), (", packed attention + fused residual-norm", fused)):
-        cases += [Case(f"fasttransformer engine{name}{tag}", configs["fasttransformer"], 32, 256, "engine",
-                       prec, {**rnd, **opts, **more})
-                  for prec, tag, more in (("tf32", "", {}), ("bf16", "", {}), ("fp32", ", 3xTF32", {**x3, **lin}))]
-    cases.append(Case("gpt2 engine +flash-attn", configs["gpt2"], 32, 256, "engine", "bf16",
-                      {**rnd, "attention_for_explicit": True}))
     return cases
 
 
@@ -250,8 +244,9 @@ def _train(device, deadline: float) -> None:
 def _engine_check(device, deadline: float) -> None:
     """Issue 6: engine vs reference training over 100 steps (ftlib.engine.check_against_reference).
 
-    Both presets at B=32, T=256, fp32 first (the issue's check), then tf32 and bf16; one row
-    per run in engine_check.jsonl, skipped when its key is already stored.
+    Both presets at B=32, T=256, fp32 first (the issue's check), then tf32 and bf16, then GPT-2
+    with the attention kernel in place of its explicit softmax; one row per run in
+    engine_check.jsonl, keyed by the engine round, skipped when its key is already stored.
     """
     import traceback
 
@@ -261,31 +256,34 @@ def _engine_check(device, deadline: float) -> None:
 
     steps, B, T = 100, 32, 256
     store = ResultStore("engine_check", device_slug(device))
-    for prec in ("fp32", "tf32", "bf16"):
-        for name in ("gpt2", "fasttransformer"):
-            cfg = preset(name)
-            key = row_key("engine_check", cfg.config_hash(), B, T, "engine", prec, {"steps": steps})
-            if store.has(key, skip_status=("error",)):
-                continue
-            if time.monotonic() > deadline - 30:
-                print("[engine_check] budget spent", flush=True)
-                return
-            row = {"key": key, "bench": "engine_check", "label": name, "preset": name, "config": cfg.to_dict(),
-                   "config_hash": cfg.config_hash(), "B": B, "T": T, "mode": "engine", "precision": prec,
-                   **provenance(device)}
-            t0 = time.perf_counter()
-            try:
-                r = check_against_reference(cfg, steps, device, prec, B, T)
-                row.update(status="ok", check_ok=r["ok"], **r)
-            except Exception as e:  # a failure is a row, so the other checks still run
-                row.update(status="error", check_ok=False, error=f"{type(e).__name__}: {e}"[:2000],
-                           traceback=traceback.format_exc()[-3000:])
-            row["wall_s"] = time.perf_counter() - t0
-            store.append(row)
-            print(f"  engine_check {name:<16} {prec:<5} {row['status']:<6} ok {row.get('check_ok')} "
-                  f"max rel err {row.get('max_rel_err')} param rel err {row.get('param_rel_err')} "
-                  f"loss {row.get('losses_ref', [None])[0]} -> {row.get('losses_ref', [None])[-1]} "
-                  f"kernels {row.get('kernels')} {row.get('error', '')[:160]}", flush=True)
+    runs = [(prec, name, {}) for prec in ("fp32", "tf32", "bf16") for name in ("gpt2", "fasttransformer")]
+    runs += [(prec, "gpt2", {"attention_for_explicit": True}) for prec in ("tf32", "bf16")]
+    for prec, name, options in runs:
+        cfg = preset(name)
+        extra = {"steps": steps, "round": ENGINE_ROUND, **options}  # a new engine round checks again
+        key = row_key("engine_check", cfg.config_hash(), B, T, "engine", prec, extra)
+        if store.has(key, skip_status=("error",)):
+            continue
+        if time.monotonic() > deadline - 30:
+            print("[engine_check] budget spent", flush=True)
+            return
+        label = name + (" +flash-attn" if options else "")
+        row = {"key": key, "bench": "engine_check", "label": label, "preset": name, "config": cfg.to_dict(),
+               "config_hash": cfg.config_hash(), "B": B, "T": T, "mode": "engine", "precision": prec,
+               "extra": extra, **provenance(device)}
+        t0 = time.perf_counter()
+        try:
+            r = check_against_reference(cfg, steps, device, prec, B, T, **options)
+            row.update(status="ok", check_ok=r["ok"], **r)
+        except Exception as e:  # a failure is a row, so the other checks still run
+            row.update(status="error", check_ok=False, error=f"{type(e).__name__}: {e}"[:2000],
+                       traceback=traceback.format_exc()[-3000:])
+        row["wall_s"] = time.perf_counter() - t0
+        store.append(row)
+        print(f"  engine_check {label:<28} {prec:<5} {row['status']:<6} ok {row.get('check_ok')} "
+              f"max rel err {row.get('max_rel_err')} param rel err {row.get('param_rel_err')} "
+              f"loss {row.get('losses_ref', [None])[0]} -> {row.get('losses_ref', [None])[-1]} "
+              f"kernels {row.get('kernels')} {row.get('error', '')[:160]}", flush=True)
 
 
 def _kernels(device, deadline: float) -> None:

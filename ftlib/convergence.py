@@ -83,6 +83,14 @@ def speedrun_candidates() -> dict[str, tuple[ModelConfig, Recipe]]:
         # Sample efficiency: a higher peak and a shorter horizon (1,100-1,150 steps reached 1.50 above).
         "256x6 FT-style, engine + fused residual-norm, lr 4e-3, cosine to 1,100": (
             ft, eng.replace(lr=4e-3, min_lr=4e-4, decay_steps=1100, steps=2200, engine_options=fused)),
+        # Added 2026-12-02, session 3. Dropout 0 lets the attention kernel in (packed, no layout
+        # copies; ~20% of an FT step in round 3) at the risk of overfitting before 1.50.
+        "256x6 FT-style, engine, dropout 0, lr 3e-3, cosine to 1,200": (
+            ft.replace(dropout=0.0), eng.replace(lr=3e-3, min_lr=3e-4, decay_steps=1200, steps=2400,
+                                                 engine_options=fused)),
+        # A higher peak still, with a shorter horizon.
+        "256x6 FT-style, engine + fused residual-norm, lr 5e-3, cosine to 1,000": (
+            ft, eng.replace(lr=5e-3, min_lr=5e-4, decay_steps=1000, steps=2000, engine_options=fused)),
         "384x4 MQA + 2x MLP + RMSNorm, engine, lr 2e-3, cosine to 1,300": (
             wide, eng.replace(lr=2e-3, min_lr=2e-4, decay_steps=1300, steps=2600)),
         # Execution only: nanoGPT's model and recipe unchanged, on the engine instead of torch.compile.

@@ -18,6 +18,7 @@ from ftlib.norm import layer_norm_ref, rms_norm_ref
 
 __all__ = [
     "adamw_step_ref",
+    "add_layer_norm_ref",
     "add_rms_norm_ref",
     "causal_attention_ref",
     "cross_entropy_ref",
@@ -88,6 +89,14 @@ def add_rms_norm_ref(
     """A pre-norm block's residual add and the RMSNorm after it: (s, rms_norm(s) * w), s = x + r."""
     s = x + r
     return s, rms_norm_ref(s, weight, eps)
+
+
+def add_layer_norm_ref(
+    x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The same for LayerNorm (GPT-2's pre-LN blocks): (s, layer_norm(s) * w + b), s = x + r."""
+    s = x + r
+    return s, layer_norm_ref(s, weight, bias, eps)
 
 
 def linear_ref(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None) -> torch.Tensor:

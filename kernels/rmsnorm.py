@@ -2,9 +2,11 @@
 
 kernel (``_rms_norm_fwd_kernel``, ``_rms_norm_bwd_kernel``) -> launcher (``rms_norm_fwd``,
 ``rms_norm_bwd``) -> ``RMSNormFunction`` -> ``TritonRMSNorm``. Reference:
-:func:`ftlib.reference.rms_norm_ref`. Structure after Liger-Kernel's ``rms_norm.py``
-(linkedin/Liger-Kernel, src/liger_kernel/ops/rms_norm.py): one row per program forward,
-rstd saved, backward in a persistent grid with per-program partial dweight sums.
+:func:`ftlib.reference.rms_norm_ref`. Layering after Liger-Kernel's ``rms_norm.py``
+(linkedin/Liger-Kernel, src/liger_kernel/ops/rms_norm.py): rstd saved in the forward,
+per-program partial dweight sums in the backward. Unlike Liger, each program takes a tile of
+ROWS rows both ways: the measured winner of kernels/dev/rmsnorm_dev.py (v5; the first
+version, one row per program forward and a persistent backward grid, was v3).
 """
 
 from __future__ import annotations
@@ -14,67 +16,74 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, compute_dtype, num_programs, same_device
+from kernels._common import check_tensor, compute_dtype, same_device
 
 MAX_FUSED_BYTES = 65536  # one row must fit in one block (as in Liger); C=256 is far below this
+
+
+ROWS = 4  # rows per program (kernels.jsonl, H200, 8192 x 256 fwd+bwd in a graph: 4 rows 25.7 us, 16 rows 28.4,
+#            one row per program 54; torch.compile 25)
 
 
 @triton.jit
 def _rms_norm_fwd_kernel(
     X, W, Y, RSTD,  # X, Y: (M, N) row-major; W: (N,); RSTD: (M,) fp32/fp64
-    stride_x, stride_y, N, eps,
-    BLOCK_N: tl.constexpr, CD: tl.constexpr,
+    stride_x, stride_y, M, N, eps,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr,
 ):
-    """One row per program:  rstd = 1 / sqrt(mean_j x_j^2 + eps),  y_j = x_j * rstd * w_j.
+    """Rows [pid ROWS, (pid + 1) ROWS):  rstd = 1 / sqrt(mean_j x_j^2 + eps),  y_j = x_j * rstd * w_j.
 
-    Accumulation is in CD (fp32, or fp64 for fp64 inputs) whatever the storage dtype; the
-    product x * rstd * w is formed in CD and rounded once to Y's dtype. rstd is stored for
-    the backward pass so it needs no second reduction over x.
+    A (ROWS, N) tile per program so the loads of several rows are in flight together (one
+    1 KB row per program was latency-bound: kernels/dev/rmsnorm_rows.py). Accumulation is in
+    CD (fp32, or fp64 for fp64 inputs) whatever the storage dtype; the product x * rstd * w
+    is formed in CD and rounded once to Y's dtype. rstd is stored for the backward pass so it
+    needs no second reduction over x.
     """
-    row = tl.program_id(0).to(tl.int64)
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # int64: M * N may exceed 2^31
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    x = tl.load(X + row * stride_x + cols, mask=mask, other=0.0).to(CD)
-    w = tl.load(W + cols, mask=mask, other=0.0).to(CD)
-    mean_sq = tl.sum(x * x, axis=0) / N
-    rstd = 1.0 / tl.sqrt(mean_sq + eps)
-    tl.store(RSTD + row, rstd)
-    tl.store(Y + row * stride_y + cols, (x * rstd * w).to(Y.dtype.element_ty), mask=mask)
+    rmask = rows < M
+    mask = rmask[:, None] & (cols[None, :] < N)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(CD)
+    w = tl.load(W + cols, mask=cols < N, other=0.0).to(CD)
+    rstd = 1.0 / tl.sqrt(tl.sum(x * x, axis=1) / N + eps)  # (ROWS,)
+    tl.store(RSTD + rows, rstd, mask=rmask)
+    tl.store(Y + rows[:, None] * stride_y + cols[None, :], (x * rstd[:, None] * w[None, :]).to(Y.dtype.element_ty),
+             mask=mask)
 
 
 @triton.jit
 def _rms_norm_bwd_kernel(
-    DY, X, W, RSTD, DX, DW_PARTIAL,  # DY, X, DX: (M, N); W: (N,); RSTD: (M,); DW_PARTIAL: (P, N)
-    stride_dy, stride_x, stride_dx, M, N, rows_per_program,
-    BLOCK_N: tl.constexpr, CD: tl.constexpr,
+    DY, X, W, RSTD, DX, DW_PARTIAL,  # DY, X, DX: (M, N); W: (N,); RSTD: (M,); DW_PARTIAL: (cdiv(M, ROWS), N)
+    stride_dy, stride_x, stride_dx, M, N,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr,
 ):
-    """Rows [pid * rows_per_program, ...) of the backward pass, with xhat = x * rstd:
+    """The backward pass for the tile's rows, with xhat = x * rstd:
 
         dx_j = rstd * (dy_j w_j - xhat_j * mean_k(dy_k w_k xhat_k))
-        dw_j = sum_rows dy_j xhat_j      (this program's partial sum, row pid of DW_PARTIAL)
+        dw_j = sum_rows dy_j xhat_j      (this tile's partial sum, row pid of DW_PARTIAL)
 
-    Derivation: y = xhat * w, d rstd / d x_k = -rstd^3 x_k / N. The dweight partial sums
-    stay in registers across the program's rows (Liger's persistent-grid trick), so the
-    final reduction reads only P x N values instead of M x N.
+    Derivation: y = xhat * w, d rstd / d x_k = -rstd^3 x_k / N. The launcher sums the
+    partials (cdiv(M, ROWS) x N values).
     """
-    pid = tl.program_id(0).to(tl.int64)  # int64 row offsets: M * N may exceed 2^31
+    pid = tl.program_id(0)
+    rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
-    mask = cols < N
-    w = tl.load(W + cols, mask=mask, other=0.0).to(CD)
-    dw_acc = tl.zeros((BLOCK_N,), dtype=CD)
-    row_start = pid * rows_per_program
-    row_end = tl.minimum(row_start + rows_per_program, M)
-    for r in range(row_start, row_end):
-        x = tl.load(X + r * stride_x + cols, mask=mask, other=0.0).to(CD)
-        dy = tl.load(DY + r * stride_dy + cols, mask=mask, other=0.0).to(CD)
-        rstd = tl.load(RSTD + r)
-        xhat = x * rstd
-        dyw = dy * w
-        c = tl.sum(dyw * xhat, axis=0) / N
-        dx = rstd * (dyw - xhat * c)
-        tl.store(DX + r * stride_dx + cols, dx.to(DX.dtype.element_ty), mask=mask)
-        dw_acc += dy * xhat
-    tl.store(DW_PARTIAL + pid * N + cols, dw_acc, mask=mask)
+    rmask = rows < M
+    mask = rmask[:, None] & (cols[None, :] < N)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(CD)
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(CD)
+    w = tl.load(W + cols, mask=cols < N, other=0.0).to(CD)
+    rstd = tl.load(RSTD + rows, mask=rmask, other=0.0).to(CD)
+    xhat = x * rstd[:, None]
+    dyw = dy * w[None, :]
+    c = tl.sum(dyw * xhat, axis=1) / N  # (ROWS,)
+    dx = rstd[:, None] * (dyw - xhat * c[:, None])
+    tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dy * xhat, axis=0), mask=cols < N)
+
+
+def _warps(block_n: int) -> int:
+    return min(8, max(1, ROWS * block_n // 1024))
 
 
 def _block_n(x: torch.Tensor) -> int:
@@ -108,11 +117,10 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[tor
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     rstd = torch.empty(M, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
     BLOCK_N = _block_n(x2)
-    num_warps = min(max(BLOCK_N // 256, 1), 8)
     if M > 0:
-        _rms_norm_fwd_kernel[(M,)](
-            x2, weight, y, rstd, x2.stride(0), y.stride(0), N, eps,
-            BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=num_warps,
+        _rms_norm_fwd_kernel[(triton.cdiv(M, ROWS),)](
+            x2, weight, y, rstd, x2.stride(0), y.stride(0), M, N, eps,
+            ROWS=ROWS, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=_warps(BLOCK_N),
         )
     return y.view(x.shape), rstd
 
@@ -133,14 +141,13 @@ def rms_norm_bwd(
     M = x2.shape[0]
     cd = torch.float64 if x.dtype == torch.float64 else torch.float32
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    P = num_programs(x.device, M)
+    P = triton.cdiv(M, ROWS)
     dw_partial = torch.empty((P, N), dtype=cd, device=x.device)
     BLOCK_N = _block_n(x2)
-    num_warps = min(max(BLOCK_N // 256, 1), 8)
     if M > 0:
         _rms_norm_bwd_kernel[(P,)](
             dy2, x2, weight, rstd, dx, dw_partial, dy2.stride(0), x2.stride(0), dx.stride(0),
-            M, N, triton.cdiv(M, P), BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=num_warps,
+            M, N, ROWS=ROWS, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=_warps(BLOCK_N),
         )
         dw = dw_partial.sum(0).to(weight.dtype)
     else:

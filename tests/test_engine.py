@@ -80,7 +80,11 @@ def test_kernels_swapped_where_they_apply():
     assert type(x3.model.head).__name__ == "TritonLinear" and x3.describe()["linear_precision"] == "tf32x3"
     with pytest.raises(ValueError, match="linear_precision"):
         Engine(FT1, B, T, "fp32", "cpu", linear_precision="fp8")
-    assert not Engine(GPT4, B, T, "fp32", "cpu", fuse_residual_norm=True).fuse_residual_norm  # LayerNorm config
+    # The residual add is fused into the next norm by default, LayerNorm too; not without the norm kernel.
+    assert ft.fuse_residual_norm and gpt.fuse_residual_norm and "layernorm" in gpt.notes["residual_norm"]
+    assert not Engine(GPT4, B, T, "fp32", "cpu", {"layernorm": False}).fuse_residual_norm
+    assert not Engine(FT1, B, T, "fp32", "cpu", fuse_residual_norm=False).fuse_residual_norm
+    assert ft.attention_layout == "packed" and ft.describe()["attention_layout"] == "packed"
     with pytest.raises(ValueError, match="attention_layout"):
         Engine(FT1, B, T, "fp32", "cpu", attention_layout="bthd")
     hs8 = Engine(FT1_L2_HS8, B, T, "fp32", "cpu")
@@ -115,15 +119,17 @@ def test_losses_match_reference_training(cfg):
     assert len(r["losses_engine"]) == STEPS and r["captured"] is False
 
 
-@pytest.mark.parametrize("options", [{"attention_layout": "packed", "attention_precision": "ieee"},
-                                     {"attention_precision": "tf32x3", "linear_precision": "tf32x3"},
-                                     {"fuse_residual_norm": True}],
-                         ids=["packed-attention", "3xtf32", "fused-residual-norm"])
-def test_engine_options_train_like_the_reference(options):
-    r = check_against_reference(FT1, steps=3, device="cpu", B=B, T=T, **options)
+@pytest.mark.parametrize("cfg,options", [
+    (FT1, {"attention_layout": "heads", "attention_precision": "ieee"}),
+    (FT1, {"attention_precision": "tf32x3", "linear_precision": "tf32x3"}),
+    (FT1, {"fuse_residual_norm": False}),
+    (GPT4, {"attention_for_explicit": True, "attention_layout": "packed", "fuse_residual_norm": True}),
+], ids=["heads-layout", "3xtf32", "unfused-residual-norm", "gpt2-packed-fused-layernorm"])
+def test_engine_options_train_like_the_reference(cfg, options):
+    r = check_against_reference(cfg, steps=3, device="cpu", B=B, T=T, **options)
     assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL and r["param_rel_err"] <= PARAM_RTOL
     for k, v in options.items():
-        assert r[k] == v
+        assert r[k] == v if k != "attention_for_explicit" else "attention" in r["kernels"]
 
 
 @pytest.mark.parametrize("cfg,op", [(FT1, "rmsnorm"), (FT1, "attention"), (FT1, "cross_entropy"), (FT1, "adamw"),

@@ -1,0 +1,101 @@
+"""Fused residual add + RMSNorm / LayerNorm (kernels/residual_norm.py) vs ftlib.reference, interpreter."""
+
+import os
+
+os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton` (see kernels/README.md)
+
+import pytest  # noqa: E402
+import torch  # noqa: E402
+
+triton = pytest.importorskip("triton")
+
+from kernels._common import interpreter_ready  # noqa: E402
+
+pytestmark = pytest.mark.skipif(not interpreter_ready(), reason="triton imported before TRITON_INTERPRET=1")
+
+from ftlib.reference import add_layer_norm_ref, add_rms_norm_ref  # noqa: E402
+from kernels.residual_norm import AddNormFunction, add_layer_norm, add_norm_fwd, add_rms_norm  # noqa: E402
+
+# kind -> (kernel(x, r, w, b), reference(x, r, w, b), has bias)
+KINDS = {
+    "rms": (lambda x, r, w, b: add_rms_norm(x, r, w, 1e-5), lambda x, r, w, b: add_rms_norm_ref(x, r, w, 1e-5), False),
+    "ln": (lambda x, r, w, b: add_layer_norm(x, r, w, b, 1e-5),
+           lambda x, r, w, b: add_layer_norm_ref(x, r, w, b, 1e-5), True),
+    "ln-nobias": (lambda x, r, w, b: add_layer_norm(x, r, w, None, 1e-5),
+                  lambda x, r, w, b: add_layer_norm_ref(x, r, w, None, 1e-5), False),
+}
+
+
+def _inputs(shape, dtype=torch.float32, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype)  # noqa: E731
+    # A mean offset, so a LayerNorm that forgot to centre (or centred the padding) fails.
+    x, r = (mk(*shape) + 0.7).requires_grad_(True), mk(*shape).requires_grad_(True)
+    w = (1 + 0.1 * mk(shape[-1])).requires_grad_(True)
+    b = (0.1 * mk(shape[-1])).requires_grad_(True)
+    return x, r, w, b, mk(*shape), mk(*shape)
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("use_s", [True, False], ids=["s-and-h-used", "only-h-used"])
+@pytest.mark.parametrize("shape", [(37, 48), (2, 19, 64), (5, 256), (3, 7, 40)])
+def test_outputs_and_every_gradient_match_reference(shape, use_s, kind):
+    fn, ref, has_bias = KINDS[kind]
+    x, r, w, b, ds, dh = _inputs(shape)
+    s, h = fn(x, r, w, b)
+    outs, grads_out = ((s, h), (ds, dh)) if use_s else ((h,), (dh,))
+    params = (x, r, w, b) if has_bias else (x, r, w)
+    got = torch.autograd.grad(outs, params, grads_out)
+    ref_in = [t.detach().double().requires_grad_(True) for t in (x, r, w, b)]
+    sr, hr = ref(*ref_in)
+    ref_outs = (sr, hr) if use_s else (hr,)
+    want = torch.autograd.grad(ref_outs, ref_in[: len(params)], [g.double() for g in grads_out])
+    torch.testing.assert_close(s.double(), sr, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(h.double(), hr, atol=1e-5, rtol=1e-5)
+    for name, a, c in zip(("dx", "dr", "dw", "db"), got, want):
+        torch.testing.assert_close(a.double(), c, atol=1e-4, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+def test_only_s_used_passes_its_gradient_through(kind):
+    fn, _, _ = KINDS[kind]
+    x, r, w, b, ds, _ = _inputs((7, 32))
+    s, _ = fn(x, r, w, b)
+    dx, dr = torch.autograd.grad(s, (x, r), ds)
+    torch.testing.assert_close(dx, ds)
+    torch.testing.assert_close(dr, ds)
+
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_bf16_branch_into_fp32_residual(kind):
+    """Under bf16 autocast the branch output is bf16 and the residual stream fp32."""
+    fn, _, _ = KINDS[kind]
+    x, r, w, b, ds, dh = _inputs((9, 64))
+    rb = r.detach().bfloat16().requires_grad_(True)
+    s, h = fn(x, rb, w, b)
+    assert s.dtype == h.dtype == torch.float32
+    dx, dr = torch.autograd.grad((s, h), (x, rb), (ds, dh))
+    assert dr.dtype == torch.bfloat16
+    torch.testing.assert_close(dr.float(), dx, atol=1e-2, rtol=1e-2)
+
+
+def test_gradcheck_fp64_rms():
+    x, r, w, _, _, _ = _inputs((3, 16), torch.float64)
+    assert torch.autograd.gradcheck(lambda a, c, d: AddNormFunction.apply(a, c, d, None, 1e-5, False), (x, r, w))
+
+
+def test_gradcheck_fp64_layernorm_with_bias():
+    x, r, w, b, _, _ = _inputs((3, 20), torch.float64)  # N=20: padded to 32 columns
+    assert torch.autograd.gradcheck(lambda a, c, d, e: AddNormFunction.apply(a, c, d, e, 1e-5, True), (x, r, w, b))
+
+
+def test_shape_mismatch_raises():
+    with pytest.raises(ValueError, match="one shape"):
+        add_rms_norm(torch.randn(4, 8), torch.randn(4, 9), torch.ones(8))
+    with pytest.raises(ValueError, match="bias"):
+        add_layer_norm(torch.randn(4, 8), torch.randn(4, 8), torch.ones(8), torch.zeros(7))
+
+
+def test_bias_without_layernorm_raises():
+    with pytest.raises(ValueError, match="only defined for LayerNorm"):
+        add_norm_fwd(torch.randn(4, 8), torch.randn(4, 8), torch.ones(8), torch.zeros(8), 1e-5, False)
