@@ -170,7 +170,7 @@ def expected_backend(
     nh, nkv, hs = cfg.n_head, cfg.n_kv_head, cfg.head_size
     same_heads = nkv == nh or cfg.kv_layout in ("expand", "repeat")
     gqa = nkv != nh and cfg.kv_layout == "gqa"
-    dropout = training and cfg.dropout > 0
+    dropout = training and cfg.attn_dropout_p > 0  # on the probabilities
     low = precision in ("bf16", "fp16")
     if capability is None:
         if dropout or not (same_heads or gqa):
@@ -253,7 +253,7 @@ def attention_matrix_traffic(
     backend = backend or expected_backend(cfg, precision, capability, training)
     s = act_bytes(precision)
     one = B * cfg.n_head * T * T * s  # bytes of one (B, nh, T, T) tensor
-    passes = _tt_passes(backend, training and cfg.dropout > 0)
+    passes = _tt_passes(backend, training and cfg.attn_dropout_p > 0)
     reads = sum(p[3] for p in passes)
     writes = sum(p[4] for p in passes)
     per_layer = (reads + writes) * one
@@ -361,7 +361,7 @@ def _attention(
     tt = B * nh * T * T  # elements of one (B, nh, T, T) tensor
     mm_full = 2 * B * nh * T * T * hs  # one of QKᵀ or A·V, full T x T
     mm_causal = mm_full / 2
-    dropout = training and cfg.dropout > 0
+    dropout = training and cfg.attn_dropout_p > 0  # on the probabilities
     passes = _tt_passes(backend, dropout)
 
     def tt_bytes(phase: str, comp: str) -> float:
@@ -455,7 +455,8 @@ def rows(
     s = act_bytes(precision)
     N, C, F, V = B * T, cfg.n_embd, cfg.d_ff, cfg.vocab_size
     kv = cfg.n_kv_head * cfg.head_size
-    dropout = training and cfg.dropout > 0
+    dropout = training and cfg.dropout > 0  # embeddings and residual branches
+    attn_drop = training and cfg.attn_dropout_p > 0  # attention probabilities
     out: list[dict[str, Any]] = []
 
     # ---- embeddings: x = wte[idx] + wpe[:T]
@@ -493,13 +494,13 @@ def rows(
                         saved=N * F * s, note=act))
         out.append(_row(layer, "gelu", "bwd", "elementwise", EW_FLOPS[f"{act}_bwd"] * N * F, 3 * N * F * s))
         out += _linear(layer, "mlp_down", N, F, C, cfg.bias, s)
-        if dropout:
+        if dropout or attn_drop:
             # residual dropouts after out_proj and mlp_down; probabilities' dropout in the
             # explicit / math paths (fused kernels drop in registers with a Philox RNG)
             fused = backend in FUSED_BACKENDS
             tt = B * cfg.n_head * T * T
-            extra_elems = 0 if fused else tt
-            out += _dropout_rows(layer, 2 * N * C + extra_elems, s)
+            extra_elems = 0 if fused or not attn_drop else tt
+            out += _dropout_rows(layer, (2 * N * C if dropout else 0) + extra_elems, s)
 
     out += _norm(None, "final_norm", cfg, N, s)
     out += _linear(None, "head", N, C, V, False, s, params=not cfg.tie_weights)

@@ -82,7 +82,7 @@ class CausalSelfAttention(nn.Module):
         self.head_size = config.n_embd // config.n_head
         self.attn_impl = config.attn_impl
         self.kv_layout = config.kv_layout
-        self.dropout = config.dropout
+        self.dropout = config.attn_dropout_p  # on the attention probabilities
         # One fused projection to [q | k | v]: C + 2 * nkv * hs outputs
         # (256 -> 768 for GPT-2, 256 -> 320 for FastTransformer).
         kv_dim = self.n_kv_head * self.head_size

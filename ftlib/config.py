@@ -43,6 +43,10 @@ class ModelConfig:
     bias: bool = True  # biases in every Linear and in LayerNorm
     activation: str = "gelu_tanh"
     dropout: float = 0.0
+    # Dropout on the attention probabilities; None: the same as ``dropout`` (nanoGPT's choice).
+    # 0 with dropout > 0 keeps the residual/embedding dropout and lets a fused attention kernel
+    # without dropout (kernels/attention.py) run; the speedrun uses it (ftlib.convergence).
+    attn_dropout: float | None = None
     # 'torch': PyTorch's default init (the original GPT-2 baseline);
     # 'normal': every Linear/Embedding weight N(0, 0.02), biases 0 (the original FastTransformer);
     # 'gpt2': 'normal' plus residual projections N(0, 0.02/sqrt(2 n_layer)) (GPT-2 paper sec. 2.3, nanoGPT).
@@ -80,6 +84,8 @@ class ModelConfig:
             )
         if not 0.0 <= self.dropout < 1.0:
             bad.append(f"dropout={self.dropout} must be in [0, 1)")
+        if self.attn_dropout is not None and not 0.0 <= self.attn_dropout < 1.0:
+            bad.append(f"attn_dropout={self.attn_dropout} must be None or in [0, 1)")
         if not self.norm_eps > 0:
             bad.append(f"norm_eps={self.norm_eps} must be positive")
         if bad:
@@ -90,6 +96,11 @@ class ModelConfig:
         return self.n_embd // self.n_head
 
     @property
+    def attn_dropout_p(self) -> float:
+        """The attention-probability dropout in effect (``attn_dropout``, else ``dropout``)."""
+        return self.dropout if self.attn_dropout is None else self.attn_dropout
+
+    @property
     def d_ff(self) -> int:
         return round(self.mlp_ratio * self.n_embd)
 
@@ -98,7 +109,10 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        if d["attn_dropout"] is None:  # added later: left out at its default so stored result keys stay valid
+            del d["attn_dropout"]
+        return d
 
     def config_hash(self) -> str:
         """Short stable hash of every field, used as a cache key for results."""

@@ -205,8 +205,8 @@ def _swap_modules(
                   "(attention_for_explicit=True swaps it too)")
     elif cfg.head_size not in ATTN_HEAD_SIZES:
         reason = f"not applicable: head size {cfg.head_size} not in {ATTN_HEAD_SIZES}"
-    elif cfg.dropout > 0:
-        reason = f"not applicable: the kernel has no attention dropout (dropout={cfg.dropout})"
+    elif cfg.attn_dropout_p > 0:
+        reason = f"not applicable: the kernel has no attention dropout (attention dropout {cfg.attn_dropout_p})"
     elif precision == "fp32" and cfg.attn_impl == "sdpa" and attention_precision is None:
         # Only a measured winner enters the step: in a CUDA graph on the H200 the kernel's
         # strict-fp32 ('ieee', FMA) dots took 743 us fwd+bwd per FastTransformer layer against

@@ -290,3 +290,15 @@ def test_peaks_and_roofline():
     assert sf["floor_s"] >= max(sf["compute_s"], sf["memory_s"]) - 1e-12
     a = achieved(67e12 * 1e-3, 4.8e12 * 1e-3, 2e-3, "NVIDIA H200", "fp32")
     assert math.isclose(a["mfu"], 0.5) and math.isclose(a["bandwidth_utilization"], 0.5)
+
+
+def test_attention_dropout_zero_drops_only_the_probability_passes():
+    from ftlib.accounting import attention_matrix_traffic
+    from ftlib.config import preset as _preset
+
+    both = _preset("gpt2", dropout=0.1)
+    resid_only = both.replace(attn_dropout=0.0)
+    none = both.replace(dropout=0.0)
+    t = {k: attention_matrix_traffic(c, 4, 64, "fp32", backend="math", training=True)
+         for k, c in (("both", both), ("resid", resid_only), ("none", none))}
+    assert t["resid"] == t["none"] != t["both"]

@@ -89,3 +89,29 @@ def test_config_hash_stable_and_distinct():
     assert preset("gpt2").config_hash() == preset("gpt2").config_hash()
     hashes = {preset(n).config_hash() for n in PRESETS}
     assert len(hashes) == len(PRESETS)
+
+
+def test_attention_dropout_defaults_to_dropout_and_keeps_old_hashes():
+    cfg = preset("fasttransformer", dropout=0.1)
+    assert cfg.attn_dropout is None and cfg.attn_dropout_p == 0.1
+    assert "attn_dropout" not in cfg.to_dict()  # stored result keys predate the field
+    split = cfg.replace(attn_dropout=0.0)
+    assert split.attn_dropout_p == 0.0 and split.to_dict()["attn_dropout"] == 0.0
+    assert split.config_hash() != cfg.config_hash()
+    assert ModelConfig(**split.to_dict()) == split
+    with pytest.raises(ValueError, match="attn_dropout=1.5"):
+        cfg.replace(attn_dropout=1.5)
+
+
+def test_attention_dropout_zero_leaves_residual_dropout_on():
+    import torch
+
+    from ftlib.model import build_model
+
+    m = build_model(preset("fasttransformer", n_layer=1, dropout=0.5, attn_dropout=0.0, block_size=16), seed=0)
+    attn = m.blocks[0].attn
+    assert attn.dropout == 0.0 and attn.resid_dropout.p == 0.5
+    m.train()
+    x = torch.randint(0, 65, (2, 16))
+    a, b = m(x)[0], m(x)[0]
+    assert not torch.equal(a, b)  # residual dropout still draws a new mask each call

@@ -227,3 +227,10 @@ def test_grad_clip_equals_clip_grad_norm(use_kernels):
     assert eng.describe()["grad_clip"] == clip
     with pytest.raises(ValueError, match="grad_clip=0"):
         Engine(FT1, B, T, "fp32", "cpu", grad_clip=0)
+
+
+def test_attention_kernel_runs_with_residual_dropout_but_not_attention_dropout():
+    drop = Engine(FT1.replace(dropout=0.1), B, T, "tf32", "cpu")
+    assert not drop.kernels["attention"] and "attention dropout 0.1" in drop.notes["attention"]
+    split = Engine(FT1.replace(dropout=0.1, attn_dropout=0.0), B, T, "tf32", "cpu")
+    assert split.kernels["attention"] and split.model.blocks[0].attn.resid_dropout.p == 0.1
