@@ -9,9 +9,8 @@ the table says which kernels the next engine round should remove or speed up. (T
 ceilings are measured by ``kernels/dev/ceilings.py`` and the attention variants in a graph
 by ``attention_dev.py``, both through ``kernels/dev/suite.py``.)
 
-Not yet run on the H200: the first attempt (2026-12-02) ran it after an attention capture
-in the same process had failed, which left the CUDA generator in capture state; each case
-now runs before anything else is captured.
+The first attempt (2026-12-02) ran it after an attention capture in the same process had
+failed, which left the CUDA generator in capture state; it now runs in a process of its own.
 """
 
 from __future__ import annotations
@@ -73,7 +72,9 @@ def engine_profile(name: str, precision: str, **engine_kw) -> dict:
           f"kernel time {total:.0f} us in {sum(t[1] for t in top):.0f} kernels", flush=True)
     for n, c, us in top[:14]:
         print(f"    {us:8.1f} us  x{c:4.0f}  {n[:110]}", flush=True)
-    return {"op": "engine", "preset": name, "precision": precision,
+    from ftlib.env import provenance
+
+    return {"op": "engine", "preset": name, "precision": precision, **provenance(torch.device("cuda")),
             "engine_kw": {k: str(v) for k, v in engine_kw.items()},
             "describe": eng.describe(), **{f"step_{k}": v for k, v in st.items()}, "kernel_us": total,
             "kernels": [{"name": n[:300], "count": c, "us": us} for n, c, us in top[:60]]}
@@ -92,10 +93,11 @@ def main() -> int:
         path.write_text(json.dumps(rows, indent=1))
 
     t0 = time.time()
-    cases = [("fasttransformer", "fp32", {}), ("fasttransformer", "tf32", {}), ("gpt2", "fp32", {}),
+    # Engine round 4's defaults (packed attention, fused residual-norm): the headline cases first.
+    cases = [("fasttransformer", "tf32", {}), ("fasttransformer", "bf16", {}),
+             ("gpt2", "tf32", {"attention_for_explicit": True}),
              ("fasttransformer", "fp32", {"linear_precision": "tf32x3", "attention_precision": "tf32x3"}),
-             ("gpt2", "fp32", {"linear_precision": "tf32x3"}),
-             ("fasttransformer", "tf32", {"linear_precision": "tf32"})]
+             ("fasttransformer", "fp32", {}), ("gpt2", "fp32", {})]
     for name, prec, kw in cases:
         try:
             rows.append(engine_profile(name, prec, **kw))
