@@ -208,7 +208,7 @@ else:
     show_table(engineview.speedups(erows))
 for v in engineview.verdicts(erows):
     measured = "–" if v["measured"] is None else f"{v['measured']:.2f}x"
-    print(f"{v['device']}: {v['target']}: needed {v['needed']:g}x, measured {measured} -> {v['verdict']}")
+    print(f"{v['device']}: {v['target']} [{v['route']}]: needed {v['needed']:g}x, measured {measured} -> {v['verdict']}")
 
 # %% [markdown]
 # ### What each kernel buys
@@ -231,14 +231,46 @@ else:
 # ### Rounds, and what the measurements changed
 # Every change to the engine starts a new round (`extra['round']` in its rows, `ENGINE_ROUND`
 # in `ci/gpu_bench.py`), measured together with its own baselines; this chapter shows the
-# newest round that has rows. Two of the rows above shaped the engine. In strict fp32 the
-# `-attention` variant (SDPA's memory-efficient kernel) is faster than the full engine: our
-# kernel's FMA dots lose inside a graph (the kernel table in section 2 says by how much), so
-# from round 3 the engine keeps SDPA in strict fp32 and takes our kernel only when asked
-# (`attention_precision`). And strict fp32 is bound by cuBLAS's SIMT matrix products, so the
-# fp32 variants labelled 3xTF32 run attention and the Linear layers on tensor cores at fp32
-# accuracy (`kernels/linear.py`): a different algorithm, labelled as such and left out of the
-# verdicts. What the next round tries, with its predictions, is in `kernels/dev/NOTES.md`.
+# newest round that has rows, and `kernels/dev/NOTES.md` keeps each round's predictions next
+# to its outcomes. What the rows changed:
+#
+# * In strict fp32 the `-attention` variant (SDPA's memory-efficient kernel) beat our kernel's
+#   FMA dots inside a graph (the kernel table in section 2 says by how much), so from round 3
+#   the engine keeps SDPA in strict fp32 and takes our kernel only when asked
+#   (`attention_precision`).
+# * Round 3 measured two layout fusions as variants: attention reading q, k and v straight
+#   from the packed projection output and writing (B, T, C) (`attention_layout='packed'`),
+#   and every residual add fused into the norm after it (`kernels/residual_norm.py`). Both won,
+#   and from round 4 they are the defaults; the `heads layout` and `unfused residual-norm`
+#   variants above measure them against the defaults. Round 4 also fuses the residual add
+#   into GPT-2's LayerNorm and runs RMSNorm on 4-row tiles (the winner of `rmsnorm_dev`).
+# * Strict fp32 is bound by cuBLAS's SIMT matrix products, so the fp32 routes labelled
+#   3xTF32 run attention and the Linear layers on tensor cores at fp32 accuracy
+#   (`kernels/linear.py`). They are a different algorithm, and the verdicts above show them as
+#   their own route, next to the strict step.
+# * GPT-2's headline engine keeps the explicit softmax: that is the model as the post wrote it.
+#   The `+flash-attn` route computes the same function with the attention kernel. It adopts one
+#   of the post's four changes as a kernel, not as a change to the model, and the verdicts
+#   show it as its own route.
+
+# %% [markdown]
+# ### Where the engine's step goes
+# `kernels/dev/engine_probe.py` runs the engine's step uncaptured under `torch.profiler` and
+# sums the CUDA kernel time by kernel. Here that time is grouped into categories
+# (`ftlib.engineview.PROBE_CATEGORIES`), next to the captured step. The graph replays the
+# same kernels without the launch gaps, so the two totals should be close. The largest
+# categories are the next round's targets: the matrix products, which are cuBLAS's own,
+# then the column sums behind weight and bias gradients.
+
+# %%
+prows = ok_rows("engine_probe", include_cpu=MEASURE)
+ptable = engineview.probe_table(prows)
+if ptable:
+    print("Measured on:", provenance_line(prows))
+    show_table(ptable)
+else:
+    print("Not profiled yet: python -m kernels.dev.engine_probe --out DIR on a GPU, then commit DIR/engine_probe.jsonl "
+          "under data/results/<gpu>/.")
 
 # %% [markdown]
 # ### 100 steps against reference training

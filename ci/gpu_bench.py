@@ -175,6 +175,14 @@ def _engine() -> list[Case]:
         Case("gpt2 engine +flash-attn 3xTF32 +linear", configs["gpt2"], 32, 256, "engine", "fp32",
              {**rnd, **x3, **lin, **flash}),
     ]
+    # Added after round 4 ran (measured as variants of round 4): GPT-2's bias gradients on the
+    # Triton column sum (kernels/bias_linear.py), with and without the attention kernel.
+    bias = {"bias_kernel": True}
+    cases += [Case("gpt2 engine +flash-attn +bias-kernel", configs["gpt2"], 32, 256, "engine", prec,
+                   {**rnd, **flash, **bias}) for prec in ("tf32", "bf16")]
+    cases += [Case("gpt2 engine +bias-kernel", configs["gpt2"], 32, 256, "engine", "tf32", {**rnd, **bias}),
+              Case("gpt2 engine +flash-attn 3xTF32 +bias-kernel", configs["gpt2"], 32, 256, "engine", "fp32",
+                   {**rnd, **x3, **flash, **bias})]
     for prec in ("tf32", "fp32"):
         for name, cfg in configs.items():
             ops = [cfg.norm] + (["attention"] if cfg.attn_impl == "sdpa" else []) + [
@@ -258,6 +266,7 @@ def _engine_check(device, deadline: float) -> None:
     store = ResultStore("engine_check", device_slug(device))
     runs = [(prec, name, {}) for prec in ("fp32", "tf32", "bf16") for name in ("gpt2", "fasttransformer")]
     runs += [(prec, "gpt2", {"attention_for_explicit": True}) for prec in ("tf32", "bf16")]
+    runs += [("tf32", "gpt2", {"attention_for_explicit": True, "bias_kernel": True})]
     for prec, name, options in runs:
         cfg = preset(name)
         extra = {"steps": steps, "round": ENGINE_ROUND, **options}  # a new engine round checks again
@@ -267,7 +276,8 @@ def _engine_check(device, deadline: float) -> None:
         if time.monotonic() > deadline - 30:
             print("[engine_check] budget spent", flush=True)
             return
-        label = name + (" +flash-attn" if options else "")
+        label = name + (" +flash-attn" if options.get("attention_for_explicit") else "") + (
+            " +bias-kernel" if options.get("bias_kernel") else "")
         row = {"key": key, "bench": "engine_check", "label": label, "preset": name, "config": cfg.to_dict(),
                "config_hash": cfg.config_hash(), "B": B, "T": T, "mode": "engine", "precision": prec,
                "extra": extra, **provenance(device)}

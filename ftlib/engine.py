@@ -77,7 +77,7 @@ ATTN_HEAD_SIZES = (16, 32, 64, 128)
 WARMUP_STEPS = 3
 # Engine options a benchmark case may carry in its ``extra`` (ftlib.bench's 'engine' mode).
 BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture", "linear_precision", "attention_precision",
-                 "attention_layout", "fuse_residual_norm")
+                 "attention_layout", "fuse_residual_norm", "bias_kernel")
 # 'heads': q/k/v as (B, h, T, hs) views, o transposed back with a copy;
 # 'packed' (the default): kernels.attention.packed_attention reads the qkv output and writes
 # (B, T, C) directly, d(qkv) into one buffer (no layout copies). H200, FT, engine round 3:
@@ -155,7 +155,7 @@ class KernelCausalSelfAttention(nn.Module):
 def _swap_modules(
     model: GPT, want: dict[str, bool], T: int, precision: str, attention_for_explicit: bool,
     runnable: tuple[bool, str], linear_precision: str | None = None, attention_precision: str | None = None,
-    attention_layout: str = "packed",
+    attention_layout: str = "packed", bias_kernel: bool = False,
 ) -> tuple[dict[str, bool], dict[str, str]]:
     """Replace norms and attention cores by kernel modules in place; returns (applied, notes).
 
@@ -235,6 +235,24 @@ def _swap_modules(
             notes["linear"] = f"Triton GEMM, input_precision={linear_precision!r}"
         else:
             notes["linear"] = reason or why_not
+
+    if bias_kernel:
+        # Linears with a bias keep their GEMMs on cuBLAS; only the bias gradient moves to a
+        # Triton column sum (kernels/bias_linear.py: PyTorch's dy.sum(0) was ~5x off bandwidth).
+        if linear_precision is not None:
+            notes["bias"] = "not applied: the Linear layers run on the Triton GEMM (linear_precision)"
+        elif not ok:
+            notes["bias"] = why_not
+        elif not cfg.bias:
+            notes["bias"] = "not applicable: the config has no biases"
+        else:
+            from kernels.bias_linear import BiasLinear
+
+            for parent in list(model.modules()):
+                for name, child in list(parent.named_children()):
+                    if isinstance(child, nn.Linear) and child.bias is not None:
+                        setattr(parent, name, BiasLinear(child))
+            notes["bias"] = "bias gradients on the Triton column sum (kernels/bias_linear.py)"
 
     if not blocked("embedding", None):
         from kernels.embedding import ScatterEmbedding
@@ -323,6 +341,8 @@ class Engine:
     ``ATTENTION_LAYOUTS`` (default 'packed'). ``fuse_residual_norm`` (default on): every residual
     add and the norm after it (RMSNorm or LayerNorm) in one kernel each way
     (:func:`forward_fused_residual_norm`; round 3 on the H200, FT tf32: 2.83 -> 2.44 ms).
+    ``bias_kernel``: Linear layers with a bias compute its gradient with the Triton column sum
+    of ``kernels/bias_linear.py`` (GEMMs stay on cuBLAS); off until measured on a GPU.
     Optimizer: AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
     ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
     ``ftlib.train.make_optimizer``. ``grad_clip``: clip the global gradient norm to this
@@ -355,6 +375,7 @@ class Engine:
         attention_precision: str | None = None,
         attention_layout: str = "packed",
         fuse_residual_norm: bool = True,
+        bias_kernel: bool = False,
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
         cfg.check_sequence(T)
@@ -386,7 +407,7 @@ class Engine:
         self.model.train()
         self.kernels, self.notes = _swap_modules(
             self.model, self.requested, self.T, precision, attention_for_explicit, _kernels_runnable(dev),
-            linear_precision, attention_precision, attention_layout,
+            linear_precision, attention_precision, attention_layout, bias_kernel,
         )
         if fuse_residual_norm:
             ok, why_not = _kernels_runnable(dev)
@@ -561,6 +582,7 @@ class Engine:
             "attention_precision": self.attention_precision,
             "attention_layout": self.attention_layout if self.kernels["attention"] else None,
             "fuse_residual_norm": self.fuse_residual_norm,
+            "bias_kernel": self.notes.get("bias", "").startswith("bias gradients"),
         }
 
 

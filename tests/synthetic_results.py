@@ -64,6 +64,28 @@ def write_engine_rows(root: Path) -> None:
         for suffix, ms in variants.items():
             store.append(_step_row("engine", model, "fp32", "engine", ms, label=f"{model} engine {suffix}",
                                    extra={"variant": suffix}))
+    # An alternative route to a target (engineview.ALTERNATIVES): GPT-2 tf32 with the attention
+    # kernel, faster than compile-ro (4.8) where the headline engine (5.0) is not.
+    store.append(_step_row("engine", "gpt2", "tf32", "engine", ALT_GPT2_TF32_MS, label="gpt2 engine +flash-attn",
+                           extra={"attention_for_explicit": True}))
+
+
+ALT_GPT2_TF32_MS = 4.2
+
+
+def write_probe_rows(root: Path) -> None:
+    """Two profiled engine steps (kernels/dev/engine_probe.py's rows)."""
+    store = ResultStore("engine_probe", SLUG, root)
+    kernels = [{"name": "sm90_xmma_gemm_f32f32_tf32f32", "count": 24, "us": 900.0},
+               {"name": "_attn_bwd_dkdv_kernel", "count": 6, "us": 250.0},
+               {"name": "_add_norm_fwd_kernel", "count": 12, "us": 100.0},
+               {"name": "void at::native::reduce_kernel<128, 4>", "count": 26, "us": 200.0},
+               {"name": "_adamw_kernel", "count": 1, "us": 20.0},
+               {"name": "some_new_kernel", "count": 1, "us": 30.0}]
+    for prec in ("tf32", "bf16"):
+        store.append({"key": f"engine_probe|fasttransformer|{prec}", "bench": "engine_probe",
+                      "label": "fasttransformer", "status": "ok", "preset": "fasttransformer", "precision": prec,
+                      "B": 32, "T": 256, "step_median_us": 1600.0, "kernel_us": 1500.0, "kernels": kernels, **PROV})
 
 
 def losses(start: float, steps: int, wiggle: float) -> list[float]:
@@ -135,6 +157,7 @@ def write_kernel_rows(root: Path) -> None:
 def write_all(root: Path) -> Path:
     write_step_rows(root)
     write_engine_rows(root)
+    write_probe_rows(root)
     write_check_rows(root)
     write_kernel_rows(root)
     return root

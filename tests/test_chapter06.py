@@ -25,8 +25,10 @@ def _run(results: Path) -> str:
 def test_chapter_with_synthetic_rows(tmp_path):
     out = _run(write_all(tmp_path / "results"))
     assert NOT_MEASURED not in out and "not measured yet" not in out.lower()
-    assert "h200: FastTransformer engine >= 1.5x compile-ro, fp32: needed 1.5x, measured 1.67x -> met" in out
-    assert "FastTransformer engine >= 1.5x compile-ro, tf32: needed 1.5x, measured 1.30x -> not met" in out
+    assert "h200: FastTransformer engine >= 1.5x compile-ro, fp32 [engine]: needed 1.5x, measured 1.67x -> met" in out
+    assert "FastTransformer engine >= 1.5x compile-ro, tf32 [engine]: needed 1.5x, measured 1.30x -> not met" in out
+    assert "GPT-2 engine faster than compiled GPT-2, tf32 [+flash-attn]: needed 1x, measured 1.14x -> met" in out
+    assert "Not profiled yet" not in out
     assert "fastest in a graph is v3 triton" in out
     assert out.count("<Figure:") == 3  # kernels, Figure 1 extended, loss agreement
 
@@ -34,4 +36,4 @@ def test_chapter_with_synthetic_rows(tmp_path):
 def test_chapter_without_rows(tmp_path):
     out = _run(tmp_path / "empty")
     assert out.count(NOT_MEASURED) == 3 and "Ceilings not measured yet" in out and "<Figure:" not in out
-    assert "Step rows not measured yet" in out
+    assert "Step rows not measured yet" in out and "Not profiled yet" in out

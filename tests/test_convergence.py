@@ -116,3 +116,20 @@ def test_speedrun_smoke_runs_engine_candidates_and_extra_seeds(tmp_path, monkeyp
     eng = [r for r in rows if r["execution"] == "engine"]
     assert len(eng) >= 5 and all(r["engine"] is not None and r["startup_s"] > 0 for r in eng)
     assert run_suites(["speedrun"], "cpu", smoke=True) == []  # resumable: nothing left
+
+
+def test_speedrun_verdict_matches_seeds_and_picks_the_fastest_steady_candidate():
+    from ftlib.convergence import speedrun_verdict
+
+    rows = [_row(REFERENCE, 0, 40.0), _row(REFERENCE, 1, 26.0, startup=15.0), _row(REFERENCE, 2, 10.0, startup=0.1),
+            # "slow" is faster with startup counted, but slower in steady state
+            _row("slow", 0, 9.0, startup=1.0), _row("slow", 1, 9.0, startup=1.0),
+            _row("fast", 0, 10.0, startup=6.0), _row("fast", 1, 4.1, startup=0.1), _row("fast", 2, 3.4, startup=0.1),
+            _row("never", 0, None, startup=1.0)]
+    v = speedrun_verdict(rows)
+    assert v["candidate"] == "fast"
+    assert v["seeds excl. startup"] == [1, 2]  # the reference's seed 0 predates the startup field
+    assert v["speed-up excl. startup"] == pytest.approx((11.0 + 9.9) / (4.0 + 3.3))
+    assert v["speed-up incl. startup"] == pytest.approx((40 + 26 + 10) / (10 + 4.1 + 3.4))
+    assert v["verdict excl. startup"] == "not met" and v["verdict incl. startup"] == "met"
+    assert speedrun_verdict([r for r in rows if r["model"] != REFERENCE]) is None

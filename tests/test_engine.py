@@ -124,7 +124,8 @@ def test_losses_match_reference_training(cfg):
     (FT1, {"attention_precision": "tf32x3", "linear_precision": "tf32x3"}),
     (FT1, {"fuse_residual_norm": False}),
     (GPT4, {"attention_for_explicit": True, "attention_layout": "packed", "fuse_residual_norm": True}),
-], ids=["heads-layout", "3xtf32", "unfused-residual-norm", "gpt2-packed-fused-layernorm"])
+    (GPT4, {"attention_for_explicit": True, "bias_kernel": True}),
+], ids=["heads-layout", "3xtf32", "unfused-residual-norm", "gpt2-packed-fused-layernorm", "gpt2-bias-kernel"])
 def test_engine_options_train_like_the_reference(cfg, options):
     r = check_against_reference(cfg, steps=3, device="cpu", B=B, T=T, **options)
     assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL and r["param_rel_err"] <= PARAM_RTOL
@@ -227,6 +228,16 @@ def test_grad_clip_equals_clip_grad_norm(use_kernels):
     assert eng.describe()["grad_clip"] == clip
     with pytest.raises(ValueError, match="grad_clip=0"):
         Engine(FT1, B, T, "fp32", "cpu", grad_clip=0)
+
+
+def test_bias_kernel_swaps_only_linears_with_a_bias():
+    gpt = Engine(GPT4, B, T, "fp32", "cpu", bias_kernel=True)
+    assert type(gpt.model.blocks[0].attn.qkv).__name__ == "BiasLinear" and gpt.describe()["bias_kernel"]
+    assert type(gpt.model.head).__name__ == "Linear"  # the head has no bias
+    ft = Engine(FT1, B, T, "fp32", "cpu", bias_kernel=True)
+    assert "no biases" in ft.notes["bias"] and not ft.describe()["bias_kernel"]
+    x3 = Engine(GPT4, B, T, "fp32", "cpu", bias_kernel=True, linear_precision="tf32x3")
+    assert "Triton GEMM" in x3.notes["bias"]
 
 
 def test_attention_kernel_runs_with_residual_dropout_but_not_attention_dropout():

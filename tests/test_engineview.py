@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from synthetic_results import ENGINE_MS, STEP_MS, VARIANT_MS, write_all
+from synthetic_results import ALT_GPT2_TF32_MS, ENGINE_MS, STEP_MS, VARIANT_MS, write_all
 
 from ftlib import engineview
 from ftlib.benchview import ok_rows
@@ -18,7 +18,7 @@ def rows(tmp_path, monkeypatch):
 
 
 def test_verdicts_follow_the_rows(rows):
-    got = {v["target"]: v for v in engineview.verdicts(rows["engine"])}
+    got = {v["target"]: v for v in engineview.verdicts(rows["engine"]) if v["route"] == "engine"}
     assert got["FastTransformer engine >= 1.5x compile-ro, fp32"]["verdict"] == "met"
     assert got["FastTransformer engine >= 1.5x compile-ro, tf32"]["verdict"] == "not met"
     assert got["GPT-2 engine faster than compiled GPT-2, fp32"]["verdict"] == "met"
@@ -26,6 +26,24 @@ def test_verdicts_follow_the_rows(rows):
     ft = ENGINE_MS[("fasttransformer", "fp32")]
     assert got["FastTransformer engine >= 1.5x compile-ro, fp32"]["measured"] == pytest.approx(
         ft["compile-ro"] / ft["engine"])
+
+
+def test_alternative_routes_get_their_own_verdict(rows):
+    alt = [v for v in engineview.verdicts(rows["engine"]) if v["route"] != "engine"]
+    assert [(v["target"], v["route"], v["verdict"]) for v in alt] == [
+        ("GPT-2 engine faster than compiled GPT-2, tf32", "+flash-attn", "met")]
+    assert alt[0]["measured"] == pytest.approx(ENGINE_MS[("gpt2", "tf32")]["compile-ro"] / ALT_GPT2_TF32_MS)
+
+
+def test_probe_table_groups_kernel_time_by_category(tmp_path, monkeypatch, rows):
+    table = engineview.probe_table(ok_rows("engine_probe"))
+    assert [t["precision"] for t in table] == ["tf32", "bf16"]
+    t = table[0]
+    assert (t["matmul"], t["attention"], t["norms"], t["reductions (sums)"], t["optimizer"], t["other"]) == (
+        900.0, 250.0, 100.0, 200.0, 20.0, 30.0)
+    assert t["largest"] == "matmul" and t["largest share"] == pytest.approx(900 / 1500)
+    assert engineview.probe_category("fmha_cutlassB_f32_aligned_64x64") == "attention"
+    assert engineview.probe_category("Memcpy DtoD (Device -> Device)") == "copies and casts"
 
 
 def test_verdicts_without_rows_say_not_measured():

@@ -1,6 +1,9 @@
 """Where the engine's step goes: its kernels by name, next to the captured step's time.
 
-    python -m kernels.dev.engine_probe --out DIR     (GPU only; writes DIR/engine_probe.json)
+    python -m kernels.dev.engine_probe --out DIR     (GPU only; writes DIR/engine_probe.jsonl)
+
+Rows (one per case, ``bench='engine_probe'``) are committed as data/results/<gpu>/engine_probe.jsonl
+and read by chapter 6 (``ftlib.engineview.probe_table``).
 
 Per case, the captured engine step is timed (median of 50 replays), then an uncaptured engine
 of the same configuration runs three steps under torch.profiler and the CUDA kernel time is
@@ -74,7 +77,10 @@ def engine_profile(name: str, precision: str, **engine_kw) -> dict:
         print(f"    {us:8.1f} us  x{c:4.0f}  {n[:110]}", flush=True)
     from ftlib.env import provenance
 
-    return {"op": "engine", "preset": name, "precision": precision, **provenance(torch.device("cuda")),
+    label = name + "".join(f" {k}={v}" for k, v in engine_kw.items())
+    return {"key": f"engine_probe|{label}|{precision}|B32|T256", "bench": "engine_probe", "label": label,
+            "status": "ok", "B": 32, "T": 256,
+            "op": "engine", "preset": name, "precision": precision, **provenance(torch.device("cuda")),
             "engine_kw": {k: str(v) for k, v in engine_kw.items()},
             "describe": eng.describe(), **{f"step_{k}": v for k, v in st.items()}, "kernel_us": total,
             "kernels": [{"name": n[:300], "count": c, "us": us} for n, c, us in top[:60]]}
@@ -87,10 +93,10 @@ def main() -> int:
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     rows: list[dict] = []
-    path = out / "engine_probe.json"
+    path = out / "engine_probe.jsonl"
 
     def save():
-        path.write_text(json.dumps(rows, indent=1))
+        path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     t0 = time.time()
     # Engine round 4's defaults (packed attention, fused residual-norm): the headline cases first.
@@ -102,7 +108,9 @@ def main() -> int:
         try:
             rows.append(engine_profile(name, prec, **kw))
         except Exception as e:
-            rows.append({"op": "engine", "preset": name, "precision": prec,
+            rows.append({"key": f"engine_probe|{name}|{prec}|error", "bench": "engine_probe", "label": name,
+                         "status": "error", "op": "engine",
+                         "preset": name, "precision": prec,
                          "error": f"{type(e).__name__}: {e}"[:500]})
             print(rows[-1], flush=True)
         save()

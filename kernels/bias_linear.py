@@ -1,0 +1,206 @@
+"""Linear layer with its GEMMs on cuBLAS and its bias gradient on a Triton column-sum kernel.
+
+kernel (``_col_sum_kernel``) -> launcher (``bias_grad``) -> ``BiasLinearFunction`` ->
+:func:`bias_linear` -> ``BiasLinear``. Reference: ``torch.nn.functional.linear``
+(:func:`ftlib.reference.linear_ref`).
+
+Why: in GPT-2 every ``nn.Linear`` has a bias. With x (M, K) = (B*T, K) = (8192, 256) and N in
+{768, 256, 1024, 256}, profiling the engine on the H200 showed PyTorch computing each bias
+gradient ``dy.sum(0)`` with a generic column reduction at ~13-20 us per call (~470 us per
+training step over 24 Linears), ~5x off the memory floor. Here the three GEMMs stay on
+``F.linear`` / ``torch.mm`` (cuBLAS: speed and numerics of the matmuls unchanged) and only the
+bias gradient moves to Triton.
+
+With x (M, K), W (N, K), b (N,), dy (M, N):
+    forward   y  = x W^T + b                       F.linear
+    backward  dx = dy W                            torch.mm, (M, N) @ (N, K)
+              dW = dy^T x                          torch.mm, (N, M) @ (M, K)
+              db = sum_rows dy                     two stages:
+                   P[s, n] = sum_{m in split s} dy[m, n]      (Triton, S row splits x N/BLOCK_N
+                                                               column blocks, fp32 accumulation)
+                   db[n]   = sum_s P[s, n]                    (torch, a small (S, N) tensor)
+
+A column sum over a tall (M, N) matrix has only N/BLOCK_N independent column blocks (2-16 for
+GPT-2 at BLOCK_N = 64), far fewer than the SMs; splitting the rows into S parts gives ~2
+programs per SM, each streaming BLOCK_M x BLOCK_N tiles, and the second stage reads only S x N
+partials. The partials are summed in a fixed order, so db is deterministic (no atomics).
+
+Autocast: F.linear is on autocast's lower-precision list. ``BiasLinearFunction.forward`` mirrors
+that itself (casts x, W, b to the autocast dtype, fp64 excepted, and runs F.linear with autocast
+off), saves the cast tensors so the backward GEMMs run in that dtype as autocast's would, and
+returns each gradient in its input's original dtype. db is accumulated in fp32 from the bf16
+dy and written straight in the bias dtype (no intermediate bf16 rounding).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+import triton
+import triton.language as tl
+from torch.autograd.function import once_differentiable
+
+from kernels._common import FLOAT_DTYPES, check_tensor, compute_dtype, interpret_mode, same_device
+
+# (BLOCK_M, BLOCK_N, num_warps). GPU: 64 columns are 128 B (bf16) / 256 B (fp32) per row,
+# whole cache lines, and 64 columns keep enough column blocks that the row splits stay a few
+# tiles deep at GPT-2's N = 256. Interpreter: small blocks so odd test shapes span several
+# tiles and column blocks, and the numpy emulation stays fast.
+_GPU_BLOCKS = (32, 64, 4)
+_CPU_BLOCKS = (8, 16, 1)
+MIN_TILES_PER_SPLIT = 4  # fewer BLOCK_M tiles per split and the partials cost more than they save
+
+
+@triton.jit
+def _col_sum_kernel(DY, P, M, N, stride_m, stride_n, rows_per_split,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
+    """P[ps, c] = sum_{m in [ps rows_per_split, min((ps+1) rows_per_split, M))} DY[m, c] for the
+    BLOCK_N columns c of program (pn, ps), accumulated in CD (fp32; fp64 for fp64 DY).
+
+    DY is (M, N) with any strides (coalesced when stride_n == 1); P is (S, N) contiguous in CD.
+    Tiles of BLOCK_M rows are added elementwise into a (BLOCK_M, BLOCK_N) register
+    accumulator and reduced over rows once at the end: one cross-thread reduction per
+    program instead of one per tile.
+    """
+    pn = tl.program_id(0)
+    ps = tl.program_id(1)
+    cols = pn * BLOCK_N + tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    r0 = ps * rows_per_split
+    r1 = tl.minimum(r0 + rows_per_split, M)
+    acc = tl.zeros((BLOCK_M, BLOCK_N), CD)
+    for m in range(r0, r1, BLOCK_M):
+        rows = (m + tl.arange(0, BLOCK_M)).to(tl.int64)  # int64: M * stride_m may pass 2^31
+        mask = (rows[:, None] < r1) & cmask[None, :]
+        acc += tl.load(DY + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0).to(CD)
+    tl.store(P + ps * N + cols, tl.sum(acc, axis=0), mask=cmask)
+
+
+def _num_splits(M: int, N: int, block_m: int, block_n: int, device: torch.device) -> int:
+    """Row splits S: S * cdiv(N, block_n) ~ 2 programs per SM, each split >= MIN_TILES_PER_SPLIT tiles."""
+    if device.type == "cuda":
+        sms = torch.cuda.get_device_properties(device).multi_processor_count
+        target = triton.cdiv(2 * sms, triton.cdiv(N, block_n))
+    else:
+        target = 2  # interpreter: still exercises the partials and the second stage
+    return max(1, min(target, triton.cdiv(M, block_m) // MIN_TILES_PER_SPLIT))
+
+
+def bias_grad(dy2d: torch.Tensor, out_dtype: torch.dtype, splits: int | None = None) -> torch.Tensor:
+    """Column sums of dy2d (M, N) -> (N,) in ``out_dtype``, accumulated in fp32 (fp64 for fp64).
+
+    dy2d may be a strided view (its last dim should be unit-stride for coalesced loads).
+    ``splits``: row splits S (None: ~2 programs per SM, see :func:`_num_splits`); the (S, N)
+    partials are summed by torch.
+    """
+    check_tensor("dy2d", dy2d, ndim=2, contiguous=False)
+    if out_dtype not in FLOAT_DTYPES:
+        raise TypeError(f"out_dtype is {out_dtype}; expected one of {[str(d) for d in FLOAT_DTYPES]}")
+    if splits is not None and int(splits) < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
+    M, N = dy2d.shape
+    if M == 0 or N == 0:
+        return torch.zeros(N, dtype=out_dtype, device=dy2d.device)
+    block_m, block_n, num_warps = _CPU_BLOCKS if interpret_mode() else _GPU_BLOCKS
+    S = _num_splits(M, N, block_m, block_n, dy2d.device) if splits is None else int(splits)
+    # Whole tiles per split, then drop the splits that would start past M.
+    rows_per_split = triton.cdiv(triton.cdiv(M, S), block_m) * block_m
+    S = triton.cdiv(M, rows_per_split)
+    acc_dtype = torch.float64 if dy2d.dtype == torch.float64 else torch.float32
+    partials = torch.empty((S, N), dtype=acc_dtype, device=dy2d.device)  # (S, N)
+    _col_sum_kernel[(triton.cdiv(N, block_n), S)](
+        dy2d, partials, M, N, dy2d.stride(0), dy2d.stride(1), rows_per_split,
+        BLOCK_M=block_m, BLOCK_N=block_n, CD=compute_dtype(dy2d.dtype), num_warps=num_warps)
+    db = partials[0] if S == 1 else partials.sum(0)  # (N,)
+    return db.to(out_dtype)
+
+
+def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
+    for name, t in (("x", x), ("weight", weight), ("bias", bias)):
+        if not isinstance(t, torch.Tensor):
+            raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+    # Devices first, so that a mix is reported as a mix rather than as one unsupported device.
+    same_device(("x", x), ("weight", weight), ("bias", bias))
+    check_tensor("x", x, contiguous=False)
+    check_tensor("weight", weight, ndim=2, contiguous=False)
+    check_tensor("bias", bias, ndim=1, contiguous=False)
+    if x.dim() < 1 or x.shape[-1] != weight.shape[1]:
+        raise ValueError(f"x's last dim must equal weight's in_features {weight.shape[1]}; x is {tuple(x.shape)}")
+    if bias.shape[0] != weight.shape[0]:
+        raise ValueError(f"bias must be ({weight.shape[0]},) to match weight {tuple(weight.shape)}, "
+                         f"got {tuple(bias.shape)}")
+
+
+def _autocast_cast(t: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    # Autocast leaves fp64 tensors alone (they are not "eligible"); so does this.
+    return t if t.dtype == torch.float64 else t.to(dtype)
+
+
+class BiasLinearFunction(torch.autograd.Function):
+    """y = x W^T + b; forward, dx and dW on F.linear / torch.mm, db on :func:`bias_grad`.
+
+    Saves x and W (as F.linear does), in the dtype the GEMMs ran in (the autocast dtype
+    under autocast).
+    """
+
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        _check(x, weight, bias)
+        dev = x.device.type
+        ctx.dev = dev
+        ctx.dtypes = (x.dtype, weight.dtype, bias.dtype)
+        if torch.is_autocast_enabled(dev):
+            dtype = torch.get_autocast_dtype(dev)
+            x, weight, bias = (_autocast_cast(t, dtype) for t in (x, weight, bias))
+        if not x.dtype == weight.dtype == bias.dtype:
+            raise TypeError(f"x, weight and bias must share a dtype, got {x.dtype}, {weight.dtype}, {bias.dtype}")
+        with torch.autocast(dev, enabled=False):  # already cast; F.linear must not cast again
+            y = F.linear(x, weight, bias)
+        ctx.save_for_backward(x, weight)
+        return y
+
+    @staticmethod
+    @once_differentiable  # db comes from a Triton kernel autograd cannot see through
+    def backward(ctx, dy):
+        x, weight = ctx.saved_tensors
+        x_dtype, w_dtype, b_dtype = ctx.dtypes
+        N, K = weight.shape
+        dy2 = dy.reshape(-1, N)  # (M, N)
+        dx = dw = db = None
+        # A CPU backward called inside an autocast region would otherwise recast the GEMMs.
+        with torch.autocast(ctx.dev, enabled=False):
+            if ctx.needs_input_grad[0]:
+                dx = (dy2 @ weight).view(x.shape).to(x_dtype)  # (M, N) @ (N, K) -> (M, K) -> x's shape
+            if ctx.needs_input_grad[1]:
+                dw = (dy2.t() @ x.reshape(-1, K)).to(w_dtype)  # (N, M) @ (M, K) -> (N, K)
+        if ctx.needs_input_grad[2]:
+            db = bias_grad(dy2, b_dtype)  # (N,)
+        return dx, dw, db
+
+
+def bias_linear(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> torch.Tensor:
+    """``F.linear(x, weight, bias)`` whose bias gradient is the Triton column sum (bias required)."""
+    return BiasLinearFunction.apply(x, weight, bias)
+
+
+class BiasLinear(nn.Module):
+    """Thin module: takes over an ``nn.Linear``'s Parameters (same objects) and runs them on
+    :func:`bias_linear`. A Linear without a bias is rejected: there is no bias gradient to speed up."""
+
+    def __init__(self, lin: nn.Linear) -> None:
+        super().__init__()
+        if not isinstance(lin, nn.Linear):
+            raise TypeError(f"BiasLinear wraps an nn.Linear, got {type(lin).__name__}")
+        if lin.bias is None:
+            raise ValueError("BiasLinear needs an nn.Linear with a bias (bias=False leaves nothing to "
+                             "speed up; keep the plain nn.Linear)")
+        self.weight = lin.weight
+        self.bias = lin.bias
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return bias_linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, bias=True"
