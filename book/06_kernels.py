@@ -208,7 +208,8 @@ else:
     show_table(engineview.speedups(erows))
 for v in engineview.verdicts(erows):
     measured = "–" if v["measured"] is None else f"{v['measured']:.2f}x"
-    print(f"{v['device']}: {v['target']} [{v['route']}]: needed {v['needed']:g}x, measured {measured} -> {v['verdict']}")
+    print(f"{v['device']}: {v['target']} [{v['route']}]: needed {v['needed']:g}x, measured {measured} "
+          f"-> {v['verdict']}")
 
 # %% [markdown]
 # ### What each kernel buys

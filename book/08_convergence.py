@@ -191,7 +191,8 @@ else:
     show_table([
         {"model": r["model"], "seed": r["seed"], "execution": r.get("execution", f"compile {r['recipe']['compile']}"),
          "precision": r["recipe"]["precision"], "B": r["recipe"]["batch_size"], "lr": r["recipe"]["lr"],
-         "dropout": r["config"]["dropout"], "attn dropout": r["config"].get("attn_dropout"), "startup s": r.get("startup_s"),
+         "dropout": r["config"]["dropout"], "attn dropout": r["config"].get("attn_dropout"),
+         "startup s": r.get("startup_s"),
          "steps to target": r.get("steps_to_target"), "time to target s": r.get("time_to_target_s"),
          "excl. startup s": r.get("time_to_target_excl_startup_s"), "best val loss": r["best_val_loss"]}
         for r in sorted(ok_speed, key=lambda r: (r["model"], r["seed"]))

@@ -239,8 +239,9 @@ def loss_table(check_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per device, model, precision: the 100-step check's agreement (max relative loss error vs rtol),
     newest engine round only."""
     out = []
-    for r in sorted(latest_round(check_rows), key=lambda r: (r["device_slug"], ("fp32", "tf32", "bf16").index(r["precision"])
-                                                 if r["precision"] in ("fp32", "tf32", "bf16") else 9, r["label"])):
+    order = ("fp32", "tf32", "bf16")
+    for r in sorted(latest_round(check_rows), key=lambda r: (
+            r["device_slug"], order.index(r["precision"]) if r["precision"] in order else 9, r["label"])):
         ref = r.get("losses_ref") or []
         out.append({"device": r["device_slug"], "model": r["label"], "precision": r["precision"],
                     "steps": r.get("steps"), "ref loss first": ref[0] if ref else None,
