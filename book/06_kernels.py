@@ -254,6 +254,16 @@ else:
 #   of the post's four changes as a kernel, not as a change to the model, and the verdicts
 #   show it as its own route.
 
+# %%
+rtable = engineview.rounds_table(erows)
+if rtable:
+    show_table(rtable, ["device", "round", "model", "precision", "engine ms", "compile-ro ms",
+                        "engine over compile-ro", "changed"])
+    for dev in sorted({t["device"] for t in rtable}):
+        show(engineview.rounds_figure(rtable, dev), f"engine-rounds-{dev}")
+else:
+    print(engineview.NOT_MEASURED)
+
 # %% [markdown]
 # ### Where the engine's step goes
 # `kernels/dev/engine_probe.py` runs the engine's step uncaptured under `torch.profiler` and

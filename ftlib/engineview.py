@@ -330,3 +330,57 @@ def probe_table(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         line["largest share"] = (by[line["largest"]] / total) if by and total else None
         out.append(line)
     return out
+
+
+# What each engine round changed (ENGINE_ROUND in ci/gpu_bench.py; kernels/dev/NOTES.md has
+# each round's predictions next to its outcomes).
+ROUND_CHANGES = {
+    1: "kernels swapped in, flat AdamW, the whole step in one CUDA graph",
+    2: "dK/dV split over the MQA group, scatter-add embedding backward, 3xTF32 options",
+    3: "strict fp32 keeps SDPA's attention; packed attention and fused residual-norm as variants",
+    4: "packed attention and fused residual-norm by default, also into LayerNorm; 4-row RMSNorm tiles",
+}
+
+
+def rounds_table(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per device, round, model and precision: the headline engine against compile-ro of the same
+    round (each round measured with its own baselines), with what the round changed."""
+    rows = [r for r in engine_rows if r.get("B") == SHAPE["B"] and r.get("T") == SHAPE["T"]]
+    out = []
+    for dev in sorted({r["device_slug"] for r in rows}):
+        for rnd in sorted({_round(r) for r in rows if r["device_slug"] == dev}):
+            these = [r for r in rows if r["device_slug"] == dev and _round(r) == rnd]
+            for model in MODELS:
+                for prec in ("fp32", "tf32", "bf16"):
+                    e = pick(these, label=model, mode="engine", precision=prec)
+                    ro = pick(these, label=model, mode="compile-ro", precision=prec)
+                    if e is None:
+                        continue
+                    out.append({"device": dev, "round": rnd, "model": model, "precision": prec,
+                                "engine ms": e["median_ms"], "compile-ro ms": ro and ro["median_ms"],
+                                "engine over compile-ro": ro and ro["median_ms"] / e["median_ms"],
+                                "changed": ROUND_CHANGES.get(rnd, ""), "commit": e.get("commit")})
+    return out
+
+
+def rounds_figure(table: list[dict[str, Any]], device: str) -> go.Figure:
+    """Engine step time per round (solid) against compile-ro of the same round (dotted)."""
+    fig = go.Figure()
+    colors = {"fasttransformer": "#1f77b4", "gpt2": "#d62728"}
+    dash = {"fp32": "solid", "tf32": "dash", "bf16": "dot"}
+    symbol = {"fp32": "x", "tf32": "diamond-open", "bf16": "circle-open"}
+    for model in MODELS:
+        for prec in ("fp32", "tf32", "bf16"):
+            pts = [t for t in table if t["device"] == device and t["model"] == model and t["precision"] == prec]
+            if not pts:
+                continue
+            fig.add_trace(go.Scatter(x=[t["round"] for t in pts], y=[t["engine ms"] for t in pts],
+                                     mode="lines+markers", name=f"{model} {prec} engine",
+                                     line=dict(color=colors[model], dash=dash[prec])))
+            ro = [t for t in pts if t["compile-ro ms"]]
+            fig.add_trace(go.Scatter(x=[t["round"] for t in ro], y=[t["compile-ro ms"] for t in ro], mode="markers",
+                                     name=f"{model} {prec} compile-ro", marker=dict(color=colors[model], symbol=symbol[prec], size=9),
+                                     showlegend=True))
+    fig.update_layout(height=450, xaxis=dict(title="engine round", dtick=1), yaxis_title="ms per step",
+                      title=f"The engine round by round against compile-ro of the same run, {device}")
+    return fig

@@ -30,10 +30,10 @@ def test_chapter_with_synthetic_rows(tmp_path):
     assert "GPT-2 engine faster than compiled GPT-2, tf32 [+flash-attn]: needed 1x, measured 1.14x -> met" in out
     assert "Not profiled yet" not in out
     assert "fastest in a graph is v3 triton" in out
-    assert out.count("<Figure:") == 3  # kernels, Figure 1 extended, loss agreement
+    assert out.count("<Figure:") == 4  # kernels, Figure 1 extended, engine rounds, loss agreement
 
 
 def test_chapter_without_rows(tmp_path):
     out = _run(tmp_path / "empty")
-    assert out.count(NOT_MEASURED) == 3 and "Ceilings not measured yet" in out and "<Figure:" not in out
+    assert out.count(NOT_MEASURED) == 4 and "Ceilings not measured yet" in out and "<Figure:" not in out
     assert "Step rows not measured yet" in out and "Not profiled yet" in out

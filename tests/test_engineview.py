@@ -105,3 +105,24 @@ def test_latest_round_keeps_each_files_newest_engine_round():
             {"bench": "fig1", "label": "ft", "median_ms": 7.0}]
     kept = latest_round(rows)
     assert [r["median_ms"] for r in kept] == [3.0, 7.0]
+
+
+def test_rounds_table_pairs_each_round_with_its_own_baseline(rows):
+    import copy
+
+    old = []
+    for r in rows["engine"]:  # the same rows again as round 1 (no 'round' in extra), 10% slower
+        if r["label"] in ("gpt2", "fasttransformer"):
+            o = copy.deepcopy(r)
+            o["extra"] = {}
+            o["median_ms"] *= 1.1 if o["mode"] == "engine" else 1.0
+            old.append(o)
+    for r in rows["engine"]:
+        r.setdefault("extra", {})["round"] = 2
+    table = engineview.rounds_table(old + rows["engine"])
+    got = {(t["round"], t["model"], t["precision"]): t for t in table}
+    ft = ENGINE_MS[("fasttransformer", "fp32")]
+    assert got[(2, "fasttransformer", "fp32")]["engine over compile-ro"] == pytest.approx(ft["compile-ro"] / ft["engine"])
+    assert got[(1, "fasttransformer", "fp32")]["engine ms"] == pytest.approx(1.1 * ft["engine"])
+    assert "kernels swapped in" in got[(1, "gpt2", "tf32")]["changed"]
+    assert len(engineview.rounds_figure(table, "h200").data) == 8  # 2 models x 2 precisions x (engine, compile-ro)
