@@ -379,8 +379,8 @@ def rounds_figure(table: list[dict[str, Any]], device: str) -> go.Figure:
                                      line=dict(color=colors[model], dash=dash[prec])))
             ro = [t for t in pts if t["compile-ro ms"]]
             fig.add_trace(go.Scatter(x=[t["round"] for t in ro], y=[t["compile-ro ms"] for t in ro], mode="markers",
-                                     name=f"{model} {prec} compile-ro", marker=dict(color=colors[model], symbol=symbol[prec], size=9),
-                                     showlegend=True))
+                                     name=f"{model} {prec} compile-ro",
+                                     marker=dict(color=colors[model], symbol=symbol[prec], size=9)))
     fig.update_layout(height=450, xaxis=dict(title="engine round", dtick=1), yaxis_title="ms per step",
                       title=f"The engine round by round against compile-ro of the same run, {device}")
     return fig

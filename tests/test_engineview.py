@@ -122,7 +122,8 @@ def test_rounds_table_pairs_each_round_with_its_own_baseline(rows):
     table = engineview.rounds_table(old + rows["engine"])
     got = {(t["round"], t["model"], t["precision"]): t for t in table}
     ft = ENGINE_MS[("fasttransformer", "fp32")]
-    assert got[(2, "fasttransformer", "fp32")]["engine over compile-ro"] == pytest.approx(ft["compile-ro"] / ft["engine"])
+    ratio = got[(2, "fasttransformer", "fp32")]["engine over compile-ro"]
+    assert ratio == pytest.approx(ft["compile-ro"] / ft["engine"])
     assert got[(1, "fasttransformer", "fp32")]["engine ms"] == pytest.approx(1.1 * ft["engine"])
     assert "kernels swapped in" in got[(1, "gpt2", "tf32")]["changed"]
     assert len(engineview.rounds_figure(table, "h200").data) == 8  # 2 models x 2 precisions x (engine, compile-ro)
