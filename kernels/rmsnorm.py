@@ -82,8 +82,8 @@ def _rms_norm_bwd_kernel(
     tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dy * xhat, axis=0), mask=cols < N)
 
 
-def _warps(block_n: int) -> int:
-    return min(8, max(1, ROWS * block_n // 1024))
+def _warps(rows: int, block_n: int) -> int:
+    return min(8, max(1, rows * block_n // 1024))
 
 
 def _block_n(x: torch.Tensor) -> int:
@@ -104,10 +104,13 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor) -> None:
         raise ValueError(f"x's last dim must be contiguous (stride 1), got strides {x.stride()}")
 
 
-def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor]:
+def rms_norm_fwd(
+    x: torch.Tensor, weight: torch.Tensor, eps: float, rows: int = ROWS
+) -> tuple[torch.Tensor, torch.Tensor]:
     """y = rms_norm(x) * weight over the last dim; returns (y, rstd) with rstd (M,) fp32 (fp64 for fp64 x).
 
-    x: (..., N) with unit last-dim stride; weight: (N,). y has x's dtype and shape.
+    x: (..., N) with unit last-dim stride; weight: (N,). y has x's dtype and shape. ``rows``: rows
+    per program (a power of two; kernels/dev/rmsnorm_rows.py times other values).
     """
     _check_inputs(x, weight)
     x2 = x.reshape(-1, x.shape[-1])  # (M, N); a view for contiguous x
@@ -118,15 +121,15 @@ def rms_norm_fwd(x: torch.Tensor, weight: torch.Tensor, eps: float) -> tuple[tor
     rstd = torch.empty(M, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
     BLOCK_N = _block_n(x2)
     if M > 0:
-        _rms_norm_fwd_kernel[(triton.cdiv(M, ROWS),)](
+        _rms_norm_fwd_kernel[(triton.cdiv(M, rows),)](
             x2, weight, y, rstd, x2.stride(0), y.stride(0), M, N, eps,
-            ROWS=ROWS, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=_warps(BLOCK_N),
+            ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=_warps(rows, BLOCK_N),
         )
     return y.view(x.shape), rstd
 
 
 def rms_norm_bwd(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, rows: int = ROWS
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(dx, dweight) for y = rms_norm_fwd(x, weight)[0]; dy like x, dweight like weight."""
     _check_inputs(x, weight)
@@ -141,13 +144,13 @@ def rms_norm_bwd(
     M = x2.shape[0]
     cd = torch.float64 if x.dtype == torch.float64 else torch.float32
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    P = triton.cdiv(M, ROWS)
+    P = triton.cdiv(M, rows)
     dw_partial = torch.empty((P, N), dtype=cd, device=x.device)
     BLOCK_N = _block_n(x2)
     if M > 0:
         _rms_norm_bwd_kernel[(P,)](
             dy2, x2, weight, rstd, dx, dw_partial, dy2.stride(0), x2.stride(0), dx.stride(0),
-            M, N, ROWS=ROWS, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=_warps(BLOCK_N),
+            M, N, ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=_warps(rows, BLOCK_N),
         )
         dw = dw_partial.sum(0).to(weight.dtype)
     else:
