@@ -180,6 +180,13 @@ def _engine() -> list[Case]:
     bias = {"bias_kernel": True}
     cases += [Case("gpt2 engine +flash-attn +bias-kernel", configs["gpt2"], 32, 256, "engine", prec,
                    {**rnd, **flash, **bias}) for prec in ("tf32", "bf16")]
+    # Also prepared after round 4: under bf16 the fused norms write bf16 (the next Linear's
+    # autocast cast, without its kernels).
+    n16 = {"bf16_norm_out": True}
+    cases += [Case("fasttransformer engine, bf16 norm out", configs["fasttransformer"], 32, 256, "engine", "bf16",
+                   {**rnd, **n16}),
+              Case("gpt2 engine +flash-attn +bias-kernel, bf16 norm out", configs["gpt2"], 32, 256, "engine", "bf16",
+                   {**rnd, **flash, **bias, **n16})]
     cases += [Case("gpt2 engine +bias-kernel", configs["gpt2"], 32, 256, "engine", "tf32", {**rnd, **bias}),
               Case("gpt2 engine +flash-attn 3xTF32 +bias-kernel", configs["gpt2"], 32, 256, "engine", "fp32",
                    {**rnd, **x3, **flash, **bias})]

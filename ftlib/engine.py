@@ -77,7 +77,7 @@ ATTN_HEAD_SIZES = (16, 32, 64, 128)
 WARMUP_STEPS = 3
 # Engine options a benchmark case may carry in its ``extra`` (ftlib.bench's 'engine' mode).
 BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture", "linear_precision", "attention_precision",
-                 "attention_layout", "fuse_residual_norm", "bias_kernel")
+                 "attention_layout", "fuse_residual_norm", "bias_kernel", "bf16_norm_out")
 # 'heads': q/k/v as (B, h, T, hs) views, o transposed back with a copy;
 # 'packed' (the default): kernels.attention.packed_attention reads the qkv output and writes
 # (B, T, C) directly, d(qkv) into one buffer (no layout copies). H200, FT, engine round 3:
@@ -267,21 +267,24 @@ def _swap_modules(
     return applied, notes
 
 
-def forward_fused_residual_norm(model: GPT, idx: torch.Tensor) -> torch.Tensor:
+def forward_fused_residual_norm(
+    model: GPT, idx: torch.Tensor, norm_out_dtype: torch.dtype | None = None
+) -> torch.Tensor:
     """``GPT.forward`` (logits only) with each residual add fused into the norm that follows it.
 
     The same function as the model's pre-norm blocks (x + attn(norm1(x)), x + mlp(norm2(x)),
     then norm_f and the head), regrouped so that every ``x = x + branch`` meets the next
     norm in one kernel (:mod:`kernels.residual_norm`, RMSNorm or LayerNorm with its bias):
     after attention that is the block's norm2, after the MLP the next block's norm1 (the
-    final norm_f after the last block).
+    final norm_f after the last block). ``norm_out_dtype``: the fused norms write their output
+    in this dtype (bf16 under bf16 autocast: what the next Linear would cast it to).
     """
     from kernels.residual_norm import add_layer_norm, add_rms_norm
 
     def add_norm(x: torch.Tensor, r: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         if model.config.norm == "layernorm":
-            return add_layer_norm(x, r, norm.weight, norm.bias, norm.eps)
-        return add_rms_norm(x, r, norm.weight, norm.eps)
+            return add_layer_norm(x, r, norm.weight, norm.bias, norm.eps, norm_out_dtype)
+        return add_rms_norm(x, r, norm.weight, norm.eps, norm_out_dtype)
 
     B, T = idx.shape
     model.config.check_sequence(T)
@@ -343,6 +346,9 @@ class Engine:
     (:func:`forward_fused_residual_norm`; round 3 on the H200, FT tf32: 2.83 -> 2.44 ms).
     ``bias_kernel``: Linear layers with a bias compute its gradient with the Triton column sum
     of ``kernels/bias_linear.py`` (GEMMs stay on cuBLAS); off until measured on a GPU.
+    ``bf16_norm_out``: under bf16, the fused norms write their output in bf16 (the values the
+    next Linear's autocast cast would give, without that cast kernel and its backward); off
+    until measured on a GPU.
     Optimizer: AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
     ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
     ``ftlib.train.make_optimizer``. ``grad_clip``: clip the global gradient norm to this
@@ -376,6 +382,7 @@ class Engine:
         attention_layout: str = "packed",
         fuse_residual_norm: bool = True,
         bias_kernel: bool = False,
+        bf16_norm_out: bool = False,
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
         cfg.check_sequence(T)
@@ -418,6 +425,11 @@ class Engine:
             else:
                 self.fuse_residual_norm = True
                 self.notes["residual_norm"] = f"residual add fused into the next {cfg.norm} (kernels/residual_norm.py)"
+        # bf16 only, with the fused norms: their outputs feed Linears that autocast casts to bf16.
+        self.norm_out_dtype = torch.bfloat16 if (bf16_norm_out and precision == "bf16"
+                                                 and self.fuse_residual_norm) else None
+        if bf16_norm_out and self.norm_out_dtype is None:
+            self.notes["bf16_norm_out"] = "not applied: needs precision='bf16' and the fused residual-norm"
         if self.kernels["cross_entropy"]:
             from kernels.cross_entropy import cross_entropy
 
@@ -507,7 +519,7 @@ class Engine:
         """zero grad (one memset) + forward + loss + backward + AdamW, on the static buffers."""
         self.flat_grad.zero_()
         if self.fuse_residual_norm:
-            logits = forward_fused_residual_norm(self.model, self.static_x)  # (B, T, V)
+            logits = forward_fused_residual_norm(self.model, self.static_x, self.norm_out_dtype)  # (B, T, V)
         else:
             logits, _ = self.model(self.static_x)  # (B, T, V)
         loss = self._loss_fn(logits.view(self.B * self.T, -1), self.static_y.view(self.B * self.T))
@@ -583,6 +595,7 @@ class Engine:
             "attention_layout": self.attention_layout if self.kernels["attention"] else None,
             "fuse_residual_norm": self.fuse_residual_norm,
             "bias_kernel": self.notes.get("bias", "").startswith("bias gradients"),
+            "bf16_norm_out": self.norm_out_dtype is not None,
         }
 
 

@@ -115,20 +115,24 @@ def _check(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | 
 
 
 def add_norm_fwd(
-    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, layer_norm: bool
+    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, layer_norm: bool,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(s, h, rstd): s = x + r, h = norm(s) over the last dim; contiguous x and r.
 
     ``layer_norm``: LayerNorm (mean removed, optional bias ``b``) instead of RMSNorm (``b`` must be
-    None). s and h take x's dtype (the residual stream's; under bf16 autocast r may be bf16 and
-    is added in fp32 inside the kernel, as ``x + r`` would promote it).
+    None). s takes x's dtype (the residual stream's; under bf16 autocast r may be bf16 and is
+    added in fp32 inside the kernel, as ``x + r`` would promote it). h takes ``out_dtype`` (default
+    x's): under bf16 autocast the next op is a Linear that casts h to bf16 anyway, so writing h
+    in bf16 here gives the same values (h is computed in fp32 and rounded once either way) and
+    saves the cast kernel forward and the cast of its gradient backward.
     """
     _check(x, r, w, b)
     if b is not None and not layer_norm:
         raise ValueError("a bias is only defined for LayerNorm (layer_norm=True)")
     N = x.shape[-1]
     M = x.numel() // max(N, 1)
-    s, h = torch.empty_like(x), torch.empty_like(x)
+    s, h = torch.empty_like(x), torch.empty_like(x, dtype=out_dtype or x.dtype)
     rstd = torch.empty(M, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
     if M > 0:
         _add_norm_fwd_kernel[(triton.cdiv(M, ROWS),)](
@@ -163,8 +167,8 @@ class AddNormFunction(torch.autograd.Function):
     """Two outputs, (s, h); autograd hands the backward both gradients, so their sum is fused."""
 
     @staticmethod
-    def forward(ctx, x, r, w, b, eps, layer_norm):
-        s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm)
+    def forward(ctx, x, r, w, b, eps, layer_norm, out_dtype=None):
+        s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm, out_dtype)
         ctx.save_for_backward(s, w, rstd)
         ctx.r_dtype, ctx.layer_norm, ctx.has_bias = r.dtype, layer_norm, b is not None
         ctx.set_materialize_grads(False)  # an unused s arrives as None, not as a tensor of zeros
@@ -174,20 +178,21 @@ class AddNormFunction(torch.autograd.Function):
     def backward(ctx, ds, dh):
         s, w, rstd = ctx.saved_tensors
         if dh is None:  # h unused: s's gradient passes through to x and r
-            return ds, None if ds is None else ds.to(ctx.r_dtype), None, None, None, None
-        g, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias)
-        return g, g.to(ctx.r_dtype), dw, db, None, None
+            return ds, None if ds is None else ds.to(ctx.r_dtype), None, None, None, None, None
+        g, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias)  # dh may be bf16: loaded as fp32
+        return g, g.to(ctx.r_dtype), dw, db, None, None, None
 
 
 def add_rms_norm(
-    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-5
+    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-5, out_dtype: torch.dtype | None = None
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + r, rms_norm(x + r) * w), differentiable in x, r and w."""
-    return AddNormFunction.apply(x, r, w, None, eps, False)
+    """(x + r, rms_norm(x + r) * w), differentiable in x, r and w; h in ``out_dtype`` (default x's)."""
+    return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype)
 
 
 def add_layer_norm(
-    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, eps: float = 1e-5
+    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, eps: float = 1e-5,
+    out_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + r, layer_norm(x + r) * w + b), differentiable in x, r, w and b."""
-    return AddNormFunction.apply(x, r, w, b, eps, True)
+    """(x + r, layer_norm(x + r) * w + b), differentiable in x, r, w and b; h in ``out_dtype``."""
+    return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype)

@@ -245,3 +245,15 @@ def test_attention_kernel_runs_with_residual_dropout_but_not_attention_dropout()
     assert not drop.kernels["attention"] and "attention dropout 0.1" in drop.notes["attention"]
     split = Engine(FT1.replace(dropout=0.1, attn_dropout=0.0), B, T, "tf32", "cpu")
     assert split.kernels["attention"] and split.model.blocks[0].attn.resid_dropout.p == 0.1
+
+
+def test_bf16_norm_out_only_under_bf16_and_trains_like_the_default():
+    (x, y), = pattern_batches(FT1.vocab_size, B, T, 1, seed=4)
+    on = Engine(FT1, B, T, "bf16", "cpu", seed=2, bf16_norm_out=True)
+    off = Engine(FT1, B, T, "bf16", "cpu", seed=2)
+    assert on.describe()["bf16_norm_out"] and not off.describe()["bf16_norm_out"]
+    for _ in range(2):
+        a, b = float(on.step(x, y)), float(off.step(x, y))
+        assert a == pytest.approx(b, rel=2e-2)  # the interpreter truncates to bf16, the GPU rounds
+    fp32 = Engine(FT1, B, T, "fp32", "cpu", bf16_norm_out=True)
+    assert not fp32.describe()["bf16_norm_out"] and "needs precision='bf16'" in fp32.notes["bf16_norm_out"]

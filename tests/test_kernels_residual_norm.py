@@ -99,3 +99,28 @@ def test_shape_mismatch_raises():
 def test_bias_without_layernorm_raises():
     with pytest.raises(ValueError, match="only defined for LayerNorm"):
         add_norm_fwd(torch.randn(4, 8), torch.randn(4, 8), torch.ones(8), torch.zeros(8), 1e-5, False)
+
+
+@pytest.mark.parametrize("kind", ["rms", "ln"])
+def test_bf16_output_equals_autocasts_cast_and_passes_gradients(kind):
+    """h written in bf16 = the fp32 h rounded once (what the next Linear's autocast cast gives),
+    and a bf16 dh reaches the same gradients as the same values in fp32.
+
+    On the GPU Triton rounds fp32 -> bf16 to nearest even, like torch's cast; the CPU
+    interpreter truncates, so here the two may differ by one bf16 unit (2^-7 relative)."""
+    x, r, w, b, ds, dh = _inputs((11, 40))
+    args = (x, r, w, b, 1e-5) if kind == "ln" else (x, r, w, 1e-5)
+    fn = add_layer_norm if kind == "ln" else add_rms_norm
+    s32, h32 = fn(*args)
+    s16, h16 = fn(*args, out_dtype=torch.bfloat16)
+    assert h16.dtype == torch.bfloat16 and s16.dtype == torch.float32
+    torch.testing.assert_close(h16.float(), h32, atol=0, rtol=2.0**-7)
+    assert ((h16.float() - h32).abs() <= (h32.bfloat16().float() - h32).abs() + h32.abs() * 2.0**-7).all()
+    torch.testing.assert_close(s16, s32, atol=0, rtol=0)
+    dh16 = dh.bfloat16()
+    params = (x, r, w, b) if kind == "ln" else (x, r, w)
+    g16 = torch.autograd.grad((s16, h16), params, (ds, dh16))
+    g32 = torch.autograd.grad((s32, h32), params, (ds, dh16.float()))
+    for a, c in zip(g16, g32):
+        assert a.dtype == c.dtype
+        torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
