@@ -187,6 +187,14 @@ def _engine() -> list[Case]:
                    {**rnd, **n16}),
               Case("gpt2 engine +flash-attn +bias-kernel, bf16 norm out", configs["gpt2"], 32, 256, "engine", "bf16",
                    {**rnd, **flash, **bias, **n16})]
+    # And the Linear layers on one bf16 shadow of the flat weights (ftlib/bf16_weights.py).
+    w16 = {"bf16_weights": True}
+    cases += [Case("fasttransformer engine, bf16 weights", configs["fasttransformer"], 32, 256, "engine", "bf16",
+                   {**rnd, **w16}),
+              Case("fasttransformer engine, bf16 norm out + bf16 weights", configs["fasttransformer"], 32, 256,
+                   "engine", "bf16", {**rnd, **n16, **w16}),
+              Case("gpt2 engine +flash-attn, bf16 norm out + bf16 weights", configs["gpt2"], 32, 256, "engine",
+                   "bf16", {**rnd, **flash, **n16, **w16})]
     cases += [Case("gpt2 engine +bias-kernel", configs["gpt2"], 32, 256, "engine", "tf32", {**rnd, **bias}),
               Case("gpt2 engine +flash-attn 3xTF32 +bias-kernel", configs["gpt2"], 32, 256, "engine", "fp32",
                    {**rnd, **x3, **flash, **bias})]

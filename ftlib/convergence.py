@@ -109,6 +109,10 @@ def speedrun_candidates() -> dict[str, tuple[ModelConfig, Recipe]]:
         "256x6 FT-style, engine + bf16 norm out, attention dropout 0, lr 3e-3, cosine to 1,400": (
             ft.replace(attn_dropout=0.0), eng.replace(lr=3e-3, min_lr=3e-4, decay_steps=1400, steps=2800,
                                                       engine_options=(("bf16_norm_out", True),))),
+        "256x6 FT-style, engine + bf16 norm out + bf16 weights, attention dropout 0, lr 3e-3, cosine to 1,400": (
+            ft.replace(attn_dropout=0.0), eng.replace(lr=3e-3, min_lr=3e-4, decay_steps=1400, steps=2800,
+                                                      engine_options=(("bf16_norm_out", True),
+                                                                      ("bf16_weights", True)))),
         "384x4 MQA + 2x MLP + RMSNorm, engine, lr 2e-3, cosine to 1,300": (
             wide, eng.replace(lr=2e-3, min_lr=2e-4, decay_steps=1300, steps=2600)),
         # Execution only: nanoGPT's model and recipe unchanged, on the engine instead of torch.compile.

@@ -77,7 +77,7 @@ ATTN_HEAD_SIZES = (16, 32, 64, 128)
 WARMUP_STEPS = 3
 # Engine options a benchmark case may carry in its ``extra`` (ftlib.bench's 'engine' mode).
 BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture", "linear_precision", "attention_precision",
-                 "attention_layout", "fuse_residual_norm", "bias_kernel", "bf16_norm_out")
+                 "attention_layout", "fuse_residual_norm", "bias_kernel", "bf16_norm_out", "bf16_weights")
 # 'heads': q/k/v as (B, h, T, hs) views, o transposed back with a copy;
 # 'packed' (the default): kernels.attention.packed_attention reads the qkv output and writes
 # (B, T, C) directly, d(qkv) into one buffer (no layout copies). H200, FT, engine round 3:
@@ -348,7 +348,9 @@ class Engine:
     of ``kernels/bias_linear.py`` (GEMMs stay on cuBLAS); off until measured on a GPU.
     ``bf16_norm_out``: under bf16, the fused norms write their output in bf16 (the values the
     next Linear's autocast cast would give, without that cast kernel and its backward); off
-    until measured on a GPU.
+    until measured on a GPU. ``bf16_weights``: under bf16, the Linear layers read their weights
+    from one bf16 copy of the flat buffer made at the start of each step, instead of one
+    autocast cast per weight (``ftlib/bf16_weights.py``); off until measured on a GPU.
     Optimizer: AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
     ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
     ``ftlib.train.make_optimizer``. ``grad_clip``: clip the global gradient norm to this
@@ -383,6 +385,7 @@ class Engine:
         fuse_residual_norm: bool = True,
         bias_kernel: bool = False,
         bf16_norm_out: bool = False,
+        bf16_weights: bool = False,
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
         cfg.check_sequence(T)
@@ -447,6 +450,10 @@ class Engine:
         self.n_decay = sum(p.numel() for _, p in decay)
         self._make_optimizer(lr, [p for _, p in decay], [p for _, p in no_decay])
 
+        self.flat_param16: torch.Tensor | None = None
+        if bf16_weights:
+            self._shadow_linears(precision, linear_precision)
+
         self.static_x = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) tokens
         self.static_y = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) targets
         self.graph: torch.cuda.CUDAGraph | None = None
@@ -454,6 +461,29 @@ class Engine:
         self.captured = False
         if self.capture:
             self._warm_up_and_capture(warmup_steps)
+
+    def _shadow_linears(self, precision: str, linear_precision: str | None) -> None:
+        """bf16 only: every plain nn.Linear reads its weight from one bf16 shadow of the decayed
+        (matrix) part of the flat buffer, refreshed by one copy per step (ftlib/bf16_weights.py)."""
+        if precision != "bf16":
+            self.notes["bf16_weights"] = "not applied: needs precision='bf16'"
+            return
+        if linear_precision is not None:
+            self.notes["bf16_weights"] = "not applied: the Linear layers run on the Triton GEMM"
+            return
+        from ftlib.bf16_weights import ShadowLinear
+
+        span_of = {id(p): self.spans[n] for n, p in self.model.named_parameters()}
+        self.flat_param16 = torch.empty(self.n_decay, dtype=torch.bfloat16, device=self.device)
+        n = 0
+        for parent in list(self.model.modules()):
+            for name, child in list(parent.named_children()):
+                if type(child) is nn.Linear:  # not the Triton GEMM or bias-kernel Linears
+                    off, size = span_of[id(child.weight)]
+                    w16 = self.flat_param16[off : off + size].view_as(child.weight)
+                    setattr(parent, name, ShadowLinear(child, w16))
+                    n += 1
+        self.notes["bf16_weights"] = f"{n} Linear layers on one bf16 shadow of the flat weights"
 
     # -- optimizer ---------------------------------------------------------------------
 
@@ -518,6 +548,8 @@ class Engine:
     def _step_body(self) -> torch.Tensor:
         """zero grad (one memset) + forward + loss + backward + AdamW, on the static buffers."""
         self.flat_grad.zero_()
+        if self.flat_param16 is not None:  # the step's bf16 weights, one copy (ftlib/bf16_weights.py)
+            self.flat_param16.copy_(self.flat_param[: self.n_decay])
         if self.fuse_residual_norm:
             logits = forward_fused_residual_norm(self.model, self.static_x, self.norm_out_dtype)  # (B, T, V)
         else:
@@ -596,6 +628,7 @@ class Engine:
             "fuse_residual_norm": self.fuse_residual_norm,
             "bias_kernel": self.notes.get("bias", "").startswith("bias gradients"),
             "bf16_norm_out": self.norm_out_dtype is not None,
+            "bf16_weights": self.flat_param16 is not None,
         }
 
 

@@ -257,3 +257,17 @@ def test_bf16_norm_out_only_under_bf16_and_trains_like_the_default():
         assert a == pytest.approx(b, rel=2e-2)  # the interpreter truncates to bf16, the GPU rounds
     fp32 = Engine(FT1, B, T, "fp32", "cpu", bf16_norm_out=True)
     assert not fp32.describe()["bf16_norm_out"] and "needs precision='bf16'" in fp32.notes["bf16_norm_out"]
+
+
+def test_bf16_weights_shadow_every_linear_and_train_like_the_default():
+    (x, y), = pattern_batches(GPT4.vocab_size, B, T, 1, seed=6)
+    # lr 1e-2: a shadow one step behind would change the next step's loss by far more than 1e-3
+    on = Engine(GPT4, B, T, "bf16", "cpu", seed=3, bf16_weights=True, lr=1e-2)
+    off = Engine(GPT4, B, T, "bf16", "cpu", seed=3, lr=1e-2)
+    n_linear = sum(type(m) is torch.nn.Linear for m in off.model.modules())
+    assert sum(type(m).__name__ == "ShadowLinear" for m in on.model.modules()) == n_linear > 0
+    assert on.describe()["bf16_weights"] and on.flat_param16.numel() == on.n_decay
+    for _ in range(3):
+        assert float(on.step(x, y)) == pytest.approx(float(off.step(x, y)), rel=1e-3)
+    torch.testing.assert_close(on.flat_param, off.flat_param, atol=1e-5, rtol=1e-3)
+    assert not Engine(GPT4, B, T, "fp32", "cpu", bf16_weights=True).describe()["bf16_weights"]
