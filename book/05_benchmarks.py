@@ -164,6 +164,14 @@ for dev in devices(rows):
 # at T = 128. Beside the measured curves: that claim, and for the T4 a roofline *projection*,
 # the ratio of the two models' floor times (FLOPs and eager bytes from `ftlib.accounting`, the
 # T4's datasheet peaks), which no implementation can beat and real steps do not reach.
+# The fp32 and tf32 tables follow the figures; the lines after them name every T at which the
+# FastTransformer is slower than GPT-2, per precision and mode (eager rows are host-bound at
+# short T and noisy there). Where the tf32 lines name long contexts, a likely cause (not yet
+# checked against a profile at those T) is the attention kernel: with fp32 storage SDPA takes its
+# memory-efficient kernel, which chapter 1's profiles show as the same SIMT fp32 kernel
+# (`fmha_cutlassF_f32...`) in tf32 as in fp32: it gains nothing from TF32, while GPT-2's explicit QKᵀ and AV
+# are ordinary matmuls that TF32 puts on tensor cores. As T grows, attention's share of the
+# FLOPs grows with it. Chapter 6's attention kernel runs these dots in TF32.
 
 # %%
 sweep_devs = devices(ok_rows("tsweep", include_cpu=MEASURE))
@@ -202,4 +210,12 @@ for dev in sweep_devs or [None]:
                        xaxis_type="log", xaxis_title=f"T (B = {TOKENS} / T)", yaxis_title="tokens / s", height=440)
     show(tput, f"fig5-throughput-{dev}")
     show_table(sweep_table(sweep, "fp32", "compile-ro") + claims)
+    show_table(sweep_table(sweep, "tf32", "compile-ro"))
+    # Where the co-designed model stops paying: the T at which it is slower than GPT-2.
+    for prec in ("fp32", "tf32"):
+        for mode in ("compile-ro", "eager"):
+            pts = sweep_table(sweep, prec, mode)
+            slower = [p["T"] for p in pts if p["speed-up"] < 1]
+            if pts:
+                print(f"{dev} {prec} {mode}: FastTransformer slower than GPT-2 at T = {slower or 'none'}")
 show_table(proj)
