@@ -22,7 +22,7 @@
 #
 # Chapter 3 measured the post's "compiler ceiling": `torch.compile(mode="reduce-overhead")`
 # beats a whole-step CUDA graph of eager kernels, and the post's hand-written engine did not
-# beat the compiler. This chapter writes its own: five Triton kernels (`kernels/`), each
+# beat the compiler. This chapter writes its own Triton kernels (`kernels/`), each
 # checked against a plain PyTorch reference and timed two ways, then an engine
 # (`ftlib.engine`) that runs the whole training step on flat parameter and gradient buffers
 # in one CUDA graph. The issue's targets: the FastTransformer engine at least 1.5× faster
@@ -103,7 +103,7 @@ for h in room:
 # %% [markdown]
 # ## 2. The kernels
 #
-# Five ops of the training step, after Liger-Kernel's layering (kernel, launcher with
+# The ops of the training step, after Liger-Kernel's layering (kernel, launcher with
 # argument checks, `autograd.Function`, thin module; `kernels/README.md`). The math each
 # kernel computes is stated in its docstring; the sections below quote those docstrings
 # rather than restate them. Each op has a driver in `kernels/dev/` that checks every variant
@@ -128,11 +128,24 @@ else:
 
 # %% [markdown]
 # ### RMSNorm (FastTransformer)
-# One row per program forward, saving only the inverse RMS; the backward sums the weight
-# gradient in per-program partials (one program per SM) and reduces them with one sum.
+# A tile of rows per program both ways, saving only the inverse RMS; the backward writes one
+# weight-gradient partial per tile and the launcher sums them. The first version took one row
+# per program forward and one program per SM backward: it was latency-bound inside a graph,
+# and the row tiles won (`kernels/dev/rmsnorm_dev.py`'s v3 against v4/v5 in the table below).
 
 # %%
 display(Markdown(kernelview.kernel_math("rmsnorm")))
+
+# %% [markdown]
+# ### The residual add fused into the next norm
+# In a pre-norm block every residual add `s = x + r` is followed by a norm of `s`. One kernel
+# forward writes both `s` and the norm's output, and one kernel backward adds the two
+# gradients that reach `s` while it computes the norm's backward. The same kernel covers
+# RMSNorm and LayerNorm. The engine applies it by default from round 4
+# (`ftlib.engine.forward_fused_residual_norm`).
+
+# %%
+display(Markdown(kernelview.kernel_math("residual_norm")))
 
 # %% [markdown]
 # ### LayerNorm (GPT-2)

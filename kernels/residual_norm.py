@@ -39,7 +39,10 @@ ROWS = 16  # rows per program: 16 x 256 fp32 = 16 KB per operand tile (measured 
 def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, M, N, eps,
                          IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
-    """s = x + r (stored), rstd (stored), h = shat w (+ b) (stored); shat as in the module docstring."""
+    """Per row of the (ROWS, N) tile:  s = x + r  (stored);
+    RMSNorm:    rstd = 1 / sqrt(mean(s^2) + eps),          shat = s rstd
+    LayerNorm:  rstd = 1 / sqrt(mean((s - mu)^2) + eps),   shat = (s - mu) rstd,  mu = mean(s)
+    h = shat w (+ b) (stored);  rstd (stored for the backward)."""
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     rmask = rows < M
@@ -66,8 +69,9 @@ def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, M, N, eps,
 def _add_norm_bwd_kernel(DS, DH, S, W, RSTD, G, DWP, DBP, M, N,
                          IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
-    """g = ds + rstd (dh w - [mean(dh w)] - shat mean(dh w shat)) for the tile; dweight (dbias)
-    partials into DWP[pid] (DBP[pid]). The LayerNorm mean is recomputed from s (no saved mean)."""
+    """Per row:  g = ds + rstd (dh w - [mean(dh w)] - shat mean(dh w shat))   ([.] LayerNorm only),
+    the gradient of both x and r; the tile's partials dw = sum_rows dh shat into DWP[pid] and
+    db = sum_rows dh into DBP[pid]. The LayerNorm mean is recomputed from s (none is saved)."""
     pid = tl.program_id(0)
     rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
