@@ -260,3 +260,16 @@ def test_profile_of_the_broadcast_layout_on_cpu_shows_the_math_backend():
     assert lines["fasttransformer-broadcast"]["SDPA backend (from trace)"] == "math"
     assert lines["fasttransformer"]["SDPA backend (from trace)"].startswith("not measured yet")
     assert POST_CLAIMED["speedup_T128"] == 1.58  # the claim chapter 7 tests, as the post states it
+
+
+def test_audit_compiler_ceiling_per_route_from_engine_rows():
+    g = preset("gpt2")
+    assert _claim(audit.audit_rows(SLUG), "compiler ceiling")["verdict"] == "cannot test here"
+    write(step_row("engine", "gpt2", g, 32, 256, "engine", "fp32", 11.0),
+          step_row("engine", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0),
+          step_row("engine", "gpt2 engine +flash-attn 3xTF32 +linear", g, 32, 256, "engine", "fp32", 8.0))
+    rows = [r for r in audit.audit_rows(SLUG) if r["claim"].startswith("compiler ceiling")]
+    assert [(r["claim"].split("engine ")[1], r["verdict"]) for r in rows] == [
+        ("as written (explicit softmax)", "holds on H200 only"),
+        ("with +flash-attn 3xTF32 +linear (same function)", "does not hold")]
+    assert "(1.12x)" in rows[1]["book finds"] and "107.21" in rows[0]["post says"]
