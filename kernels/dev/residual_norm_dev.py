@@ -1,0 +1,81 @@
+"""Residual add + the norm after it, forward + backward: check then time.
+``python -m kernels.dev.residual_norm_dev [--check-only]``.
+
+Variants: v1 eager (``s = x + r`` then ``ftlib.norm``'s RMSNorm / LayerNorm: an add kernel, a
+norm kernel, and backward autograd's add of the two gradients reaching s), v2 torch.compile of
+the same, v3 the fused kernel of ``kernels/residual_norm.py`` (one kernel each way; the
+engine's default from round 4), v4 the model's row-tile RMSNorm after an eager add (the
+unfused engine, RMSNorm only). Shape: one FastTransformer / GPT-2 norm input, (B*T, C) =
+(8192, 256), fp32 and bf16; both outputs s and h receive gradients, as in a block.
+Bytes (the floor): forward reads x and r, writes s and h; backward reads ds, dh and s and
+writes one gradient (dx = dr): 8 passes of M x N; weight, rstd and partials left out.
+"""
+
+from __future__ import annotations
+
+from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
+
+
+def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:
+    args = parse_args(__doc__, argv, recorder)
+    device = setup(args)
+    import torch
+
+    from ftlib.reference import add_layer_norm_ref, add_rms_norm_ref
+    from kernels.residual_norm import add_layer_norm, add_rms_norm
+    from kernels.rmsnorm import rms_norm
+
+    M, N = (8192, 256) if device.type == "cuda" else (37, 256)
+    ok = True
+
+    # One function per case so the closures below bind its arguments, not loop variables.
+    def case(kind: str, dtype, tol) -> bool:
+        def mk(*shape):
+            return torch.randn(*shape, device=device, dtype=dtype)
+
+        x, r = mk(M, N).requires_grad_(True), mk(M, N).requires_grad_(True)
+        w = (1 + 0.1 * mk(N)).requires_grad_(True)
+        b = (0.1 * mk(N)).requires_grad_(True)
+        ds, dh = mk(M, N), mk(M, N)
+        ln = kind == "layernorm"
+        params = (x, r, w, b) if ln else (x, r, w)
+        ref = (lambda a, c, d, e: add_layer_norm_ref(a, c, d, e, 1e-5)) if ln else (
+            lambda a, c, d, e: add_rms_norm_ref(a, c, d, 1e-5))
+
+        def fwd_bwd(f):
+            def go():
+                s, h = f(x, r, w, b)
+                return (s, h, *torch.autograd.grad((s, h), params, (ds, dh)))
+            return go
+
+        p64 = [t.detach().double().requires_grad_(True) for t in (x, r, w, b)]
+
+        def reference():
+            s, h = ref(*p64)
+            return (s, h, *torch.autograd.grad((s, h), p64[: len(params)], (ds.double(), dh.double())))
+
+        compiled = torch.compile(ref) if device.type == "cuda" else ref
+        fused = (lambda a, c, d, e: add_layer_norm(a, c, d, e, 1e-5)) if ln else (
+            lambda a, c, d, e: add_rms_norm(a, c, d, 1e-5))
+        variants = [
+            Variant("v1 eager", fwd_bwd(ref), tol),
+            Variant("v2 torch.compile", fwd_bwd(compiled), tol, gpu_only=True),
+            Variant("v3 triton fused", fwd_bwd(fused), tol),
+        ]
+        if not ln:
+            def unfused(a, c, d, e):
+                s = a + c
+                return s, rms_norm(s, d, 1e-5)
+            variants.append(Variant("v4 add + triton rmsnorm", fwd_bwd(unfused), tol))
+        return run(f"residual+{kind} fwd+bwd ({M}, {N}) {dtype}", args, device, reference, variants,
+                   work=8 * M * N * x.element_size(), unit="GB/s", op=f"residual_{kind}",
+                   shape={"M": M, "N": N}, dtype=dtype)
+
+    for kind in ("rmsnorm", "layernorm"):
+        for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+            ok &= case(kind, dtype, tol)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
