@@ -22,11 +22,12 @@ from plotly.subplots import make_subplots
 from ftlib.results import load_rows
 
 BENCH = "kernels"
-OPS = ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_rmsnorm", "residual_layernorm")
+OPS = ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_rmsnorm", "residual_layernorm",
+       "bias_grad")
 OP_NAMES = {"rmsnorm": "RMSNorm fwd+bwd", "layernorm": "LayerNorm fwd+bwd", "cross_entropy": "cross-entropy fwd+bwd",
             "adamw": "AdamW step", "attention": "causal attention fwd+bwd",
             "residual_rmsnorm": "residual add + RMSNorm fwd+bwd",
-            "residual_layernorm": "residual add + LayerNorm fwd+bwd"}
+            "residual_layernorm": "residual add + LayerNorm fwd+bwd", "bias_grad": "bias gradient (column sum)"}
 CEILING_NAMES = {"copy": "bandwidth", "matmul fp32": "fp32", "matmul tf32": "tf32", "matmul bf16": "bf16"}
 KERNELS_DIR = Path(__file__).resolve().parent.parent / "kernels"
 

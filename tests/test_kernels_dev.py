@@ -17,7 +17,8 @@ from kernels._common import interpreter_ready  # noqa: E402
 pytestmark = pytest.mark.skipif(not interpreter_ready(), reason="triton imported before TRITON_INTERPRET=1")
 
 
-@pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm"])
+@pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm",
+                                "bias_grad"])
 def test_dev_driver_checks_pass(op, capsys):
     mod = importlib.import_module(f"kernels.dev.{op}_dev")
     assert mod.main(["--check-only"]) == 0

@@ -21,7 +21,7 @@ import torch
 
 from kernels.dev._harness import BENCH, Recorder, use_interpreter
 
-OPS = ("ceilings", "rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm")
+OPS = ("ceilings", "rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm", "bias_grad")
 
 
 def run_suite(
