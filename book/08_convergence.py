@@ -63,7 +63,17 @@ import math
 import plotly.graph_objects as go
 
 from ftlib.benchview import provenance_line
-from ftlib.convergence import FAIR, SUITE_ORDER, aggregate, run_suites, speedrun_verdict, summary
+from ftlib.convergence import (
+    FAIR,
+    REFERENCE,
+    SUITE_ORDER,
+    TARGET_LOSS,
+    aggregate,
+    run_suites,
+    speedrun_curves,
+    speedrun_verdict,
+    summary,
+)
 from ftlib.env import pick_device
 from ftlib.plots import show
 from ftlib.results import load_rows
@@ -208,6 +218,17 @@ else:
             x = v[f"speed-up {how}"]
             print(f"target {v['target']:g}x, {how}: {v['candidate']}: "
                   + (f"{x:.2f}x on seeds {v[f'seeds {how}']} -> {v[f'verdict {how}']}" if x else "no common seeds"))
+        # The two finalists' runs: validation loss against training time without the startup.
+        fig = go.Figure()
+        for c in speedrun_curves(ok_speed, [REFERENCE, v["candidate"]]):
+            fig.add_trace(go.Scatter(x=c["time_s"], y=c["val_loss"], mode="lines+markers",
+                                     name=f"{c['model']}, seed {c['seed']}",
+                                     line=dict(dash="dot" if c["model"] == REFERENCE else "solid")))
+        fig.add_hline(y=TARGET_LOSS, line_dash="dash", annotation_text="target")
+        fig.update_layout(title="Speedrun: validation loss vs training time, startup excluded",
+                          xaxis_title="training time excluding startup (s)", yaxis_title="validation loss",
+                          yaxis_range=[1.3, 2.6], height=520, legend=dict(orientation="h", y=-0.25))
+        show(fig, "speedrun-curves")
 
 # %% [markdown]
 # ## 5. What the trained models write

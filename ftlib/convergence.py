@@ -145,6 +145,7 @@ def speedrun_finalists(rows: list[dict[str, Any]]) -> list[str]:
 
 
 SEEDS = (0, 1, 2)
+TARGET_LOSS = 1.50  # the speedrun's validation loss (issue 7)
 SUITE_ORDER = ("convergence-original", "convergence", "speedrun", "convergence-nanogpt")
 
 
@@ -176,7 +177,7 @@ def suites(smoke: bool) -> dict[str, dict]:
             # their horizon keep distinct keys.
             runs={n: (c.replace(**tiny), r.replace(**{**shrink, "decay_steps": min(20, max(3, r.decay_steps // 70))})
                       if smoke else r) for n, (c, r) in speedrun_candidates().items()},
-            seeds=SEEDS[:1], target=1.50, more_seeds=SEEDS[1:]),
+            seeds=SEEDS[:1], target=TARGET_LOSS, more_seeds=SEEDS[1:]),
     }
 
 
@@ -400,3 +401,26 @@ def speedrun_verdict(rows: list[dict[str, Any]], target: float = TARGET_SPEEDUP)
             "speed-up incl. startup": x_all, "seeds incl. startup": seeds_all,
             "verdict excl. startup": None if x_steady is None else ("met" if x_steady >= target else "not met"),
             "verdict incl. startup": None if x_all is None else ("met" if x_all >= target else "not met")}
+
+
+def speedrun_curves(rows: list[dict[str, Any]], models: Iterable[str],
+                    exclude_startup: bool = True) -> list[dict[str, Any]]:
+    """Validation loss against training wall time for each run of ``models``, one entry per
+    (model, seed): ``time_s`` and ``val_loss`` lists from the run's evaluation history.
+
+    With ``exclude_startup`` the one-off startup (compilation or the engine's JIT and capture)
+    is taken off every point after step 0; runs stored before the startup was recorded are left out.
+    """
+    out = []
+    for r in sorted(_ok(rows), key=lambda r: (r["model"], r["seed"])):
+        if r["model"] not in models:
+            continue
+        startup = r.get("startup_s")
+        if exclude_startup and startup is None:
+            continue
+        shift = startup if exclude_startup else 0.0
+        hist = r.get("history") or []
+        out.append({"model": r["model"], "seed": r["seed"],
+                    "time_s": [max(0.0, h["time_s"] - shift) if h["step"] > 0 else 0.0 for h in hist],
+                    "val_loss": [h["val_loss"] for h in hist]})
+    return out

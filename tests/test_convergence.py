@@ -133,3 +133,17 @@ def test_speedrun_verdict_matches_seeds_and_picks_the_fastest_steady_candidate()
     assert v["speed-up incl. startup"] == pytest.approx((40 + 26 + 10) / (10 + 4.1 + 3.4))
     assert v["verdict excl. startup"] == "not met" and v["verdict incl. startup"] == "met"
     assert speedrun_verdict([r for r in rows if r["model"] != REFERENCE]) is None
+
+
+def test_speedrun_curves_take_the_startup_off_and_skip_runs_without_it():
+    from ftlib.convergence import speedrun_curves
+
+    hist = [{"step": 0, "time_s": 0.0, "val_loss": 4.0}, {"step": 50, "time_s": 12.0, "val_loss": 2.0},
+            {"step": 100, "time_s": 13.0, "val_loss": 1.49}]
+    rows = [{**_row("a", 0, 13.0, startup=10.0), "history": hist},
+            {**_row("a", 1, 13.0), "history": hist},  # no startup recorded
+            {**_row("b", 0, 13.0, startup=1.0), "history": hist}]
+    got = speedrun_curves(rows, ["a"])
+    assert [(c["model"], c["seed"]) for c in got] == [("a", 0)]
+    assert got[0]["time_s"] == [0.0, 2.0, 3.0] and got[0]["val_loss"] == [4.0, 2.0, 1.49]
+    assert len(speedrun_curves(rows, ["a"], exclude_startup=False)) == 2
