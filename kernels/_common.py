@@ -60,6 +60,12 @@ def compute_dtype(dtype: torch.dtype) -> tl.dtype:
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
+def row_tile_warps(rows: int, block_n: int) -> int:
+    """Warps for a (rows, block_n) row tile: one per 1,024 elements, 1 to 8 (the row-tile norm
+    kernels; 4 x 256 -> 1 warp, the RMSNorm winner in kernels.jsonl)."""
+    return min(8, max(1, rows * block_n // 1024))
+
+
 def num_programs(device: torch.device, work: int) -> int:
     """Programs for a persistent reduction grid: one per SM (capped by the work items).
 

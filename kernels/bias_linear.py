@@ -50,6 +50,7 @@ from kernels._common import FLOAT_DTYPES, check_tensor, compute_dtype, interpret
 _GPU_BLOCKS = (32, 64, 4)
 _CPU_BLOCKS = (8, 16, 1)
 MIN_TILES_PER_SPLIT = 4  # fewer BLOCK_M tiles per split and the partials cost more than they save
+PROGRAMS_PER_SM = 2  # the row splits aim at this many programs per SM (kernels/dev/bias_grad_dev.py times others)
 
 
 @triton.jit
@@ -77,33 +78,40 @@ def _col_sum_kernel(DY, P, M, N, stride_m, stride_n, rows_per_split,
     tl.store(P + ps * N + cols, tl.sum(acc, axis=0), mask=cmask)
 
 
-def _num_splits(M: int, N: int, block_m: int, block_n: int, device: torch.device) -> int:
-    """Row splits S: S * cdiv(N, block_n) ~ 2 programs per SM, each split >= MIN_TILES_PER_SPLIT tiles."""
+def _num_splits(M: int, N: int, block_m: int, block_n: int, device: torch.device,
+                per_sm: int = PROGRAMS_PER_SM) -> int:
+    """Row splits S: S * cdiv(N, block_n) ~ per_sm programs per SM, each split >= MIN_TILES_PER_SPLIT tiles."""
     if device.type == "cuda":
         sms = torch.cuda.get_device_properties(device).multi_processor_count
-        target = triton.cdiv(2 * sms, triton.cdiv(N, block_n))
+        target = triton.cdiv(per_sm * sms, triton.cdiv(N, block_n))
     else:
         target = 2  # interpreter: still exercises the partials and the second stage
     return max(1, min(target, triton.cdiv(M, block_m) // MIN_TILES_PER_SPLIT))
 
 
-def bias_grad(dy2d: torch.Tensor, out_dtype: torch.dtype, splits: int | None = None) -> torch.Tensor:
+def bias_grad(
+    dy2d: torch.Tensor, out_dtype: torch.dtype, splits: int | None = None,
+    blocks: tuple[int, int, int] | None = None, per_sm: int = PROGRAMS_PER_SM,
+) -> torch.Tensor:
     """Column sums of dy2d (M, N) -> (N,) in ``out_dtype``, accumulated in fp32 (fp64 for fp64).
 
     dy2d may be a strided view (its last dim should be unit-stride for coalesced loads).
-    ``splits``: row splits S (None: ~2 programs per SM, see :func:`_num_splits`); the (S, N)
-    partials are summed by torch.
+    ``splits``: row splits S (None: ~``per_sm`` programs per SM, see :func:`_num_splits`); the
+    (S, N) partials are summed by torch. ``blocks``: (BLOCK_M, BLOCK_N, num_warps), powers of
+    two (None: the tuned default; the dev driver times others).
     """
     check_tensor("dy2d", dy2d, ndim=2, contiguous=False)
     if out_dtype not in FLOAT_DTYPES:
         raise TypeError(f"out_dtype is {out_dtype}; expected one of {[str(d) for d in FLOAT_DTYPES]}")
     if splits is not None and int(splits) < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
+    if int(per_sm) < 1:
+        raise ValueError(f"per_sm must be >= 1, got {per_sm}")
     M, N = dy2d.shape
     if M == 0 or N == 0:
         return torch.zeros(N, dtype=out_dtype, device=dy2d.device)
-    block_m, block_n, num_warps = _CPU_BLOCKS if interpret_mode() else _GPU_BLOCKS
-    S = _num_splits(M, N, block_m, block_n, dy2d.device) if splits is None else int(splits)
+    block_m, block_n, num_warps = blocks or (_CPU_BLOCKS if interpret_mode() else _GPU_BLOCKS)
+    S = _num_splits(M, N, block_m, block_n, dy2d.device, int(per_sm)) if splits is None else int(splits)
     # Whole tiles per split, then drop the splits that would start past M.
     rows_per_split = triton.cdiv(triton.cdiv(M, S), block_m) * block_m
     S = triton.cdiv(M, rows_per_split)

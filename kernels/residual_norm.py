@@ -30,7 +30,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, compute_dtype, same_device
+from kernels._common import check_tensor, compute_dtype, row_tile_warps, same_device
 
 ROWS = 16  # rows per program: 16 x 256 fp32 = 16 KB per operand tile (measured in the engine, round 3)
 
@@ -120,7 +120,7 @@ def _check(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | 
 
 def add_norm_fwd(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, layer_norm: bool,
-    out_dtype: torch.dtype | None = None,
+    out_dtype: torch.dtype | None = None, rows: int = ROWS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(s, h, rstd): s = x + r, h = norm(s) over the last dim; contiguous x and r.
 
@@ -129,7 +129,8 @@ def add_norm_fwd(
     added in fp32 inside the kernel, as ``x + r`` would promote it). h takes ``out_dtype`` (default
     x's): under bf16 autocast the next op is a Linear that casts h to bf16 anyway, so writing h
     in bf16 here gives the same values (h is computed in fp32 and rounded once either way) and
-    saves the cast kernel forward and the cast of its gradient backward.
+    saves the cast kernel forward and the cast of its gradient backward. ``rows``: rows per
+    program, a power of two (kernels/dev/residual_norm_dev.py times others).
     """
     _check(x, r, w, b)
     if b is not None and not layer_norm:
@@ -139,16 +140,17 @@ def add_norm_fwd(
     s, h = torch.empty_like(x), torch.empty_like(x, dtype=out_dtype or x.dtype)
     rstd = torch.empty(M, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
     if M > 0:
-        _add_norm_fwd_kernel[(triton.cdiv(M, ROWS),)](
+        block_n = triton.next_power_of_2(N)
+        _add_norm_fwd_kernel[(triton.cdiv(M, rows),)](
             x, r, w, b if b is not None else w, s, h, rstd, M, N, eps,
-            IS_LN=layer_norm, HAS_BIAS=b is not None, ROWS=ROWS, BLOCK_N=triton.next_power_of_2(N),
-            CD=compute_dtype(x.dtype), num_warps=4)
+            IS_LN=layer_norm, HAS_BIAS=b is not None, ROWS=rows, BLOCK_N=block_n,
+            CD=compute_dtype(x.dtype), num_warps=row_tile_warps(rows, block_n))
     return s, h, rstd
 
 
 def add_norm_bwd(
     ds: torch.Tensor | None, dh: torch.Tensor, s: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor,
-    layer_norm: bool, has_bias: bool,
+    layer_norm: bool, has_bias: bool, rows: int = ROWS,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(g, dweight, dbias or None): g is the gradient of both x and r; ``ds`` None when s feeds only the norm."""
     N = s.shape[-1]
@@ -158,12 +160,14 @@ def add_norm_bwd(
     g = torch.empty_like(s)
     if M == 0:
         return g, torch.zeros_like(w), torch.zeros_like(w) if has_bias else None
-    grid = triton.cdiv(M, ROWS)
+    grid = triton.cdiv(M, rows)
+    block_n = triton.next_power_of_2(N)
     dwp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device)
     dbp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device) if has_bias else dwp
     _add_norm_bwd_kernel[(grid,)](ds if ds is not None else dh, dh, s, w, rstd, g, dwp, dbp, M, N,
-                                  IS_LN=layer_norm, HAS_BIAS=has_bias, HAS_DS=ds is not None, ROWS=ROWS,
-                                  BLOCK_N=triton.next_power_of_2(N), CD=compute_dtype(s.dtype), num_warps=4)
+                                  IS_LN=layer_norm, HAS_BIAS=has_bias, HAS_DS=ds is not None, ROWS=rows,
+                                  BLOCK_N=block_n, CD=compute_dtype(s.dtype),
+                                  num_warps=row_tile_warps(rows, block_n))
     return g, dwp.sum(0).to(w.dtype), dbp.sum(0).to(w.dtype) if has_bias else None
 
 
@@ -171,10 +175,10 @@ class AddNormFunction(torch.autograd.Function):
     """Two outputs, (s, h); autograd hands the backward both gradients, so their sum is fused."""
 
     @staticmethod
-    def forward(ctx, x, r, w, b, eps, layer_norm, out_dtype=None):
-        s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm, out_dtype)
+    def forward(ctx, x, r, w, b, eps, layer_norm, out_dtype=None, rows=ROWS):
+        s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm, out_dtype, rows)
         ctx.save_for_backward(s, w, rstd)
-        ctx.r_dtype, ctx.layer_norm, ctx.has_bias = r.dtype, layer_norm, b is not None
+        ctx.r_dtype, ctx.layer_norm, ctx.has_bias, ctx.rows = r.dtype, layer_norm, b is not None, rows
         ctx.set_materialize_grads(False)  # an unused s arrives as None, not as a tensor of zeros
         return s, h
 
@@ -182,21 +186,23 @@ class AddNormFunction(torch.autograd.Function):
     def backward(ctx, ds, dh):
         s, w, rstd = ctx.saved_tensors
         if dh is None:  # h unused: s's gradient passes through to x and r
-            return ds, None if ds is None else ds.to(ctx.r_dtype), None, None, None, None, None
-        g, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias)  # dh may be bf16: loaded as fp32
-        return g, g.to(ctx.r_dtype), dw, db, None, None, None
+            return ds, None if ds is None else ds.to(ctx.r_dtype), None, None, None, None, None, None
+        # dh may be bf16: loaded as fp32
+        g, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias, ctx.rows)
+        return g, g.to(ctx.r_dtype), dw, db, None, None, None, None
 
 
 def add_rms_norm(
-    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-5, out_dtype: torch.dtype | None = None
+    x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-5, out_dtype: torch.dtype | None = None,
+    rows: int = ROWS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, rms_norm(x + r) * w), differentiable in x, r and w; h in ``out_dtype`` (default x's)."""
-    return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype)
+    return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype, rows)
 
 
 def add_layer_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, eps: float = 1e-5,
-    out_dtype: torch.dtype | None = None,
+    out_dtype: torch.dtype | None = None, rows: int = ROWS,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, layer_norm(x + r) * w + b), differentiable in x, r, w and b; h in ``out_dtype``."""
-    return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype)
+    return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype, rows)

@@ -16,7 +16,7 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, compute_dtype, same_device
+from kernels._common import check_tensor, compute_dtype, row_tile_warps, same_device
 
 MAX_FUSED_BYTES = 65536  # one row must fit in one block (as in Liger); C=256 is far below this
 
@@ -82,10 +82,6 @@ def _rms_norm_bwd_kernel(
     tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dy * xhat, axis=0), mask=cols < N)
 
 
-def _warps(rows: int, block_n: int) -> int:
-    return min(8, max(1, rows * block_n // 1024))
-
-
 def _block_n(x: torch.Tensor) -> int:
     N = x.shape[-1]
     block = triton.next_power_of_2(N)
@@ -123,7 +119,7 @@ def rms_norm_fwd(
     if M > 0:
         _rms_norm_fwd_kernel[(triton.cdiv(M, rows),)](
             x2, weight, y, rstd, x2.stride(0), y.stride(0), M, N, eps,
-            ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=_warps(rows, BLOCK_N),
+            ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=row_tile_warps(rows, BLOCK_N),
         )
     return y.view(x.shape), rstd
 
@@ -150,7 +146,7 @@ def rms_norm_bwd(
     if M > 0:
         _rms_norm_bwd_kernel[(P,)](
             dy2, x2, weight, rstd, dx, dw_partial, dy2.stride(0), x2.stride(0), dx.stride(0),
-            M, N, ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=_warps(rows, BLOCK_N),
+            M, N, ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=row_tile_warps(rows, BLOCK_N),
         )
         dw = dw_partial.sum(0).to(weight.dtype)
     else:

@@ -83,6 +83,15 @@ def test_bias_grad_sums_every_split(splits):
     torch.testing.assert_close(bias_grad(dy, torch.float32, splits=splits), dy.sum(0), atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("blocks,per_sm", [((16, 16, 1), 1), ((8, 64, 2), 4), ((64, 8, 1), 8)])
+def test_bias_grad_other_tiles_and_programs_per_sm(blocks, per_sm):
+    # The tiles the dev driver times (kernels/dev/bias_grad_dev.py): partial column and row
+    # blocks at 37 x 40 with every tile shape.
+    dy = torch.randn(37, 40, generator=torch.Generator().manual_seed(8)) - 0.2
+    got = bias_grad(dy, torch.float32, blocks=blocks, per_sm=per_sm)
+    torch.testing.assert_close(got, dy.sum(0), atol=1e-5, rtol=1e-5)
+
+
 def test_bias_grad_reads_strided_views():
     base = torch.randn(30, 50, generator=torch.Generator().manual_seed(6))
     dy = base[::2, 3:40]  # (15, 37): row stride 100, not N
@@ -159,6 +168,8 @@ def test_launcher_and_function_reject_bad_arguments():
         bias_grad(dy, torch.int32)
     with pytest.raises(ValueError, match="splits must be >= 1"):
         bias_grad(dy, torch.float32, splits=0)
+    with pytest.raises(ValueError, match="per_sm must be >= 1"):
+        bias_grad(dy, torch.float32, per_sm=0)
     with pytest.raises(ValueError, match="Triton kernels need a CUDA tensor"):
         bias_grad(torch.empty(8, 4, device="meta"), torch.float32)
     x, w, b = torch.randn(3, 6), torch.randn(4, 6), torch.randn(4)

@@ -56,6 +56,21 @@ def test_outputs_and_every_gradient_match_reference(shape, use_s, kind):
         torch.testing.assert_close(a.double(), c, atol=1e-4, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
 
 
+@pytest.mark.parametrize("rows", [1, 4, 8, 32])
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["rms", "ln"])
+def test_every_row_tile_gives_the_same_results(rows, layer_norm):
+    # The tile sizes kernels/dev/residual_norm_dev.py times: 37 rows leave a partial last tile.
+    x, r, w, b, ds, dh = _inputs((37, 48), seed=3)
+    b = b if layer_norm else None
+    fn = (lambda rows: add_layer_norm(x, r, w, b, 1e-5, rows=rows)) if layer_norm else (
+        lambda rows: add_rms_norm(x, r, w, 1e-5, rows=rows))
+    params = (x, r, w, b) if layer_norm else (x, r, w)
+    base = [*fn(16), *torch.autograd.grad(fn(16), params, (ds, dh))]
+    got = [*fn(rows), *torch.autograd.grad(fn(rows), params, (ds, dh))]
+    for a, c in zip(got, base):
+        torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
+
+
 @pytest.mark.parametrize("kind", list(KINDS))
 def test_only_s_used_passes_its_gradient_through(kind):
     fn, _, _ = KINDS[kind]

@@ -4,7 +4,9 @@
 Why: in GPT-2's engine step PyTorch's ``dy.sum(0)`` for the 24 Linear biases is ~0.47 ms of
 3.79 ms (``kernels/dev/engine_probe.py``, H200, tf32), ~13-20 us per call for 8192 rows.
 Variants: v1 eager ``dy.sum(0)`` (what autograd runs for ``F.linear``'s bias), v2 torch.compile
-of it, v3 ``kernels/bias_linear.py``'s two-stage Triton column sum. Shapes: dy (8192, N) for
+of it, v3 ``kernels/bias_linear.py``'s two-stage Triton column sum (32 x 64 tiles, 4 warps, ~2
+programs per SM), v4-v6 the same kernel on other tiles and more programs per SM (v3 streamed
+at only ~1 TB/s in fp32 and lost to torch.compile at N = 768 and 1024). Shapes: dy (8192, N) for
 GPT-2's four Linear widths N = 768 (qkv), 256 (proj), 1024 (MLP up), 256 (MLP down), fp32 and
 bf16. Bytes (the floor): dy read once; the (N,) result is left out.
 """
@@ -39,6 +41,9 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             Variant("v2 torch.compile", lambda: compiled(dy), tol, gpu_only=True),
             Variant("v3 triton column sum", lambda: bias_grad(dy, dtype), tol),
         ]
+        for v, blocks, per_sm in (("v4", (64, 64, 4), 4), ("v5", (32, 128, 4), 4), ("v6", (16, 256, 4), 8)):
+            variants.append(Variant(f"{v} column sum {blocks[0]}x{blocks[1]}, {per_sm}/SM",
+                                    lambda b=blocks, p=per_sm: bias_grad(dy, dtype, blocks=b, per_sm=p), tol))
         return run(f"bias grad ({M}, {N}) {dtype}", args, device, lambda: dy.double().sum(0), variants,
                    work=M * N * dy.element_size(), unit="GB/s", op="bias_grad", shape={"M": M, "N": N},
                    dtype=dtype)

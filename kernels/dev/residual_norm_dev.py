@@ -4,8 +4,9 @@
 Variants: v1 eager (``s = x + r`` then ``ftlib.norm``'s RMSNorm / LayerNorm: an add kernel, a
 norm kernel, and backward autograd's add of the two gradients reaching s), v2 torch.compile of
 the same, v3 the fused kernel of ``kernels/residual_norm.py`` (one kernel each way; the
-engine's default from round 4), v4 the model's row-tile RMSNorm after an eager add (the
-unfused engine, RMSNorm only). Shape: one FastTransformer / GPT-2 norm input, (B*T, C) =
+engine's default from round 4, 16 rows per program), v4 the model's row-tile RMSNorm after an
+eager add (the unfused engine, RMSNorm only), v5 and v6 the fused kernel on 4- and 8-row
+tiles. Shape: one FastTransformer / GPT-2 norm input, (B*T, C) =
 (8192, 256), fp32 and bf16; both outputs s and h receive gradients, as in a block.
 Bytes (the floor): forward reads x and r, writes s and h; backward reads ds, dh and s and
 writes one gradient (dx = dr): 8 passes of M x N; weight, rstd and partials left out.
@@ -67,6 +68,12 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
                 s = a + c
                 return s, rms_norm(s, d, 1e-5)
             variants.append(Variant("v4 add + triton rmsnorm", fwd_bwd(unfused), tol))
+        # v5, v6: the fused kernel on smaller row tiles (v3 takes 16 rows with 4 warps; the RMSNorm
+        # kernel won with 4 rows and 1 warp, kernels.jsonl v5). Warps follow the tile size.
+        for v, rows in (("v5", 4), ("v6", 8)):
+            tiled = (lambda a, c, d, e, rows=rows: add_layer_norm(a, c, d, e, 1e-5, rows=rows)) if ln else (
+                lambda a, c, d, e, rows=rows: add_rms_norm(a, c, d, 1e-5, rows=rows))
+            variants.append(Variant(f"{v} triton fused {rows} rows", fwd_bwd(tiled), tol))
         return run(f"residual+{kind} fwd+bwd ({M}, {N}) {dtype}", args, device, reference, variants,
                    work=8 * M * N * x.element_size(), unit="GB/s", op=f"residual_{kind}",
                    shape={"M": M, "N": N}, dtype=dtype)
