@@ -145,6 +145,9 @@ def speedrun_finalists(rows: list[dict[str, Any]]) -> list[str]:
 
 
 SEEDS = (0, 1, 2)
+# The speedrun's finalists get two seeds more: their best losses sit within ~0.01 of the target,
+# so whether and when a seed reaches 1.50 varies, and the speed-up needs more than three samples.
+FINALIST_SEEDS = (1, 2, 3, 4)
 TARGET_LOSS = 1.50  # the speedrun's validation loss (issue 7)
 SUITE_ORDER = ("convergence-original", "convergence", "speedrun", "convergence-nanogpt")
 
@@ -171,13 +174,13 @@ def suites(smoke: bool) -> dict[str, dict]:
                                    recipe("nanogpt-char", steps=2500, eval_interval=100,
                                           eval_iters=40).replace(**shrink))},
             seeds=SEEDS, target=None),
-        # Every candidate with seed 0; then seeds 1 and 2 for the reference and the fastest.
+        # Every candidate with seed 0; then seeds 1-4 for the reference and the fastest.
         "speedrun": dict(
             # Smoke: horizons scaled down (not all set to 20), so candidates that differ only in
             # their horizon keep distinct keys.
             runs={n: (c.replace(**tiny), r.replace(**{**shrink, "decay_steps": min(20, max(3, r.decay_steps // 70))})
                       if smoke else r) for n, (c, r) in speedrun_candidates().items()},
-            seeds=SEEDS[:1], target=TARGET_LOSS, more_seeds=SEEDS[1:]),
+            seeds=SEEDS[:1], target=TARGET_LOSS, more_seeds=FINALIST_SEEDS),
     }
 
 
