@@ -10,6 +10,7 @@ import pytest
 
 from ftlib import preset
 from ftlib.convergence import (
+    ALL_SEEDS,
     FINALIST_SEEDS,
     REFERENCE,
     run_key,
@@ -54,7 +55,7 @@ def test_speedrun_candidates_are_well_formed():
     cands = speedrun_candidates()
     assert next(iter(cands)) == REFERENCE
     engine = {n: (c, r) for n, (c, r) in cands.items() if r.engine}
-    assert len(engine) == 15 and all(r.compile is None and r.precision == "bf16" for _, r in engine.values())
+    assert len(engine) == 18 and all(r.compile is None and r.precision == "bf16" for _, r in engine.values())
     assert all("engine" in n for n in engine)
     for name, (cfg, rec) in cands.items():
         cfg.check_sequence(rec.block_size)
@@ -88,6 +89,9 @@ def test_summary_reads_old_and_new_rows_and_finalists():
     # Seeds 1 and 2 go to the reference and the fastest excluding startup ('old' has no such figure).
     assert speedrun_finalists(rows) == [REFERENCE, "b"]
     assert speedrun_finalists([_row(REFERENCE, 0, 40.0)]) == [REFERENCE]
+    # Named candidates get the seeds too, once each, after the fastest.
+    assert speedrun_finalists(rows, always=("c", "b")) == [REFERENCE, "b", "c"]
+    assert all(n in speedrun_candidates() for n in ALL_SEEDS)
     # A suite without a target has no timing columns beyond the old ones.
     plain = summary([{**_row("m", 0), "target": None}])[0]
     assert "excl. startup s (mean)" not in plain and "time to target s (mean)" in plain
@@ -120,9 +124,10 @@ def test_speedrun_smoke_runs_engine_candidates_and_extra_seeds(tmp_path, monkeyp
     assert [r["status"] for r in rows] == ["ok"] * len(rows), [r.get("error") for r in rows]
     assert [r["seed"] for r in rows[:n]] == [0] * n
     extra = rows[n:]
-    seeds = sorted(r["seed"] for r in extra)  # the reference, and the fastest if one reached the target
-    assert seeds in (sorted(FINALIST_SEEDS * 2), sorted(FINALIST_SEEDS)), seeds
-    assert {r["model"] for r in extra} >= {REFERENCE}
+    # The reference, ALL_SEEDS, and the fastest if one reached the target (it may be in ALL_SEEDS).
+    seeds = sorted(r["seed"] for r in extra)
+    assert seeds in (sorted(FINALIST_SEEDS * (k + len(ALL_SEEDS))) for k in (1, 2)), seeds
+    assert {r["model"] for r in extra} >= {REFERENCE, *ALL_SEEDS}
     eng = [r for r in rows if r["execution"] == "engine"]
     assert len(eng) >= 5 and all(r["engine"] is not None and r["startup_s"] > 0 for r in eng)
     assert run_suites(["speedrun"], "cpu", smoke=True) == []  # resumable: nothing left
@@ -143,6 +148,29 @@ def test_speedrun_verdict_matches_seeds_and_picks_the_fastest_steady_candidate()
     assert v["speed-up incl. startup"] == pytest.approx((40 + 26 + 10) / (10 + 4.1 + 3.4))
     assert v["verdict excl. startup"] == "not met" and v["verdict incl. startup"] == "met"
     assert speedrun_verdict([r for r in rows if r["model"] != REFERENCE]) is None
+    assert v["seeds reached"] == "3/3" and v["qualified"]
+
+
+def test_speedrun_verdict_needs_every_seed_to_reach_the_target():
+    from ftlib.convergence import speedrun_verdict
+
+    ref = [_row(REFERENCE, s, 12.0, startup=1.0) for s in range(5)]
+    # "flaky" is the fastest where it gets there but misses on seed 3; "steady" reaches on all five.
+    flaky = [_row("flaky", s, 3.0 if s != 3 else None, startup=0.1) for s in range(5)]
+    steady = [_row("steady", s, 4.1, startup=0.1) for s in range(5)]
+    v = speedrun_verdict(ref + flaky + steady)
+    assert v["candidate"] == "steady" and v["seeds reached"] == "5/5" and v["qualified"]
+    assert v["speed-up excl. startup"] == pytest.approx(11.0 / 4.0) and v["verdict excl. startup"] == "not met"
+    # Without a qualified candidate the fastest is reported, never 'met', however large its speed-up.
+    v = speedrun_verdict(ref + flaky)
+    assert v["candidate"] == "flaky" and v["seeds reached"] == "4/5" and not v["qualified"]
+    assert v["seeds excl. startup"] == [0, 1, 2, 4] and v["speed-up excl. startup"] == pytest.approx(11.0 / 2.9)
+    assert v["verdict excl. startup"] == "not met" and v["verdict incl. startup"] == "not met"
+    # Fewer than min_seeds seeds do not qualify either.
+    assert not speedrun_verdict(ref + steady[:2])["qualified"]
+    assert speedrun_verdict(ref + steady[:2], min_seeds=2)["verdict excl. startup"] == "not met"
+    fast = [_row("fast", s, 3.5, startup=0.1) for s in range(3)]
+    assert speedrun_verdict(ref + fast)["verdict excl. startup"] == "met"
 
 
 def test_speedrun_curves_take_the_startup_off_and_skip_runs_without_it():
