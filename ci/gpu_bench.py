@@ -139,8 +139,11 @@ def _grid_compile() -> list[Case]:
 # strict fp32 keeps SDPA's attention (the 'ieee' kernel lost in round 2); packed-qkv attention
 # and the fused residual-norm measured as variants. Round 4: both became the defaults (they
 # won in round 3), the residual add is fused into LayerNorm too (GPT-2), and RMSNorm runs on
-# 4-row tiles (kernels.jsonl v5).
-ENGINE_ROUND = 4
+# 4-row tiles (kernels.jsonl v5). Round 5: the levers measured as round-4 variants became the
+# defaults (bias gradients on the Triton column sum; under bf16 the fused norms write bf16 and
+# the Linear layers read one bf16 shadow of the weights); the fused residual-norm runs on
+# 4-row tiles and the column sum on 128-column tiles for N >= 512 (kernels.jsonl v5 of each).
+ENGINE_ROUND = 5
 
 
 def _engine() -> list[Case]:
@@ -151,8 +154,9 @@ def _engine() -> list[Case]:
     comparison per precision (engine, then the two baselines), fp32, tf32, bf16; then GPT-2
     with the attention kernel replacing its explicit softmax (the same function); then the
     fp32-accurate tensor-core options (3xTF32 attention and/or Linear layers, labelled as
-    such); then what each piece buys (the engine with one kernel switched off, with none,
-    uncaptured, with the heads layout, with the residual add unfused). Variants carry their
+    such); then what each piece buys (under bf16 each bf16 lever and the bias kernel off; in
+    tf32 and fp32 the engine with one kernel switched off, with none, uncaptured, with the
+    heads layout, with the residual add unfused, with PyTorch's bias gradients). Variants carry their
     engine options in ``extra`` and a label saying what changed.
     """
     configs = {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
@@ -175,29 +179,15 @@ def _engine() -> list[Case]:
         Case("gpt2 engine +flash-attn 3xTF32 +linear", configs["gpt2"], 32, 256, "engine", "fp32",
              {**rnd, **x3, **lin, **flash}),
     ]
-    # Added after round 4 ran (measured as variants of round 4): GPT-2's bias gradients on the
-    # Triton column sum (kernels/bias_linear.py), with and without the attention kernel.
-    bias = {"bias_kernel": True}
-    cases += [Case("gpt2 engine +flash-attn +bias-kernel", configs["gpt2"], 32, 256, "engine", prec,
-                   {**rnd, **flash, **bias}) for prec in ("tf32", "bf16")]
-    # Also prepared after round 4: under bf16 the fused norms write bf16 (the next Linear's
-    # autocast cast, without its kernels).
-    n16 = {"bf16_norm_out": True}
-    cases += [Case("fasttransformer engine, bf16 norm out", configs["fasttransformer"], 32, 256, "engine", "bf16",
-                   {**rnd, **n16}),
-              Case("gpt2 engine +flash-attn +bias-kernel, bf16 norm out", configs["gpt2"], 32, 256, "engine", "bf16",
-                   {**rnd, **flash, **bias, **n16})]
-    # And the Linear layers on one bf16 shadow of the flat weights (ftlib/bf16_weights.py).
-    w16 = {"bf16_weights": True}
-    cases += [Case("fasttransformer engine, bf16 weights", configs["fasttransformer"], 32, 256, "engine", "bf16",
-                   {**rnd, **w16}),
-              Case("fasttransformer engine, bf16 norm out + bf16 weights", configs["fasttransformer"], 32, 256,
-                   "engine", "bf16", {**rnd, **n16, **w16}),
-              Case("gpt2 engine +flash-attn, bf16 norm out + bf16 weights", configs["gpt2"], 32, 256, "engine",
-                   "bf16", {**rnd, **flash, **n16, **w16})]
-    cases += [Case("gpt2 engine +bias-kernel", configs["gpt2"], 32, 256, "engine", "tf32", {**rnd, **bias}),
-              Case("gpt2 engine +flash-attn 3xTF32 +bias-kernel", configs["gpt2"], 32, 256, "engine", "fp32",
-                   {**rnd, **x3, **flash, **bias})]
+    # What the round-5 defaults buy under bf16, each switched off on its own.
+    bf16_off = [("fasttransformer", " -bf16 norm out", {"bf16_norm_out": False}),
+                ("fasttransformer", " -bf16 weights", {"bf16_weights": False}),
+                ("gpt2", " +flash-attn -bf16 norm out", {**flash, "bf16_norm_out": False}),
+                ("gpt2", " +flash-attn -bias-kernel", {**flash, "bias_kernel": False})]
+    cases += [Case(f"{name} engine{suffix}", configs[name], 32, 256, "engine", "bf16", {**rnd, **extra})
+              for name, suffix, extra in bf16_off]
+    cases.append(Case("gpt2 engine +flash-attn -bias-kernel", configs["gpt2"], 32, 256, "engine", "tf32",
+                      {**rnd, **flash, "bias_kernel": False}))
     for prec in ("tf32", "fp32"):
         for name, cfg in configs.items():
             ops = [cfg.norm] + (["attention"] if cfg.attn_impl == "sdpa" else []) + [
@@ -205,6 +195,8 @@ def _engine() -> list[Case]:
             variants = [(f" -{op}", {"use_kernels": {op: False}}) for op in ops]
             variants += [(" no-kernels", {"use_kernels": False}), (" uncaptured", {"capture": False}),
                          (" unfused residual-norm", {"fuse_residual_norm": False})]
+            if cfg.bias:  # GPT-2: its bias gradients back on PyTorch's dy.sum(0)
+                variants.append((" -bias-kernel", {"bias_kernel": False}))
             if prec == "tf32":  # (in strict fp32 the layout does not apply: SDPA, or GPT-2's softmax)
                 variants.append((" +flash-attn heads layout", {**flash, "attention_layout": "heads"})
                                 if cfg.attn_impl == "explicit" else (" heads layout", {"attention_layout": "heads"}))
@@ -281,7 +273,6 @@ def _engine_check(device, deadline: float) -> None:
     store = ResultStore("engine_check", device_slug(device))
     runs = [(prec, name, {}) for prec in ("fp32", "tf32", "bf16") for name in ("gpt2", "fasttransformer")]
     runs += [(prec, "gpt2", {"attention_for_explicit": True}) for prec in ("tf32", "bf16")]
-    runs += [("tf32", "gpt2", {"attention_for_explicit": True, "bias_kernel": True})]
     for prec, name, options in runs:
         cfg = preset(name)
         extra = {"steps": steps, "round": ENGINE_ROUND, **options}  # a new engine round checks again

@@ -165,8 +165,8 @@ def speedups(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 # on tensor cores at fp32 accuracy (3xTF32), which is not strict IEEE fp32 arithmetic.
 ALTERNATIVES: dict[tuple[str, str], tuple[str, ...]] = {
     ("fasttransformer", "fp32"): ("fasttransformer engine, 3xTF32 attention+linear",),
-    ("gpt2", "fp32"): ("gpt2 engine +flash-attn 3xTF32 +linear", "gpt2 engine +flash-attn 3xTF32 +bias-kernel"),
-    ("gpt2", "tf32"): ("gpt2 engine +flash-attn", "gpt2 engine +flash-attn +bias-kernel"),
+    ("gpt2", "fp32"): ("gpt2 engine +flash-attn 3xTF32 +linear", "gpt2 engine +flash-attn 3xTF32"),
+    ("gpt2", "tf32"): ("gpt2 engine +flash-attn",),
 }
 
 
@@ -339,6 +339,7 @@ ROUND_CHANGES = {
     2: "dK/dV split over the MQA group, scatter-add embedding backward, 3xTF32 options",
     3: "strict fp32 keeps SDPA's attention; packed attention and fused residual-norm as variants",
     4: "packed attention and fused residual-norm by default, also into LayerNorm; 4-row RMSNorm tiles",
+    5: "Triton bias gradients; bf16 norm outputs and bf16 weight shadow; 4-row residual-norm tiles",
 }
 
 

@@ -238,6 +238,11 @@ def test_bias_kernel_swaps_only_linears_with_a_bias():
     assert "no biases" in ft.notes["bias"] and not ft.describe()["bias_kernel"]
     x3 = Engine(GPT4, B, T, "fp32", "cpu", bias_kernel=True, linear_precision="tf32x3")
     assert "Triton GEMM" in x3.notes["bias"]
+    # On by default (engine round 5); off with every kernel off, and on request.
+    assert Engine(GPT4, B, T, "fp32", "cpu").describe()["bias_kernel"]
+    none = Engine(GPT4, B, T, "fp32", "cpu", use_kernels=False)
+    assert not none.describe()["bias_kernel"] and "use_kernels=False" in none.notes["bias"]
+    assert type(Engine(GPT4, B, T, "fp32", "cpu", bias_kernel=False).model.blocks[0].attn.qkv) is torch.nn.Linear
 
 
 def test_attention_kernel_runs_with_residual_dropout_but_not_attention_dropout():
@@ -249,8 +254,8 @@ def test_attention_kernel_runs_with_residual_dropout_but_not_attention_dropout()
 
 def test_bf16_norm_out_only_under_bf16_and_trains_like_the_default():
     (x, y), = pattern_batches(FT1.vocab_size, B, T, 1, seed=4)
-    on = Engine(FT1, B, T, "bf16", "cpu", seed=2, bf16_norm_out=True)
-    off = Engine(FT1, B, T, "bf16", "cpu", seed=2)
+    on = Engine(FT1, B, T, "bf16", "cpu", seed=2)  # on by default from engine round 5
+    off = Engine(FT1, B, T, "bf16", "cpu", seed=2, bf16_norm_out=False)
     assert on.describe()["bf16_norm_out"] and not off.describe()["bf16_norm_out"]
     for _ in range(2):
         a, b = float(on.step(x, y)), float(off.step(x, y))
@@ -262,8 +267,9 @@ def test_bf16_norm_out_only_under_bf16_and_trains_like_the_default():
 def test_bf16_weights_shadow_every_linear_and_train_like_the_default():
     (x, y), = pattern_batches(GPT4.vocab_size, B, T, 1, seed=6)
     # lr 1e-2: a shadow one step behind would change the next step's loss by far more than 1e-3
-    on = Engine(GPT4, B, T, "bf16", "cpu", seed=3, bf16_weights=True, lr=1e-2)
-    off = Engine(GPT4, B, T, "bf16", "cpu", seed=3, lr=1e-2)
+    # The bias kernel off: its Linears keep autocast's casts (the shadow is for plain nn.Linear).
+    on = Engine(GPT4, B, T, "bf16", "cpu", seed=3, bias_kernel=False, lr=1e-2)  # bf16_weights on by default
+    off = Engine(GPT4, B, T, "bf16", "cpu", seed=3, bias_kernel=False, bf16_weights=False, lr=1e-2)
     n_linear = sum(type(m) is torch.nn.Linear for m in off.model.modules())
     assert sum(type(m).__name__ == "ShadowLinear" for m in on.model.modules()) == n_linear > 0
     assert on.describe()["bf16_weights"] and on.flat_param16.numel() == on.n_decay
