@@ -142,7 +142,8 @@ display(Markdown(kernelview.kernel_math("rmsnorm")))
 # forward writes both `s` and the norm's output, and one kernel backward adds the two
 # gradients that reach `s` while it computes the norm's backward. The same kernel covers
 # RMSNorm and LayerNorm. The engine applies it by default from round 4
-# (`ftlib.engine.forward_fused_residual_norm`).
+# (`ftlib.engine.forward_fused_residual_norm`). Since round 5 it takes tiles of 4 rows:
+# `residual_norm_dev`'s v5 against the 16-row v3 in the table below.
 
 # %%
 display(Markdown(kernelview.kernel_math("residual_norm")))
@@ -154,6 +155,17 @@ display(Markdown(kernelview.kernel_math("residual_norm")))
 
 # %%
 display(Markdown(kernelview.kernel_math("layernorm")))
+
+# %% [markdown]
+# ### Bias gradients (GPT-2)
+# Every GPT-2 Linear has a bias, and its gradient is a column sum of `dy` over the 8,192 rows
+# of a batch. The kernel splits the rows so that there are a few programs per SM and sums the
+# small (splits, N) partials in a fixed order. The result is deterministic, with no atomics.
+# The matrix products stay on cuBLAS. `bias_grad_dev`'s rows in the table below compare it
+# with PyTorch's `dy.sum(0)` and torch.compile, at each of GPT-2's widths.
+
+# %%
+display(Markdown(kernelview.kernel_math("bias_linear")))
 
 # %% [markdown]
 # ### Fused MQA attention
@@ -258,6 +270,17 @@ else:
 #   and from round 4 they are the defaults; the `heads layout` and `unfused residual-norm`
 #   variants above measure them against the defaults. Round 4 also fuses the residual add
 #   into GPT-2's LayerNorm and runs RMSNorm on 4-row tiles (the winner of `rmsnorm_dev`).
+# * Round 5 adopts three levers, each measured first as a round-4 variant:
+#   * GPT-2's bias gradients on a Triton column sum (`kernels/bias_linear.py`);
+#   * under bf16, the fused norms write bf16, which is what the next Linear's cast would
+#     produce anyway;
+#   * under bf16, the Linear layers read one bf16 copy of the flat weights made once per step.
+#
+#   None of them changes what is computed. The kernel table above also showed the fused
+#   residual-norm's 16-row tiles losing to Inductor in isolation, so round 5 runs it on
+#   4-row tiles, the shape that won for RMSNorm. Wide bias sums move to 128-column tiles.
+#   The `-bias-kernel`, `-bf16 norm out` and `-bf16 weights` variants measure each lever
+#   against the round-5 defaults.
 # * Strict fp32 is bound by cuBLAS's SIMT matrix products, so the fp32 routes labelled
 #   3xTF32 run attention and the Linear layers on tensor cores at fp32 accuracy
 #   (`kernels/linear.py`). They are a different algorithm, and the verdicts above show them as

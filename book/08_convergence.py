@@ -178,9 +178,15 @@ else:
 # captured step; the "attention dropout 0" candidates keep nanoGPT-style dropout on the
 # embeddings and residual branches only (`ModelConfig.attn_dropout`), so the kernel runs.
 #
-# The verdict below takes the candidate with the least mean time excluding startup and
-# compares it with the reference seed by seed, on the seeds both recorded
-# (`ftlib.convergence.speedrun_verdict`).
+# Every candidate runs seed 0 first. The fastest of them (excluding startup), the reference,
+# and the candidates listed in `ftlib.convergence.ALL_SEEDS` then run seeds 1-4. The verdict
+# (`ftlib.convergence.speedrun_verdict`) counts only candidates that reached 1.50 on every
+# seed they ran, and at least three seeds. Among those it takes the one with the least mean
+# time excluding startup and compares it with the reference seed by seed, on the seeds both
+# recorded. This rule matters because the small models' validation loss bottoms out close
+# to 1.50. A candidate that is fastest on the seeds where it gets there, but misses on one
+# seed, has not met the target. If no candidate qualifies, the verdict reports the fastest
+# one, how many of its seeds reached the target, and "not met".
 
 # %%
 speed = stored("speedrun")
@@ -216,7 +222,7 @@ else:
     else:
         for how in ("excl. startup", "incl. startup"):
             x = v[f"speed-up {how}"]
-            print(f"target {v['target']:g}x, {how}: {v['candidate']}: "
+            print(f"target {v['target']:g}x, {how}: {v['candidate']} (reached 1.50 on {v['seeds reached']} seeds): "
                   + (f"{x:.2f}x on seeds {v[f'seeds {how}']} -> {v[f'verdict {how}']}" if x else "no common seeds"))
         # The two finalists' runs: validation loss against training time without the startup.
         fig = go.Figure()
