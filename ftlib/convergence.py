@@ -45,6 +45,25 @@ def fair_models() -> dict[str, ModelConfig]:
 REFERENCE = "nanogpt-char (reference)"
 
 
+# Session 5's fused-dropout candidates: (name suffix, residual dropout, recipe changes), all at
+# attention dropout 0 (the attention kernel). The dropout 0.2 / 0.1 runs at lr 3e-3, cosine to
+# 1,400 repeat the best regularized and the best unregularized recipe on the faster step; the
+# others try to reach 1.50 in fewer steps: an earlier anneal, a shorter warm-up, more weight
+# decay (the 256x6 model overfits: train 1.15 vs validation 1.50), half the batch at ~0.7x the lr.
+FUSED_DROPOUT_RUNS = tuple(
+    (f"dropout {p}, attention dropout 0, {label}", p,
+     dict(lr=lr, min_lr=round(lr / 10, 12), decay_steps=h, steps=2 * h, **extra))
+    for p, label, lr, h, extra in (
+        (0.2, "lr 3e-3, cosine to 1,400", 3e-3, 1400, {}),
+        (0.2, "lr 3e-3, cosine to 1,200", 3e-3, 1200, {}),
+        (0.1, "lr 3e-3, cosine to 1,400", 3e-3, 1400, {}),
+        (0.15, "lr 3e-3, cosine to 1,200", 3e-3, 1200, {}),
+        (0.2, "lr 3e-3, warm-up 50, cosine to 1,300", 3e-3, 1300, {"warmup": 50}),
+        (0.1, "weight decay 0.3, lr 3e-3, cosine to 1,400", 3e-3, 1400, {"weight_decay": 0.3}),
+        (0.2, "B=32, lr 2e-3, cosine to 2,400", 2e-3, 2400, {"batch_size": 32}),
+    ))
+
+
 def speedrun_candidates() -> dict[str, tuple[ModelConfig, Recipe]]:
     """nanoGPT's recipe and co-designed variants, all run to validation loss 1.50.
 
@@ -127,6 +146,13 @@ def speedrun_candidates() -> dict[str, tuple[ModelConfig, Recipe]]:
         "256x6 FT-style, engine + bf16 levers, dropout 0.2, attention dropout 0, lr 4e-3, cosine to 1,400": (
             ft.replace(dropout=0.2, attn_dropout=0.0), eng.replace(lr=4e-3, min_lr=4e-4, decay_steps=1400, steps=2800,
                                                                   engine_options=bf16_levers)),
+        # Added in session 5 (engine round 5): the residual dropout inside the fused residual-norm
+        # kernels (kernels/residual_norm.py; no dropout kernels: ~0.2 ms of a ~2.8 ms step) and the
+        # bf16 gradient of each branch written by the norm's backward (no cast kernel).
+        **{f"256x6 FT-style, engine + bf16 levers + fused dropout, {name}": (
+            ft.replace(dropout=p, attn_dropout=0.0),
+            eng.replace(engine_options=bf16_levers + (("fuse_dropout", True),), **r))
+           for name, p, r in FUSED_DROPOUT_RUNS},
         "384x4 MQA + 2x MLP + RMSNorm, engine, lr 2e-3, cosine to 1,300": (
             wide, eng.replace(lr=2e-3, min_lr=2e-4, decay_steps=1300, steps=2600)),
         # Execution only: nanoGPT's model and recipe unchanged, on the engine instead of torch.compile.
@@ -146,6 +172,9 @@ ALL_SEEDS = (
     "256x6 FT-style, engine + bf16 levers, dropout 0.2, attention dropout 0, lr 3e-3, cosine to 1,400",
     "256x6 FT-style, engine + bf16 levers, dropout 0.15, attention dropout 0, lr 3e-3, cosine to 1,400",
     "256x6 FT-style, engine + bf16 levers, dropout 0.2, attention dropout 0, lr 4e-3, cosine to 1,400",
+    "256x6 FT-style, engine + bf16 levers + fused dropout, dropout 0.2, attention dropout 0, lr 3e-3, cosine to 1,400",
+    "256x6 FT-style, engine + bf16 levers + fused dropout, dropout 0.2, attention dropout 0, lr 3e-3, cosine to 1,200",
+    "256x6 FT-style, engine + bf16 levers + fused dropout, dropout 0.1, attention dropout 0, lr 3e-3, cosine to 1,400",
 )
 
 

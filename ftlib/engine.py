@@ -77,7 +77,8 @@ ATTN_HEAD_SIZES = (16, 32, 64, 128)
 WARMUP_STEPS = 3
 # Engine options a benchmark case may carry in its ``extra`` (ftlib.bench's 'engine' mode).
 BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture", "linear_precision", "attention_precision",
-                 "attention_layout", "fuse_residual_norm", "bias_kernel", "bf16_norm_out", "bf16_weights")
+                 "attention_layout", "fuse_residual_norm", "bias_kernel", "bf16_norm_out", "bf16_weights",
+                 "fuse_dropout")
 # 'heads': q/k/v as (B, h, T, hs) views, o transposed back with a copy;
 # 'packed' (the default): kernels.attention.packed_attention reads the qkv output and writes
 # (B, T, C) directly, d(qkv) into one buffer (no layout copies). H200, FT, engine round 3:
@@ -270,7 +271,8 @@ def _swap_modules(
 
 
 def forward_fused_residual_norm(
-    model: GPT, idx: torch.Tensor, norm_out_dtype: torch.dtype | None = None
+    model: GPT, idx: torch.Tensor, norm_out_dtype: torch.dtype | None = None,
+    dropout: tuple[float, torch.Tensor] | None = None,
 ) -> torch.Tensor:
     """``GPT.forward`` (logits only) with each residual add fused into the norm that follows it.
 
@@ -280,13 +282,21 @@ def forward_fused_residual_norm(
     after attention that is the block's norm2, after the MLP the next block's norm1 (the
     final norm_f after the last block). ``norm_out_dtype``: the fused norms write their output
     in this dtype (bf16 under bf16 autocast: what the next Linear would cast it to).
+    ``dropout``: (p, seed tensor): the branches' residual dropout runs inside the fused kernels
+    (call site k of the step draws with salt k), for a model whose branch dropout modules were
+    replaced by identities (:func:`fuse_residual_dropout_`); in eval mode p is ignored.
     """
     from kernels.residual_norm import add_layer_norm, add_rms_norm
 
+    p, seed = dropout if (dropout is not None and model.training) else (0.0, None)
+    salt = 0
+
     def add_norm(x: torch.Tensor, r: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        nonlocal salt
+        salt += 1
         if model.config.norm == "layernorm":
-            return add_layer_norm(x, r, norm.weight, norm.bias, norm.eps, norm_out_dtype)
-        return add_rms_norm(x, r, norm.weight, norm.eps, norm_out_dtype)
+            return add_layer_norm(x, r, norm.weight, norm.bias, norm.eps, norm_out_dtype, p=p, seed=seed, salt=salt)
+        return add_rms_norm(x, r, norm.weight, norm.eps, norm_out_dtype, p=p, seed=seed, salt=salt)
 
     B, T = idx.shape
     model.config.check_sequence(T)
@@ -299,6 +309,17 @@ def forward_fused_residual_norm(
         after = blocks[i + 1].norm1 if i + 1 < len(blocks) else model.norm_f
         x, h = add_norm(x, blk.mlp(h), after)
     return model.head(h)
+
+
+def fuse_residual_dropout_(model: GPT) -> float:
+    """Replace every block's branch dropout (attention's ``resid_dropout``, the MLP's ``dropout``)
+    by an identity, in place; returns their p, which :func:`forward_fused_residual_norm` then
+    applies inside the fused residual-norm kernels. The embedding dropout stays a module."""
+    p = model.config.dropout
+    for blk in model.blocks:
+        blk.attn.resid_dropout = nn.Identity()
+        blk.mlp.dropout = nn.Identity()
+    return p
 
 
 def flatten_parameters_(
@@ -355,6 +376,12 @@ class Engine:
     (``ftlib/bf16_weights.py``; the bias-kernel Linears keep autocast's casts). All three compute
     the same values as without them; measured as variants of round 4 on the H200 (GPT-2 +flash
     tf32 3.79 -> 3.71 ms and bf16 3.00 -> 2.64 ms; FT bf16 1.90 -> 1.81 ms) and default from round 5.
+    ``fuse_dropout`` (default on; with dropout > 0 and the fused residual-norm): each branch's
+    residual dropout runs inside the fused residual-norm kernels, its mask drawn from Philox
+    keyed by a seed tensor that the step increments (so every graph replay draws new masks) and
+    redrawn in the backward (kernels/residual_norm.py): no dropout kernels. Same distribution as
+    ``nn.Dropout``, another random stream, so training with it is not bit-comparable to the
+    reference (its test applies the kernels' masks to the reference instead).
     Optimizer: AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
     ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
     ``ftlib.train.make_optimizer``. ``grad_clip``: clip the global gradient norm to this
@@ -390,6 +417,7 @@ class Engine:
         bias_kernel: bool = True,
         bf16_norm_out: bool = True,
         bf16_weights: bool = True,
+        fuse_dropout: bool = True,
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
         cfg.check_sequence(T)
@@ -435,6 +463,18 @@ class Engine:
         # bf16 only, with the fused norms: their outputs feed Linears that autocast casts to bf16.
         self.norm_out_dtype = torch.bfloat16 if (bf16_norm_out and precision == "bf16"
                                                  and self.fuse_residual_norm) else None
+        # Residual dropout inside the fused residual-norm kernels: the mask drawn from a seed
+        # tensor the step increments (kernels/residual_norm.py), no dropout kernels.
+        self.resid_dropout: tuple[float, torch.Tensor] | None = None
+        if fuse_dropout and cfg.dropout > 0:
+            if not self.fuse_residual_norm:
+                self.notes["fuse_dropout"] = "not applied: needs the fused residual-norm"
+            else:
+                gen = torch.Generator().manual_seed(0 if seed is None else seed)
+                start = torch.randint(0, 2**40, (1,), generator=gen, dtype=torch.int64)
+                self.resid_dropout = (fuse_residual_dropout_(self.model), start.to(dev))
+                self.notes["fuse_dropout"] = (f"residual dropout p={cfg.dropout} inside the fused residual-norm "
+                                              "(mask from Philox, redrawn in the backward)")
         if bf16_norm_out and self.norm_out_dtype is None:
             self.notes["bf16_norm_out"] = "not applied: needs precision='bf16' and the fused residual-norm"
         if self.kernels["cross_entropy"]:
@@ -554,8 +594,11 @@ class Engine:
         self.flat_grad.zero_()
         if self.flat_param16 is not None:  # the step's bf16 weights, one copy (ftlib/bf16_weights.py)
             self.flat_param16.copy_(self.flat_param[: self.n_decay])
+        if self.resid_dropout is not None:  # a new mask every step, also on graph replay
+            self.resid_dropout[1].add_(1)
         if self.fuse_residual_norm:
-            logits = forward_fused_residual_norm(self.model, self.static_x, self.norm_out_dtype)  # (B, T, V)
+            logits = forward_fused_residual_norm(self.model, self.static_x, self.norm_out_dtype,
+                                                 self.resid_dropout)  # (B, T, V)
         else:
             logits, _ = self.model(self.static_x)  # (B, T, V)
         loss = self._loss_fn(logits.view(self.B * self.T, -1), self.static_y.view(self.B * self.T))
@@ -630,6 +673,7 @@ class Engine:
             "attention_precision": self.attention_precision,
             "attention_layout": self.attention_layout if self.kernels["attention"] else None,
             "fuse_residual_norm": self.fuse_residual_norm,
+            "fuse_dropout": self.resid_dropout is not None,
             "bias_kernel": self.notes.get("bias", "").startswith("bias gradients"),
             "bf16_norm_out": self.norm_out_dtype is not None,
             "bf16_weights": self.flat_param16 is not None,

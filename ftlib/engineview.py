@@ -339,7 +339,8 @@ ROUND_CHANGES = {
     2: "dK/dV split over the MQA group, scatter-add embedding backward, 3xTF32 options",
     3: "strict fp32 keeps SDPA's attention; packed attention and fused residual-norm as variants",
     4: "packed attention and fused residual-norm by default, also into LayerNorm; 4-row RMSNorm tiles",
-    5: "Triton bias gradients; bf16 norm outputs and bf16 weight shadow; 4-row residual-norm tiles",
+    5: ("Triton bias gradients; bf16 norm outputs and bf16 weight shadow; 4-row residual-norm tiles; "
+        "the branch gradient in its own dtype and residual dropout inside the fused residual-norm"),
 }
 
 

@@ -22,6 +22,7 @@ __all__ = [
     "add_rms_norm_ref",
     "causal_attention_ref",
     "cross_entropy_ref",
+    "dropout_ref",
     "gelu_tanh_ref",
     "layer_norm_ref",
     "linear_ref",
@@ -83,19 +84,28 @@ def adamw_step_ref(
     param.addcdiv_(exp_avg, denom, value=-step_size)
 
 
+def dropout_ref(r: torch.Tensor, keep: torch.Tensor | None, p: float) -> torch.Tensor:
+    """Inverted dropout with a given keep mask (Srivastava et al. 2014; ``nn.Dropout``'s scaling):
+    r keep / (1 - p); r itself when ``keep`` is None."""
+    return r if keep is None else r * keep / (1.0 - p)
+
+
 def add_rms_norm_ref(
-    x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5
+    x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5,
+    keep: torch.Tensor | None = None, p: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """A pre-norm block's residual add and the RMSNorm after it: (s, rms_norm(s) * w), s = x + r."""
-    s = x + r
+    """A pre-norm block's residual add and the RMSNorm after it: (s, rms_norm(s) * w), s = x + r
+    (the branch r through dropout with mask ``keep`` first, when given)."""
+    s = x + dropout_ref(r, keep, p)
     return s, rms_norm_ref(s, weight, eps)
 
 
 def add_layer_norm_ref(
-    x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5
+    x: torch.Tensor, r: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, eps: float = 1e-5,
+    keep: torch.Tensor | None = None, p: float = 0.0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same for LayerNorm (GPT-2's pre-LN blocks): (s, layer_norm(s) * w + b), s = x + r."""
-    s = x + r
+    s = x + dropout_ref(r, keep, p)
     return s, layer_norm_ref(s, weight, bias, eps)
 
 

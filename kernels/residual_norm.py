@@ -22,9 +22,25 @@ where ``ds`` is the gradient reaching ``s`` from the next residual add and ``dh`
 reaching the norm's output. One kernel each way instead of two forward and three backward;
 rows are processed in tiles of ROWS so the loads of a tile are in flight together (the
 row-per-program norm kernels were latency-bound in a graph: kernels/dev/NOTES.md).
+
+Residual dropout (``p`` > 0): the branch's dropout is fused too, ``s = x + r m / (1 - p)`` with
+``m`` a keep mask (keep probability 1 - p; inverted dropout, Srivastava et al. 2014, as
+``nn.Dropout``), and ``dr = g m / (1 - p)``. The mask is never stored: both kernels draw it
+from Philox (Salmon et al. 2011; ``tl.rand``) keyed by a seed read from a device tensor
+(``seed``, one int64) and the element's flat index, so the backward regenerates it. Reading
+the seed from memory, not from a kernel argument, is what lets a captured CUDA graph draw new
+masks on every replay: the engine increments the tensor at the start of each step. ``salt``
+separates the call sites of one step (each draws from its own stream). The seed tensor must
+not change between a forward and its backward. This removes the two dropout kernels of each
+branch (forward with its mask write, backward with its mask read).
+
+``dr`` is written by the backward kernel in r's dtype when that differs from s's (a bf16 branch
+under autocast into the fp32 residual stream) or when dropout scales it: no separate cast kernel.
 """
 
 from __future__ import annotations
+
+import math
 
 import torch
 import triton
@@ -38,11 +54,29 @@ from kernels._common import check_tensor, compute_dtype, row_tile_warps, same_de
 ROWS = 4
 
 
+# Call sites per step that the salt may separate (seed * SALTS + salt keys each stream).
+SALTS = 1024
+
+
 @triton.jit
-def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, M, N, eps,
-                         IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr,
+def _keep(SEED, salt, off, p):
+    """Keep mask of inverted dropout: uniform(Philox(seed * SALTS + salt, flat index)) >= p."""
+    seed = tl.load(SEED) * 1024 + salt  # 1024 = SALTS
+    return tl.rand(seed, off.to(tl.int32)) >= p
+
+
+@triton.jit
+def _keep_mask_kernel(SEED, OUT, n, salt, p, BLOCK: tl.constexpr):
+    """out[i] = keep(i): the mask the fused kernels draw, for tests and references."""
+    off = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(OUT + off, _keep(SEED, salt, off, p).to(tl.int8), mask=off < n)
+
+
+@triton.jit
+def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, SEED, M, N, eps, salt, p, scale,
+                         IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
-    """Per row of the (ROWS, N) tile:  s = x + r  (stored);
+    """Per row of the (ROWS, N) tile:  s = x + r  (stored; with dropout s = x + r keep scale);
     RMSNorm:    rstd = 1 / sqrt(mean(s^2) + eps),          shat = s rstd
     LayerNorm:  rstd = 1 / sqrt(mean((s - mu)^2) + eps),   shat = (s - mu) rstd,  mu = mean(s)
     h = shat w (+ b) (stored);  rstd (stored for the backward)."""
@@ -52,7 +86,10 @@ def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, M, N, eps,
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
     off = rows[:, None] * N + cols[None, :]
-    s = tl.load(X + off, mask=mask, other=0.0).to(CD) + tl.load(R + off, mask=mask, other=0.0).to(CD)
+    r = tl.load(R + off, mask=mask, other=0.0).to(CD)
+    if HAS_DROP:
+        r = tl.where(_keep(SEED, salt, off, p), r * scale, 0.0)
+    s = tl.load(X + off, mask=mask, other=0.0).to(CD) + r
     w = tl.load(W + cols, mask=cmask, other=0.0).to(CD)
     if IS_LN:
         mu = tl.sum(s, axis=1) / N
@@ -69,11 +106,13 @@ def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, M, N, eps,
 
 
 @triton.jit
-def _add_norm_bwd_kernel(DS, DH, S, W, RSTD, G, DWP, DBP, M, N,
+def _add_norm_bwd_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M, N, salt, p, scale,
                          IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
+                         HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
     """Per row:  g = ds + rstd (dh w - [mean(dh w)] - shat mean(dh w shat))   ([.] LayerNorm only),
-    the gradient of both x and r; the tile's partials dw = sum_rows dh shat into DWP[pid] and
+    the gradient of x (and of r without dropout); with HAS_GR dr = g (keep scale) into GR in r's
+    dtype (the keep mask redrawn as in the forward); the tile's partials dw = sum_rows dh shat into DWP[pid] and
     db = sum_rows dh into DBP[pid]. The LayerNorm mean is recomputed from s (none is saved)."""
     pid = tl.program_id(0)
     rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)
@@ -100,6 +139,10 @@ def _add_norm_bwd_kernel(DS, DH, S, W, RSTD, G, DWP, DBP, M, N,
     if HAS_DS:
         g += tl.load(DS + off, mask=mask, other=0.0).to(CD)
     tl.store(G + off, g.to(G.dtype.element_ty), mask=mask)
+    if HAS_GR:
+        if HAS_DROP:
+            g = tl.where(_keep(SEED, salt, off, p), g * scale, 0.0)
+        tl.store(GR + off, g.to(GR.dtype.element_ty), mask=mask)
     tl.store(DWP + pid * N + cols, tl.sum(dh * shat, axis=0), mask=cmask)
     if HAS_BIAS:
         tl.store(DBP + pid * N + cols, tl.sum(dh, axis=0), mask=cmask)
@@ -121,9 +164,39 @@ def _check(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | 
         raise ValueError(f"x's last dim {x.shape[-1]} != weight's length {w.shape[0]}")
 
 
+def _check_dropout(p: float, seed: torch.Tensor | None, salt: int, like: torch.Tensor) -> None:
+    """p in [0, 1); with p > 0 a one-element int64 seed tensor on like's device and 0 <= salt < SALTS."""
+    if not 0.0 <= p < 1.0:
+        raise ValueError(f"dropout p={p} must be in [0, 1)")
+    if p == 0.0:
+        return
+    if seed is None:
+        raise ValueError(f"dropout p={p} needs a seed tensor (one int64 on the device)")
+    check_tensor("seed", seed, dtypes=(torch.int64,))
+    same_device(("x", like), ("seed", seed))
+    if seed.numel() != 1:
+        raise ValueError(f"seed must hold one value, got shape {tuple(seed.shape)}")
+    if not 0 <= salt < SALTS:
+        raise ValueError(f"salt={salt} must be in [0, {SALTS})")
+    if like.numel() >= 2**31:
+        raise ValueError(f"{like.numel()} elements: the dropout mask is indexed in int32 (< 2**31)")
+
+
+def keep_mask(seed: torch.Tensor, shape: tuple[int, ...] | torch.Size, p: float, salt: int = 0) -> torch.Tensor:
+    """The keep mask (bool, ``shape``) that the fused kernels draw for ``seed``'s current value,
+    ``salt`` and dropout ``p``: for tests, and for the rare backward where only s is used."""
+    n = math.prod(shape)
+    _check_dropout(p, seed, salt, torch.empty(0, device=seed.device))
+    out = torch.empty(n, dtype=torch.int8, device=seed.device)
+    if n:
+        _keep_mask_kernel[(triton.cdiv(n, 1024),)](seed, out, n, salt, p, BLOCK=1024)
+    return out.view(shape).bool()
+
+
 def add_norm_fwd(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, layer_norm: bool,
     out_dtype: torch.dtype | None = None, rows: int = ROWS,
+    p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(s, h, rstd): s = x + r, h = norm(s) over the last dim; contiguous x and r.
 
@@ -133,9 +206,12 @@ def add_norm_fwd(
     x's): under bf16 autocast the next op is a Linear that casts h to bf16 anyway, so writing h
     in bf16 here gives the same values (h is computed in fp32 and rounded once either way) and
     saves the cast kernel forward and the cast of its gradient backward. ``rows``: rows per
-    program, a power of two (kernels/dev/residual_norm_dev.py times others).
+    program, a power of two (kernels/dev/residual_norm_dev.py times others). ``p`` > 0: dropout
+    on r first, s = x + r keep / (1 - p), the mask drawn from ``seed`` (int64 device tensor, read
+    by the kernel) and ``salt`` (module docstring).
     """
     _check(x, r, w, b)
+    _check_dropout(p, seed, salt, x)
     if b is not None and not layer_norm:
         raise ValueError("a bias is only defined for LayerNorm (layer_norm=True)")
     N = x.shape[-1]
@@ -145,67 +221,87 @@ def add_norm_fwd(
     if M > 0:
         block_n = triton.next_power_of_2(N)
         _add_norm_fwd_kernel[(triton.cdiv(M, rows),)](
-            x, r, w, b if b is not None else w, s, h, rstd, M, N, eps,
-            IS_LN=layer_norm, HAS_BIAS=b is not None, ROWS=rows, BLOCK_N=block_n,
-            CD=compute_dtype(x.dtype), num_warps=row_tile_warps(rows, block_n))
+            x, r, w, b if b is not None else w, s, h, rstd, seed if p > 0 else rstd, M, N, eps, salt, p,
+            1.0 / (1.0 - p), IS_LN=layer_norm, HAS_BIAS=b is not None, HAS_DROP=p > 0, ROWS=rows,
+            BLOCK_N=block_n, CD=compute_dtype(x.dtype), num_warps=row_tile_warps(rows, block_n))
     return s, h, rstd
 
 
 def add_norm_bwd(
     ds: torch.Tensor | None, dh: torch.Tensor, s: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor,
-    layer_norm: bool, has_bias: bool, rows: int = ROWS,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None]:
-    """(g, dweight, dbias or None): g is the gradient of both x and r; ``ds`` None when s feeds only the norm."""
+    layer_norm: bool, has_bias: bool, rows: int = ROWS, r_dtype: torch.dtype | None = None,
+    p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    """(dx, dr, dweight, dbias or None); ``ds`` None when s feeds only the norm.
+
+    dx = g (module docstring); dr = g in ``r_dtype`` (default s's), times keep / (1 - p) with
+    dropout (the forward's mask: same ``seed`` value and ``salt``). Without dropout and with one
+    dtype, dr is dx itself (no second write)."""
     N = s.shape[-1]
     M = s.numel() // max(N, 1)
+    r_dtype = r_dtype or s.dtype
     dh = dh.contiguous()
     ds = ds.contiguous() if ds is not None else None
     g = torch.empty_like(s)
+    has_gr = p > 0 or r_dtype != s.dtype
+    gr = torch.empty_like(s, dtype=r_dtype) if has_gr else g
     if M == 0:
-        return g, torch.zeros_like(w), torch.zeros_like(w) if has_bias else None
+        return g, gr, torch.zeros_like(w), torch.zeros_like(w) if has_bias else None
     grid = triton.cdiv(M, rows)
     block_n = triton.next_power_of_2(N)
     dwp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device)
     dbp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device) if has_bias else dwp
-    _add_norm_bwd_kernel[(grid,)](ds if ds is not None else dh, dh, s, w, rstd, g, dwp, dbp, M, N,
-                                  IS_LN=layer_norm, HAS_BIAS=has_bias, HAS_DS=ds is not None, ROWS=rows,
-                                  BLOCK_N=block_n, CD=compute_dtype(s.dtype),
+    _add_norm_bwd_kernel[(grid,)](ds if ds is not None else dh, dh, s, w, rstd, g, gr, dwp, dbp,
+                                  seed if p > 0 else rstd, M, N, salt, p, 1.0 / (1.0 - p),
+                                  IS_LN=layer_norm, HAS_BIAS=has_bias, HAS_DS=ds is not None, HAS_GR=has_gr,
+                                  HAS_DROP=p > 0, ROWS=rows, BLOCK_N=block_n, CD=compute_dtype(s.dtype),
                                   num_warps=row_tile_warps(rows, block_n))
-    return g, dwp.sum(0).to(w.dtype), dbp.sum(0).to(w.dtype) if has_bias else None
+    return g, gr, dwp.sum(0).to(w.dtype), dbp.sum(0).to(w.dtype) if has_bias else None
 
 
 class AddNormFunction(torch.autograd.Function):
     """Two outputs, (s, h); autograd hands the backward both gradients, so their sum is fused."""
 
     @staticmethod
-    def forward(ctx, x, r, w, b, eps, layer_norm, out_dtype=None, rows=ROWS):
-        s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm, out_dtype, rows)
+    def forward(ctx, x, r, w, b, eps, layer_norm, out_dtype=None, rows=ROWS, p=0.0, seed=None, salt=0):
+        s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm, out_dtype, rows,
+                                  p, seed, salt)
         ctx.save_for_backward(s, w, rstd)
         ctx.r_dtype, ctx.layer_norm, ctx.has_bias, ctx.rows = r.dtype, layer_norm, b is not None, rows
+        ctx.p, ctx.seed, ctx.salt = p, seed, salt  # the seed tensor itself: its value is read again
         ctx.set_materialize_grads(False)  # an unused s arrives as None, not as a tensor of zeros
         return s, h
 
     @staticmethod
     def backward(ctx, ds, dh):
         s, w, rstd = ctx.saved_tensors
-        if dh is None:  # h unused: s's gradient passes through to x and r
-            return ds, None if ds is None else ds.to(ctx.r_dtype), None, None, None, None, None, None
+        none = (None,) * 9
+        if dh is None:  # h unused: s's gradient passes through to x, and to r through the mask
+            if ds is None:
+                return (None, None) + none
+            dr = ds
+            if ctx.p > 0:
+                dr = ds * keep_mask(ctx.seed, ds.shape, ctx.p, ctx.salt) / (1.0 - ctx.p)
+            return (ds, dr.to(ctx.r_dtype)) + none
         # dh may be bf16: loaded as fp32
-        g, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias, ctx.rows)
-        return g, g.to(ctx.r_dtype), dw, db, None, None, None, None
+        g, gr, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias, ctx.rows, ctx.r_dtype,
+                                     ctx.p, ctx.seed, ctx.salt)
+        return (g, gr, dw, db) + (None,) * 7
 
 
 def add_rms_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-5, out_dtype: torch.dtype | None = None,
-    rows: int = ROWS,
+    rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + r, rms_norm(x + r) * w), differentiable in x, r and w; h in ``out_dtype`` (default x's)."""
-    return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype, rows)
+    """(x + r, rms_norm(x + r) * w), differentiable in x, r and w; h in ``out_dtype`` (default x's).
+    ``p`` > 0: r through dropout first (mask from ``seed`` and ``salt``: module docstring)."""
+    return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype, rows, p, seed, salt)
 
 
 def add_layer_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, eps: float = 1e-5,
-    out_dtype: torch.dtype | None = None, rows: int = ROWS,
+    out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None,
+    salt: int = 0,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, layer_norm(x + r) * w + b), differentiable in x, r, w and b; h in ``out_dtype``."""
-    return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype, rows)
+    return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype, rows, p, seed, salt)

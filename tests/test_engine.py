@@ -248,8 +248,53 @@ def test_bias_kernel_swaps_only_linears_with_a_bias():
 def test_attention_kernel_runs_with_residual_dropout_but_not_attention_dropout():
     drop = Engine(FT1.replace(dropout=0.1), B, T, "tf32", "cpu")
     assert not drop.kernels["attention"] and "attention dropout 0.1" in drop.notes["attention"]
-    split = Engine(FT1.replace(dropout=0.1, attn_dropout=0.0), B, T, "tf32", "cpu")
+    split = Engine(FT1.replace(dropout=0.1, attn_dropout=0.0), B, T, "tf32", "cpu", fuse_dropout=False)
     assert split.kernels["attention"] and split.model.blocks[0].attn.resid_dropout.p == 0.1
+    fused = Engine(FT1.replace(dropout=0.1, attn_dropout=0.0), B, T, "tf32", "cpu")
+    assert fused.kernels["attention"] and fused.resid_dropout[0] == 0.1 and fused.describe()["fuse_dropout"]
+    assert type(fused.model.blocks[0].attn.resid_dropout) is torch.nn.Identity
+
+
+@pytest.mark.parametrize("cfg", [FT1.replace(n_layer=2), GPT4], ids=["ft-rms", "gpt2-ln"])
+def test_fused_residual_dropout_is_dropout_with_the_kernels_masks(cfg):
+    """The engine's step with residual dropout inside the fused norms equals the model's own
+    forward with those masks applied to each branch output (salt k for the k-th residual add):
+    same loss, same gradient of every parameter. The embedding dropout (a module, torch's RNG)
+    is switched off on both sides so that the masks are the only randomness."""
+    from ftlib.reference import dropout_ref
+    from kernels.residual_norm import keep_mask
+
+    cfg = cfg.replace(dropout=0.2, attn_dropout=0.0)
+    (x, y), = pattern_batches(cfg.vocab_size, B, T, 1, seed=7)
+    eng = Engine(cfg, B, T, "fp32", "cpu", seed=4)
+    eng.model.drop = torch.nn.Identity()
+    loss = float(eng.step(x, y))
+    seed = eng.resid_dropout[1]  # the value this step drew its masks from
+    ref = build_model(cfg, seed=4)
+    ref.train()
+    masks = iter(keep_mask(seed, (B, T, cfg.n_embd), 0.2, salt) for salt in range(1, 2 * cfg.n_layer + 1))
+    h = ref.wte(x) + ref.wpe(torch.arange(T))
+    for blk in ref.blocks:
+        blk.attn.resid_dropout = blk.mlp.dropout = torch.nn.Identity()
+        h = h + dropout_ref(blk.attn(blk.norm1(h)), next(masks), 0.2)
+        h = h + dropout_ref(blk.mlp(blk.norm2(h)), next(masks), 0.2)
+    ref_loss = torch.nn.functional.cross_entropy(ref.head(ref.norm_f(h)).view(B * T, -1), y.view(-1))
+    ref_loss.backward()
+    assert loss == pytest.approx(float(ref_loss.detach()), rel=1e-5)
+    for name, p in ref.named_parameters():
+        off, n = eng.spans[name]
+        torch.testing.assert_close(eng.flat_grad[off : off + n].view_as(p), p.grad, rtol=1e-4, atol=1e-6,
+                                   msg=lambda m, name=name: f"{name}: {m}")
+    # The next step draws new masks: the seed tensor moved on.
+    before = int(seed)
+    eng.step(x, y)
+    assert int(eng.resid_dropout[1]) == before + 1
+
+
+def test_fused_dropout_needs_the_fused_norm_and_dropout():
+    off = Engine(FT1.replace(dropout=0.1), B, T, "fp32", "cpu", fuse_residual_norm=False)
+    assert off.resid_dropout is None and "needs the fused residual-norm" in off.notes["fuse_dropout"]
+    assert Engine(FT1, B, T, "fp32", "cpu").resid_dropout is None  # dropout 0: nothing to fuse
 
 
 def test_bf16_norm_out_only_under_bf16_and_trains_like_the_default():

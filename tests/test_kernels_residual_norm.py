@@ -14,7 +14,13 @@ from kernels._common import interpreter_ready  # noqa: E402
 pytestmark = pytest.mark.skipif(not interpreter_ready(), reason="triton imported before TRITON_INTERPRET=1")
 
 from ftlib.reference import add_layer_norm_ref, add_rms_norm_ref  # noqa: E402
-from kernels.residual_norm import AddNormFunction, add_layer_norm, add_norm_fwd, add_rms_norm  # noqa: E402
+from kernels.residual_norm import (  # noqa: E402
+    AddNormFunction,
+    add_layer_norm,
+    add_norm_fwd,
+    add_rms_norm,
+    keep_mask,
+)
 
 # kind -> (kernel(x, r, w, b), reference(x, r, w, b), has bias)
 KINDS = {
@@ -139,3 +145,103 @@ def test_bf16_output_equals_autocasts_cast_and_passes_gradients(kind):
     for a, c in zip(g16, g32):
         assert a.dtype == c.dtype
         torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6)
+
+
+# --- fused residual dropout -------------------------------------------------------------------
+
+def _seed(v=12345):
+    return torch.tensor([v], dtype=torch.int64)
+
+
+def test_keep_mask_statistics_and_streams():
+    """Keep fraction ~ 1 - p; another salt or seed value gives another mask; the same gives the same."""
+    seed = _seed()
+    m = keep_mask(seed, (64, 256), 0.2)
+    assert m.dtype == torch.bool and m.shape == (64, 256)
+    frac = m.float().mean().item()
+    assert abs(frac - 0.8) < 0.01, frac  # 16,384 draws: sd of the fraction ~0.003
+    assert torch.equal(m, keep_mask(seed, (64, 256), 0.2))
+    other_salt = keep_mask(seed, (64, 256), 0.2, salt=1)
+    other_seed = keep_mask(_seed(12346), (64, 256), 0.2)
+    for o in (other_salt, other_seed):
+        agree = (o == m).float().mean().item()
+        assert abs(agree - (0.8**2 + 0.2**2)) < 0.02, agree  # independent masks agree on 68%
+    # Rows are not repeated (the index is the flat element index, not the column).
+    assert not torch.equal(m[0], m[1])
+
+
+@pytest.mark.parametrize("kind", list(KINDS))
+@pytest.mark.parametrize("shape", [(37, 48), (2, 19, 64)])
+@pytest.mark.parametrize("use_s", [True, False], ids=["s-and-h-used", "only-h-used"])
+def test_dropout_outputs_and_every_gradient_match_reference(shape, kind, use_s):
+    """s = x + r keep / (1 - p) with the mask keep_mask draws; every gradient against the reference."""
+    _, _, has_bias = KINDS[kind]
+    ln = kind != "rms"
+    p, seed, salt = 0.3, _seed(777), 5
+    x, r, w, b, ds, dh = _inputs(shape, seed=1)
+    b = b if has_bias else None
+    keep = keep_mask(seed, shape, p, salt)
+    if ln:
+        s, h = add_layer_norm(x, r, w, b, 1e-5, p=p, seed=seed, salt=salt)
+    else:
+        s, h = add_rms_norm(x, r, w, 1e-5, p=p, seed=seed, salt=salt)
+    params = (x, r, w, b) if has_bias else (x, r, w)
+    outs, grads_out = ((s, h), (ds, dh)) if use_s else ((h,), (dh,))
+    got = torch.autograd.grad(outs, params, grads_out)
+    ref_in = [t.detach().double().requires_grad_(True) for t in params]
+    rf = add_layer_norm_ref if ln else add_rms_norm_ref
+    sr, hr = (rf(*ref_in[:3], ref_in[3] if has_bias else None, 1e-5, keep.double(), p) if ln
+              else rf(*ref_in, 1e-5, keep.double(), p))
+    want = torch.autograd.grad((sr, hr) if use_s else (hr,), ref_in, [g.double() for g in grads_out])
+    torch.testing.assert_close(s.double(), sr, atol=1e-6, rtol=1e-6)
+    torch.testing.assert_close(h.double(), hr, atol=1e-5, rtol=1e-5)
+    for name, a, c in zip(("dx", "dr", "dw", "db"), got, want):
+        torch.testing.assert_close(a.double(), c, atol=1e-4, rtol=1e-5, msg=lambda m, n=name: f"{n}: {m}")
+    # The dropped entries of r get exactly zero gradient; about p of them are dropped.
+    assert (got[1][~keep] == 0).all() and 0.15 < (~keep).float().mean().item() < 0.45
+
+
+def test_dropout_only_s_used_and_bf16_branch():
+    p, seed = 0.25, _seed(3)
+    x, r, w, _, ds, dh = _inputs((9, 64))
+    keep = keep_mask(seed, (9, 64), p, 2)
+    s, _ = add_rms_norm(x, r, w, p=p, seed=seed, salt=2)
+    dx, dr = torch.autograd.grad(s, (x, r), ds)
+    torch.testing.assert_close(dx, ds)
+    torch.testing.assert_close(dr, ds * keep / (1 - p))
+    # A bf16 branch: dr comes back in bf16 from the kernel, masked and scaled.
+    rb = r.detach().bfloat16().requires_grad_(True)
+    s, h = add_rms_norm(x, rb, w, p=p, seed=seed, salt=2)
+    dx, dr = torch.autograd.grad((s, h), (x, rb), (ds, dh))
+    assert dr.dtype == torch.bfloat16
+    torch.testing.assert_close(dr.float(), dx * keep / (1 - p), atol=2e-2, rtol=1e-2)
+
+
+def test_dropout_mask_follows_the_seed_tensor():
+    """A captured graph replays the same kernel: a new value in the seed tensor must give a new mask."""
+    seed = _seed(10)
+    x, r, w, _, _, _ = _inputs((16, 32))
+    s1, _ = add_rms_norm(x, r, w, p=0.5, seed=seed)
+    s1b, _ = add_rms_norm(x, r, w, p=0.5, seed=seed)
+    seed.add_(1)
+    s2, _ = add_rms_norm(x, r, w, p=0.5, seed=seed)
+    assert torch.equal(s1, s1b) and not torch.equal(s1, s2)
+
+
+def test_gradcheck_fp64_with_dropout():
+    x, r, w, b, _, _ = _inputs((3, 20), torch.float64)
+    seed = _seed(99)
+    assert torch.autograd.gradcheck(
+        lambda a, c, d, e: AddNormFunction.apply(a, c, d, e, 1e-5, True, None, 4, 0.4, seed, 7), (x, r, w, b))
+
+
+def test_dropout_argument_checks():
+    x, r, w = torch.randn(4, 8), torch.randn(4, 8), torch.ones(8)
+    with pytest.raises(ValueError, match="must be in \\[0, 1\\)"):
+        add_rms_norm(x, r, w, p=1.0, seed=_seed())
+    with pytest.raises(ValueError, match="needs a seed"):
+        add_rms_norm(x, r, w, p=0.1)
+    with pytest.raises(TypeError, match="seed has dtype"):
+        add_rms_norm(x, r, w, p=0.1, seed=torch.tensor([1.0]))
+    with pytest.raises(ValueError, match="salt"):
+        add_rms_norm(x, r, w, p=0.1, seed=_seed(), salt=5000)

@@ -10,6 +10,13 @@ tiles. Shape: one FastTransformer / GPT-2 norm input, (B*T, C) =
 (8192, 256), fp32 and bf16; both outputs s and h receive gradients, as in a block.
 Bytes (the floor): forward reads x and r, writes s and h; backward reads ds, dh and s and
 writes one gradient (dx = dr): 8 passes of M x N; weight, rstd and partials left out.
+
+Residual dropout (p = 0.2, RMSNorm, added in session 5): v1 eager with the mask as a tensor
+(``nn.Dropout``'s traffic: the masked multiply forward, its mask read backward, on top of
+the add and the norm), v2 torch.compile of it, v3 the fused kernel drawing the mask itself
+(Philox, redrawn in the backward; the engine's default from round 5). The check compares with
+the same mask (``kernels.residual_norm.keep_mask``). The floor is 9 passes (dr is written apart
+from dx: the mask scales it).
 """
 
 from __future__ import annotations
@@ -23,7 +30,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     import torch
 
     from ftlib.reference import add_layer_norm_ref, add_rms_norm_ref
-    from kernels.residual_norm import add_layer_norm, add_rms_norm
+    from kernels.residual_norm import add_layer_norm, add_rms_norm, keep_mask
     from kernels.rmsnorm import rms_norm
 
     M, N = (8192, 256) if device.type == "cuda" else (37, 256)
@@ -78,9 +85,48 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
                    work=8 * M * N * x.element_size(), unit="GB/s", op=f"residual_{kind}",
                    shape={"M": M, "N": N}, dtype=dtype)
 
+    def dropout_case(dtype, tol, p: float = 0.2) -> bool:
+        def mk(*shape):
+            return torch.randn(*shape, device=device, dtype=dtype)
+
+        x, r = mk(M, N).requires_grad_(True), mk(M, N).requires_grad_(True)
+        w = (1 + 0.1 * mk(N)).requires_grad_(True)
+        ds, dh = mk(M, N), mk(M, N)
+        seed = torch.tensor([2024], dtype=torch.int64, device=device)
+        keep = keep_mask(seed, (M, N), p, 3)
+        params = (x, r, w)
+
+        def fwd_bwd(f):
+            def go():
+                s, h = f(x, r, w)
+                return (s, h, *torch.autograd.grad((s, h), params, (ds, dh)))
+            return go
+
+        def masked(a, c, d):
+            return add_rms_norm_ref(a, c, d, 1e-5, keep, p)
+
+        p64 = [t.detach().double().requires_grad_(True) for t in params]
+
+        def reference():
+            s, h = add_rms_norm_ref(*p64, 1e-5, keep.double(), p)
+            return (s, h, *torch.autograd.grad((s, h), p64, (ds.double(), dh.double())))
+
+        compiled = torch.compile(masked) if device.type == "cuda" else masked
+        variants = [
+            Variant("v1 eager masked dropout", fwd_bwd(masked), tol),
+            Variant("v2 torch.compile", fwd_bwd(compiled), tol, gpu_only=True),
+            Variant("v3 triton fused dropout", fwd_bwd(lambda a, c, d: add_rms_norm(a, c, d, 1e-5, p=p, seed=seed,
+                                                                               salt=3)), tol),
+        ]
+        return run(f"residual dropout {p}+rmsnorm fwd+bwd ({M}, {N}) {dtype}", args, device, reference, variants,
+                   work=9 * M * N * x.element_size(), unit="GB/s", op="residual_dropout_rmsnorm",
+                   shape={"M": M, "N": N}, dtype=dtype)
+
     for kind in ("rmsnorm", "layernorm"):
         for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
             ok &= case(kind, dtype, tol)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        ok &= dropout_case(dtype, tol)
     return 0 if ok else 1
 
 
