@@ -41,21 +41,22 @@ def _events_ms(fn, iters: int = 50) -> list[float]:
     return out
 
 
-def engine_profile(name: str, precision: str, **engine_kw) -> dict:
+def engine_profile(name: str, precision: str, cfg=None, B: int = 32, **engine_kw) -> dict:
+    """Profile the engine step of preset ``name`` (or of ``cfg``, labelled ``name``) at (B, 256)."""
     from torch.profiler import ProfilerActivity, profile
 
     from ftlib.config import preset
     from ftlib.engine import Engine
 
-    cfg = preset(name)
-    x = torch.randint(cfg.vocab_size, (32, 256), device="cuda")
-    y = torch.randint(cfg.vocab_size, (32, 256), device="cuda")
-    eng = Engine(cfg, 32, 256, precision, "cuda", capture=True, **engine_kw)
+    cfg = preset(name) if cfg is None else cfg
+    x = torch.randint(cfg.vocab_size, (B, 256), device="cuda")
+    y = torch.randint(cfg.vocab_size, (B, 256), device="cuda")
+    eng = Engine(cfg, B, 256, precision, "cuda", capture=True, **engine_kw)
     for _ in range(5):
         eng.step(x, y)
     torch.cuda.synchronize()
     st = quantiles_us(_events_ms(lambda: eng.step(x, y)))
-    eng_u = Engine(cfg, 32, 256, precision, "cuda", capture=False, **engine_kw)
+    eng_u = Engine(cfg, B, 256, precision, "cuda", capture=False, **engine_kw)
     for _ in range(3):
         eng_u.step(x, y)
     torch.cuda.synchronize()
@@ -77,9 +78,9 @@ def engine_profile(name: str, precision: str, **engine_kw) -> dict:
         print(f"    {us:8.1f} us  x{c:4.0f}  {n[:110]}", flush=True)
     from ftlib.env import provenance
 
-    label = name + "".join(f" {k}={v}" for k, v in engine_kw.items())
-    return {"key": f"engine_probe|{label}|{precision}|B32|T256", "bench": "engine_probe", "label": label,
-            "status": "ok", "B": 32, "T": 256,
+    label = name + "".join(f" {k}={v}" for k, v in engine_kw.items()) + (f" B={B}" if B != 32 else "")
+    return {"key": f"engine_probe|{label}|{precision}|B{B}|T256", "bench": "engine_probe", "label": label,
+            "status": "ok", "B": B, "T": 256, "config": cfg.to_dict(),
             "op": "engine", "preset": name, "precision": precision, **provenance(torch.device("cuda")),
             "engine_kw": {k: str(v) for k, v in engine_kw.items()},
             "describe": eng.describe(), **{f"step_{k}": v for k, v in st.items()}, "kernel_us": total,
@@ -104,6 +105,13 @@ def main() -> int:
              ("gpt2", "tf32", {"attention_for_explicit": True}),
              ("fasttransformer", "fp32", {"linear_precision": "tf32x3", "attention_precision": "tf32x3"}),
              ("fasttransformer", "fp32", {}), ("gpt2", "fp32", {})]
+    # The speedrun's step (chapter 8): 256x6 FT-style, B=64, residual dropout 0.2 (fused), bf16.
+    from ftlib.convergence import SPEEDRUN_PROBE, speedrun_candidates
+
+    run_cfg, run_rec = speedrun_candidates()[SPEEDRUN_PROBE]
+    run_kw = {"cfg": run_cfg, "B": run_rec.batch_size, **dict(run_rec.engine_options)}
+    cases[2:2] = [("speedrun 256x6 dropout 0.2", run_rec.precision, run_kw),  # and without the fused dropout
+                  ("speedrun 256x6 dropout 0.2", run_rec.precision, {**run_kw, "fuse_dropout": False})]
     for name, prec, kw in cases:
         try:
             rows.append(engine_profile(name, prec, **kw))
