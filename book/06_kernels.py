@@ -144,6 +144,18 @@ display(Markdown(kernelview.kernel_math("rmsnorm")))
 # RMSNorm and LayerNorm. The engine applies it by default from round 4
 # (`ftlib.engine.forward_fused_residual_norm`). Since round 5 it takes tiles of 4 rows:
 # `residual_norm_dev`'s v5 against the 16-row v3 in the table below.
+#
+# Training with dropout (the speedrun of chapter 8 keeps nanoGPT's residual dropout) adds
+# two kernels per branch: `nn.Dropout` forward draws and stores a mask, and its backward
+# reads it. Since round 5 the same kernel applies the branch's dropout, `s = x + r·m/(1-p)`.
+# It draws the keep mask `m` from Philox (`tl.rand`) keyed by the element's index and a seed
+# that it reads from a device tensor. The backward draws the same mask again, so it is never
+# stored. Reading the seed from memory is what makes this work inside a CUDA graph: a seed
+# passed as a kernel argument would be frozen into the graph at capture, and the engine
+# instead increments the seed tensor at the start of every step. The backward also writes
+# the branch's gradient in the branch's own dtype (bf16 under autocast), where an extra cast
+# kernel used to follow. The `residual dropout` rows of the kernel table time it against
+# eager and compiled dropout + add + norm with the same mask.
 
 # %%
 display(Markdown(kernelview.kernel_math("residual_norm")))
@@ -276,7 +288,10 @@ else:
 #     produce anyway;
 #   * under bf16, the Linear layers read one bf16 copy of the flat weights made once per step.
 #
-#   None of them changes what is computed. The kernel table above also showed the fused
+#   None of them changes what is computed. Round 5 also moves each branch's residual dropout
+#   into the fused residual-norm (above), which changes the random stream but not the
+#   distribution, and only runs when dropout is on, as in the speedrun. It does not apply to
+#   the benchmark cases, which train without dropout. The kernel table above also showed the fused
 #   residual-norm's 16-row tiles losing to Inductor in isolation, so round 5 runs it on
 #   4-row tiles, the shape that won for RMSNorm. Wide bias sums move to 128-column tiles.
 #   The `-bias-kernel`, `-bf16 norm out` and `-bf16 weights` variants measure each lever
