@@ -177,6 +177,10 @@ else:
 # dropout on the attention probabilities run attention through PyTorch's SDPA inside the
 # captured step; the "attention dropout 0" candidates keep nanoGPT-style dropout on the
 # embeddings and residual branches only (`ModelConfig.attn_dropout`), so the kernel runs.
+# The "fused dropout" candidates go one step further: their residual dropout runs inside the
+# engine's fused residual-norm kernels (chapter 6) instead of as separate dropout kernels. That
+# changes the random stream, not the distribution of the masks, so it is an execution change
+# like the engine itself.
 #
 # Every candidate runs seed 0 first. The fastest of them (excluding startup), the reference,
 # and the candidates listed in `ftlib.convergence.ALL_SEEDS` then run seeds 1-4. The verdict
