@@ -78,7 +78,7 @@ WARMUP_STEPS = 3
 # Engine options a benchmark case may carry in its ``extra`` (ftlib.bench's 'engine' mode).
 BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture", "linear_precision", "attention_precision",
                  "attention_layout", "fuse_residual_norm", "bias_kernel", "bf16_norm_out", "bf16_weights",
-                 "fuse_dropout")
+                 "fuse_dropout", "dropout_rng4")
 # 'heads': q/k/v as (B, h, T, hs) views, o transposed back with a copy;
 # 'packed' (the default): kernels.attention.packed_attention reads the qkv output and writes
 # (B, T, C) directly, d(qkv) into one buffer (no layout copies). H200, FT, engine round 3:
@@ -272,7 +272,7 @@ def _swap_modules(
 
 def forward_fused_residual_norm(
     model: GPT, idx: torch.Tensor, norm_out_dtype: torch.dtype | None = None,
-    dropout: tuple[float, torch.Tensor] | None = None,
+    dropout: tuple[float, torch.Tensor, bool] | None = None,
 ) -> torch.Tensor:
     """``GPT.forward`` (logits only) with each residual add fused into the norm that follows it.
 
@@ -282,21 +282,22 @@ def forward_fused_residual_norm(
     after attention that is the block's norm2, after the MLP the next block's norm1 (the
     final norm_f after the last block). ``norm_out_dtype``: the fused norms write their output
     in this dtype (bf16 under bf16 autocast: what the next Linear would cast it to).
-    ``dropout``: (p, seed tensor): the branches' residual dropout runs inside the fused kernels
+    ``dropout``: (p, seed tensor, rng4): the branches' residual dropout runs inside the fused kernels
     (call site k of the step draws with salt k), for a model whose branch dropout modules were
     replaced by identities (:func:`fuse_residual_dropout_`); in eval mode p is ignored.
     """
     from kernels.residual_norm import add_layer_norm, add_rms_norm
 
-    p, seed = dropout if (dropout is not None and model.training) else (0.0, None)
+    p, seed, rng4 = dropout if (dropout is not None and model.training) else (0.0, None, False)
     salt = 0
 
     def add_norm(x: torch.Tensor, r: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
         nonlocal salt
         salt += 1
         if model.config.norm == "layernorm":
-            return add_layer_norm(x, r, norm.weight, norm.bias, norm.eps, norm_out_dtype, p=p, seed=seed, salt=salt)
-        return add_rms_norm(x, r, norm.weight, norm.eps, norm_out_dtype, p=p, seed=seed, salt=salt)
+            return add_layer_norm(x, r, norm.weight, norm.bias, norm.eps, norm_out_dtype, p=p, seed=seed, salt=salt,
+                                  rng4=rng4)
+        return add_rms_norm(x, r, norm.weight, norm.eps, norm_out_dtype, p=p, seed=seed, salt=salt, rng4=rng4)
 
     B, T = idx.shape
     model.config.check_sequence(T)
@@ -376,12 +377,16 @@ class Engine:
     (``ftlib/bf16_weights.py``; the bias-kernel Linears keep autocast's casts). All three compute
     the same values as without them; measured as variants of round 4 on the H200 (GPT-2 +flash
     tf32 3.79 -> 3.71 ms and bf16 3.00 -> 2.64 ms; FT bf16 1.90 -> 1.81 ms) and default from round 5.
-    ``fuse_dropout`` (default on; with dropout > 0 and the fused residual-norm): each branch's
+    ``fuse_dropout`` (default off; with dropout > 0 and the fused residual-norm): each branch's
     residual dropout runs inside the fused residual-norm kernels, its mask drawn from Philox
     keyed by a seed tensor that the step increments (so every graph replay draws new masks) and
     redrawn in the backward (kernels/residual_norm.py): no dropout kernels. Same distribution as
     ``nn.Dropout``, another random stream, so training with it is not bit-comparable to the
-    reference (its test applies the kernels' masks to the reference instead).
+    reference (its test applies the kernels' masks to the reference instead). Off by default
+    because it lost on the H200: the speedrun step (B=64, dropout 0.2, bf16) took 2.87 ms with it
+    and 2.80 ms without (engine_probe.jsonl; the per-element Philox made the norm kernels +0.25 ms
+    for -0.17 ms of dropout kernels). ``dropout_rng4``: draw the mask with one Philox call per 4
+    columns instead (a quarter of that work; not yet measured).
     Optimizer: AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
     ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
     ``ftlib.train.make_optimizer``. ``grad_clip``: clip the global gradient norm to this
@@ -417,7 +422,8 @@ class Engine:
         bias_kernel: bool = True,
         bf16_norm_out: bool = True,
         bf16_weights: bool = True,
-        fuse_dropout: bool = True,
+        fuse_dropout: bool = False,
+        dropout_rng4: bool = False,
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
         cfg.check_sequence(T)
@@ -465,14 +471,14 @@ class Engine:
                                                  and self.fuse_residual_norm) else None
         # Residual dropout inside the fused residual-norm kernels: the mask drawn from a seed
         # tensor the step increments (kernels/residual_norm.py), no dropout kernels.
-        self.resid_dropout: tuple[float, torch.Tensor] | None = None
+        self.resid_dropout: tuple[float, torch.Tensor, bool] | None = None
         if fuse_dropout and cfg.dropout > 0:
             if not self.fuse_residual_norm:
                 self.notes["fuse_dropout"] = "not applied: needs the fused residual-norm"
             else:
                 gen = torch.Generator().manual_seed(0 if seed is None else seed)
                 start = torch.randint(0, 2**40, (1,), generator=gen, dtype=torch.int64)
-                self.resid_dropout = (fuse_residual_dropout_(self.model), start.to(dev))
+                self.resid_dropout = (fuse_residual_dropout_(self.model), start.to(dev), bool(dropout_rng4))
                 self.notes["fuse_dropout"] = (f"residual dropout p={cfg.dropout} inside the fused residual-norm "
                                               "(mask from Philox, redrawn in the backward)")
         if bf16_norm_out and self.norm_out_dtype is None:

@@ -36,7 +36,8 @@ from ftlib.train import PRECISIONS, make_optimizer, precision, train_step
 _LATER_FIELDS = ("engine", "engine_options")
 # Engine keyword options a recipe may set (ftlib.engine.Engine; capture and the optimizer stay the trainer's).
 ENGINE_RECIPE_OPTIONS = ("use_kernels", "attention_precision", "linear_precision", "attention_layout",
-                         "fuse_residual_norm", "bias_kernel", "bf16_norm_out", "bf16_weights", "fuse_dropout")
+                         "fuse_residual_norm", "bias_kernel", "bf16_norm_out", "bf16_weights", "fuse_dropout",
+                         "dropout_rng4")
 
 
 @dataclass(frozen=True)

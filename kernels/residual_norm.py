@@ -56,25 +56,45 @@ ROWS = 4
 
 # Call sites per step that the salt may separate (seed * SALTS + salt keys each stream).
 SALTS = 1024
+# The mask's random numbers: one Philox call per element (v1, False: session 5's first version,
+# which made the speedrun step slower: kernels/dev/NOTES.md) or per 4 columns (v2, True; not yet
+# measured on the GPU, so not the default).
+RNG4 = False
 
 
 @triton.jit
-def _keep(SEED, salt, off, p):
-    """Keep mask of inverted dropout: uniform(Philox(seed * SALTS + salt, flat index)) >= p."""
-    seed = tl.load(SEED) * 1024 + salt  # 1024 = SALTS
-    return tl.rand(seed, off.to(tl.int32)) >= p
+def _keep(SEED, salt, rows, N, p, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, RNG4: tl.constexpr):
+    """Keep mask (ROWS, BLOCK_N) of inverted dropout for the tile of ``rows``: uniform >= p.
+
+    RNG4 (v2): one Philox4x32 call per 4 columns, counter row * cdiv(N, 4) + col // 4, its lane
+    col % 4 for the column: a quarter of the Philox work of v1. v1: one call per element,
+    counter row * N + col, lane 0 only (``tl.rand``: Philox computes four lanes and keeps one).
+    Key: seed * SALTS + salt (SALTS = 1024)."""
+    seed = tl.load(SEED) * 1024 + salt
+    if RNG4:
+        q = tl.arange(0, BLOCK_N // 4)
+        cnt = (rows[:, None] * ((N + 3) // 4) + q[None, :]).to(tl.int32)  # (ROWS, BLOCK_N / 4)
+        r0, r1, r2, r3 = tl.randint4x(seed, cnt)
+        # join + reshape puts lane l at column 4q + l: (ROWS, BQ, 2, 2)[..., k, m] -> column 4q + 2k + m.
+        u = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (ROWS, BLOCK_N))
+        return tl.random.uint_to_uniform_float(u) >= p
+    cols = tl.arange(0, BLOCK_N)
+    return tl.rand(seed, (rows[:, None] * N + cols[None, :]).to(tl.int32)) >= p
 
 
 @triton.jit
-def _keep_mask_kernel(SEED, OUT, n, salt, p, BLOCK: tl.constexpr):
-    """out[i] = keep(i): the mask the fused kernels draw, for tests and references."""
-    off = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
-    tl.store(OUT + off, _keep(SEED, salt, off, p).to(tl.int8), mask=off < n)
+def _keep_mask_kernel(SEED, OUT, M, N, salt, p, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, RNG4: tl.constexpr):
+    """out[row, col] = keep: the mask the fused kernels draw, for tests and references."""
+    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    mask = (rows < M)[:, None] & (cols < N)[None, :]
+    keep = _keep(SEED, salt, rows, N, p, ROWS, BLOCK_N, RNG4)
+    tl.store(OUT + rows[:, None] * N + cols[None, :], keep.to(tl.int8), mask=mask)
 
 
 @triton.jit
 def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, SEED, M, N, eps, salt, p, scale,
-                         IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr,
+                         IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
     """Per row of the (ROWS, N) tile:  s = x + r  (stored; with dropout s = x + r keep scale);
     RMSNorm:    rstd = 1 / sqrt(mean(s^2) + eps),          shat = s rstd
@@ -88,7 +108,7 @@ def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, SEED, M, N, eps, salt, p, scale
     off = rows[:, None] * N + cols[None, :]
     r = tl.load(R + off, mask=mask, other=0.0).to(CD)
     if HAS_DROP:
-        r = tl.where(_keep(SEED, salt, off, p), r * scale, 0.0)
+        r = tl.where(_keep(SEED, salt, rows, N, p, ROWS, BLOCK_N, RNG4), r * scale, 0.0)
     s = tl.load(X + off, mask=mask, other=0.0).to(CD) + r
     w = tl.load(W + cols, mask=cmask, other=0.0).to(CD)
     if IS_LN:
@@ -108,7 +128,7 @@ def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, SEED, M, N, eps, salt, p, scale
 @triton.jit
 def _add_norm_bwd_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M, N, salt, p, scale,
                          IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
-                         HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr,
+                         HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
                          ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
     """Per row:  g = ds + rstd (dh w - [mean(dh w)] - shat mean(dh w shat))   ([.] LayerNorm only),
     the gradient of x (and of r without dropout); with HAS_GR dr = g (keep scale) into GR in r's
@@ -141,7 +161,7 @@ def _add_norm_bwd_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M, N, salt, 
     tl.store(G + off, g.to(G.dtype.element_ty), mask=mask)
     if HAS_GR:
         if HAS_DROP:
-            g = tl.where(_keep(SEED, salt, off, p), g * scale, 0.0)
+            g = tl.where(_keep(SEED, salt, rows, N, p, ROWS, BLOCK_N, RNG4), g * scale, 0.0)
         tl.store(GR + off, g.to(GR.dtype.element_ty), mask=mask)
     tl.store(DWP + pid * N + cols, tl.sum(dh * shat, axis=0), mask=cmask)
     if HAS_BIAS:
@@ -182,21 +202,30 @@ def _check_dropout(p: float, seed: torch.Tensor | None, salt: int, like: torch.T
         raise ValueError(f"{like.numel()} elements: the dropout mask is indexed in int32 (< 2**31)")
 
 
-def keep_mask(seed: torch.Tensor, shape: tuple[int, ...] | torch.Size, p: float, salt: int = 0) -> torch.Tensor:
+def keep_mask(
+    seed: torch.Tensor, shape: tuple[int, ...] | torch.Size, p: float, salt: int = 0, rng4: bool = RNG4,
+) -> torch.Tensor:
     """The keep mask (bool, ``shape``) that the fused kernels draw for ``seed``'s current value,
-    ``salt`` and dropout ``p``: for tests, and for the rare backward where only s is used."""
-    n = math.prod(shape)
+    ``salt`` and dropout ``p`` over rows of ``shape[-1]``: for tests, and for the rare backward
+    where only s is used."""
+    N = shape[-1] if len(shape) else 1
+    M = math.prod(shape) // max(N, 1)
     _check_dropout(p, seed, salt, torch.empty(0, device=seed.device))
-    out = torch.empty(n, dtype=torch.int8, device=seed.device)
-    if n:
-        _keep_mask_kernel[(triton.cdiv(n, 1024),)](seed, out, n, salt, p, BLOCK=1024)
+    out = torch.empty(M, N, dtype=torch.int8, device=seed.device)
+    if M * N:
+        _keep_mask_kernel[(M,)](seed, out, M, N, salt, p, ROWS=1, BLOCK_N=_block_n(N), RNG4=rng4)
     return out.view(shape).bool()
+
+
+def _block_n(N: int) -> int:
+    """Columns per tile: N rounded up to a power of two, at least 4 (RNG4 draws 4 columns a call)."""
+    return max(4, triton.next_power_of_2(N))
 
 
 def add_norm_fwd(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, layer_norm: bool,
     out_dtype: torch.dtype | None = None, rows: int = ROWS,
-    p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0,
+    p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(s, h, rstd): s = x + r, h = norm(s) over the last dim; contiguous x and r.
 
@@ -219,10 +248,10 @@ def add_norm_fwd(
     s, h = torch.empty_like(x), torch.empty_like(x, dtype=out_dtype or x.dtype)
     rstd = torch.empty(M, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
     if M > 0:
-        block_n = triton.next_power_of_2(N)
+        block_n = _block_n(N)
         _add_norm_fwd_kernel[(triton.cdiv(M, rows),)](
             x, r, w, b if b is not None else w, s, h, rstd, seed if p > 0 else rstd, M, N, eps, salt, p,
-            1.0 / (1.0 - p), IS_LN=layer_norm, HAS_BIAS=b is not None, HAS_DROP=p > 0, ROWS=rows,
+            1.0 / (1.0 - p), IS_LN=layer_norm, HAS_BIAS=b is not None, HAS_DROP=p > 0, RNG4=rng4, ROWS=rows,
             BLOCK_N=block_n, CD=compute_dtype(x.dtype), num_warps=row_tile_warps(rows, block_n))
     return s, h, rstd
 
@@ -230,7 +259,7 @@ def add_norm_fwd(
 def add_norm_bwd(
     ds: torch.Tensor | None, dh: torch.Tensor, s: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor,
     layer_norm: bool, has_bias: bool, rows: int = ROWS, r_dtype: torch.dtype | None = None,
-    p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0,
+    p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(dx, dr, dweight, dbias or None); ``ds`` None when s feeds only the norm.
 
@@ -248,13 +277,13 @@ def add_norm_bwd(
     if M == 0:
         return g, gr, torch.zeros_like(w), torch.zeros_like(w) if has_bias else None
     grid = triton.cdiv(M, rows)
-    block_n = triton.next_power_of_2(N)
+    block_n = _block_n(N)
     dwp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device)
     dbp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device) if has_bias else dwp
     _add_norm_bwd_kernel[(grid,)](ds if ds is not None else dh, dh, s, w, rstd, g, gr, dwp, dbp,
                                   seed if p > 0 else rstd, M, N, salt, p, 1.0 / (1.0 - p),
                                   IS_LN=layer_norm, HAS_BIAS=has_bias, HAS_DS=ds is not None, HAS_GR=has_gr,
-                                  HAS_DROP=p > 0, ROWS=rows, BLOCK_N=block_n, CD=compute_dtype(s.dtype),
+                                  HAS_DROP=p > 0, RNG4=rng4, ROWS=rows, BLOCK_N=block_n, CD=compute_dtype(s.dtype),
                                   num_warps=row_tile_warps(rows, block_n))
     return g, gr, dwp.sum(0).to(w.dtype), dbp.sum(0).to(w.dtype) if has_bias else None
 
@@ -263,45 +292,45 @@ class AddNormFunction(torch.autograd.Function):
     """Two outputs, (s, h); autograd hands the backward both gradients, so their sum is fused."""
 
     @staticmethod
-    def forward(ctx, x, r, w, b, eps, layer_norm, out_dtype=None, rows=ROWS, p=0.0, seed=None, salt=0):
+    def forward(ctx, x, r, w, b, eps, layer_norm, out_dtype=None, rows=ROWS, p=0.0, seed=None, salt=0, rng4=RNG4):
         s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm, out_dtype, rows,
-                                  p, seed, salt)
+                                  p, seed, salt, rng4)
         ctx.save_for_backward(s, w, rstd)
         ctx.r_dtype, ctx.layer_norm, ctx.has_bias, ctx.rows = r.dtype, layer_norm, b is not None, rows
-        ctx.p, ctx.seed, ctx.salt = p, seed, salt  # the seed tensor itself: its value is read again
+        ctx.p, ctx.seed, ctx.salt, ctx.rng4 = p, seed, salt, rng4  # the seed tensor: its value is read again
         ctx.set_materialize_grads(False)  # an unused s arrives as None, not as a tensor of zeros
         return s, h
 
     @staticmethod
     def backward(ctx, ds, dh):
         s, w, rstd = ctx.saved_tensors
-        none = (None,) * 9
+        none = (None,) * 10
         if dh is None:  # h unused: s's gradient passes through to x, and to r through the mask
             if ds is None:
                 return (None, None) + none
             dr = ds
             if ctx.p > 0:
-                dr = ds * keep_mask(ctx.seed, ds.shape, ctx.p, ctx.salt) / (1.0 - ctx.p)
+                dr = ds * keep_mask(ctx.seed, ds.shape, ctx.p, ctx.salt, ctx.rng4) / (1.0 - ctx.p)
             return (ds, dr.to(ctx.r_dtype)) + none
         # dh may be bf16: loaded as fp32
         g, gr, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias, ctx.rows, ctx.r_dtype,
-                                     ctx.p, ctx.seed, ctx.salt)
-        return (g, gr, dw, db) + (None,) * 7
+                                     ctx.p, ctx.seed, ctx.salt, ctx.rng4)
+        return (g, gr, dw, db) + (None,) * 8
 
 
 def add_rms_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-5, out_dtype: torch.dtype | None = None,
-    rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0,
+    rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, rms_norm(x + r) * w), differentiable in x, r and w; h in ``out_dtype`` (default x's).
     ``p`` > 0: r through dropout first (mask from ``seed`` and ``salt``: module docstring)."""
-    return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype, rows, p, seed, salt)
+    return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype, rows, p, seed, salt, rng4)
 
 
 def add_layer_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, eps: float = 1e-5,
     out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None,
-    salt: int = 0,
+    salt: int = 0, rng4: bool = RNG4,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, layer_norm(x + r) * w + b), differentiable in x, r, w and b; h in ``out_dtype``."""
-    return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype, rows, p, seed, salt)
+    return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype, rows, p, seed, salt, rng4)

@@ -55,7 +55,7 @@ def test_speedrun_candidates_are_well_formed():
     cands = speedrun_candidates()
     assert next(iter(cands)) == REFERENCE
     engine = {n: (c, r) for n, (c, r) in cands.items() if r.engine}
-    assert len(engine) == 25 and all(r.compile is None and r.precision == "bf16" for _, r in engine.values())
+    assert len(engine) == 27 and all(r.compile is None and r.precision == "bf16" for _, r in engine.values())
     assert all("engine" in n for n in engine)
     for name, (cfg, rec) in cands.items():
         cfg.check_sequence(rec.block_size)

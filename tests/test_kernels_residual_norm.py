@@ -153,38 +153,44 @@ def _seed(v=12345):
     return torch.tensor([v], dtype=torch.int64)
 
 
-def test_keep_mask_statistics_and_streams():
+@pytest.mark.parametrize("rng4", [True, False], ids=["philox-per-4", "philox-per-element"])
+def test_keep_mask_statistics_and_streams(rng4):
     """Keep fraction ~ 1 - p; another salt or seed value gives another mask; the same gives the same."""
     seed = _seed()
-    m = keep_mask(seed, (64, 256), 0.2)
+    m = keep_mask(seed, (64, 256), 0.2, rng4=rng4)
     assert m.dtype == torch.bool and m.shape == (64, 256)
     frac = m.float().mean().item()
     assert abs(frac - 0.8) < 0.01, frac  # 16,384 draws: sd of the fraction ~0.003
-    assert torch.equal(m, keep_mask(seed, (64, 256), 0.2))
-    other_salt = keep_mask(seed, (64, 256), 0.2, salt=1)
-    other_seed = keep_mask(_seed(12346), (64, 256), 0.2)
+    assert torch.equal(m, keep_mask(seed, (64, 256), 0.2, rng4=rng4))
+    other_salt = keep_mask(seed, (64, 256), 0.2, salt=1, rng4=rng4)
+    other_seed = keep_mask(_seed(12346), (64, 256), 0.2, rng4=rng4)
     for o in (other_salt, other_seed):
         agree = (o == m).float().mean().item()
         assert abs(agree - (0.8**2 + 0.2**2)) < 0.02, agree  # independent masks agree on 68%
-    # Rows are not repeated (the index is the flat element index, not the column).
+    # Rows are not repeated (the counter includes the row), nor are the columns of one 4-column
+    # group (each takes its own Philox lane): neighbouring columns agree on ~68% like independent ones.
     assert not torch.equal(m[0], m[1])
+    for lag in (1, 2, 3, 4):
+        agree = (m[:, lag:] == m[:, :-lag]).float().mean().item()
+        assert abs(agree - 0.68) < 0.02, (lag, agree)
 
 
 @pytest.mark.parametrize("kind", list(KINDS))
-@pytest.mark.parametrize("shape", [(37, 48), (2, 19, 64)])
+@pytest.mark.parametrize("shape,rng4", [((37, 48), True), ((2, 19, 64), True), ((5, 30), True), ((37, 48), False),
+                                        ((5, 30), False)])
 @pytest.mark.parametrize("use_s", [True, False], ids=["s-and-h-used", "only-h-used"])
-def test_dropout_outputs_and_every_gradient_match_reference(shape, kind, use_s):
+def test_dropout_outputs_and_every_gradient_match_reference(shape, rng4, kind, use_s):
     """s = x + r keep / (1 - p) with the mask keep_mask draws; every gradient against the reference."""
     _, _, has_bias = KINDS[kind]
     ln = kind != "rms"
     p, seed, salt = 0.3, _seed(777), 5
     x, r, w, b, ds, dh = _inputs(shape, seed=1)
     b = b if has_bias else None
-    keep = keep_mask(seed, shape, p, salt)
+    keep = keep_mask(seed, shape, p, salt, rng4)
     if ln:
-        s, h = add_layer_norm(x, r, w, b, 1e-5, p=p, seed=seed, salt=salt)
+        s, h = add_layer_norm(x, r, w, b, 1e-5, p=p, seed=seed, salt=salt, rng4=rng4)
     else:
-        s, h = add_rms_norm(x, r, w, 1e-5, p=p, seed=seed, salt=salt)
+        s, h = add_rms_norm(x, r, w, 1e-5, p=p, seed=seed, salt=salt, rng4=rng4)
     params = (x, r, w, b) if has_bias else (x, r, w)
     outs, grads_out = ((s, h), (ds, dh)) if use_s else ((h,), (dh,))
     got = torch.autograd.grad(outs, params, grads_out)

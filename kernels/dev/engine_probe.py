@@ -110,8 +110,10 @@ def main() -> int:
 
     run_cfg, run_rec = speedrun_candidates()[SPEEDRUN_PROBE]
     run_kw = {"cfg": run_cfg, "B": run_rec.batch_size, **dict(run_rec.engine_options)}
-    cases[2:2] = [("speedrun 256x6 dropout 0.2", run_rec.precision, run_kw),  # and without the fused dropout
-                  ("speedrun 256x6 dropout 0.2", run_rec.precision, {**run_kw, "fuse_dropout": False})]
+    # With the fused dropout (Philox per element), without it, and with Philox per 4 columns.
+    cases[2:2] = [("speedrun 256x6 dropout 0.2", run_rec.precision, run_kw),
+                  ("speedrun 256x6 dropout 0.2", run_rec.precision, {**run_kw, "fuse_dropout": False}),
+                  ("speedrun 256x6 dropout 0.2", run_rec.precision, {**run_kw, "dropout_rng4": True})]
     for name, prec, kw in cases:
         try:
             rows.append(engine_profile(name, prec, **kw))
