@@ -377,16 +377,16 @@ class Engine:
     (``ftlib/bf16_weights.py``; the bias-kernel Linears keep autocast's casts). All three compute
     the same values as without them; measured as variants of round 4 on the H200 (GPT-2 +flash
     tf32 3.79 -> 3.71 ms and bf16 3.00 -> 2.64 ms; FT bf16 1.90 -> 1.81 ms) and default from round 5.
-    ``fuse_dropout`` (default off; with dropout > 0 and the fused residual-norm): each branch's
+    ``fuse_dropout`` (default on; with dropout > 0 and the fused residual-norm): each branch's
     residual dropout runs inside the fused residual-norm kernels, its mask drawn from Philox
     keyed by a seed tensor that the step increments (so every graph replay draws new masks) and
     redrawn in the backward (kernels/residual_norm.py): no dropout kernels. Same distribution as
     ``nn.Dropout``, another random stream, so training with it is not bit-comparable to the
-    reference (its test applies the kernels' masks to the reference instead). Off by default
-    because it lost on the H200: the speedrun step (B=64, dropout 0.2, bf16) took 2.87 ms with it
-    and 2.80 ms without (engine_probe.jsonl; the per-element Philox made the norm kernels +0.25 ms
-    for -0.17 ms of dropout kernels). ``dropout_rng4``: draw the mask with one Philox call per 4
-    columns instead (a quarter of that work; not yet measured).
+    reference (its test applies the kernels' masks to the reference instead). ``dropout_rng4``
+    (default on): one Philox call per 4 columns. H200, the speedrun step (B=64, dropout 0.2,
+    bf16; engine_probe.jsonl): 2.82 ms with ``nn.Dropout``, 2.90 ms fused with one Philox call
+    per element (the norm kernels grew by more than the dropout kernels removed), 2.68 ms fused
+    with one call per 4 columns.
     Optimizer: AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
     ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
     ``ftlib.train.make_optimizer``. ``grad_clip``: clip the global gradient norm to this
@@ -422,8 +422,8 @@ class Engine:
         bias_kernel: bool = True,
         bf16_norm_out: bool = True,
         bf16_weights: bool = True,
-        fuse_dropout: bool = False,
-        dropout_rng4: bool = False,
+        fuse_dropout: bool = True,
+        dropout_rng4: bool = True,
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
         cfg.check_sequence(T)

@@ -186,3 +186,13 @@ def test_speedrun_curves_take_the_startup_off_and_skip_runs_without_it():
     assert [(c["model"], c["seed"]) for c in got] == [("a", 0)]
     assert got[0]["time_s"] == [0.0, 2.0, 3.0] and got[0]["val_loss"] == [4.0, 2.0, 1.49]
     assert len(speedrun_curves(rows, ["a"], exclude_startup=False)) == 2
+
+
+def test_keyless_engine_option_keeps_the_keys_of_earlier_runs():
+    """("dropout_rng4", False) pins what runs stored before the option ran: same key without it."""
+    from ftlib.trainer import recipe
+
+    base = recipe("nanogpt-char").replace(compile=None, engine=True, engine_options=(("fuse_dropout", True),))
+    pinned = base.replace(engine_options=base.engine_options + (("dropout_rng4", False),))
+    new = base.replace(engine_options=base.engine_options + (("dropout_rng4", True),))
+    assert pinned.key_repr() == base.key_repr() != new.key_repr()
