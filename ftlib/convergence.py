@@ -516,3 +516,27 @@ def speedrun_curves(rows: list[dict[str, Any]], models: Iterable[str],
                     "time_s": [max(0.0, h["time_s"] - shift) if h["step"] > 0 else 0.0 for h in hist],
                     "val_loss": [h["val_loss"] for h in hist]})
     return out
+
+
+def repeat_table(rows: list[dict[str, Any]], repeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each repeated run (``speedrun-repeat.jsonl``: the same key, i.e. candidate, recipe and seed,
+    run again on a fresh machine from the same commit) next to its stored first run.
+
+    The GPU's run-to-run nondeterminism (atomic adds in the embedding backward, reduction orders)
+    makes two runs of one seed part ways within steps; near a loss floor that moves the step at
+    which 1.50 is first reached. The spread between the two is the noise the speed-up sits in.
+    """
+    first = {r["key"]: r for r in rows}
+    out = []
+    for rep in repeats:
+        a = first.get(rep.get("repeat_of_key", rep["key"]))
+        if a is None:
+            continue
+        ta, tb = steady_time_to_target(a), steady_time_to_target(rep)
+        out.append({"model": rep["model"], "seed": rep["seed"],
+                    "steps to target (first)": a.get("steps_to_target"),
+                    "steps to target (repeat)": rep.get("steps_to_target"),
+                    "excl. startup s (first)": ta, "excl. startup s (repeat)": tb,
+                    "repeat / first": (tb / ta) if (ta and tb) else None,
+                    "best val loss (first)": a["best_val_loss"], "best val loss (repeat)": rep["best_val_loss"]})
+    return out

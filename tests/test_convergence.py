@@ -196,3 +196,15 @@ def test_keyless_engine_option_keeps_the_keys_of_earlier_runs():
     pinned = base.replace(engine_options=base.engine_options + (("dropout_rng4", False),))
     new = base.replace(engine_options=base.engine_options + (("dropout_rng4", True),))
     assert pinned.key_repr() == base.key_repr() != new.key_repr()
+
+
+def test_repeat_table_pairs_a_repeat_with_its_first_run():
+    from ftlib.convergence import repeat_table
+
+    first = [dict(_row("m", 0, t=4.0), key="k0", time_to_target_excl_startup_s=3.0),
+             dict(_row("m", 1, t=4.0), key="k1", time_to_target_excl_startup_s=3.5)]
+    rep = [dict(_row("m", 0, t=5.0), key="k0", repeat_of_key="k0", time_to_target_excl_startup_s=3.6),
+           dict(_row("m", 2), key="k9")]  # no first run stored: left out
+    table = repeat_table(first, rep)
+    assert len(table) == 1 and table[0]["seed"] == 0
+    assert table[0]["repeat / first"] == pytest.approx(1.2)
