@@ -208,3 +208,55 @@ def test_repeat_table_pairs_a_repeat_with_its_first_run():
     table = repeat_table(first, rep)
     assert len(table) == 1 and table[0]["seed"] == 0
     assert table[0]["repeat / first"] == pytest.approx(1.2)
+
+
+def test_repeat_runs_are_keyed_as_repeats_and_resume(tmp_path, monkeypatch):
+    """A repeat suite stores '<first key>-repeat1' with repeat_of_key, once per run; rows stored
+    before the option (key == first key, repeat_of_key set) count as that repeat."""
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path))
+    monkeypatch.setattr("ftlib.convergence.sample_text", lambda *a, **k: "")
+    ds = load_tinyshakespeare(download=False)
+    tiny = preset("fasttransformer", n_layer=1, n_embd=32, n_head=4, n_kv_head=1, block_size=16)
+    rec = Recipe(steps=2, batch_size=2, block_size=16, eval_interval=2, eval_iters=1, compile=None)
+    runs = {"tiny": (tiny, rec)}
+    (first,) = run_study("first", runs, ds, [0], "cpu", progress=False)
+    (rep,) = run_study("again", runs, ds, [0], "cpu", progress=False, repeat_of="first")
+    assert rep["status"] == "ok" and rep["key"] == first["key"] + "-repeat1"
+    assert rep["repeat_of_key"] == first["key"]
+    assert run_study("again", runs, ds, [0], "cpu", progress=False, repeat_of="first") == []
+    # An older repeat row (same key as its first run) of seed 1 stands for seed 1's repeat.
+    base1 = run_key("first", tiny, rec.replace(seed=1), None)
+    (tmp_path / "cpu" / "again.jsonl").open("a").write(
+        json.dumps({"key": base1, "repeat_of_key": base1, "status": "ok"}) + "\n")
+    assert run_study("again", runs, ds, [1], "cpu", progress=False, repeat_of="first") == []
+    (rep2,) = run_study("again", runs, ds, [2], "cpu", progress=False, repeat_of="first")
+    assert rep2["seed"] == 2
+
+
+def test_repeat_suite_repeats_the_reference_and_the_named_candidates():
+    from ftlib.convergence import REPEATED, SUITE_ORDER
+
+    table = suites(smoke=False)
+    rep = table["speedrun-repeat"]
+    assert rep["repeat_of"] == "speedrun" and set(rep["runs"]) == {REFERENCE, *REPEATED}
+    assert set(REPEATED) <= set(ALL_SEEDS) and set(rep["seeds"]) == {0, *FINALIST_SEEDS}
+    assert SUITE_ORDER.index("speedrun") < SUITE_ORDER.index("speedrun-repeat")
+    assert all(rep["runs"][n] == table["speedrun"]["runs"][n] for n in rep["runs"])
+
+
+def test_speedrun_pooled_pools_first_runs_and_repeats():
+    from ftlib.convergence import speedrun_pooled
+
+    ref = [_row(REFERENCE, s, 10.0 + s, startup=0.0) for s in range(3)] + [_row(REFERENCE, 3, 40.0)]  # no excl.
+    cand = [_row("c", s, 3.0, startup=0.0) for s in range(3)]
+    reps = [_row(REFERENCE, 0, 12.0, startup=0.0), _row("c", 0, 4.0, startup=0.0)]
+    p = speedrun_pooled(ref + cand, reps, "c")
+    assert p["reference runs"] == 4 and p["candidate runs"] == 4 and p["reached"] == "4/4"
+    assert p["speed-up excl. startup (pooled)"] == pytest.approx((45 / 4) / (13 / 4))
+    lo, hi = p["90% interval"]
+    assert lo <= p["speed-up excl. startup (pooled)"] <= hi and lo < hi
+    assert p["verdict"] == "met" and p["interval clears target"] is (lo >= 3.0)
+    assert speedrun_pooled(ref + cand, reps, "c") == p  # the same interval every time
+    missed = speedrun_pooled(ref + cand, reps + [_row("c", 1, None, startup=0.0)], "c")
+    assert missed["reached"] == "4/5" and missed["verdict"] == "not met" and not missed["interval clears target"]
+    assert speedrun_pooled(cand, reps[1:], "c") is None  # no timed reference run
