@@ -40,6 +40,7 @@
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
+CHECKPOINT = "checkpoints/speedrun.pt"  # where section 6 saves the model it trains
 
 # %%
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
@@ -66,12 +67,15 @@ from ftlib.benchview import provenance_line
 from ftlib.convergence import (
     FAIR,
     REFERENCE,
+    REPEATED,
     SUITE_ORDER,
     TARGET_LOSS,
     aggregate,
+    checkpoint_roundtrip,
     repeat_table,
     run_suites,
     speedrun_curves,
+    speedrun_pooled,
     speedrun_verdict,
     summary,
 )
@@ -247,15 +251,30 @@ else:
 # run. The GPU's atomic adds (the embedding backward) and reduction orders differ from run to
 # run, the tiny differences grow, and near a loss floor they move the step where the
 # validation loss first crosses 1.50. One device call ran some candidates again on a fresh
-# machine from the same commit, with the same seeds (`speedrun-repeat.jsonl`). The verdict
-# above uses the first run of each seed; the table shows how far a second run of the same
-# seed lands from it. A speed-up within that spread of the target is not a robust result.
+# machine from the same commit, with the same seeds, and the `speedrun-repeat` suite runs
+# every seed of the reference and of two finalists (`REPEATED`) a second time
+# (`speedrun-repeat.jsonl`). The verdict above uses the first run of each seed; the table
+# shows how far a second run of the same seed lands from it. A speed-up within that spread
+# of the target is not a robust result, so the pooled verdict below treats every run, first
+# or repeat, as one sample of the time to 1.50: the ratio of the pooled means, with a 90%
+# bootstrap interval (`ftlib.convergence.speedrun_pooled`).
+#
+# The two sides are not equally noisy. The candidate's step is one CUDA graph replay, so its
+# time per step hardly moves between machines; what moves is the step at which it crosses
+# 1.50. The reference runs `torch.compile`'s default mode, which launches every kernel from
+# Python, so its time per step also follows the host's CPU: its repeats, run in a later
+# device session, were slower per step than its first runs at about the same step counts.
+# Pooling credits the candidate for that, so the table also gives a floor: the candidate's
+# mean against the reference's single fastest run.
 
 # %%
 repeats = stored("speedrun-repeat")
 if repeats and ok_speed:
     print("Measured on:", provenance_line(repeats))
     show_table(repeat_table(ok_speed, repeats), digits=4)
+    pooled = [p for name in REPEATED if (p := speedrun_pooled(ok_speed, repeats, name)) is not None]
+    show_table([{**p, "90% interval": f"{p['90% interval'][0]:.2f}-{p['90% interval'][1]:.2f}"} for p in pooled],
+               digits=4)
 else:
     print("No repeated speedrun runs stored.")
 
@@ -275,3 +294,24 @@ for r in reached[:1] + [r for r in reached[1:] if r["model"].endswith("(referenc
     print(f"--- speedrun: {r['model']} (seed 0, stopped at step {r['steps_to_target']}, "
           f"best validation loss {r['best_val_loss']:.3f})")
     print(r["sample"])
+
+# %% [markdown]
+# ## 6. A checkpoint, saved and loaded back
+# The speedrun's winner trained once more to 1.50 on this machine (with `SMOKE`: a tiny
+# version for 20 steps on PyTorch ops), saved with `ftlib.trainer.save_checkpoint` (config,
+# recipe, result and a plain `GPT` state dict, also when the engine trained it in its flat
+# buffers), then loaded with `load_checkpoint` into a fresh model. The reloaded model must
+# give the same logits on a held-out batch and sample the same text.
+
+# %%
+from ftlib.data import load_tinyshakespeare
+
+winner = v["candidate"] if ok_speed and v is not None else REFERENCE
+ck = checkpoint_roundtrip(winner, load_tinyshakespeare(), device, CHECKPOINT, smoke=SMOKE)
+print("saved to", CHECKPOINT)
+show_table([{k: val for k, val in ck.items() if k != "sample"}], digits=3)
+assert ck["max |logit difference|"] == 0.0 and ck["same sample"] and ck["config hash matches"]
+
+# %%
+# NBVAL_IGNORE_OUTPUT
+print(ck["sample"])  # a few hundred characters from the reloaded model (varies with the CPU's arithmetic)

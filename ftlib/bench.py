@@ -50,7 +50,7 @@ import torch
 
 from ftlib.config import PRESETS, ModelConfig, preset
 from ftlib.data import synthetic_batch
-from ftlib.env import device_slug, pick_device, provenance
+from ftlib.env import device_slug, pick_device, progress_bar, provenance
 from ftlib.model import build_model
 from ftlib.results import ResultStore, row_key
 from ftlib.train import make_optimizer, train_step
@@ -611,14 +611,12 @@ def bench_cases(
     the old). ``deadline`` (a ``time.monotonic()`` value): no new case starts when the time
     left is under its expected cost; isolated cases get at most the time left.
     """
-    from tqdm.auto import tqdm
-
     cases, isolate, retry = list(cases), set(isolate_modes), tuple(retry_status)
     optimizer = bench_kwargs.get("optimizer", "default")
     todo = [c for c in cases if not store.has(c.key(store.bench, optimizer), skip_status=retry)]
     cost = dict(DEFAULT_COST_S)
     rows: list[dict] = []
-    bar = tqdm(todo, desc=store.bench, disable=not progress, unit="case")
+    bar = progress_bar(todo, progress, desc=store.bench, unit="case")
     for case in bar:
         bar.set_postfix_str(f"{case.label} B={case.B} T={case.T} {case.mode} {case.precision}")
         left = None if deadline is None else deadline - time.monotonic()

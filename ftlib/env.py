@@ -97,3 +97,37 @@ def provenance(device: torch.device | str = "cpu") -> dict[str, str]:
         info["sm_count"] = str(p.multi_processor_count)
         info["capability"] = f"{p.major}.{p.minor}"
     return info
+
+
+def progress_bar(iterable, show: bool = True, **kwargs):
+    """A tqdm bar over ``iterable`` (a notebook widget where ipywidgets is installed), or the
+    plain iterable when ``show`` is False: importing ``tqdm.auto`` in a notebook without
+    ipywidgets prints a warning into the cell even when the bar is disabled."""
+    if not show:
+        return _Quiet(iterable)
+    from tqdm.auto import tqdm
+
+    return tqdm(iterable, **kwargs)
+
+
+class _Quiet:
+    """An iterable with tqdm's ``set_postfix*`` and ``close`` as no-ops and its ``write``."""
+
+    def __init__(self, iterable) -> None:
+        self._it = iterable
+
+    def __iter__(self):
+        return iter(self._it)
+
+    def set_postfix(self, *args, **kwargs) -> None:
+        pass
+
+    def set_postfix_str(self, *args, **kwargs) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    @staticmethod
+    def write(msg: str) -> None:
+        print(msg)  # as tqdm.write does with the bar disabled

@@ -28,6 +28,7 @@ import torch
 
 from ftlib.config import ModelConfig
 from ftlib.data import CharDataset, SequentialBatches, random_batch
+from ftlib.env import progress_bar
 from ftlib.model import GPT
 from ftlib.train import PRECISIONS, make_optimizer, precision, train_step
 
@@ -258,7 +259,6 @@ def train(
     sum) and ``train_time_s`` (startup plus every later step). History ``time_s`` values
     include the startup from step 1 on.
     """
-    from tqdm.auto import tqdm
 
     device = torch.device(device)
     config.check_sequence(rec.block_size)
@@ -275,7 +275,7 @@ def train(
     first_step_s: float | None = None
     best = math.inf
     reached_at: dict[str, Any] | None = None
-    bar = tqdm(range(rec.steps + 1), desc=f"train {config.config_hash()}", disable=not progress, leave=False)
+    bar = progress_bar(range(rec.steps + 1), progress, desc=f"train {config.config_hash()}", leave=False)
     last_loss = None
     for step in bar:
         if step % rec.eval_interval == 0 or step == rec.steps:

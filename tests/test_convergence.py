@@ -256,7 +256,18 @@ def test_speedrun_pooled_pools_first_runs_and_repeats():
     lo, hi = p["90% interval"]
     assert lo <= p["speed-up excl. startup (pooled)"] <= hi and lo < hi
     assert p["verdict"] == "met" and p["interval clears target"] is (lo >= 3.0)
+    assert p["speed-up vs fastest reference run"] == pytest.approx(10.0 / (13 / 4))
     assert speedrun_pooled(ref + cand, reps, "c") == p  # the same interval every time
     missed = speedrun_pooled(ref + cand, reps + [_row("c", 1, None, startup=0.0)], "c")
     assert missed["reached"] == "4/5" and missed["verdict"] == "not met" and not missed["interval clears target"]
     assert speedrun_pooled(cand, reps[1:], "c") is None  # no timed reference run
+
+
+def test_checkpoint_roundtrip_reloads_the_trained_model(tmp_path):
+    from ftlib.convergence import checkpoint_roundtrip
+
+    ds = load_tinyshakespeare(download=False)
+    ck = checkpoint_roundtrip(ALL_SEEDS[-1], ds, "cpu", tmp_path / "ck.pt", smoke=True)
+    assert (tmp_path / "ck.pt").exists() and ck["steps"] == 20
+    assert ck["max |logit difference|"] == 0.0 and ck["same sample"] and ck["config hash matches"]
+    assert ck["saved"] == ["config", "recipe", "result", "state_dict"] and len(ck["sample"]) == 300

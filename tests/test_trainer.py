@@ -141,3 +141,17 @@ def test_recipe_engine_validation_and_key():
     with pytest.raises(ValueError, match="not in"):
         Recipe(engine=True, engine_options=(("capture", False),))
     assert "engine=True" in r.replace(compile=None, engine=True).key_repr()
+
+
+def test_progress_bar_is_quiet_without_importing_tqdm_auto():
+    import subprocess
+    import sys
+
+    # A fresh interpreter: tqdm.auto must not be imported by a run without a bar (it warns in
+    # notebooks without ipywidgets), and must be by a run with one.
+    code = ("import sys; from ftlib.env import progress_bar; b = progress_bar(range(3), False); "
+            "b.set_postfix(a=1); b.set_postfix_str('x'); assert list(b) == [0, 1, 2]; "
+            "assert 'tqdm.auto' not in sys.modules; "
+            "t = progress_bar(range(3), True, disable=True); assert list(t) == [0, 1, 2]; "
+            "assert 'tqdm.auto' in sys.modules")
+    subprocess.run([sys.executable, "-c", code], check=True)
