@@ -30,9 +30,11 @@ class EmbeddingFunction(torch.autograd.Function):
     def backward(ctx, dy: torch.Tensor):
         (idx,) = ctx.saved_tensors
         C = dy.shape[-1]
-        dw = torch.zeros((ctx.num_embeddings, C), dtype=dy.dtype, device=dy.device)
-        dw.index_add_(0, idx.reshape(-1), dy.reshape(-1, C))  # (N, C) rows into (V, C)
-        return None, dw
+        # Accumulate in fp32 whatever dy's dtype: a bf16 sum of ~100 rows per symbol would round
+        # at every add. In the engine dy is fp32 (the residual stream), so both casts are no-ops.
+        dw = torch.zeros((ctx.num_embeddings, C), dtype=torch.float32, device=dy.device)
+        dw.index_add_(0, idx.reshape(-1), dy.reshape(-1, C).float())  # (N, C) rows into (V, C)
+        return None, dw.to(dy.dtype)
 
 
 class ScatterEmbedding(nn.Module):
