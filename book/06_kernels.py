@@ -180,6 +180,19 @@ display(Markdown(kernelview.kernel_math("layernorm")))
 display(Markdown(kernelview.kernel_math("bias_linear")))
 
 # %% [markdown]
+# ### GPT-2's softmax, kept as written
+# GPT-2 as the post wrote it materializes the (B, nh, T, T) scores and runs scale, causal
+# mask and softmax as three PyTorch kernels, and three more in the backward. torch.compile
+# keeps the materialized probabilities but fuses the three into one kernel each way
+# (chapter 1's profile of compile-ro GPT-2 names it `triton_per_fused__softmax_exp_masked_fill_mul...`).
+# This kernel is that fusion, for the engine's "+fused-softmax" route: the same function
+# and the same materialized probabilities, with one read and one write per element forward,
+# two reads and one write backward.
+
+# %%
+display(Markdown(kernelview.kernel_math("causal_softmax")))
+
+# %% [markdown]
 # ### Fused MQA attention
 # FlashAttention-2's forward and backward. The FastTransformer's single K/V head is read by
 # index from every query head (pointer arithmetic, `h // (nh // nkv)`), never expanded or

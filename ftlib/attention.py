@@ -28,6 +28,14 @@ if TYPE_CHECKING:
 KV_LAYOUTS = ("expand", "broadcast", "repeat", "gqa")
 
 
+def causal_softmax_ref(att: torch.Tensor, scale: float) -> torch.Tensor:
+    """softmax(att * scale + causal mask) over the last dim of (..., T, T) scores: GPT-2's
+    materialized softmax (Radford et al. 2019; the mask of Vaswani et al. 2017, sec. 3.2.3)."""
+    T = att.shape[-1]
+    mask = torch.ones(T, T, dtype=torch.bool, device=att.device).tril()
+    return F.softmax((att * scale).masked_fill(~mask, float("-inf")), dim=-1)
+
+
 def causal_attention_ref(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, dropout_p: float = 0.0, training: bool = False
 ) -> torch.Tensor:
@@ -43,10 +51,7 @@ def causal_attention_ref(
     qg = q.view(B, nkv, r, T, hs)  # (B, nkv, r, T, hs)
     kg = k.unsqueeze(2)  # (B, nkv, 1, T, hs), broadcast over the r query heads
     vg = v.unsqueeze(2)
-    att = (qg @ kg.transpose(-2, -1)) * (1.0 / math.sqrt(hs))  # (B, nkv, r, T, T)
-    mask = torch.ones(T, T, dtype=torch.bool, device=q.device).tril()
-    att = att.masked_fill(~mask, float("-inf"))
-    att = F.softmax(att, dim=-1)
+    att = causal_softmax_ref(qg @ kg.transpose(-2, -1), 1.0 / math.sqrt(hs))  # (B, nkv, r, T, T)
     if training and dropout_p > 0:
         att = F.dropout(att, p=dropout_p)
     y = att @ vg  # (B, nkv, r, T, hs)

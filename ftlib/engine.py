@@ -78,7 +78,7 @@ WARMUP_STEPS = 3
 # Engine options a benchmark case may carry in its ``extra`` (ftlib.bench's 'engine' mode).
 BENCH_OPTIONS = ("use_kernels", "attention_for_explicit", "capture", "linear_precision", "attention_precision",
                  "attention_layout", "fuse_residual_norm", "bias_kernel", "bf16_norm_out", "bf16_weights",
-                 "fuse_dropout", "dropout_rng4")
+                 "fuse_dropout", "dropout_rng4", "fused_softmax")
 # 'heads': q/k/v as (B, h, T, hs) views, o transposed back with a copy;
 # 'packed' (the default): kernels.attention.packed_attention reads the qkv output and writes
 # (B, T, C) directly, d(qkv) into one buffer (no layout copies). H200, FT, engine round 3:
@@ -153,10 +153,45 @@ class KernelCausalSelfAttention(nn.Module):
         return self.resid_dropout(self.proj(y))
 
 
+class FusedSoftmaxSelfAttention(nn.Module):
+    """GPT-2's explicit attention as written (the (B, nh, T, T) probabilities materialized for
+    ``att @ v``) with scale, causal mask and softmax in one Triton kernel each way
+    (``kernels/causal_softmax.py``), the fusion torch.compile makes of the same three ops.
+
+    Takes over the original's ``qkv``, ``proj``, dropouts (same Parameters, same order).
+    ``out_dtype``: the dtype the probabilities are written in (bf16 under bf16 autocast, what
+    the ``att @ v`` matmul would cast them to; None keeps the scores' dtype).
+    """
+
+    def __init__(self, attn: CausalSelfAttention, out_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        from kernels.causal_softmax import CausalSoftmax
+
+        self.n_head, self.n_kv_head, self.head_size = attn.n_head, attn.n_kv_head, attn.head_size
+        self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
+        self.attn_dropout_p = attn.dropout
+        self.softmax = CausalSoftmax(1.0 / math.sqrt(self.head_size))
+        self.out_dtype = out_dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
+        q, k, v = self.qkv(x).split([C, nkv * hs, nkv * hs], dim=-1)
+        q = q.view(B, T, nkv, nh // nkv, hs).permute(0, 2, 3, 1, 4)  # (B, nkv, r, T, hs)
+        k = k.view(B, T, nkv, hs).transpose(1, 2).unsqueeze(2)  # (B, nkv, 1, T, hs)
+        v = v.view(B, T, nkv, hs).transpose(1, 2).unsqueeze(2)  # (B, nkv, 1, T, hs)
+        att = self.softmax(q @ k.transpose(-2, -1), self.out_dtype)  # (B, nkv, r, T, T)
+        if self.training and self.attn_dropout_p > 0:
+            att = F.dropout(att, p=self.attn_dropout_p)
+        y = (att @ v).reshape(B, nh, T, hs)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C), heads side by side
+        return self.resid_dropout(self.proj(y))
+
+
 def _swap_modules(
     model: GPT, want: dict[str, bool], T: int, precision: str, attention_for_explicit: bool,
     runnable: tuple[bool, str], linear_precision: str | None = None, attention_precision: str | None = None,
-    attention_layout: str = "packed", bias_kernel: bool = False,
+    attention_layout: str = "packed", bias_kernel: bool = False, fused_softmax: bool = False,
 ) -> tuple[dict[str, bool], dict[str, str]]:
     """Replace norms and attention cores by kernel modules in place; returns (applied, notes).
 
@@ -222,6 +257,17 @@ def _swap_modules(
         for blk in model.blocks:
             blk.attn = KernelCausalSelfAttention(blk.attn, T, input_precision, attention_layout)
         applied["attention"] = True
+    elif fused_softmax and cfg.attn_impl == "explicit":
+        # The explicit softmax kept, as written, with its three elementwise passes fused.
+        if not ok:
+            notes["softmax"] = why_not
+        elif not any(want.values()):
+            notes["softmax"] = "off: every kernel is switched off (use_kernels=False)"
+        else:
+            out = torch.bfloat16 if precision == "bf16" else None
+            for blk in model.blocks:
+                blk.attn = FusedSoftmaxSelfAttention(blk.attn, out)
+            notes["softmax"] = "scale + causal mask + softmax fused (kernels/causal_softmax.py)"
 
     if linear_precision is not None:
         # Every nn.Linear (attention, MLP, head) onto the Triton GEMM, sharing its Parameters.
@@ -386,7 +432,10 @@ class Engine:
     (default on): one Philox call per 4 columns. H200, the speedrun step (B=64, dropout 0.2,
     bf16; engine_probe.jsonl): 2.82 ms with ``nn.Dropout``, 2.90 ms fused with one Philox call
     per element (the norm kernels grew by more than the dropout kernels removed), 2.68 ms fused
-    with one call per 4 columns.
+    with one call per 4 columns. ``fused_softmax`` (default off, a variant until measured): for
+    explicit attention left as written (GPT-2 without ``attention_for_explicit``), scale, causal
+    mask and softmax run as one Triton kernel each way (``kernels/causal_softmax.py``), the
+    probabilities still materialized: the fusion torch.compile applies to the same ops.
     Optimizer: AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
     ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
     ``ftlib.train.make_optimizer``. ``grad_clip``: clip the global gradient norm to this
@@ -424,6 +473,7 @@ class Engine:
         bf16_weights: bool = True,
         fuse_dropout: bool = True,
         dropout_rng4: bool = True,
+        fused_softmax: bool = False,
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
         cfg.check_sequence(T)
@@ -455,7 +505,7 @@ class Engine:
         self.model.train()
         self.kernels, self.notes = _swap_modules(
             self.model, self.requested, self.T, precision, attention_for_explicit, _kernels_runnable(dev),
-            linear_precision, attention_precision, attention_layout, bias_kernel,
+            linear_precision, attention_precision, attention_layout, bias_kernel, fused_softmax,
         )
         if fuse_residual_norm:
             ok, why_not = _kernels_runnable(dev)
@@ -683,6 +733,7 @@ class Engine:
             "bias_kernel": self.notes.get("bias", "").startswith("bias gradients"),
             "bf16_norm_out": self.norm_out_dtype is not None,
             "bf16_weights": self.flat_param16 is not None,
+            "fused_softmax": self.notes.get("softmax", "").startswith("scale"),
         }
 
 

@@ -13,7 +13,7 @@ import math
 import torch
 import torch.nn.functional as F
 
-from ftlib.attention import causal_attention_ref
+from ftlib.attention import causal_attention_ref, causal_softmax_ref
 from ftlib.norm import layer_norm_ref, rms_norm_ref
 
 __all__ = [
@@ -21,6 +21,7 @@ __all__ = [
     "add_layer_norm_ref",
     "add_rms_norm_ref",
     "causal_attention_ref",
+    "causal_softmax_ref",
     "cross_entropy_ref",
     "dropout_ref",
     "gelu_tanh_ref",

@@ -125,7 +125,10 @@ def test_losses_match_reference_training(cfg):
     (FT1, {"fuse_residual_norm": False}),
     (GPT4, {"attention_for_explicit": True, "attention_layout": "packed", "fuse_residual_norm": True}),
     (GPT4, {"attention_for_explicit": True, "bias_kernel": True}),
-], ids=["heads-layout", "3xtf32", "unfused-residual-norm", "gpt2-packed-fused-layernorm", "gpt2-bias-kernel"])
+    (GPT4, {"fused_softmax": True}),
+    (GPT1_L2, {"fused_softmax": True, "bias_kernel": True}),
+], ids=["heads-layout", "3xtf32", "unfused-residual-norm", "gpt2-packed-fused-layernorm", "gpt2-bias-kernel",
+        "gpt2-fused-softmax", "gpt2-mqa-fused-softmax"])
 def test_engine_options_train_like_the_reference(cfg, options):
     r = check_against_reference(cfg, steps=3, device="cpu", B=B, T=T, **options)
     assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL and r["param_rel_err"] <= PARAM_RTOL
@@ -327,3 +330,24 @@ def test_bf16_weights_shadow_every_linear_and_train_like_the_default():
         assert float(on.step(x, y)) == pytest.approx(float(off.step(x, y)), rel=1e-3)
     torch.testing.assert_close(on.flat_param, off.flat_param, atol=1e-5, rtol=1e-3)
     assert not Engine(GPT4, B, T, "fp32", "cpu", bf16_weights=True).describe()["bf16_weights"]
+
+
+def test_fused_softmax_only_for_explicit_attention_left_as_written():
+    gpt = Engine(GPT4, B, T, "fp32", "cpu", fused_softmax=True)
+    assert type(gpt.model.blocks[0].attn).__name__ == "FusedSoftmaxSelfAttention"
+    assert gpt.describe()["fused_softmax"] and "causal_softmax" in gpt.notes["softmax"]
+    assert [n for n, _ in gpt.model.named_parameters()] == [n for n, _ in build_model(GPT4).named_parameters()]
+    # The attention kernel replaces the whole attention where it is asked for; SDPA models have no softmax.
+    flash = Engine(GPT4, B, T, "fp32", "cpu", fused_softmax=True, attention_for_explicit=True)
+    assert flash.kernels["attention"] and "softmax" not in flash.notes and not flash.describe()["fused_softmax"]
+    assert not Engine(FT1, B, T, "fp32", "cpu", fused_softmax=True).describe()["fused_softmax"]
+    off = Engine(GPT4, B, T, "fp32", "cpu", False, fused_softmax=True)
+    assert "switched off" in off.notes["softmax"] and not off.describe()["fused_softmax"]
+    assert not Engine(GPT4, B, T, "fp32", "cpu").describe()["fused_softmax"]  # a variant: off by default
+
+
+def test_fused_softmax_under_bf16_writes_bf16_probabilities_and_stays_close():
+    eng = Engine(GPT4, B, T, "bf16", "cpu", fused_softmax=True)
+    assert eng.model.blocks[0].attn.out_dtype == torch.bfloat16
+    r = check_against_reference(GPT4, steps=2, device="cpu", precision="bf16", B=B, T=T, fused_softmax=True)
+    assert r["ok"] and r["fused_softmax"], r["max_rel_err"]

@@ -18,7 +18,7 @@ pytestmark = pytest.mark.skipif(not interpreter_ready(), reason="triton imported
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm",
-                                "bias_grad"])
+                                "bias_grad", "causal_softmax"])
 def test_dev_driver_checks_pass(op, capsys):
     mod = importlib.import_module(f"kernels.dev.{op}_dev")
     assert mod.main(["--check-only"]) == 0

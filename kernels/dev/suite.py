@@ -21,7 +21,8 @@ import torch
 
 from kernels.dev._harness import BENCH, Recorder, use_interpreter
 
-OPS = ("ceilings", "rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm", "bias_grad")
+OPS = ("ceilings", "rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm", "bias_grad",
+       "causal_softmax")
 
 
 def run_suite(
