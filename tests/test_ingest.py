@@ -47,3 +47,30 @@ def test_appended_rows_from_nested_tars_are_taken_and_rewrites_refused(tmp_path,
     assert (store / "engine.jsonl").read_text() == _rows("x", "y")
     probe = [json.loads(x) for x in (store / "engine_probe.jsonl").read_text().splitlines()]
     assert [r["key"] for r in probe] == ["p", "q", "r"] and probe[1]["v"] == 9
+
+
+def test_a_file_returned_twice_resolves_to_its_longest_copy(tmp_path, monkeypatch):
+    # kernels.jsonl copied next to results.tar, which packs the older copy: the longer one wins
+    # whichever is unpacked last; copies that disagree stop the ingest.
+    mod = _module()
+    repo = tmp_path / "repo"
+    store = repo / "data" / "results" / "h200"
+    store.mkdir(parents=True)
+    (store / "kernels.jsonl").write_text(_rows("a"))
+    monkeypatch.setattr(mod, "ROOT", repo)
+    back, inner = tmp_path / "back", tmp_path / "inner"
+    back.mkdir()
+    inner.mkdir()
+    (inner / "kernels.jsonl").write_text(_rows("a"))
+    with tarfile.open(back / "results.tar", "w") as t:
+        t.add(inner / "kernels.jsonl", arcname="kernels.jsonl")
+    (back / "kernels.jsonl").write_text(_rows("a", "b", "c"))
+    assert mod.main([str(back)]) == 0
+    assert [json.loads(x)["key"] for x in (store / "kernels.jsonl").read_text().splitlines()] == ["a", "b", "c"]
+    (back / "kernels.jsonl").write_text(_rows("z", "b", "c"))
+    try:
+        mod.main([str(back)])
+    except ValueError as e:
+        assert "disagree" in str(e)
+    else:
+        raise AssertionError("disagreeing copies were ingested")
