@@ -69,11 +69,16 @@ def _causal_softmax_bwd(P, DP, DS, R, T, scale, ROWS: tl.constexpr, BLOCK_T: tl.
     tl.store(DS + rows * T + cols, ds.to(DS.dtype.element_ty), mask=valid)
 
 
-def _tiles(T: int) -> tuple[int, int, int]:
+def _tiles(T: int, rows: int | None = None) -> tuple[int, int, int]:
     """(ROWS, BLOCK_T, num_warps): about 4,096 elements per program on the GPU (T = 256: 16 rows,
-    4 warps); 2 rows in the interpreter so odd shapes cross program boundaries."""
+    4 warps); 2 rows in the interpreter so odd shapes cross program boundaries. ``rows``
+    overrides the rows per program (``kernels/dev/causal_softmax_dev.py`` times others);
+    warps follow the tile size."""
     block_t = triton.next_power_of_2(T)
-    rows = 2 if interpret_mode() else max(1, 4096 // block_t)
+    if rows is not None and (rows < 1 or rows & (rows - 1)):
+        raise ValueError(f"rows={rows} per program must be a power of two (a tl.arange extent)")
+    if rows is None:
+        rows = 2 if interpret_mode() else max(1, 4096 // block_t)
     return rows, block_t, row_tile_warps(rows, block_t)
 
 
@@ -87,7 +92,8 @@ def _check_scores(name: str, s: torch.Tensor) -> int:
     return T
 
 
-def causal_softmax_forward(s: torch.Tensor, scale: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
+def causal_softmax_forward(s: torch.Tensor, scale: float, out_dtype: torch.dtype | None = None,
+                           rows: int | None = None) -> torch.Tensor:
     """P = causal softmax(scale * s) over the last dim; s (..., T, T) contiguous. ``out_dtype``:
     the dtype P is written in (default s's; bf16 under autocast, which the next matmul reads)."""
     T = _check_scores("scores", s)
@@ -95,13 +101,14 @@ def causal_softmax_forward(s: torch.Tensor, scale: float, out_dtype: torch.dtype
     R = s.numel() // T
     if R == 0:
         return p
-    rows, block_t, warps = _tiles(T)
+    rows, block_t, warps = _tiles(T, rows)
     _causal_softmax_fwd[(triton.cdiv(R, rows),)](s, p, R, T, float(scale), ROWS=rows, BLOCK_T=block_t,
                                                 CD=compute_dtype(s.dtype), num_warps=warps)
     return p
 
 
-def causal_softmax_backward(p: torch.Tensor, dp: torch.Tensor, scale: float, out_dtype: torch.dtype) -> torch.Tensor:
+def causal_softmax_backward(p: torch.Tensor, dp: torch.Tensor, scale: float, out_dtype: torch.dtype,
+                            rows: int | None = None) -> torch.Tensor:
     """dS from the saved probabilities P and their gradient dP (both (..., T, T) contiguous)."""
     T = _check_scores("probs", p)
     check_tensor("grad_probs", dp, dtypes=FLOAT_DTYPES)
@@ -111,7 +118,7 @@ def causal_softmax_backward(p: torch.Tensor, dp: torch.Tensor, scale: float, out
     R = p.numel() // T
     if R == 0:
         return ds
-    rows, block_t, warps = _tiles(T)
+    rows, block_t, warps = _tiles(T, rows)
     cd = compute_dtype(torch.float64 if torch.float64 in (p.dtype, dp.dtype) else p.dtype)
     _causal_softmax_bwd[(triton.cdiv(R, rows),)](p, dp, ds, R, T, float(scale), ROWS=rows, BLOCK_T=block_t,
                                                 CD=cd, num_warps=warps)
@@ -120,22 +127,25 @@ def causal_softmax_backward(p: torch.Tensor, dp: torch.Tensor, scale: float, out
 
 class CausalSoftmaxFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, s: torch.Tensor, scale: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-        p = causal_softmax_forward(s.contiguous(), scale, out_dtype)
+    def forward(ctx, s: torch.Tensor, scale: float, out_dtype: torch.dtype | None = None,
+                rows: int | None = None) -> torch.Tensor:
+        p = causal_softmax_forward(s.contiguous(), scale, out_dtype, rows)
         ctx.save_for_backward(p)
-        ctx.scale, ctx.s_dtype = scale, s.dtype
+        ctx.scale, ctx.s_dtype, ctx.rows = scale, s.dtype, rows
         return p
 
     @staticmethod
     @once_differentiable
     def backward(ctx, dp: torch.Tensor):
         (p,) = ctx.saved_tensors
-        return causal_softmax_backward(p, dp.contiguous(), ctx.scale, ctx.s_dtype), None, None
+        return causal_softmax_backward(p, dp.contiguous(), ctx.scale, ctx.s_dtype, ctx.rows), None, None, None
 
 
-def causal_softmax(s: torch.Tensor, scale: float, out_dtype: torch.dtype | None = None) -> torch.Tensor:
-    """Differentiable fused ``softmax(masked_fill(s * scale, ~tril, -inf), -1)``; gradient in s's dtype."""
-    return CausalSoftmaxFunction.apply(s, scale, out_dtype)
+def causal_softmax(s: torch.Tensor, scale: float, out_dtype: torch.dtype | None = None,
+                   rows: int | None = None) -> torch.Tensor:
+    """Differentiable fused ``softmax(masked_fill(s * scale, ~tril, -inf), -1)``; gradient in s's dtype.
+    ``rows``: rows of the scores per program (None: the launcher's choice)."""
+    return CausalSoftmaxFunction.apply(s, scale, out_dtype, rows)
 
 
 class CausalSoftmax(nn.Module):

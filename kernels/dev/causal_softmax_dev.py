@@ -4,9 +4,10 @@ check then time. ``python -m kernels.dev.causal_softmax_dev [--check-only]``.
 Variants: v1 eager (``ftlib.attention.causal_softmax_ref``: a scale kernel, a masked_fill, a
 softmax, and their three backwards), v2 torch.compile of the same (one fused kernel each way,
 what compile-ro runs inside GPT-2), v3 ``kernels/causal_softmax.py`` (16 rows of T = 256 per
-program). Shape: GPT-2's scores at B=32, nh=8, T=256: (32, 8, 256, 256), fp32 and bf16
-(bf16 scores in, fp32 math, bf16 probabilities out, as under autocast). Bytes (the floor):
-forward reads S and writes P, backward reads P and dP and writes dS: 5 passes of B nh T T.
+program, 4 warps), v4 and v5 the same kernel on 4 and 8 rows per program (1 and 2 warps).
+Shape: GPT-2's scores at B=32, nh=8, T=256: (32, 8, 256, 256), fp32 and bf16 (bf16 scores
+in, fp32 math, bf16 probabilities out, as under autocast). Bytes (the floor): forward reads S
+and writes P, backward reads P and dP and writes dS: 5 passes of B nh T T.
 """
 
 from __future__ import annotations
@@ -52,6 +53,11 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             Variant("v2 torch.compile", fwd_bwd(compiled), tol, gpu_only=True),
             Variant("v3 triton fused", fwd_bwd(lambda t: causal_softmax(t, scale, dtype)), tol),
         ]
+        # v4, v5: fewer rows per program (more programs; warps follow the tile: 4 x 256 -> 1 warp,
+        # the RMSNorm winner's shape), after v3 lost to Inductor by ~15% (kernels.jsonl, session 6).
+        for v, rows in (("v4", 4), ("v5", 8)):
+            variants.append(Variant(f"{v} triton fused, {rows} rows", fwd_bwd(
+                lambda t, n=rows: causal_softmax(t, scale, dtype, n)), tol))
         n = s.numel() * s.element_size()
         return run(f"causal softmax {tuple(shape)} {dtype}", args, device, reference, variants,
                    work=5 * n, unit="GB/s", op="causal_softmax", shape=dict(zip("BHTS", shape)), dtype=dtype)
