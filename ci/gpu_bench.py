@@ -1,233 +1,57 @@
-"""The GPU runner's driver: the book's benchmark suites, run within a time budget, resumably.
+"""The GPU runner's driver: the book's measuring suites (``ftlib.suites``), within a time budget.
 
-    python3 ci/gpu_bench.py run --out OUT [--only fig1,precision] [--budget-s 540] [--notebooks 01,03]
-    python3 ci/gpu_bench.py collect --out OUT [--only ...]   # copy results into OUT, print the summary
+    python3 ci/gpu_bench.py run --out OUT [--only baselines,tsweep] [--budget-s 540] [--notebooks 01,03]
+    python3 ci/gpu_bench.py warm [--only baselines] [--jobs 8]   # fill the compile caches in parallel
+    python3 ci/gpu_bench.py collect --out OUT [--only ...]       # copy results into OUT, print the summary
+    python3 ci/gpu_bench.py list                                 # the suites and their sizes
 
-``run`` measures every case of the named suites whose key is not yet in
-``data/results/<device_slug>/<suite>.jsonl`` (results committed from earlier runs are
-skipped), stops starting new cases when the budget is nearly spent, and copies each
-suite's file into OUT after every row, so a run killed by the machine's limit still
-returns what it measured. ``collect`` keeps OUT at no more than 8 files and prints a
-short table last. ``ci/gpu-run`` calls both.
+``run`` measures every case of the named suites in this process, one run (``run_id``): its rows
+carry the run in their keys, so a second process measures them again as a repeat, and views pair
+rows of one run only. It refuses to run from code that is not committed (``+dirty``, unknown
+commit): such rows would feed the book; ``--allow-dirty`` measures anyway into
+``build/uncommitted-results/``, which nothing reads. It stops starting new cases when the budget
+is nearly spent and copies each suite's file into OUT after every row, so a run killed by the
+machine's limit still returns what it measured. ``collect`` keeps OUT at no more than 8 files
+and prints a short table last. ``ci/gpu-run`` calls them.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import glob
+import json
 import math
+import os
 import shutil
 import subprocess
 import sys
 import tarfile
+import tempfile
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
+if str(ROOT) not in sys.path:  # run as a script from any directory
+    sys.path.insert(0, str(ROOT))
 
-from ftlib.bench import Case, bench_cases, make_cases  # noqa: E402
+from ftlib.bench import COMPILE_MODES, Case, bench_cases  # noqa: E402
 from ftlib.config import preset  # noqa: E402
-from ftlib.env import device_slug, pick_device  # noqa: E402
+from ftlib.env import device_slug, git_commit, is_clean_commit, pick_device, run_id  # noqa: E402
 from ftlib.results import ResultStore, results_dir  # noqa: E402
+from ftlib.suites import SUITES  # noqa: E402
 
 MAX_OUT_FILES = 8  # what the device tool brings back
-TOKENS_PER_STEP = 8192  # the original T sweep's fixed tokens per step
-TSWEEP_T = (128, 256, 512, 1024, 2048, 4096)  # the original's 128..1024, then the post's "long context"
 RESERVE_S = 25.0  # left for collecting files and the summary
+MIN_BUDGET_S = 60.0  # less than this measures nothing
+UNCOMMITTED_DIR = ROOT / "build" / "uncommitted-results"
 
 
-def _fig1() -> list[Case]:
-    """Figure 1: both presets at B=32, T=256, fp32, in the four execution modes.
-
-    The FastTransformer twice: K/V expanded to (B, H, T, d) (ftlib's default, gets the
-    memory-efficient kernel in fp32) and broadcast as (B, 1, T, d) as the original passes it.
-    Modes ordered so the cheap and the headline numbers come first.
-    """
-    configs = {
-        "gpt2": preset("gpt2"),
-        "fasttransformer": preset("fasttransformer", kv_layout="expand"),
-        "fasttransformer-broadcast": preset("fasttransformer", kv_layout="broadcast"),
-    }
-    cases: list[Case] = []
-    for mode in ("eager", "compile-ro", "cudagraph", "compile"):
-        cases += make_cases(configs, [(32, 256)], [mode], ["fp32"])
-    return cases
-
-
-def _precision() -> list[Case]:
-    """Both presets in TF32 and bf16 autocast, compiled (reduce-overhead) first, then eager."""
-    configs = {"gpt2": "gpt2", "fasttransformer": "fasttransformer"}
-    return make_cases(configs, [(32, 256)], ["compile-ro"], ["tf32", "bf16"]) + make_cases(
-        configs, [(32, 256)], ["eager"], ["tf32", "bf16"]
-    )
-
-
-def _tsweep() -> list[Case]:
-    """T from 128 to 4096 at 8,192 tokens per step (B = 8192 // T); block_size = T so T fits.
-
-    In the order the book needs them, since a bounded session may stop part-way: fp32
-    compile-ro first (the post's Figure 5 and its T=128 claim), then tf32 compile-ro, then
-    eager fp32 and tf32; T ascending within each, both models at each T.
-    """
-    cases: list[Case] = []
-    for mode, prec in (("compile-ro", "fp32"), ("compile-ro", "tf32"), ("eager", "fp32"), ("eager", "tf32")):
-        for T in TSWEEP_T:
-            configs = {name: preset(name, block_size=T) for name in ("gpt2", "fasttransformer")}
-            cases += make_cases(configs, [(TOKENS_PER_STEP // T, T)], [mode], [prec])
-    return cases
-
-
-def _fig5() -> list[Case]:
-    """The post's Figure 5 alone: tsweep's fp32 compile-ro cases (stored in tsweep.jsonl, same keys)."""
-    return [c for c in _tsweep() if c.mode == "compile-ro" and c.precision == "fp32"]
-
-
-def _compile_time() -> list[Case]:
-    """First step from a cold process and empty compile caches (fp32), the post's claim first.
-
-    compile-ro (the claim: 4.31 -> 1.22 s), then compile default, then the manual CUDA graph
-    (no compiler: what a first step costs without one). Each case is a fresh process: about
-    its first step plus ~8 s of process start, imports and the eager reference.
-    """
-    models = {"gpt2": "gpt2", "fasttransformer": "fasttransformer"}
-    return [c for mode in ("compile-ro", "compile", "cudagraph") for c in make_cases(models, [(32, 256)], [mode],
-                                                                                    ["fp32"])]
-
-
-def _compile_max() -> list[Case]:
-    """max-autotune (no CUDA graphs): may not finish; isolated with a time limit. Not run by default."""
-    return make_cases({"gpt2": "gpt2", "fasttransformer": "fasttransformer"}, [(32, 256)],
-                      ["compile-max"], ["fp32"])
-
-
-def _grid() -> list[Case]:
-    """Chapter 4: the 2^4 grid of the four switches, then the K/V-head and MLP-ratio sweeps.
-
-    Eager and manual CUDA graph only (no compile: 16+ compiles would not fit a session);
-    fp32 first, then tf32.
-    """
-    from ftlib.ablations import grid, kv_head_sweep, mlp_ratio_sweep
-
-    cases: list[Case] = []
-    for prec in ("fp32", "tf32"):
-        cases += make_cases(grid(), [(32, 256)], ["eager", "cudagraph"], [prec])
-        cases += make_cases({**kv_head_sweep(), **mlp_ratio_sweep()}, [(32, 256)], ["eager", "cudagraph"], [prec])
-    return cases
-
-
-def _ladder() -> list[Case]:
-    """Chapter 4: the cumulative ladder GPT-2 -> FastTransformer under torch.compile(reduce-overhead)."""
-    from ftlib.ablations import ladder
-
-    return make_cases(ladder(), [(32, 256)], ["compile-ro"], ["fp32"])
-
-
-def _grid_compile() -> list[Case]:
-    """Chapter 4: the 16 grid cells compiled (reduce-overhead, fp32), beside the eager/cudagraph grid.
-
-    Five cells are also ladder rungs (ladder.jsonl); chapter 4 reads each cell from either
-    suite (ftlib.codesignview). With shared caches, cells reuse the kernels others built.
-    """
-    from ftlib.ablations import grid
-
-    return make_cases(grid(), [(32, 256)], ["compile-ro"], ["fp32"])
-
-
-# Bump when the engine changes: its rows get new keys, older rounds stay stored. Round 3:
-# strict fp32 keeps SDPA's attention (the 'ieee' kernel lost in round 2); packed-qkv attention
-# and the fused residual-norm measured as variants. Round 4: both became the defaults (they
-# won in round 3), the residual add is fused into LayerNorm too (GPT-2), and RMSNorm runs on
-# 4-row tiles (kernels.jsonl v5). Round 5: the levers measured as round-4 variants became the
-# defaults (bias gradients on the Triton column sum; under bf16 the fused norms write bf16 and
-# the Linear layers read one bf16 shadow of the weights); the fused residual-norm runs on
-# 4-row tiles and the column sum on 128-column tiles for N >= 512 (kernels.jsonl v5 of each).
-ENGINE_ROUND = 6
-
-
-def _engine() -> list[Case]:
-    """Issue 6: the engine (ftlib.engine) beside compile-ro and the manual CUDA graph, same run.
-
-    Both presets at B=32, T=256. Every case carries ``extra['round']`` (ENGINE_ROUND), so a
-    changed engine is measured again, with its baselines, in one run. First the headline
-    comparison per precision (engine, then the two baselines), fp32, tf32, bf16; then GPT-2
-    with the attention kernel replacing its explicit softmax (the same function), and GPT-2 as
-    written with its scale, mask and softmax unfused (the default fuses them, round 6); then the
-    fp32-accurate tensor-core options (3xTF32 attention and/or Linear layers, labelled as
-    such); then what each piece buys (under bf16 each bf16 lever and the bias kernel off; in
-    tf32 and fp32 the engine with one kernel switched off, with none, uncaptured, with the
-    heads layout, with the residual add unfused, with PyTorch's bias gradients). Variants carry their
-    engine options in ``extra`` and a label saying what changed.
-    """
-    configs = {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
-    rnd = {"round": ENGINE_ROUND}
-    cases: list[Case] = []
-    for prec in ("fp32", "tf32", "bf16"):
-        for mode in ("engine", "compile-ro", "cudagraph"):
-            cases += [Case(name, cfg, 32, 256, mode, prec, dict(rnd)) for name, cfg in configs.items()]
-    flash = {"attention_for_explicit": True}
-    x3 = {"attention_precision": "tf32x3"}
-    lin = {"linear_precision": "tf32x3"}
-    cases += [Case("gpt2 engine +flash-attn", configs["gpt2"], 32, 256, "engine", prec, {**rnd, **flash})
-              for prec in ("tf32", "bf16")]
-    # GPT-2 as written with its scale + mask + softmax back on three PyTorch ops (the default
-    # fuses them from round 6; a round-5 variant "+fused-softmax" measured the fusion first).
-    cases += [Case("gpt2 engine -fused-softmax", configs["gpt2"], 32, 256, "engine", prec,
-                   {**rnd, "fused_softmax": False}) for prec in ("tf32", "bf16", "fp32")]
-    cases += [
-        Case("fasttransformer engine, 3xTF32 attention", configs["fasttransformer"], 32, 256, "engine", "fp32",
-             {**rnd, **x3}),
-        Case("fasttransformer engine, 3xTF32 attention+linear", configs["fasttransformer"], 32, 256, "engine",
-             "fp32", {**rnd, **x3, **lin}),
-        Case("gpt2 engine +flash-attn 3xTF32", configs["gpt2"], 32, 256, "engine", "fp32", {**rnd, **x3, **flash}),
-        Case("gpt2 engine +flash-attn 3xTF32 +linear", configs["gpt2"], 32, 256, "engine", "fp32",
-             {**rnd, **x3, **lin, **flash}),
-    ]
-    # What the round-5 defaults buy under bf16, each switched off on its own.
-    bf16_off = [("fasttransformer", " -bf16 norm out", {"bf16_norm_out": False}),
-                ("fasttransformer", " -bf16 weights", {"bf16_weights": False}),
-                ("gpt2", " +flash-attn -bf16 norm out", {**flash, "bf16_norm_out": False}),
-                ("gpt2", " +flash-attn -bias-kernel", {**flash, "bias_kernel": False})]
-    cases += [Case(f"{name} engine{suffix}", configs[name], 32, 256, "engine", "bf16", {**rnd, **extra})
-              for name, suffix, extra in bf16_off]
-    cases.append(Case("gpt2 engine +flash-attn -bias-kernel", configs["gpt2"], 32, 256, "engine", "tf32",
-                      {**rnd, **flash, "bias_kernel": False}))
-    for prec in ("tf32", "fp32"):
-        for name, cfg in configs.items():
-            ops = [cfg.norm] + (["attention"] if cfg.attn_impl == "sdpa" else []) + [
-                "embedding", "cross_entropy", "adamw"]
-            variants = [(f" -{op}", {"use_kernels": {op: False}}) for op in ops]
-            variants += [(" no-kernels", {"use_kernels": False}), (" uncaptured", {"capture": False}),
-                         (" unfused residual-norm", {"fuse_residual_norm": False})]
-            if cfg.bias:  # GPT-2: its bias gradients back on PyTorch's dy.sum(0)
-                variants.append((" -bias-kernel", {"bias_kernel": False}))
-            if prec == "tf32":  # (in strict fp32 the layout does not apply: SDPA, or GPT-2's softmax)
-                variants.append((" +flash-attn heads layout", {**flash, "attention_layout": "heads"})
-                                if cfg.attn_impl == "explicit" else (" heads layout", {"attention_layout": "heads"}))
-            cases += [Case(f"{name} engine{suffix}", cfg, 32, 256, "engine", prec, {**rnd, **extra})
-                      for suffix, extra in variants]
-    return cases
-
-
-# Suites whose compile time is not what they measure compile against shared caches
-# (ftlib.bench: cold_compile=False): kernels an earlier case built are not built again.
-SHARED_CACHE = {"cold_compile": False}
-# name -> (cases, options for bench_cases); in the order they run by default. The option
-# "store" names the results file when it is not the suite's own (a suite that is part of another).
-SUITES: dict[str, tuple[Callable[[], list[Case]], dict]] = {
-    "fig1": (_fig1, {}),
-    "precision": (_precision, {}),
-    "tsweep": (_tsweep, SHARED_CACHE),
-    "fig5": (_fig5, {"store": "tsweep", **SHARED_CACHE}),
-    "compile_time": (_compile_time, {"isolate_modes": ("compile", "compile-ro", "cudagraph"),
-                                     "warmup": 3, "iters": 10}),
-    "compile_max": (_compile_max, {"isolate_modes": ("compile-max",), "timeout_s": 420.0}),
-    "grid": (_grid, {}),
-    "ladder": (_ladder, SHARED_CACHE),
-    "grid_compile": (_grid_compile, SHARED_CACHE),
-    "engine": (_engine, {}),
-}
+def with_run(cases: list[Case], rid: str) -> list[Case]:
+    """The cases keyed by this run: a new process measures them again instead of skipping them."""
+    return [dataclasses.replace(c, extra={**c.extra, "run": rid}) for c in cases]
 
 
 def _profile(device, deadline: float) -> None:
@@ -262,11 +86,11 @@ def _train(device, deadline: float) -> None:
 
 
 def _engine_check(device, deadline: float) -> None:
-    """Issue 6: engine vs reference training over 100 steps (ftlib.engine.check_against_reference).
+    """The engine vs reference training over 100 steps (ftlib.engine.check_against_reference).
 
-    Both presets at B=32, T=256, fp32 first (the issue's check), then tf32 and bf16, then GPT-2
-    with the attention kernel in place of its explicit softmax; one row per run in
-    engine_check.jsonl, keyed by the engine round, skipped when its key is already stored.
+    Both presets at B=32, T=256, fp32 first, then tf32 and bf16, then GPT-2 with the attention
+    kernel in place of its explicit softmax; one row per check in engine_check.jsonl, keyed by
+    this run.
     """
     import traceback
 
@@ -280,15 +104,12 @@ def _engine_check(device, deadline: float) -> None:
     runs += [(prec, "gpt2", {"attention_for_explicit": True}) for prec in ("tf32", "bf16")]
     for prec, name, options in runs:
         cfg = preset(name)
-        extra = {"steps": steps, "round": ENGINE_ROUND, **options}  # a new engine round checks again
+        extra = {"steps": steps, "run": run_id(), **options}
         key = row_key("engine_check", cfg.config_hash(), B, T, "engine", prec, extra)
-        if store.has(key, skip_status=("error",)):
-            continue
         if time.monotonic() > deadline - 30:
             print("[engine_check] budget spent", flush=True)
             return
-        label = name + (" +flash-attn" if options.get("attention_for_explicit") else "") + (
-            " +bias-kernel" if options.get("bias_kernel") else "")
+        label = name + (" +flash-attn" if options.get("attention_for_explicit") else "")
         row = {"key": key, "bench": "engine_check", "label": label, "preset": name, "config": cfg.to_dict(),
                "config_hash": cfg.config_hash(), "B": B, "T": T, "mode": "engine", "precision": prec,
                "extra": extra, **provenance(device)}
@@ -318,21 +139,30 @@ def _kernels(device, deadline: float) -> None:
     print(f"[kernels] measured {len(rows)} rows now", flush=True)
 
 
-# Suites that are not lists of step-benchmark cases: name -> runner(device, deadline).
+# Suites that are not lists of step-benchmark cases: name -> runner(device, deadline), and their files.
 CUSTOM: dict[str, Callable] = {"profile": _profile, "train": _train, "engine_check": _engine_check,
                                "kernels": _kernels}
-FILES = {"profile": ["profile"], "train": ["convergence-original", "convergence", "speedrun", "convergence-nanogpt"],
+FILES = {"profile": ["profile"], "train": ["convergence-original", "convergence", "speedrun", "convergence-nanogpt",
+                                            "speedrun-repeat"],
          "engine_check": ["engine_check"], "kernels": ["kernels"]}
-DEFAULT_SUITES = ("fig1", "precision", "tsweep", "compile_time")
+# Suites that produce no result the book's headlines read; they may run from uncommitted code.
+EXPLORATORY = ("kernels", "compile_max")
 
 
-def _suites(only: str | None) -> list[str]:
+def known_suites() -> list[str]:
+    return [*SUITES, *CUSTOM]
+
+
+def parse_suites(only: str | None) -> list[str]:
+    """The suites named in ``--only`` (the default ones when None); unknown names are an error."""
     if only is None:
-        return list(DEFAULT_SUITES)
+        return [n for n, s in SUITES.items() if s.default]
     names = [s.strip() for s in only.split(",") if s.strip() and s.strip() != "none"]
     unknown = [n for n in names if n not in SUITES and n not in CUSTOM]
     if unknown:
-        sys.exit(f"unknown suite(s) {unknown}; known: {list(SUITES)}")
+        raise ValueError(f"unknown suite(s) {', '.join(unknown)}; known suites: {', '.join(known_suites())}")
+    if not names:
+        raise ValueError(f"--only names no suite; known suites: {', '.join(known_suites())}")
     return names
 
 
@@ -340,53 +170,124 @@ def _log_row(row: dict) -> None:
     ms = row.get("median_ms")
     timing = f"{ms:8.3f} ms [{row['p20_ms']:.3f}, {row['p80_ms']:.3f}]" if ms is not None else " " * 8 + " -"
     first = row.get("first_step_s")
-    print(f"  {row['bench']:<12} {row['label']:<26} B={row['B']:<4} T={row['T']:<5} {row['mode']:<10} "
+    print(f"  {row['bench']:<12} {row['label'][:26]:<26} {row['mode']:<10} {str(row.get('optimizer_kind')):<10} "
           f"{row['precision']:<5} {row['status']:<11} {timing}"
           f"  first {first if first is None else round(first, 1)} s  check {row.get('check_ok')}"
           + (f"  {row['error'][:160]}" if row.get("error") else ""), flush=True)
 
 
-def run(args: argparse.Namespace) -> None:
+def check_provenance(names: list[str], allow_dirty: bool) -> str:
+    """The commit rows will record; refuses uncommitted code for suites the book reads.
+
+    With ``allow_dirty`` rows go to ``build/uncommitted-results/`` instead (FTLIB_RESULTS_DIR).
+    """
+    commit = git_commit()
+    if is_clean_commit(commit) or all(n in EXPLORATORY for n in names):
+        return commit
+    if not allow_dirty:
+        raise ValueError(
+            f"the code is not a clean commit ({commit}): rows from it would feed the book. Commit, then run "
+            "from the checkout (or, on a machine without .git, `bash ci/stamp-tree` here and carry "
+            ".ftlib-commit and .ftlib-tree); or pass --allow-dirty to measure into build/uncommitted-results/")
+    os.environ["FTLIB_RESULTS_DIR"] = str(UNCOMMITTED_DIR)
+    print(f"[provenance] {commit}: measuring into {UNCOMMITTED_DIR}/, which no chapter reads", flush=True)
+    return commit
+
+
+def run(args: argparse.Namespace) -> int:
+    """Measure the named suites; returns the exit code (non-zero when nothing could be measured)."""
     start = time.monotonic()
     deadline = start + args.budget_s - RESERVE_S
+    names = parse_suites(args.only)
     device = pick_device(args.device)
+    commit = check_provenance(names, args.allow_dirty)
     slug = device_slug(device)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    print(f"device {device} ({slug}); budget {args.budget_s:.0f} s; results in {results_dir() / slug}/", flush=True)
-    for name in _suites(args.only):
-        if name in CUSTOM:
-            if time.monotonic() > deadline:
-                print(f"[{name}] skipped: budget spent", flush=True)
-                continue
-            try:
-                CUSTOM[name](device, deadline)
-            except Exception as e:  # a broken suite must not lose the others' results
-                print(f"[{name}] failed: {type(e).__name__}: {e}", flush=True)
-            for stem in FILES[name]:
-                p = ResultStore(stem, slug).path
-                if p.exists():
-                    shutil.copyfile(p, out / p.name)
-            continue
-        make, opts = SUITES[name]
-        opts = dict(opts)
-        store = ResultStore(opts.pop("store", name), slug)
-
-        def on_row(row: dict, store: ResultStore = store) -> None:
-            _log_row(row)
-            shutil.copyfile(store.path, out / store.path.name)  # so a killed run still returns it
-
+    print(f"device {device} ({slug}); commit {commit}; run {run_id()}; budget {args.budget_s:.0f} s; "
+          f"results in {results_dir() / slug}/", flush=True)
+    measured, failed = 0, []
+    for name in names:
         if time.monotonic() > deadline:
             print(f"[{name}] skipped: budget spent", flush=True)
             continue
-        cases = make()
-        kw = {"warmup": args.warmup, "iters": args.iters, **opts}
-        rows = bench_cases(cases, store, progress=sys.stderr.isatty(), device=device,
-                           deadline=deadline, on_row=on_row, **kw)
-        missing = sum(1 for c in cases if not store.has(c.key(store.bench), skip_status=("error",)))
-        print(f"[{name}] measured {len(rows)} now; {len(cases) - missing}/{len(cases)} done", flush=True)
+        if name in CUSTOM:
+            stems = FILES[name]
+            before = sum(len(ResultStore(stem, slug).rows()) for stem in stems if ResultStore(stem, slug).path.exists())
+        try:
+            if name in CUSTOM:
+                CUSTOM[name](device, deadline)
+                measured += sum(len(ResultStore(stem, slug).rows()) for stem in stems) - before
+            else:
+                measured += _run_suite(name, slug, device, deadline, out, args)
+        except Exception as e:  # a broken suite (or its unreadable results file) must not stop the others
+            failed.append(name)
+            print(f"[{name}] failed, skipped: {type(e).__name__}: {e}", flush=True)
+        for stem in FILES.get(name, [name]):
+            p = ResultStore(stem, slug).path
+            if p.exists():
+                shutil.copyfile(p, out / p.name)
     if args.notebooks:
         run_notebooks(args.notebooks.split(","), out, deadline + RESERVE_S - 5)
+    if failed:
+        print(f"suites that failed: {', '.join(failed)}", flush=True)
+    if measured == 0:
+        print("nothing was measured: see the messages above (budget too small, or every suite failed)", flush=True)
+        return 3
+    return 1 if failed else 0
+
+
+def _run_suite(name: str, slug: str, device, deadline: float, out: Path, args: argparse.Namespace) -> int:
+    suite = SUITES[name]
+    store = ResultStore(name, slug)
+    store.rows()  # an unreadable file fails here, before anything is measured
+
+    def on_row(row: dict) -> None:
+        _log_row(row)
+        shutil.copyfile(store.path, out / store.path.name)  # so a killed run still returns it
+
+    cases = with_run(suite.cases(), run_id())
+    kw = {"warmup": args.warmup, "iters": args.iters, **suite.options}
+    rows = bench_cases(cases, store, progress=sys.stderr.isatty(), device=device,
+                       deadline=deadline, on_row=on_row, **kw)
+    print(f"[{name}] run {run_id()}: {len(rows)}/{len(cases)} cases measured", flush=True)
+    return len(rows)
+
+
+def warm(args: argparse.Namespace) -> int:
+    """Compile every compiled case of the named suites once, in parallel processes, untimed.
+
+    Fills this machine's Inductor and Triton caches, so the measuring processes that follow
+    spend seconds instead of minutes compiling. What they time is unchanged: a cached compile
+    gives the same kernels. Compile-time suites (fresh caches of their own) are not affected.
+    """
+    names = parse_suites(args.only)
+    device = pick_device(args.device)
+    cases = [c for n in names if n in SUITES and "isolate_modes" not in SUITES[n].options
+             for c in SUITES[n].cases() if c.mode in COMPILE_MODES]
+    t0 = time.monotonic()
+
+    def one(case: Case) -> str:
+        spec = dict(config=case.config.to_dict(), B=case.B, T=case.T, mode=case.mode, precision=case.precision,
+                    device=str(device), optimizer=case.optimizer, warmup=0, iters=1, check=False,
+                    cold_compile=False, bench="warm", label=case.label)
+        with tempfile.TemporaryDirectory(prefix="ftlib-warm-") as tmp:
+            spec_path, row_path = Path(tmp) / "spec.json", Path(tmp) / "row.json"
+            spec_path.write_text(json.dumps(spec))
+            env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+            try:
+                subprocess.run([sys.executable, "-m", "ftlib.bench", str(spec_path), str(row_path)], cwd=str(ROOT),
+                               env=env, capture_output=True, timeout=args.timeout_s)
+            except subprocess.TimeoutExpired:
+                return f"{case.label} {case.mode} {case.optimizer} {case.precision}: timeout"
+            row = json.loads(row_path.read_text()) if row_path.exists() else {"status": "crashed"}
+        return f"{case.label} {case.mode} {case.optimizer} {case.precision}: {row.get('status')}"
+
+    print(f"[warm] {len(cases)} compiled cases, {args.jobs} at a time", flush=True)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        for i, msg in enumerate(pool.map(one, cases), 1):
+            print(f"  [warm {i}/{len(cases)} {time.monotonic() - t0:5.0f} s] {msg}", flush=True)
+    return 0
 
 
 def run_notebooks(chapters: list[str], out: Path, deadline: float) -> None:
@@ -417,7 +318,7 @@ def run_notebooks(chapters: list[str], out: Path, deadline: float) -> None:
         print(f"notebooks: {nb.name} -> rc {rc} in {time.monotonic() - t0:.0f} s", flush=True)
 
 
-def collect(args: argparse.Namespace) -> None:
+def collect(args: argparse.Namespace) -> int:
     """Copy this device's result files into OUT (few files), then print the summary table."""
     slug = device_slug(pick_device(args.device))
     out = Path(args.out)
@@ -427,66 +328,97 @@ def collect(args: argparse.Namespace) -> None:
     for p in jsonl:
         shutil.copyfile(p, out / p.name)
     _limit_files(out)
-    names = _suites(args.only)
-    print(f"\n== summary: {src}/ ({', '.join(p.name for p in jsonl) or 'no files'})")
-    print(f"{'suite':<12} {'label':<26} {'B':>4} {'T':>5} {'mode':<10} {'prec':<5} {'status':<11} "
-          f"{'median ms':>9} {'p20-p80':>15} {'tok/s':>9} {'first s':>7} check")
+    names = [n for n in parse_suites(args.only) if n in SUITES]
+    print(f"\n== summary of this process's runs: {src}/")
+    print(f"{'suite':<12} {'label':<26} {'mode':<10} {'optimizer':<10} {'prec':<5} {'status':<11} "
+          f"{'median ms':>9} {'p20-p80':>15} check")
     counts: dict[str, int] = {}
-    stems = dict.fromkeys(SUITES[n][1].get("store", n) for n in names if n not in CUSTOM)  # fig5 is tsweep
-    for name in stems:
+    for name in names:
         for r in ResultStore(name, slug).latest().values():
+            if r.get("commit") != git_commit():
+                continue  # rows measured before this checkout's commit are not this call's
             counts[r["status"]] = counts.get(r["status"], 0) + 1
             ms = r.get("median_ms")
             spread = f"{r['p20_ms']:.2f}-{r['p80_ms']:.2f}" if ms is not None else ""
-            tps = f"{r['tokens_per_s']:.3g}" if r.get("tokens_per_s") else ""
-            first = r.get("first_step_s")
-            print(f"{name:<12} {r['label'][:26]:<26} {r['B']:>4} {r['T']:>5} {r['mode']:<10} "
+            print(f"{name:<12} {r['label'][:26]:<26} {r['mode']:<10} {str(r.get('optimizer_kind'))[:10]:<10} "
                   f"{r['precision']:<5} {r['status']:<11} {ms if ms is None else round(ms, 3)!s:>9} "
-                  f"{spread:>15} {tps:>9} {'' if first is None else round(first, 1)!s:>7} {r.get('check_ok')}")
+                  f"{spread:>15} {r.get('check_ok')}")
     print("rows by status: " + (", ".join(f"{k} {v}" for k, v in sorted(counts.items())) or "none"))
     print("files in OUT: " + ", ".join(sorted(p.name for p in out.iterdir())))
+    return 0
 
 
 def _limit_files(out: Path) -> None:
-    """The device tool returns at most 8 files: pack the jsonl (then notebooks) into tars if needed."""
-    for pattern, tar_name in (("*.jsonl", "results.tar"), ("*.ipynb", "notebooks.tar")):
+    """The device tool returns at most 8 files: pack the jsonl (then notebooks, logs) into tars if needed."""
+    for pattern, tar_name in (("*.jsonl", "results.tar"), ("*.ipynb", "notebooks.tar"), ("*.log", "logs.tar")):
         files = [p for p in out.iterdir() if p.is_file()]
         if len(files) <= MAX_OUT_FILES:
             return
-        group = sorted(out.glob(pattern))
+        group = [p for p in sorted(out.glob(pattern)) if p.name != "run.log"]
         if not group:
             continue
-        with tarfile.open(out / tar_name, "w") as tar:
+        with tarfile.open(out / tar_name, "a" if (out / tar_name).exists() else "w") as tar:
             for p in group:
                 tar.add(p, arcname=p.name)
         for p in group:
             p.unlink()
 
 
-def main(argv: list[str] | None = None) -> None:
+def list_suites(args: argparse.Namespace) -> int:
+    for name, suite in SUITES.items():
+        print(f"{name:<13} {len(suite.cases()):>3} cases" + ("" if suite.default else "  (not default)")
+              + f"  {suite.about}")
+    for name in CUSTOM:
+        print(f"{name:<13}   -        rows in {', '.join(f + '.jsonl' for f in FILES[name])}")
+    return 0
+
+
+def _positive_int(text: str) -> int:
+    v = int(text)
+    if v < 1:
+        raise argparse.ArgumentTypeError(f"must be at least 1, got {v}")
+    return v
+
+
+def _budget(text: str) -> float:
+    v = float(text)
+    if not math.isfinite(v) or v < MIN_BUDGET_S:
+        raise argparse.ArgumentTypeError(f"must be at least {MIN_BUDGET_S:.0f} seconds (the driver keeps "
+                                         f"{RESERVE_S:.0f} s to collect results), got {text}")
+    return v
+
+
+def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=("run", "collect", "list"))
-    ap.add_argument("--out", default="build/gpu-out")
-    ap.add_argument("--only", default=None, help=f"comma-separated suites (default {','.join(DEFAULT_SUITES)})")
-    ap.add_argument("--budget-s", type=float, default=540.0)
+    ap.add_argument("command", choices=("run", "warm", "collect", "list"))
+    ap.add_argument("--out", default="build/gpu-out", help="folder that receives the result files (run, collect)")
+    ap.add_argument("--only", default=None,
+                    help=f"comma-separated suites (default: {','.join(n for n, s in SUITES.items() if s.default)}); "
+                         f"known: {', '.join(known_suites())}")
+    ap.add_argument("--budget-s", type=_budget, default=540.0, help="seconds this call may take (at least 60)")
     ap.add_argument("--notebooks", default="", help="chapters to execute with papermill, e.g. 01,03")
-    ap.add_argument("--device", default="auto")
-    ap.add_argument("--warmup", type=int, default=10)
-    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu")
+    ap.add_argument("--warmup", type=int, default=10, help="untimed steps before timing (at least 2 are run)")
+    ap.add_argument("--iters", type=_positive_int, default=50, help="timed steps per case")
+    ap.add_argument("--allow-dirty", action="store_true",
+                    help="measure uncommitted code into build/uncommitted-results/ (nothing reads it)")
+    ap.add_argument("--jobs", type=_positive_int, default=8, help="parallel compile processes (warm)")
+    ap.add_argument("--timeout-s", type=float, default=300.0, help="per-case limit for warm")
     args = ap.parse_args(argv)
-    if not math.isfinite(args.budget_s) or args.budget_s <= 0:
-        ap.error("--budget-s must be a positive number of seconds")
-    if args.command == "run":
-        run(args)
-    elif args.command == "collect":
-        collect(args)
-    else:
-        for name in SUITES:
-            cases = SUITES[name][0]()
-            store = SUITES[name][1].get("store")
-            print(f"{name:<13} {len(cases):>3} cases" + ("" if name in DEFAULT_SUITES else "  (not default)")
-                  + (f"  (part of {store}, rows in {store}.jsonl)" if store else ""))
+    if args.warmup < 0:
+        ap.error("--warmup must be >= 0")
+    if args.command == "list":
+        return list_suites(args)
+    try:
+        pick_device(args.device)
+        parse_suites(args.only)
+        if args.command == "run":
+            return run(args)
+        return warm(args) if args.command == "warm" else collect(args)
+    except ValueError as e:
+        print(f"gpu_bench: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

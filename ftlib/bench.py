@@ -11,14 +11,27 @@ Modes:
   hand in one ``torch.cuda.graph``, following PyTorch's "whole-network capture" recipe:
   warm up on a side stream, set grads to None, capture, then copy each batch into the
   static input buffers and replay.
-* ``compile``     - ``torch.compile(model)``; the optimizer stays eager.
-* ``compile-ro``  - ``torch.compile(model, mode='reduce-overhead')`` (Inductor + CUDA graphs).
+* ``compile``     - ``torch.compile`` with its default mode.
+* ``compile-ro``  - ``torch.compile(mode='reduce-overhead')`` (Inductor + CUDA graphs).
 * ``compile-max`` - ``mode='max-autotune-no-cudagraphs'``; its compile can take many minutes,
   so sweeps run it in a subprocess with a time limit (``bench_step_isolated``).
 * ``engine``      - ``ftlib.engine.Engine``: the kernels, flat parameter/grad buffers and flat
   AdamW, the whole step in one CUDA graph (uncaptured on CPU). It builds its own model and
   optimizer; a case's ``extra`` may carry engine options (``ftlib.engine.BENCH_OPTIONS``,
   e.g. ``{"use_kernels": {"attention": False}}``), which then also enter the row's key.
+
+Where the optimizer sits (``optimizer``) matters as much as the mode for a small model, whose
+step is short enough that launching AdamW's kernels from Python is a visible share of it:
+
+* ``default``    - ``torch.optim.AdamW`` as constructed by default (the multi-tensor "foreach"
+  implementation on CUDA), run eagerly after the model; compile modes compile the model only.
+* ``fused``      - AdamW with ``fused=True``: one CUDA kernel per parameter group, run eagerly.
+* ``whole-step`` - compile modes only: forward, loss, backward and ``optimizer.step()`` in one
+  compiled function, so Inductor also generates the optimizer's kernels (PyTorch's FAQ on
+  training with ``torch.compile``: Dynamo captures the forward and ``optimizer.step()``; the
+  backward comes from AOTAutograd).
+
+The manual ``cudagraph`` mode always uses the fused, capturable AdamW (capture needs it).
 
 Timing follows the original: synthetic tokens, warm-up steps, then per-step CUDA events
 (wall clock on CPU); median and spread over the measured steps. A pool of batches is made
@@ -62,7 +75,7 @@ COMPILE_MODES: dict[str, str | None] = {
     "compile-ro": "reduce-overhead",
     "compile-max": "max-autotune-no-cudagraphs",
 }
-OPTIMIZERS = ("default", "fused")
+OPTIMIZERS = ("default", "fused", "whole-step")
 STATUSES = ("ok", "oom", "error", "timeout", "unsupported")
 # Relative difference allowed between a mode's loss and eager's after the same update.
 # Compiled kernels reorder float sums; TF32/bf16 round the matmul inputs (METHOD.md's
@@ -79,8 +92,9 @@ ROW_FIELDS = (
     "first_step_s", "first_step_cache", "peak_mem_mb", "peak_reserved_mb",
     "check_ok", "check_loss", "ref_loss", "check_rel_err", "check_rtol", "check_note",
     "loss_first", "loss_last", "loss_finite", "isolated", "wall_s", "extra",
+    "optimizer_kind", "compiled_graphs", "graph_breaks", "cudagraph_skips",
     # provenance (ftlib.env.provenance), flattened so rows stay tidy
-    "device", "device_type", "torch", "triton", "cuda", "python", "date", "commit",
+    "device", "device_type", "torch", "triton", "cuda", "python", "date", "commit", "machine_id", "run_id",
 )
 
 
@@ -100,6 +114,16 @@ def _resolve(config: ModelConfig | str) -> tuple[ModelConfig, str | None]:
 
 def _key_extra(optimizer: str, extra: Mapping[str, Any] | None) -> dict[str, Any]:
     return {"optimizer": optimizer, **(extra or {})}
+
+
+def case_ident(row: Mapping[str, Any]) -> str:
+    """What a row measured, whichever run measured it: its key with the run left out.
+
+    Rows of different runs with equal idents are repeats of one measurement.
+    """
+    extra = {k: v for k, v in (row.get("extra") or {}).items() if k != "run"}
+    return row_key(row["bench"], row["config_hash"], row["B"], row["T"], row["mode"], row["precision"],
+                   _key_extra(row.get("optimizer_kind") or "default", extra))
 
 
 def _percentile(sorted_xs: Sequence[float], q: float) -> float:
@@ -173,14 +197,26 @@ def _batch_pool(
     return [synthetic_batch(vocab_size, B, T, generator=g, device=device) for _ in range(n)]
 
 
-def _make_optimizer(model: torch.nn.Module, kind: str, mode: str, device: torch.device):
+def check_optimizer(mode: str, kind: str) -> None:
+    """Refuse an optimizer placement the mode cannot have, with what to ask for instead."""
     if kind not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {kind!r}; expected one of {OPTIMIZERS}")
+    if kind == "whole-step" and mode not in COMPILE_MODES:
+        raise ValueError(f"optimizer='whole-step' compiles the step with torch.compile: it needs a compile mode "
+                         f"({', '.join(COMPILE_MODES)}), not {mode!r}")
+
+
+def _make_optimizer(model: torch.nn.Module, kind: str, mode: str, device: torch.device):
+    check_optimizer(mode, kind)
     if mode == "cudagraph":
         # Capture needs the step count on the device (capturable); fused is one kernel per group.
         return make_optimizer(model, fused=True, capturable=True), "adamw-fused-capturable"
     if kind == "fused":
         return make_optimizer(model, fused=True), "adamw-fused"
+    if kind == "whole-step":
+        # The default AdamW, traced by Dynamo inside the compiled step (it keeps the step count
+        # on the device itself, so the compiled step can also be CUDA-graphed).
+        return make_optimizer(model), "adamw-compiled-in-step"
     return make_optimizer(model), "adamw-foreach" if device.type == "cuda" else "adamw-default"
 
 
@@ -198,18 +234,38 @@ def _eager_runner(model, opt, pool) -> _Runner:
     return _Runner(lambda k: None, lambda k: train_step(model, opt, *pool[k % n]))
 
 
-def _compile_runner(model, opt, pool, mode: str) -> _Runner:
+def _forward_backward_update(model, opt, x, y) -> torch.Tensor:
+    """The step without zero_grad: what ``optimizer='whole-step'`` compiles as one function.
+
+    zero_grad stays outside: Dynamo does not trace ``Optimizer.zero_grad`` (a graph break),
+    and setting grads to None costs nothing on the device.
+    """
+    _, loss = model(x, y)
+    loss.backward()
+    opt.step()
+    return loss.detach()
+
+
+def _compile_runner(model, opt, pool, mode: str, whole_step: bool = False) -> _Runner:
     n = len(pool)
-    compiled = torch.compile(model, mode=COMPILE_MODES[mode])
+    if whole_step:
+        body = torch.compile(_forward_backward_update, mode=COMPILE_MODES[mode])
+
+        def step(k: int) -> torch.Tensor:
+            opt.zero_grad(set_to_none=True)
+            return body(model, opt, *pool[k % n])
+    else:
+        compiled = torch.compile(model, mode=COMPILE_MODES[mode])
+
+        def step(k: int) -> torch.Tensor:
+            return train_step(compiled, opt, *pool[k % n])
     if mode == "compile-ro":
         def run(k: int) -> torch.Tensor:
             # Tell CUDA-graph trees a new iteration starts, so last step's outputs may be overwritten.
             torch.compiler.cudagraph_mark_step_begin()
-            return train_step(compiled, opt, *pool[k % n])
-    else:
-        def run(k: int) -> torch.Tensor:
-            return train_step(compiled, opt, *pool[k % n])
-    return _Runner(lambda k: None, run)
+            return step(k)
+        return _Runner(lambda k: None, run)
+    return _Runner(lambda k: None, step)
 
 
 def _cudagraph_runner(model, opt, pool) -> _Runner:
@@ -262,21 +318,42 @@ def _engine_runner(engine, pool) -> _Runner:
     return _Runner(prepare, lambda k: engine.step(engine.static_x, engine.static_y))
 
 
-def _make_runner(mode: str, model, opt, pool) -> _Runner:
+def _make_runner(mode: str, model, opt, pool, optimizer: str = "default") -> _Runner:
     if mode == "eager":
         return _eager_runner(model, opt, pool)
     if mode == "cudagraph":
         return _cudagraph_runner(model, opt, pool)
-    return _compile_runner(model, opt, pool, mode)
+    return _compile_runner(model, opt, pool, mode, whole_step=optimizer == "whole-step")
 
 
 def _reference_losses(cfg, seed, pool, n_steps, opt_kind, mode, device) -> list[float]:
-    """Eager losses of steps 0..n_steps-1 from the same initial weights, batches and optimizer."""
+    """Eager losses of steps 0..n_steps-1 from the same initial weights, batches and optimizer.
+
+    The whole-step placement's reference is the default AdamW run eagerly (the same math).
+    """
     model = build_model(cfg, seed=seed).to(device)
-    opt, _ = _make_optimizer(model, opt_kind, mode, device)
+    opt, _ = _make_optimizer(model, "default" if opt_kind == "whole-step" else opt_kind, mode, device)
     losses = [train_step(model, opt, *pool[k % len(pool)]).item() for k in range(n_steps)]
     del model, opt
     return losses
+
+
+def _compile_counters():
+    import torch._dynamo.utils
+
+    return torch._dynamo.utils.counters
+
+
+def _compile_report() -> dict[str, int]:
+    """What the compiler made of the step: graphs compiled, graph breaks, graphs left out of CUDA graphs.
+
+    A reduce-overhead row whose graphs were skipped by CUDA-graph trees launches from Python
+    like the default mode: the count says so next to the time.
+    """
+    c = _compile_counters()
+    return {"compiled_graphs": int(c["stats"].get("unique_graphs", 0)),
+            "graph_breaks": int(sum(c["graph_break"].values())),
+            "cudagraph_skips": int(c["inductor"].get("cudagraph_skips", 0))}
 
 
 def _sync(device: torch.device) -> None:
@@ -317,7 +394,7 @@ def _base_row(
         bench=bench, label=label or preset_name or cfg.config_hash(), preset=preset_name,
         config=cfg.to_dict(), config_hash=cfg.config_hash(), B=int(B), T=int(T), tokens=int(B * T),
         mode=mode, precision=prec, optimizer=opt_kind, device_slug=device_slug(device),
-        status="ok", isolated=False, extra=dict(extra or {}),
+        status="ok", isolated=False, extra=dict(extra or {}), optimizer_kind=opt_kind,
         timing="cuda-events" if device.type == "cuda" else "perf-counter",
     )
     return row
@@ -367,10 +444,14 @@ def bench_step(
     dev = pick_device(device) if isinstance(device, str) else torch.device(device)
     if dev.type == "cuda" and dev.index is None:
         dev = torch.device("cuda", torch.cuda.current_device())
-    row = _base_row(bench, label, cfg, preset_name, B, T, mode, prec, optimizer, dev, extra)
-    row.update(n_warmup=max(warmup, 2), n_iters=iters, check_rtol=CHECK_RTOL.get(prec))
     if mode not in MODES:
         raise ValueError(f"unknown mode {mode!r}; expected one of {MODES}")
+    if mode != "engine":  # the engine brings its own optimizer (the flat AdamW)
+        check_optimizer(mode, optimizer)
+    if warmup < 0 or iters < 1:
+        raise ValueError(f"warmup must be >= 0 and iters >= 1 (got warmup={warmup}, iters={iters})")
+    row = _base_row(bench, label, cfg, preset_name, B, T, mode, prec, optimizer, dev, extra)
+    row.update(n_warmup=max(warmup, 2), n_iters=iters, check_rtol=CHECK_RTOL.get(prec))
     if mode == "cudagraph" and dev.type != "cuda":
         row.update(status="unsupported", error="cudagraph mode needs a CUDA device")
         row["wall_s"] = time.perf_counter() - t_start
@@ -411,10 +492,14 @@ def bench_step(
                 runner = _engine_runner(engine, pool)
                 row.update(optimizer=engine.optimizer_name, n_params=engine.num_params(), engine=engine.describe())
             else:
-                runner = _make_runner(mode, model, opt, pool)
+                runner = _make_runner(mode, model, opt, pool, optimizer)
+            if mode in COMPILE_MODES:
+                _compile_counters().clear()
             runner.prepare(first_k)
             loss_first = runner.run(first_k).item()  # .item() synchronizes
             row["first_step_s"] = time.perf_counter() - t0
+            if mode in COMPILE_MODES:
+                row.update(_compile_report())
             # 'shared-dir': compiled against caches earlier cases may have filled, so not a cold compile.
             row["first_step_cache"] = (("fresh-dir" if cold_compile else "shared-dir") if mode in COMPILE_MODES
                                        else "process")
@@ -555,7 +640,8 @@ def _child_main(spec_path: str, out_path: str) -> None:
 
 @dataclass(frozen=True)
 class Case:
-    """One measurement to make: a labelled config at (B, T) in a mode and precision."""
+    """One measurement to make: a labelled config at (B, T) in a mode and precision, with the
+    optimizer placed as ``optimizer`` says (see the module docstring)."""
 
     label: str
     config: ModelConfig
@@ -564,10 +650,23 @@ class Case:
     mode: str
     precision: str
     extra: dict = field(default_factory=dict, hash=False)
+    optimizer: str = "default"
 
-    def key(self, bench: str, optimizer: str = "default") -> str:
+    def __post_init__(self) -> None:
+        if self.mode not in MODES:
+            raise ValueError(f"case {self.label!r}: unknown mode {self.mode!r}; expected one of {MODES}")
+        if self.mode != "engine":
+            check_optimizer(self.mode, self.optimizer)
+
+    def key(self, bench: str) -> str:
         return row_key(bench, self.config.config_hash(), self.B, self.T, self.mode, self.precision,
-                       _key_extra(optimizer, self.extra))
+                       _key_extra(self.optimizer, self.extra))
+
+    def ident(self, bench: str) -> str:
+        """:func:`case_ident` of the row this case writes (its key without the run)."""
+        return case_ident({"bench": bench, "config_hash": self.config.config_hash(), "B": self.B, "T": self.T,
+                           "mode": self.mode, "precision": self.precision, "optimizer_kind": self.optimizer,
+                           "extra": self.extra})
 
 
 def make_cases(
@@ -612,8 +711,9 @@ def bench_cases(
     left is under its expected cost; isolated cases get at most the time left.
     """
     cases, isolate, retry = list(cases), set(isolate_modes), tuple(retry_status)
-    optimizer = bench_kwargs.get("optimizer", "default")
-    todo = [c for c in cases if not store.has(c.key(store.bench, optimizer), skip_status=retry)]
+    if "optimizer" in bench_kwargs:
+        raise ValueError("bench_cases takes each case's optimizer from Case.optimizer, not a keyword")
+    todo = [c for c in cases if not store.has(c.key(store.bench), skip_status=retry)]
     cost = dict(DEFAULT_COST_S)
     rows: list[dict] = []
     bar = progress_bar(todo, progress, desc=store.bench, unit="case")
@@ -623,7 +723,8 @@ def bench_cases(
         if left is not None and left < cost.get(case.mode, 60.0):
             bar.write(f"[{store.bench}] budget: {left:.0f} s left; stopping before {len(todo) - len(rows)} cases")
             break
-        kw = dict(bench=store.bench, label=case.label, extra=case.extra or None, **bench_kwargs)
+        kw = dict(bench=store.bench, label=case.label, extra=case.extra or None, optimizer=case.optimizer,
+                  **bench_kwargs)
         if case.mode in isolate:
             limit = timeout_s if left is None else max(1.0, min(timeout_s, left))
             row = bench_step_isolated(case.config, case.B, case.T, case.mode, case.precision, device,

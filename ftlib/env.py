@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import datetime as _dt
+import functools
+import hashlib
 import os
 import platform
 import re
 import subprocess
+import uuid
 from pathlib import Path
 
 import torch
@@ -16,7 +19,10 @@ def pick_device(name: str = "auto") -> torch.device:
     """'auto' -> CUDA if available, else CPU; otherwise the named device."""
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    dev = torch.device(name)
+    try:
+        dev = torch.device(name)
+    except (RuntimeError, TypeError) as e:
+        raise ValueError(f"unknown device {name!r}: use 'auto', 'cpu', 'cuda' or 'cuda:N'") from e
     if dev.type == "cuda" and not torch.cuda.is_available():
         raise ValueError(f"device={name!r} was asked for but CUDA is not available here")
     return dev
@@ -40,23 +46,114 @@ def device_slug(device: torch.device | str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name).strip("-")
 
 
+# Files that do not change what a measurement runs: the results themselves.
+_UNTRACKED_OK = ("data/",)
+# A tree copied without .git (a GPU machine) carries these two files, written by ci/stamp-tree.
+COMMIT_FILE, TREE_FILE = ".ftlib-commit", ".ftlib-tree"
+
+
+def repo_root() -> Path:
+    return Path(__file__).resolve().parent.parent
+
+
+def _git_blob_sha1(path: Path) -> str:
+    """The id git gives a file's content: sha1 of ``b"blob <size>\\0" + content`` (git's object format)."""
+    data = path.read_bytes()
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def tree_matches_manifest(root: Path, manifest: str) -> list[str]:
+    """Paths whose content differs from ``manifest`` (the output of ``git ls-files -s``); [] if none.
+
+    Lets a copied tree (no .git) prove it is the commit it claims to be. Results under
+    ``data/`` are left out: they are what a run adds, not what it runs.
+    """
+    bad = []
+    for line in manifest.splitlines():
+        meta, _, rel = line.partition("\t")
+        parts = meta.split()
+        if len(parts) != 3 or not rel or rel.startswith(_UNTRACKED_OK):
+            continue
+        f = root / rel
+        if parts[0] == "120000":  # a symbolic link: git hashes its target path
+            ok = f.is_symlink()
+        else:
+            ok = f.is_file() and _git_blob_sha1(f) == parts[1]
+        if not ok:
+            bad.append(rel)
+    known = {line.partition("\t")[2] for line in manifest.splitlines()}
+    for pkg in ("ftlib", "kernels", "ci"):  # code the manifest does not know would also run
+        for f in sorted((root / pkg).rglob("*.py")) if (root / pkg).is_dir() else []:
+            rel = f.relative_to(root).as_posix()
+            if rel not in known and "__pycache__" not in rel:
+                bad.append(rel)
+    return bad
+
+
 def git_commit() -> str:
-    """The checkout's commit (+dirty); ``$FTLIB_COMMIT`` where there is no .git (a copied tree)."""
-    if os.environ.get("FTLIB_COMMIT"):
-        return os.environ["FTLIB_COMMIT"]
-    root = Path(__file__).resolve().parent.parent
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
-            capture_output=True, text=True, timeout=5, check=True,
-        ).stdout.strip()
-        dirty = subprocess.run(
-            ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-            capture_output=True, text=True, timeout=5,
-        ).stdout.strip()
-        return out + ("+dirty" if dirty else "")
-    except (OSError, subprocess.SubprocessError):
+    """The commit the code runs from, with ``+dirty`` if the tree differs from it.
+
+    In a git checkout: ``git rev-parse`` and ``git status`` (tracked files; ``data/`` aside).
+    In a copied tree without .git: ``$FTLIB_COMMIT`` or the ``.ftlib-commit`` file, checked
+    file by file against the ``.ftlib-tree`` manifest that ``ci/stamp-tree`` wrote beside it
+    (``+unverified`` without a manifest). ``unknown`` when neither is available.
+    """
+    root = repo_root()
+    if (root / ".git").exists():
+        try:
+            out = subprocess.run(
+                ["git", "-C", str(root), "rev-parse", "--short=12", "HEAD"],
+                capture_output=True, text=True, timeout=5, check=True,
+            ).stdout.strip()
+            dirty = subprocess.run(
+                ["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no", "--", ".",
+                 *(f":(exclude){p}" for p in _UNTRACKED_OK)],
+                capture_output=True, text=True, timeout=5, check=True,
+            ).stdout.strip()
+            return out + ("+dirty" if dirty else "")
+        except (OSError, subprocess.SubprocessError):
+            return "unknown"
+    commit = os.environ.get("FTLIB_COMMIT", "").strip()
+    if not commit and (root / COMMIT_FILE).is_file():
+        commit = (root / COMMIT_FILE).read_text().strip()
+    if not commit:
         return "unknown"
+    if "+" in commit:
+        return commit
+    return commit + _copied_tree_state(str(root))
+
+
+@functools.lru_cache(maxsize=4)
+def _copied_tree_state(root: str) -> str:
+    """'' when the copied tree matches its manifest, else '+dirty' or '+unverified' (once per process)."""
+    manifest = Path(root) / TREE_FILE
+    if not manifest.is_file():
+        return "+unverified"
+    return "+dirty" if tree_matches_manifest(Path(root), manifest.read_text()) else ""
+
+
+def is_clean_commit(commit: str | None) -> bool:
+    """True for a commit id with no ``+dirty``/``+wip``/``+unverified`` suffix (and not 'unknown')."""
+    return bool(commit) and commit not in ("unknown", "None") and "+" not in commit
+
+
+@functools.lru_cache(maxsize=1)
+def machine_id() -> str:
+    """An id of this machine's current boot: two rows with the same id ran on one machine start.
+
+    Linux gives every boot a random UUID (``/proc/sys/kernel/random/boot_id``); elsewhere the
+    host name stands in.
+    """
+    try:
+        return Path("/proc/sys/kernel/random/boot_id").read_text().strip()[:13]
+    except OSError:
+        return platform.node() or "unknown"
+
+
+@functools.lru_cache(maxsize=1)
+def run_id() -> str:
+    """An id of this process's measuring run (``$FTLIB_RUN_ID`` if set): rows of one run pair."""
+    return os.environ.get("FTLIB_RUN_ID") or uuid.uuid4().hex[:12]
 
 
 def driver_version() -> str:
@@ -90,6 +187,8 @@ def provenance(device: torch.device | str = "cpu") -> dict[str, str]:
         "python": platform.python_version(),
         "date": _dt.datetime.now(_dt.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ"),
         "commit": git_commit(),
+        "machine_id": machine_id(),
+        "run_id": run_id(),
     }
     if dev.type == "cuda":
         info["driver"] = driver_version()

@@ -1,4 +1,4 @@
-"""The GPU runner's suites (ci/gpu_bench.py) as chapters 4, 5 and 7 need them, checked on CPU.
+"""The measuring suites (ftlib.suites) and their runner (ci/gpu_bench.py), checked on CPU.
 
 Nothing here measures a full-size case: suites are inspected as case lists, the runner is
 driven with a tiny stand-in suite, and the compile-cache handling of ftlib.bench is checked
@@ -7,6 +7,7 @@ with torch.compile replaced by the identity.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import time
 from pathlib import Path
@@ -15,10 +16,12 @@ import pytest
 import torch
 
 import ftlib.bench as bench
+from ftlib import suites
 from ftlib.ablations import grid
-from ftlib.bench import Case, bench_step
+from ftlib.bench import Case, bench_step, case_ident
 from ftlib.config import preset
 from ftlib.results import ResultStore
+from ftlib.suites import SUITES
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "ci" / "gpu_bench.py")
@@ -35,7 +38,13 @@ def results_root(tmp_path, monkeypatch):
 
 
 def cases(name: str) -> list[Case]:
-    return gpu_bench.SUITES[name][0]()
+    return SUITES[name].cases()
+
+
+@pytest.fixture
+def clean_commit(monkeypatch):
+    """Rows in these tests come from a clean commit, whatever state this checkout is in."""
+    monkeypatch.setattr(gpu_bench, "git_commit", lambda: "0123456789ab")
 
 
 def test_tsweep_runs_figure5_first_then_tf32_then_eager():
@@ -48,14 +57,34 @@ def test_tsweep_runs_figure5_first_then_tf32_then_eager():
         assert c.B * c.T == 8192 and c.config == preset(c.label, block_size=c.T)
 
 
-def test_fig5_is_tsweeps_first_part_stored_in_tsweep():
-    make, opts = gpu_bench.SUITES["fig5"]
-    assert opts["store"] == "tsweep" and opts["cold_compile"] is False
-    assert [c.key("tsweep") for c in make()] == [c.key("tsweep") for c in cases("tsweep")[:12]]
+def test_baselines_measure_every_placement_of_both_models_in_every_precision():
+    base = cases("baselines")
+    for model in ("gpt2", "fasttransformer"):
+        for prec in ("fp32", "tf32", "bf16"):
+            got = [(c.mode, c.optimizer) for c in base if c.label == model and c.precision == prec]
+            assert got == list(suites.STEP_CONFIGS)
+            assert {c.config for c in base if c.label == model} == {preset(model)}
+    assert {(c.mode, c.optimizer) for c in base} >= {("compile-ro", "whole-step"), ("compile", "fused"),
+                                                      ("cudagraph", "fused"), ("engine", "default")}
+    broadcast = [c for c in base if c.label == "fasttransformer-broadcast"]
+    assert broadcast and {c.precision for c in broadcast} == {"fp32"}
+    assert {c.config.kv_layout for c in broadcast} == {"broadcast"}
+    assert {(c.B, c.T) for c in base} == {(32, 256)}
+    assert base[0].precision == "bf16"  # the headline precision first
+    assert len({c.key("baselines") for c in base}) == len(base)  # no two cases share a key
+
+
+def test_whole_step_needs_a_compile_mode():
+    with pytest.raises(ValueError, match="whole-step.*compile mode"):
+        Case("gpt2", preset("gpt2"), 2, 8, "eager", "fp32", optimizer="whole-step")
+    with pytest.raises(ValueError, match="unknown optimizer"):
+        Case("gpt2", preset("gpt2"), 2, 8, "compile", "fp32", optimizer="sgd")
+    with pytest.raises(ValueError, match="whole-step"):
+        bench_step(preset("fasttransformer", **TINY), 2, 8, "cudagraph", "fp32", "cpu", optimizer="whole-step")
 
 
 def test_compile_time_is_at_most_six_isolated_cold_cases():
-    ct, opts = cases("compile_time"), gpu_bench.SUITES["compile_time"][1]
+    ct, opts = cases("compile_time"), SUITES["compile_time"].options
     assert len(ct) <= 6 and {c.mode for c in ct} <= set(opts["isolate_modes"])
     assert opts.get("cold_compile", True) is True  # its first step must be a cold compile
     assert [c.mode for c in ct[:2]] == ["compile-ro", "compile-ro"]  # the post's claim first
@@ -66,26 +95,94 @@ def test_grid_compile_and_ladder_compile_every_config_with_shared_caches():
     gc = cases("grid_compile")
     assert [c.config for c in gc] == list(grid().values()) and [c.label for c in gc] == list(grid())
     assert {(c.mode, c.precision, c.B, c.T) for c in gc} == {("compile-ro", "fp32", 32, 256)}
-    for name in ("grid_compile", "ladder", "tsweep"):
-        assert gpu_bench.SUITES[name][1]["cold_compile"] is False
+    for name in ("grid_compile", "ladder", "tsweep", "baselines"):
+        assert SUITES[name].options["cold_compile"] is False
 
 
-def test_list_names_the_new_suites(capsys):
+def test_list_names_the_suites(capsys):
     gpu_bench.main(["list"])
     out = capsys.readouterr().out
-    assert "grid_compile   16 cases" in out and "part of tsweep" in out and "ladder" in out
+    assert "grid_compile   16 cases" in out and "baselines      66 cases" in out and "engine_check" in out
 
 
-def test_a_suite_stored_in_another_suites_file(tmp_path, monkeypatch, results_root):
-    """fig5's rows land in tsweep.jsonl, so running tsweep afterwards skips them."""
-    tiny = [Case("fasttransformer", preset("fasttransformer", **TINY), 2, 8, "eager", "fp32")]
-    monkeypatch.setitem(gpu_bench.SUITES, "fig5", (lambda: tiny, {"store": "tsweep", "cold_compile": False}))
-    out = tmp_path / "out"
-    gpu_bench.main(["run", "--only", "fig5", "--device", "cpu", "--out", str(out), "--budget-s", "120",
-                    "--warmup", "2", "--iters", "3"])
-    stored = ResultStore("tsweep", "cpu").rows()
-    assert len(stored) == 1 and stored[0]["bench"] == "tsweep" and stored[0]["key"] == tiny[0].key("tsweep")
-    assert not (results_root / "cpu" / "fig5.jsonl").exists() and (out / "tsweep.jsonl").exists()
+def _tiny_baselines(monkeypatch):
+    tiny = [Case("fasttransformer", preset("fasttransformer", **TINY), 2, 8, "eager", "fp32"),
+            Case("fasttransformer", preset("fasttransformer", **TINY), 2, 8, "eager", "fp32", optimizer="fused")]
+    monkeypatch.setitem(SUITES, "baselines", dataclasses.replace(SUITES["baselines"], make=lambda: tiny))
+    return tiny
+
+
+def _run(out, *extra) -> int:
+    return gpu_bench.main(["run", "--only", "baselines", "--device", "cpu", "--out", str(out), "--budget-s", "120",
+                           "--warmup", "2", "--iters", "3", *extra])
+
+
+def test_each_process_is_a_run_of_its_own(tmp_path, monkeypatch, clean_commit):
+    """A second process measures the suite again (a repeat) instead of skipping stored keys."""
+    tiny = _tiny_baselines(monkeypatch)
+    for rid in ("run-a", "run-b"):
+        monkeypatch.setattr(gpu_bench, "run_id", lambda rid=rid: rid)
+        assert _run(tmp_path / "out") == 0
+    stored = ResultStore("baselines", "cpu").rows()
+    assert [r["extra"]["run"] for r in stored] == ["run-a", "run-a", "run-b", "run-b"]
+    assert len({r["key"] for r in stored}) == 4  # the run is part of the key
+    assert {case_ident(r) for r in stored} == {c.ident("baselines") for c in tiny}  # the same two measurements
+    assert (tmp_path / "out" / "baselines.jsonl").exists()
+
+
+def test_rows_record_their_run_and_machine(tmp_path, monkeypatch, clean_commit):
+    _tiny_baselines(monkeypatch)
+    assert _run(tmp_path / "out") == 0
+    for r in ResultStore("baselines", "cpu").rows():
+        assert r["run_id"] and r["machine_id"] and r["extra"]["run"] == r["run_id"]
+        assert r["optimizer_kind"] in ("default", "fused")
+
+
+def test_uncommitted_code_is_refused_or_kept_apart(tmp_path, monkeypatch, results_root, capsys):
+    _tiny_baselines(monkeypatch)
+    monkeypatch.setattr(gpu_bench, "git_commit", lambda: "0123456789ab+dirty")
+    assert _run(tmp_path / "out") == 2
+    assert "not a clean commit" in capsys.readouterr().err
+    assert not (results_root / "cpu" / "baselines.jsonl").exists()
+    monkeypatch.setattr(gpu_bench, "UNCOMMITTED_DIR", tmp_path / "uncommitted")
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(results_root))  # run() redirects it; monkeypatch restores it
+    assert _run(tmp_path / "out", "--allow-dirty") == 0
+    assert not (results_root / "cpu" / "baselines.jsonl").exists()
+    assert len(ResultStore("baselines", "cpu", tmp_path / "uncommitted").rows()) == 2
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "--budget-s", "10"], "at least 60 seconds"),
+    (["run", "--iters", "0"], "at least 1"),
+])
+def test_bad_arguments_are_refused_by_argparse(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        gpu_bench.main(argv)
+    assert e.value.code == 2 and message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["run", "--device", "tpu"], "unknown device 'tpu'"),
+    (["run", "--only", "nope"], "known suites: baselines"),
+    (["run", "--only", ","], "names no suite"),
+])
+def test_bad_choices_end_in_a_clear_error(argv, message, capsys):
+    assert gpu_bench.main(argv) == 2
+    err = capsys.readouterr().err
+    assert message in err
+    if "known suites" in message:
+        assert all(name in err for name in [*SUITES, *gpu_bench.CUSTOM])
+
+
+def test_an_unreadable_results_file_skips_its_suite_only(tmp_path, monkeypatch, results_root, clean_commit, capsys):
+    _tiny_baselines(monkeypatch)
+    bad = results_root / "cpu" / "baselines.jsonl"
+    bad.parent.mkdir(parents=True)
+    bad.write_text('{"key": "a"\n')
+    rc = _run(tmp_path / "out")
+    out = capsys.readouterr().out
+    assert rc == 3 and "[baselines] failed, skipped" in out and "nothing was measured" in out
+    assert bad.read_text() == '{"key": "a"\n'  # untouched
 
 
 def test_profile_suite_traces_the_broadcast_layout_first(monkeypatch):

@@ -1,0 +1,198 @@
+"""The baselines suite read back: the strongest compiled step, speed-ups against it, and their spread.
+
+Rules every function here keeps (the book's measuring rules):
+
+* **One run per ratio.** A ratio divides two rows of the same run (one process on one machine,
+  ``run_id``), never rows of different runs; a run counts only when it is complete (every case
+  of the suite stored, from a clean commit).
+* **Strongest baseline.** A speed-up over PyTorch is measured against the fastest correct
+  configuration of the same model, precision and shape in that run: ``torch.compile`` in each
+  mode with the optimizer in each place (:data:`BASELINE_CONFIGS`), or the manual whole-step
+  CUDA graph; the table names which one it was.
+* **Spread.** Over runs, a ratio is shown as its median with min and max; a verdict is given
+  only when the whole range is on one side (:func:`verdict`) and the runs come from at least
+  two machine starts.
+* **Never pooled.** Everything is grouped by device (``device_slug``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+
+from ftlib.bench import Case, case_ident
+from ftlib.env import is_clean_commit
+from ftlib.results import load_rows
+
+SUITE = "baselines"
+# (mode, optimizer) -> how the book names the configuration.
+CONFIG_NAMES: dict[tuple[str, str], str] = {
+    ("eager", "default"): "eager, foreach AdamW",
+    ("eager", "fused"): "eager, fused AdamW",
+    ("cudagraph", "fused"): "manual CUDA graph of the whole step",
+    ("compile", "default"): "compile, foreach AdamW outside",
+    ("compile", "fused"): "compile, fused AdamW outside",
+    ("compile", "whole-step"): "compile, whole step compiled",
+    ("compile-ro", "default"): "compile reduce-overhead, foreach AdamW outside",
+    ("compile-ro", "fused"): "compile reduce-overhead, fused AdamW outside",
+    ("compile-ro", "whole-step"): "compile reduce-overhead, whole step compiled",
+    ("engine", "default"): "engine",
+}
+# What a speed-up over PyTorch is measured against: every compiled configuration, and the manual
+# CUDA graph of the whole step (eager kernels, one launch).
+BASELINE_CONFIGS = tuple(k for k in CONFIG_NAMES if k[0] in ("cudagraph", "compile", "compile-ro"))
+# The post's own compiled configuration: reduce-overhead with AdamW left eager (PyTorch's default).
+POST_CONFIG = ("compile-ro", "default")
+TIE_BAND = 0.02  # a range inside 1 +- 2% is a tie
+MIN_RUNS, MIN_MACHINES = 3, 2
+MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer",
+               "fasttransformer-broadcast": "FastTransformer, K/V as (B, 1, T, d)"}
+
+_COLUMNS = ["device_slug", "device", "run_id", "machine_id", "commit", "date", "label", "precision", "mode",
+            "optimizer_kind", "config", "B", "T", "median_ms", "p20_ms", "p80_ms", "status", "check_ok",
+            "first_step_s", "compiled_graphs", "graph_breaks", "cudagraph_skips", "ident"]
+
+
+def config_name(mode: str, optimizer: str | None) -> str:
+    return CONFIG_NAMES.get((mode, optimizer or "default"), f"{mode}, {optimizer}")
+
+
+def frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """Rows of the suite as a tidy table, one row per measurement (``ident``: what, whichever run)."""
+    recs = []
+    for r in rows:
+        if "run_id" not in r:
+            continue  # rows from before runs were recorded cannot be paired
+        recs.append({**{c: r.get(c) for c in _COLUMNS}, "ident": case_ident(r),
+                     "config": config_name(r["mode"], r.get("optimizer_kind"))})
+    return pd.DataFrame.from_records(recs, columns=_COLUMNS)
+
+
+def complete_runs(df: pd.DataFrame, cases: Sequence[Case], bench: str = SUITE) -> pd.DataFrame:
+    """Only the rows of runs that hold every case of ``cases`` and come from a clean commit."""
+    if df.empty:
+        return df
+    want = {c.ident(bench) for c in cases}
+    keep = []
+    for (_, _), g in df.groupby(["device_slug", "run_id"], sort=False):
+        commits = set(g["commit"])
+        if want <= set(g["ident"]) and len(commits) == 1 and is_clean_commit(next(iter(commits))):
+            keep.append(g[g["ident"].isin(want)])
+    return pd.concat(keep, ignore_index=True) if keep else df.iloc[0:0]
+
+
+def load(cases: Sequence[Case], bench: str = SUITE, include_cpu: bool = False,
+         rows: Iterable[dict[str, Any]] | None = None) -> pd.DataFrame:
+    """The complete runs of ``bench`` (stored rows of every device folder, or ``rows``)."""
+    rows = load_rows(bench, include_cpu=include_cpu) if rows is None else rows
+    return complete_runs(frame(rows), cases, bench)
+
+
+def _valid(df: pd.DataFrame) -> pd.DataFrame:
+    """Rows that measured a step that computes what eager computes (status ok, loss check passed)."""
+    return df[(df["status"] == "ok") & (df["check_ok"] == True)]  # noqa: E712 - None is not True
+
+
+def strongest(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (device, run, model, precision): the fastest baseline configuration and its time."""
+    base = _valid(df)
+    base = base[[(m, o) in BASELINE_CONFIGS for m, o in zip(base["mode"], base["optimizer_kind"])]]
+    if base.empty:
+        return pd.DataFrame(columns=["device_slug", "run_id", "machine_id", "label", "precision",
+                                     "baseline", "baseline_ms"])
+    idx = base.groupby(["device_slug", "run_id", "label", "precision"])["median_ms"].idxmin()
+    best = base.loc[idx, ["device_slug", "run_id", "machine_id", "label", "precision", "config", "median_ms"]]
+    return best.rename(columns={"config": "baseline", "median_ms": "baseline_ms"}).reset_index(drop=True)
+
+
+def speedups(df: pd.DataFrame, mode: str = "engine", optimizer: str = "default") -> pd.DataFrame:
+    """Per run: the (mode, optimizer) configuration against the strongest baseline of the same run."""
+    best = strongest(df)
+    mine = _valid(df)
+    mine = mine[(mine["mode"] == mode) & (mine["optimizer_kind"] == optimizer)]
+    mine = mine[["device_slug", "run_id", "label", "precision", "median_ms"]]
+    out = mine.merge(best, on=["device_slug", "run_id", "label", "precision"], how="inner")
+    out["speedup"] = out["baseline_ms"] / out["median_ms"]
+    return out
+
+
+def verdict(lo: float, hi: float, n_runs: int, n_machines: int) -> str:
+    """'faster', 'slower' or 'ties' when every run agrees (and there are enough of them)."""
+    if n_runs < MIN_RUNS or n_machines < MIN_MACHINES:
+        return f"too few runs ({n_runs} runs, {n_machines} machine starts)"
+    if 1 - TIE_BAND <= lo and hi <= 1 + TIE_BAND:
+        return "ties"
+    if lo > 1:
+        return "faster"
+    if hi < 1:
+        return "slower"
+    return "no verdict: the runs disagree"
+
+
+def spread(per_run: pd.DataFrame, by: Sequence[str], value: str = "speedup") -> pd.DataFrame:
+    """Median, min and max of ``value`` over runs per group, with counts and the verdict."""
+    if per_run.empty:
+        return pd.DataFrame(columns=[*by, "median", "min", "max", "runs", "machines", "verdict"])
+    g = per_run.groupby(list(by), sort=False)
+    out = g[value].agg(median="median", min="min", max="max").reset_index()
+    counts = g.agg(runs=("run_id", "nunique"), machines=("machine_id", "nunique")).reset_index()
+    out = out.merge(counts, on=list(by))
+    out["verdict"] = [verdict(lo, hi, n, m) for lo, hi, n, m in
+                      zip(out["min"], out["max"], out["runs"], out["machines"])]
+    return out
+
+
+def engine_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The engine against the strongest baseline, per device, model and precision, over runs."""
+    per_run = speedups(df)
+    if per_run.empty:
+        return spread(per_run, ["device_slug", "label", "precision"])
+    tab = spread(per_run, ["device_slug", "label", "precision"])
+    ms = per_run.groupby(["device_slug", "label", "precision"]).agg(
+        engine_ms=("median_ms", "median"), baseline_ms=("baseline_ms", "median"),
+        baseline=("baseline", lambda s: ", ".join(sorted(set(s))))).reset_index()
+    return ms.merge(tab, on=["device_slug", "label", "precision"])
+
+
+def model_speedups(df: pd.DataFrame, faster: str = "fasttransformer", slower: str = "gpt2") -> pd.DataFrame:
+    """Per run and configuration: how much faster ``faster`` steps than ``slower`` (same run, mode, precision).
+
+    Also the two models each at its own strongest baseline (config ``'strongest baseline'``).
+    """
+    v = _valid(df)
+    keys = ["device_slug", "run_id", "machine_id", "precision", "config"]
+    a = v[v["label"] == faster][[*keys, "median_ms"]]
+    b = v[v["label"] == slower][[*keys, "median_ms"]]
+    out = a.merge(b, on=keys, suffixes=("_fast", "_slow"))
+    best = strongest(df)
+    ba, bb = best[best["label"] == faster], best[best["label"] == slower]
+    both = ba.merge(bb, on=["device_slug", "run_id", "machine_id", "precision"], suffixes=("_fast", "_slow"))
+    both = both.rename(columns={"baseline_ms_fast": "median_ms_fast", "baseline_ms_slow": "median_ms_slow"})
+    both["config"] = "strongest baseline of each"
+    out = pd.concat([out, both[[*keys, "median_ms_fast", "median_ms_slow"]]], ignore_index=True)
+    out["speedup"] = out["median_ms_slow"] / out["median_ms_fast"]
+    return out
+
+
+def placement_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Step time of every configuration over runs (median, min, max), per device, model, precision."""
+    v = _valid(df)
+    if v.empty:
+        return pd.DataFrame(columns=["device_slug", "label", "precision", "config", "median_ms", "min_ms",
+                                     "max_ms", "runs"])
+    g = v.groupby(["device_slug", "label", "precision", "config"], sort=False)
+    return g.agg(median_ms=("median_ms", "median"), min_ms=("median_ms", "min"), max_ms=("median_ms", "max"),
+                 runs=("run_id", "nunique")).reset_index()
+
+
+def runs_summary(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs behind a table: device, machine start, commit, date and rows, one line per run."""
+    if df.empty:
+        return pd.DataFrame(columns=["device", "run_id", "machine_id", "commit", "date", "rows"])
+    g = df.groupby(["device", "run_id"], sort=False)
+    out = g.agg(machine_id=("machine_id", "first"), commit=("commit", "first"), date=("date", "min"),
+                rows=("ident", "size")).reset_index()
+    out["date"] = out["date"].str[:10]
+    return out
