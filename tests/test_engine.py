@@ -1,16 +1,14 @@
-"""CPU tests of ftlib.engine: flat buffers, kernel swaps, and losses against reference training.
+"""Tests of ftlib.engine: flat buffers, kernel swaps, and losses against reference training.
 
-The kernels run in Triton's CPU interpreter (tests/conftest.py sets TRITON_INTERPRET=1), so
-the shapes are tiny (B=2, T=16, one or two layers) and the runs short; the GPU runner checks
-100 steps at B=32, T=256 with ``check_against_reference`` (ci/gpu_bench.py, suite engine_check).
-The CUDA-graph capture itself cannot run here; on CPU the engine runs the same step uncaptured.
+The tests that run kernels take ``kernel_device`` (tests/conftest.py): Triton's CPU interpreter
+by default, so the shapes are tiny (B=2, T=16, one or two layers) and the runs short; with
+FTLIB_TEST_GPU=1 the same tests run compiled on CUDA, where the engine captures its step in a
+CUDA graph (``captured``). The GPU runner checks 100 steps at B=32, T=256 with
+``check_against_reference`` (ci/gpu_bench.py, suite engine_check). References train on the
+same device as the engine.
 """
 
 from __future__ import annotations
-
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported, so this file runs alone too
 
 import pytest
 import torch
@@ -34,14 +32,20 @@ LOSS_RTOL = 1e-5
 PARAM_RTOL = 1e-5
 
 
+@pytest.fixture()
+def dev(kernel_device):
+    """The engine's device: a test that asks for it runs kernels (marked ``kernels``)."""
+    return kernel_device
+
+
 @pytest.fixture(autouse=True)
 def results_root(tmp_path, monkeypatch):
     monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
 
 
-def test_parameters_and_grads_are_views_into_the_flat_buffers():
+def test_parameters_and_grads_are_views_into_the_flat_buffers(dev):
     for cfg in (FT1, GPT1_L2):
-        eng = Engine(cfg, B, T, "fp32", "cpu")
+        eng = Engine(cfg, B, T, "fp32", dev)
         fp, fg, esz = eng.flat_param, eng.flat_grad, eng.flat_param.element_size()
         params = dict(eng.model.named_parameters())
         assert set(eng.spans) == set(params) and eng.num_params() == sum(p.numel() for p in params.values())
@@ -59,49 +63,50 @@ def test_parameters_and_grads_are_views_into_the_flat_buffers():
         assert eng.n_decay == sum(p.numel() for p in params.values() if p.dim() >= 2)
 
 
-def test_kernels_swapped_where_they_apply():
-    ft = Engine(FT1, B, T, "tf32", "cpu")
+def test_kernels_swapped_where_they_apply(dev):
+    ft = Engine(FT1, B, T, "tf32", dev)
     assert ft.kernels == {"rmsnorm": True, "layernorm": False, "attention": True, "embedding": True,
                           "cross_entropy": True, "adamw": True}
     assert type(ft.model.wte).__name__ == type(ft.model.wpe).__name__ == "ScatterEmbedding"
     assert type(ft.model.norm_f).__name__ == "TritonRMSNorm"
     assert ft.model.blocks[0].attn.core.input_precision == "tf32"  # tf32 precision -> tf32 dots
     assert ft.optimizer is None and ft.optimizer_name == "flat-adamw-triton"
-    gpt = Engine(GPT4, B, T, "fp32", "cpu")
+    gpt = Engine(GPT4, B, T, "fp32", dev)
     assert [op for op in OPS if gpt.kernels[op]] == ["layernorm", "embedding", "cross_entropy", "adamw"]
     assert "explicit" in gpt.notes["attention"]  # GPT-2's materialized softmax stays by default
     assert type(gpt.model.blocks[0].norm1).__name__ == "TritonLayerNorm"
-    flash = Engine(GPT4, B, T, "fp32", "cpu", attention_for_explicit=True)
+    flash = Engine(GPT4, B, T, "fp32", dev, attention_for_explicit=True)
     assert flash.kernels["attention"] and flash.model.blocks[0].attn.core.input_precision == "ieee"
-    strict = Engine(FT1, B, T, "fp32", "cpu")  # strict fp32: SDPA's kernel won in a graph, so it stays
+    strict = Engine(FT1, B, T, "fp32", dev)  # strict fp32: SDPA's kernel won in a graph, so it stays
     assert not strict.kernels["attention"] and "strict fp32" in strict.notes["attention"]
-    x3 = Engine(FT1, B, T, "fp32", "cpu", attention_precision="tf32x3", linear_precision="tf32x3")
+    x3 = Engine(FT1, B, T, "fp32", dev, attention_precision="tf32x3", linear_precision="tf32x3")
     assert x3.model.blocks[0].attn.core.input_precision == "tf32x3"
     assert type(x3.model.head).__name__ == "TritonLinear" and x3.describe()["linear_precision"] == "tf32x3"
     with pytest.raises(ValueError, match="linear_precision"):
-        Engine(FT1, B, T, "fp32", "cpu", linear_precision="fp8")
+        Engine(FT1, B, T, "fp32", dev, linear_precision="fp8")
     # The residual add is fused into the next norm by default, LayerNorm too; not without the norm kernel.
     assert ft.fuse_residual_norm and gpt.fuse_residual_norm and "layernorm" in gpt.notes["residual_norm"]
-    assert not Engine(GPT4, B, T, "fp32", "cpu", {"layernorm": False}).fuse_residual_norm
-    assert not Engine(FT1, B, T, "fp32", "cpu", fuse_residual_norm=False).fuse_residual_norm
+    assert not Engine(GPT4, B, T, "fp32", dev, {"layernorm": False}).fuse_residual_norm
+    assert not Engine(FT1, B, T, "fp32", dev, fuse_residual_norm=False).fuse_residual_norm
     assert ft.attention_layout == "packed" and ft.describe()["attention_layout"] == "packed"
     with pytest.raises(ValueError, match="attention_layout"):
-        Engine(FT1, B, T, "fp32", "cpu", attention_layout="bthd")
-    hs8 = Engine(FT1_L2_HS8, B, T, "fp32", "cpu")
+        Engine(FT1, B, T, "fp32", dev, attention_layout="bthd")
+    hs8 = Engine(FT1_L2_HS8, B, T, "fp32", dev)
     assert not hs8.kernels["attention"] and "head size 8" in hs8.notes["attention"]
-    off = Engine(FT1, B, T, "fp32", "cpu", {"attention": False, "adamw": False})
+    off = Engine(FT1, B, T, "fp32", dev, {"attention": False, "adamw": False})
     assert not off.kernels["attention"] and off.kernels["rmsnorm"] and off.kernels["cross_entropy"]
-    assert off.optimizer_name == "adamw-default" and "switched off" in off.notes["adamw"]
+    torch_adamw = "adamw-fused-capturable" if dev.type == "cuda" else "adamw-default"
+    assert off.optimizer_name == torch_adamw and "switched off" in off.notes["adamw"]
     # The swaps keep parameter names and order: the reference's optimizer groups line up.
     assert [n for n, _ in ft.model.named_parameters()] == [n for n, _ in build_model(FT1).named_parameters()]
 
 
-def test_gradients_land_in_the_flat_buffer_and_match_reference():
+def test_gradients_land_in_the_flat_buffer_and_match_reference(dev):
     for cfg in (FT1, GPT4):
-        (x, y), = pattern_batches(cfg.vocab_size, B, T, 1, seed=3)
-        eng = Engine(cfg, B, T, "fp32", "cpu", seed=5)
+        (x, y), = pattern_batches(cfg.vocab_size, B, T, 1, seed=3, device=dev)
+        eng = Engine(cfg, B, T, "fp32", dev, seed=5)
         eng.step(x, y)  # the step leaves its gradients in flat_grad (zeroed at the next step's start)
-        ref = build_model(cfg, seed=5)
+        ref = build_model(cfg, seed=5).to(dev)
         ref(x, y)[1].backward()
         for name, p in ref.named_parameters():
             off, n = eng.spans[name]
@@ -111,12 +116,12 @@ def test_gradients_land_in_the_flat_buffer_and_match_reference():
 
 
 @pytest.mark.parametrize("cfg", [FT1, FT4, GPT4, GPT1_L2], ids=["ft-mqa", "ft-mha", "gpt2-mha", "gpt2-mqa-2layer"])
-def test_losses_match_reference_training(cfg):
+def test_losses_match_reference_training(cfg, dev):
     # attention_precision='ieee' puts the attention kernel in the fp32 step (the default keeps SDPA)
-    r = check_against_reference(cfg, steps=STEPS, device="cpu", B=B, T=T, attention_precision="ieee")
+    r = check_against_reference(cfg, steps=STEPS, device=dev, B=B, T=T, attention_precision="ieee")
     assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL, r["max_rel_err"]
     assert r["param_rel_err"] <= PARAM_RTOL, r["param_rel_err"]
-    assert len(r["losses_engine"]) == STEPS and r["captured"] is False
+    assert len(r["losses_engine"]) == STEPS and r["captured"] is (dev.type == "cuda")
 
 
 @pytest.mark.parametrize("cfg,options", [
@@ -129,8 +134,8 @@ def test_losses_match_reference_training(cfg):
     (GPT1_L2, {"fused_softmax": True, "bias_kernel": True}),
 ], ids=["heads-layout", "3xtf32", "unfused-residual-norm", "gpt2-packed-fused-layernorm", "gpt2-bias-kernel",
         "gpt2-unfused-softmax", "gpt2-mqa-fused-softmax"])
-def test_engine_options_train_like_the_reference(cfg, options):
-    r = check_against_reference(cfg, steps=3, device="cpu", B=B, T=T, **options)
+def test_engine_options_train_like_the_reference(cfg, options, dev):
+    r = check_against_reference(cfg, steps=3, device=dev, B=B, T=T, **options)
     assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL and r["param_rel_err"] <= PARAM_RTOL
     for k, v in options.items():
         assert r[k] == v if k != "attention_for_explicit" else "attention" in r["kernels"]
@@ -138,31 +143,34 @@ def test_engine_options_train_like_the_reference(cfg, options):
 
 @pytest.mark.parametrize("cfg,op", [(FT1, "rmsnorm"), (FT1, "attention"), (FT1, "cross_entropy"), (FT1, "adamw"),
                                     (GPT4, "layernorm")], ids=lambda v: v if isinstance(v, str) else v.norm)
-def test_each_kernel_can_be_switched_off(cfg, op):
-    r = check_against_reference(cfg, steps=3, device="cpu", B=B, T=T, use_kernels={op: False})
+def test_each_kernel_can_be_switched_off(cfg, op, dev):
+    r = check_against_reference(cfg, steps=3, device=dev, B=B, T=T, use_kernels={op: False})
     assert op not in r["kernels"] and op in r["requested_off"]
     assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL and r["param_rel_err"] <= PARAM_RTOL
 
 
 @pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "no-kernels"])
-def test_weight_decay_groups_match_reference(use_kernels):
+def test_weight_decay_groups_match_reference(use_kernels, dev):
     # A strong decay (lr * wd = 1e-3 per step) makes a wrong group visible: decaying the gains
     # and biases too, or nothing, moves the weights ~1e-3 relative, far over the 1e-5 tolerance.
-    r = check_against_reference(GPT4, steps=3, device="cpu", B=B, T=T, use_kernels=use_kernels,
+    r = check_against_reference(GPT4, steps=3, device=dev, B=B, T=T, use_kernels=use_kernels,
                                 lr=1e-3, weight_decay=1.0)
     assert r["param_rel_err"] <= PARAM_RTOL and r["max_rel_err"] <= LOSS_RTOL, r
 
 
 # Only the optimizer matters here: the flat AdamW kernel, or torch's AdamW (its lazily made state).
-@pytest.mark.parametrize("use_kernels", [{"layernorm": False, "cross_entropy": False}, False],
+# The embedding kernel is off too: its atomic adds on CUDA (kernels/embedding.py) may sum in
+# another order on each run, and this test compares two engines bit for bit.
+@pytest.mark.parametrize("use_kernels", [{"layernorm": False, "cross_entropy": False, "embedding": False}, False],
                          ids=["flat-adamw", "torch-adamw"])
-def test_warm_up_is_undone(use_kernels):
+def test_warm_up_is_undone(use_kernels, dev):
     # On CUDA the engine runs warm-up steps before capture and then restores the weights and a
-    # fresh optimizer; run that here (uncaptured) and check training still matches the reference.
+    # fresh optimizer; run that again here (on CUDA after the capture, which has already warmed
+    # up once) and check training is still the same as an engine that was not warmed up again.
     cfg = GPT4
     batches = pattern_batches(cfg.vocab_size, B, T, 3, seed=2)
-    plain = Engine(cfg, B, T, "fp32", "cpu", use_kernels)
-    warmed = Engine(cfg, B, T, "fp32", "cpu", use_kernels)
+    plain = Engine(cfg, B, T, "fp32", dev, use_kernels)
+    warmed = Engine(cfg, B, T, "fp32", dev, use_kernels)
     warmed._warm_up(2)
     assert torch.equal(warmed.flat_param, plain.flat_param)
     for x, y in batches:
@@ -178,19 +186,19 @@ def test_all_kernels_off_is_the_reference_bit_for_bit():
         assert r["kernels"] == [] and r["max_rel_err"] == 0.0 and r["param_rel_err"] == 0.0
 
 
-def test_bf16_autocast_runs_and_stays_close():
-    r = check_against_reference(FT1, steps=2, device="cpu", precision="bf16", B=B, T=T)
+def test_bf16_autocast_runs_and_stays_close(dev):
+    r = check_against_reference(FT1, steps=2, device=dev, precision="bf16", B=B, T=T)
     assert r["ok"], r["max_rel_err"]  # ftlib.bench.CHECK_RTOL['bf16'] = 3e-2
 
 
-def test_engine_mode_in_bench_step():
+def test_engine_mode_in_bench_step(dev):
     tiny = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, block_size=8)
-    row = bench_step(tiny, 2, 8, "engine", "fp32", "cpu", warmup=2, iters=2)
+    row = bench_step(tiny, 2, 8, "engine", "fp32", dev, warmup=2, iters=2)
     assert row["status"] == "ok", row.get("traceback")
     assert row["check_ok"] and row["check_rel_err"] < 1e-5
-    assert row["optimizer"] == "flat-adamw-triton" and row["engine"]["captured"] is False
+    assert row["optimizer"] == "flat-adamw-triton" and row["engine"]["captured"] is (dev.type == "cuda")
     assert row["n_params"] == build_model(tiny).num_params()
-    off = bench_step(tiny, 2, 8, "engine", "fp32", "cpu", warmup=2, iters=1, check=False,
+    off = bench_step(tiny, 2, 8, "engine", "fp32", dev, warmup=2, iters=1, check=False,
                      extra={"use_kernels": {"attention": False}})
     assert off["status"] == "ok" and "attention" not in off["engine"]["kernels"]
     assert off["key"] != row["key"]  # the variant is its own measurement
@@ -209,17 +217,17 @@ def test_bad_arguments_raise():
 
 
 @pytest.mark.parametrize("use_kernels", [True, False], ids=["kernels", "no-kernels"])
-def test_grad_clip_equals_clip_grad_norm(use_kernels):
+def test_grad_clip_equals_clip_grad_norm(use_kernels, dev):
     # The engine clips the flat grad buffer in place before AdamW and leaves it there after the
     # step; the reference clips per-parameter grads with torch.nn.utils.clip_grad_norm_.
-    (x, y), = pattern_batches(FT1.vocab_size, B, T, 1, seed=4)
-    ref = build_model(FT1, seed=1)
+    (x, y), = pattern_batches(FT1.vocab_size, B, T, 1, seed=4, device=dev)
+    ref = build_model(FT1, seed=1).to(dev)
     ref(x, y)[1].backward()
     norm = float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in ref.parameters()])))
     for clip in (norm / 4, norm * 4):  # active, then a no-op
-        eng = Engine(FT1, B, T, "fp32", "cpu", use_kernels, seed=1, grad_clip=clip)
+        eng = Engine(FT1, B, T, "fp32", dev, use_kernels, seed=1, grad_clip=clip)
         eng.step(x, y)
-        ref = build_model(FT1, seed=1)
+        ref = build_model(FT1, seed=1).to(dev)
         ref(x, y)[1].backward()
         torch.nn.utils.clip_grad_norm_(ref.parameters(), clip)
         for name, p in ref.named_parameters():
@@ -230,37 +238,37 @@ def test_grad_clip_equals_clip_grad_norm(use_kernels):
         assert clipped == pytest.approx(min(clip, norm), rel=1e-4)
     assert eng.describe()["grad_clip"] == clip
     with pytest.raises(ValueError, match="grad_clip=0"):
-        Engine(FT1, B, T, "fp32", "cpu", grad_clip=0)
+        Engine(FT1, B, T, "fp32", dev, grad_clip=0)
 
 
-def test_bias_kernel_swaps_only_linears_with_a_bias():
-    gpt = Engine(GPT4, B, T, "fp32", "cpu", bias_kernel=True)
+def test_bias_kernel_swaps_only_linears_with_a_bias(dev):
+    gpt = Engine(GPT4, B, T, "fp32", dev, bias_kernel=True)
     assert type(gpt.model.blocks[0].attn.qkv).__name__ == "BiasLinear" and gpt.describe()["bias_kernel"]
     assert type(gpt.model.head).__name__ == "Linear"  # the head has no bias
-    ft = Engine(FT1, B, T, "fp32", "cpu", bias_kernel=True)
+    ft = Engine(FT1, B, T, "fp32", dev, bias_kernel=True)
     assert "no biases" in ft.notes["bias"] and not ft.describe()["bias_kernel"]
-    x3 = Engine(GPT4, B, T, "fp32", "cpu", bias_kernel=True, linear_precision="tf32x3")
+    x3 = Engine(GPT4, B, T, "fp32", dev, bias_kernel=True, linear_precision="tf32x3")
     assert "Triton GEMM" in x3.notes["bias"]
     # On by default (engine round 5); off with every kernel off, and on request.
-    assert Engine(GPT4, B, T, "fp32", "cpu").describe()["bias_kernel"]
-    none = Engine(GPT4, B, T, "fp32", "cpu", use_kernels=False)
+    assert Engine(GPT4, B, T, "fp32", dev).describe()["bias_kernel"]
+    none = Engine(GPT4, B, T, "fp32", dev, use_kernels=False)
     assert not none.describe()["bias_kernel"] and "use_kernels=False" in none.notes["bias"]
-    assert type(Engine(GPT4, B, T, "fp32", "cpu", bias_kernel=False).model.blocks[0].attn.qkv) is torch.nn.Linear
+    assert type(Engine(GPT4, B, T, "fp32", dev, bias_kernel=False).model.blocks[0].attn.qkv) is torch.nn.Linear
 
 
-def test_attention_kernel_runs_with_residual_dropout_but_not_attention_dropout():
-    drop = Engine(FT1.replace(dropout=0.1), B, T, "tf32", "cpu")
+def test_attention_kernel_runs_with_residual_dropout_but_not_attention_dropout(dev):
+    drop = Engine(FT1.replace(dropout=0.1), B, T, "tf32", dev)
     assert not drop.kernels["attention"] and "attention dropout 0.1" in drop.notes["attention"]
-    split = Engine(FT1.replace(dropout=0.1, attn_dropout=0.0), B, T, "tf32", "cpu", fuse_dropout=False)
+    split = Engine(FT1.replace(dropout=0.1, attn_dropout=0.0), B, T, "tf32", dev, fuse_dropout=False)
     assert split.kernels["attention"] and split.model.blocks[0].attn.resid_dropout.p == 0.1
-    fused = Engine(FT1.replace(dropout=0.1, attn_dropout=0.0), B, T, "tf32", "cpu", fuse_dropout=True)
+    fused = Engine(FT1.replace(dropout=0.1, attn_dropout=0.0), B, T, "tf32", dev, fuse_dropout=True)
     assert fused.kernels["attention"] and fused.resid_dropout[0] == 0.1 and fused.describe()["fuse_dropout"]
     assert type(fused.model.blocks[0].attn.resid_dropout) is torch.nn.Identity
 
 
 @pytest.mark.parametrize("cfg,rng4", [(FT1.replace(n_layer=2), False), (GPT4, False), (FT1.replace(n_layer=2), True)],
                          ids=["ft-rms", "gpt2-ln", "ft-rms-philox-per-4"])
-def test_fused_residual_dropout_is_dropout_with_the_kernels_masks(cfg, rng4):
+def test_fused_residual_dropout_is_dropout_with_the_kernels_masks(cfg, rng4, dev):
     """The engine's step with residual dropout inside the fused norms equals the model's own
     forward with those masks applied to each branch output (salt k for the k-th residual add):
     same loss, same gradient of every parameter. The embedding dropout (a module, torch's RNG)
@@ -269,15 +277,17 @@ def test_fused_residual_dropout_is_dropout_with_the_kernels_masks(cfg, rng4):
     from kernels.residual_norm import keep_mask
 
     cfg = cfg.replace(dropout=0.2, attn_dropout=0.0)
-    (x, y), = pattern_batches(cfg.vocab_size, B, T, 1, seed=7)
-    eng = Engine(cfg, B, T, "fp32", "cpu", seed=4, fuse_dropout=True, dropout_rng4=rng4)
+    (x, y), = pattern_batches(cfg.vocab_size, B, T, 1, seed=7, device=dev)
+    # Uncaptured (on CUDA too): the model is changed after construction, which a graph captured
+    # at construction would not see.
+    eng = Engine(cfg, B, T, "fp32", dev, seed=4, fuse_dropout=True, dropout_rng4=rng4, capture=False)
     eng.model.drop = torch.nn.Identity()
     loss = float(eng.step(x, y))
     seed = eng.resid_dropout[1]  # the value this step drew its masks from
-    ref = build_model(cfg, seed=4)
+    ref = build_model(cfg, seed=4).to(dev)
     ref.train()
     masks = iter(keep_mask(seed, (B, T, cfg.n_embd), 0.2, salt, rng4) for salt in range(1, 2 * cfg.n_layer + 1))
-    h = ref.wte(x) + ref.wpe(torch.arange(T))
+    h = ref.wte(x) + ref.wpe(torch.arange(T, device=dev))
     for blk in ref.blocks:
         blk.attn.resid_dropout = blk.mlp.dropout = torch.nn.Identity()
         h = h + dropout_ref(blk.attn(blk.norm1(h)), next(masks), 0.2)
@@ -295,60 +305,60 @@ def test_fused_residual_dropout_is_dropout_with_the_kernels_masks(cfg, rng4):
     assert int(eng.resid_dropout[1]) == before + 1
 
 
-def test_fused_dropout_needs_the_fused_norm_and_dropout():
-    off = Engine(FT1.replace(dropout=0.1), B, T, "fp32", "cpu", fuse_residual_norm=False, fuse_dropout=True)
+def test_fused_dropout_needs_the_fused_norm_and_dropout(dev):
+    off = Engine(FT1.replace(dropout=0.1), B, T, "fp32", dev, fuse_residual_norm=False, fuse_dropout=True)
     assert off.resid_dropout is None and "needs the fused residual-norm" in off.notes["fuse_dropout"]
-    assert Engine(FT1, B, T, "fp32", "cpu", fuse_dropout=True).resid_dropout is None  # dropout 0: nothing to fuse
+    assert Engine(FT1, B, T, "fp32", dev, fuse_dropout=True).resid_dropout is None  # dropout 0: nothing to fuse
     # On by default with one Philox call per 4 columns (the H200 winner: Engine's docstring).
-    default = Engine(FT1.replace(dropout=0.1), B, T, "fp32", "cpu")
+    default = Engine(FT1.replace(dropout=0.1), B, T, "fp32", dev)
     assert default.resid_dropout is not None and default.resid_dropout[2] is True
-    assert Engine(FT1.replace(dropout=0.1), B, T, "fp32", "cpu", fuse_dropout=False).resid_dropout is None
+    assert Engine(FT1.replace(dropout=0.1), B, T, "fp32", dev, fuse_dropout=False).resid_dropout is None
 
 
-def test_bf16_norm_out_only_under_bf16_and_trains_like_the_default():
+def test_bf16_norm_out_only_under_bf16_and_trains_like_the_default(dev):
     (x, y), = pattern_batches(FT1.vocab_size, B, T, 1, seed=4)
-    on = Engine(FT1, B, T, "bf16", "cpu", seed=2)  # on by default from engine round 5
-    off = Engine(FT1, B, T, "bf16", "cpu", seed=2, bf16_norm_out=False)
+    on = Engine(FT1, B, T, "bf16", dev, seed=2)  # on by default from engine round 5
+    off = Engine(FT1, B, T, "bf16", dev, seed=2, bf16_norm_out=False)
     assert on.describe()["bf16_norm_out"] and not off.describe()["bf16_norm_out"]
     for _ in range(2):
         a, b = float(on.step(x, y)), float(off.step(x, y))
         assert a == pytest.approx(b, rel=2e-2)  # the interpreter truncates to bf16, the GPU rounds
-    fp32 = Engine(FT1, B, T, "fp32", "cpu", bf16_norm_out=True)
+    fp32 = Engine(FT1, B, T, "fp32", dev, bf16_norm_out=True)
     assert not fp32.describe()["bf16_norm_out"] and "needs precision='bf16'" in fp32.notes["bf16_norm_out"]
 
 
-def test_bf16_weights_shadow_every_linear_and_train_like_the_default():
+def test_bf16_weights_shadow_every_linear_and_train_like_the_default(dev):
     (x, y), = pattern_batches(GPT4.vocab_size, B, T, 1, seed=6)
     # lr 1e-2: a shadow one step behind would change the next step's loss by far more than 1e-3
     # The bias kernel off: its Linears keep autocast's casts (the shadow is for plain nn.Linear).
-    on = Engine(GPT4, B, T, "bf16", "cpu", seed=3, bias_kernel=False, lr=1e-2)  # bf16_weights on by default
-    off = Engine(GPT4, B, T, "bf16", "cpu", seed=3, bias_kernel=False, bf16_weights=False, lr=1e-2)
+    on = Engine(GPT4, B, T, "bf16", dev, seed=3, bias_kernel=False, lr=1e-2)  # bf16_weights on by default
+    off = Engine(GPT4, B, T, "bf16", dev, seed=3, bias_kernel=False, bf16_weights=False, lr=1e-2)
     n_linear = sum(type(m) is torch.nn.Linear for m in off.model.modules())
     assert sum(type(m).__name__ == "ShadowLinear" for m in on.model.modules()) == n_linear > 0
     assert on.describe()["bf16_weights"] and on.flat_param16.numel() == on.n_decay
     for _ in range(3):
         assert float(on.step(x, y)) == pytest.approx(float(off.step(x, y)), rel=1e-3)
     torch.testing.assert_close(on.flat_param, off.flat_param, atol=1e-5, rtol=1e-3)
-    assert not Engine(GPT4, B, T, "fp32", "cpu", bf16_weights=True).describe()["bf16_weights"]
+    assert not Engine(GPT4, B, T, "fp32", dev, bf16_weights=True).describe()["bf16_weights"]
 
 
-def test_fused_softmax_only_for_explicit_attention_left_as_written():
-    gpt = Engine(GPT4, B, T, "fp32", "cpu", fused_softmax=True)
+def test_fused_softmax_only_for_explicit_attention_left_as_written(dev):
+    gpt = Engine(GPT4, B, T, "fp32", dev, fused_softmax=True)
     assert type(gpt.model.blocks[0].attn).__name__ == "FusedSoftmaxSelfAttention"
     assert gpt.describe()["fused_softmax"] and "causal_softmax" in gpt.notes["softmax"]
     assert [n for n, _ in gpt.model.named_parameters()] == [n for n, _ in build_model(GPT4).named_parameters()]
     # The attention kernel replaces the whole attention where it is asked for; SDPA models have no softmax.
-    flash = Engine(GPT4, B, T, "fp32", "cpu", fused_softmax=True, attention_for_explicit=True)
+    flash = Engine(GPT4, B, T, "fp32", dev, fused_softmax=True, attention_for_explicit=True)
     assert flash.kernels["attention"] and "softmax" not in flash.notes and not flash.describe()["fused_softmax"]
-    assert not Engine(FT1, B, T, "fp32", "cpu", fused_softmax=True).describe()["fused_softmax"]
-    off = Engine(GPT4, B, T, "fp32", "cpu", False, fused_softmax=True)
+    assert not Engine(FT1, B, T, "fp32", dev, fused_softmax=True).describe()["fused_softmax"]
+    off = Engine(GPT4, B, T, "fp32", dev, False, fused_softmax=True)
     assert "switched off" in off.notes["softmax"] and not off.describe()["fused_softmax"]
-    assert Engine(GPT4, B, T, "fp32", "cpu").describe()["fused_softmax"]  # the default from round 6
-    assert not Engine(GPT4, B, T, "fp32", "cpu", fused_softmax=False).describe()["fused_softmax"]
+    assert Engine(GPT4, B, T, "fp32", dev).describe()["fused_softmax"]  # the default from round 6
+    assert not Engine(GPT4, B, T, "fp32", dev, fused_softmax=False).describe()["fused_softmax"]
 
 
-def test_fused_softmax_under_bf16_writes_bf16_probabilities_and_stays_close():
-    eng = Engine(GPT4, B, T, "bf16", "cpu", fused_softmax=True)
+def test_fused_softmax_under_bf16_writes_bf16_probabilities_and_stays_close(dev):
+    eng = Engine(GPT4, B, T, "bf16", dev, fused_softmax=True)
     assert eng.model.blocks[0].attn.out_dtype == torch.bfloat16
-    r = check_against_reference(GPT4, steps=2, device="cpu", precision="bf16", B=B, T=T, fused_softmax=True)
+    r = check_against_reference(GPT4, steps=2, device=dev, precision="bf16", B=B, T=T, fused_softmax=True)
     assert r["ok"] and r["fused_softmax"], r["max_rel_err"]

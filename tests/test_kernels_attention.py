@@ -1,43 +1,37 @@
-"""Fused causal attention (FlashAttention-2 style) vs ftlib.reference.causal_attention_ref (CPU interpreter)."""
+"""Fused causal attention (FlashAttention-2 style) vs ftlib.reference.causal_attention_ref, on kernel_device
+(tests/conftest.py: the CPU interpreter, or compiled on CUDA with FTLIB_TEST_GPU=1); references in fp64 on the CPU."""
 
-import os
+import pytest
+import torch
 
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton` (see kernels/README.md)
-
-import pytest  # noqa: E402
-import torch  # noqa: E402
-
-triton = pytest.importorskip("triton")
-
-from kernels._common import interpreter_ready  # noqa: E402
-
-# When triton was imported before TRITON_INTERPRET=1 (torch imports it in some test modules),
-# this process cannot interpret kernels (tests/conftest.py sets TRITON_INTERPRET before triton loads).
-pytestmark = pytest.mark.skipif(not interpreter_ready(), reason="triton imported before TRITON_INTERPRET=1")
+pytest.importorskip("triton")
 
 from ftlib.reference import causal_attention_ref  # noqa: E402
 from kernels.attention import FlashAttentionFunction, TritonCausalAttention, flash_attention  # noqa: E402
 
+pytestmark = pytest.mark.kernels
+
 BLK = dict(block_m=16, block_n=16)  # small blocks: T=37 spans 3 blocks with a ragged last one
 
 
-def _inputs(B, nh, nkv, T, hs, dtype, seed=0):
+def _inputs(B, nh, nkv, T, hs, dtype, device, seed=0):
+    # Drawn on the CPU (the same values on every device), then moved.
     g = torch.Generator().manual_seed(seed)
-    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(dtype).requires_grad_(True)
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_(True)
     q, k, v = mk(B, nh, T, hs), mk(B, nkv, T, hs), mk(B, nkv, T, hs)
-    do = torch.randn(B, nh, T, hs, generator=g, dtype=torch.float64).to(dtype)
+    do = torch.randn(B, nh, T, hs, generator=g, dtype=torch.float64).to(device, dtype)
     return q, k, v, do
 
 
 def _reference(q, k, v, do):
-    """fp64 reference output and gradients from the same (rounded) inputs."""
-    qr, kr, vr = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    """fp64 reference output and gradients on the CPU from the same (rounded) inputs."""
+    qr, kr, vr = (t.detach().cpu().double().requires_grad_(True) for t in (q, k, v))
     o = causal_attention_ref(qr, kr, vr)
-    return (o, *torch.autograd.grad(o, (qr, kr, vr), do.double()))
+    return (o, *torch.autograd.grad(o, (qr, kr, vr), do.cpu().double()))
 
 
 def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((a.double() - ref).abs().max() / ref.abs().max()).item()
+    return ((a.detach().cpu().double() - ref).abs().max() / ref.abs().max()).item()
 
 
 # fp32 'ieee' is exact up to fp32 rounding; bf16 rounds P and the inputs to 8 mantissa bits.
@@ -56,54 +50,59 @@ GRID += [(64, nkv, *c) for nkv in (1, 4) for c in CASES if c[1] == "ieee"]
 
 
 @pytest.mark.parametrize("hs,nkv,dtype,prec,tol", GRID)
-def test_matches_reference(hs, nkv, dtype, prec, tol):
-    q, k, v, do = _inputs(2, 4, nkv, 37, hs, dtype)
+def test_matches_reference(hs, nkv, dtype, prec, tol, kernel_device):
+    q, k, v, do = _inputs(2, 4, nkv, 37, hs, dtype, kernel_device)
     o = flash_attention(q, k, v, input_precision=prec, **BLK)
     grads = torch.autograd.grad(o, (q, k, v), do)
     ref = _reference(q, k, v, do)
-    assert o.dtype == dtype and o.shape == q.shape
+    assert o.dtype == dtype and o.shape == q.shape and o.device == q.device
     for name, got, want in zip(("o", "dq", "dk", "dv"), (o, *grads), ref):
         assert got.shape == want.shape, name
         assert _rel_err(got, want) < tol, f"{name}: relative error {_rel_err(got, want):.2e} >= {tol}"
 
 
-def test_unequal_blocks_and_short_sequence():
+def test_unequal_blocks_and_short_sequence(kernel_device):
     for T, blk in ((37, dict(block_m=32, block_n=16)), (37, dict(block_m=16, block_n=32)), (5, BLK)):
-        q, k, v, do = _inputs(1, 2, 1, T, 32, torch.float32, seed=T)
+        q, k, v, do = _inputs(1, 2, 1, T, 32, torch.float32, kernel_device, seed=T)
         o = flash_attention(q, k, v, **blk)
         grads = torch.autograd.grad(o, (q, k, v), do)
         for got, want in zip((o, *grads), _reference(q, k, v, do)):
             assert _rel_err(got, want) < 1e-5
 
 
-def test_gradcheck_fp64():
-    q, k, v, _ = _inputs(1, 2, 1, 18, 16, torch.float64, seed=1)
+def test_gradcheck_fp64(kernel_device):
+    q, k, v, _ = _inputs(1, 2, 1, 18, 16, torch.float64, kernel_device, seed=1)
     fn = lambda a, b, c: FlashAttentionFunction.apply(a, b, c, None, "ieee", 16, 16)
     assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)
 
 
-def test_strided_views_from_the_model_layout():
+def test_strided_views_from_the_model_layout(kernel_device):
     """q/k/v as the model makes them: split + view + transpose of one qkv projection, no copies."""
     B, T, nh, nkv, hs = 2, 21, 4, 1, 32
     C = nh * hs
+
+    def heads(qkv):
+        q, k, v = qkv.split([C, nkv * hs, nkv * hs], dim=-1)
+        q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs), strides (T*320, hs, 320, 1)
+        k = k.view(B, T, nkv, hs).transpose(1, 2)
+        v = v.view(B, T, nkv, hs).transpose(1, 2)
+        return q, k, v
+
     qkv = torch.randn(B, T, C + 2 * nkv * hs, dtype=torch.float64).float()
-    q, k, v = qkv.split([C, nkv * hs, nkv * hs], dim=-1)
-    q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs), strides (T*320, hs, 320, 1)
-    k = k.view(B, T, nkv, hs).transpose(1, 2)
-    v = v.view(B, T, nkv, hs).transpose(1, 2)
+    q, k, v = heads(qkv.to(kernel_device))
     assert not q.is_contiguous()
     out = TritonCausalAttention(block_m=16, block_n=16)(q, k, v)
-    torch.testing.assert_close(out, causal_attention_ref(q, k, v), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.cpu(), causal_attention_ref(*heads(qkv)), atol=1e-5, rtol=1e-5)
 
 
-def test_wrong_inputs_raise():
-    q, k, v, _ = _inputs(1, 4, 1, 8, 32, torch.float32)
+def test_wrong_inputs_raise(kernel_device):
+    q, k, v, _ = _inputs(1, 4, 1, 8, 32, torch.float32, kernel_device)
     with pytest.raises(ValueError, match="must divide"):
-        flash_attention(*_inputs(1, 4, 3, 8, 32, torch.float32)[:3])
+        flash_attention(*_inputs(1, 4, 3, 8, 32, torch.float32, kernel_device)[:3])
     with pytest.raises(TypeError, match="dtypes differ"):
         flash_attention(q, k.double(), v)
     with pytest.raises(ValueError, match="head size"):
-        flash_attention(*_inputs(1, 2, 1, 8, 24, torch.float32)[:3])
+        flash_attention(*_inputs(1, 2, 1, 8, 24, torch.float32, kernel_device)[:3])
     with pytest.raises(ValueError, match="head dim must be contiguous"):
         flash_attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v)
     with pytest.raises(ValueError, match="input_precision"):
@@ -112,28 +111,32 @@ def test_wrong_inputs_raise():
         flash_attention(q[0], k[0], v[0])
 
 
-def test_detects_non_causal_output():
+def test_detects_non_causal_output(kernel_device):
     """The comparison can fail: full (non-causal) attention differs from the kernel."""
-    q, k, v, _ = _inputs(1, 2, 1, 20, 32, torch.float32)
+    q, k, v, _ = _inputs(1, 2, 1, 20, 32, torch.float32, kernel_device)
     o = flash_attention(q, k, v, **BLK).detach()
-    full = torch.softmax(q @ k.transpose(-2, -1) / 32**0.5, dim=-1) @ v
-    assert _rel_err(o, full.detach().double()) > 1e-2
+    qc, kc, vc = (t.detach().cpu().double() for t in (q, k, v))
+    full = torch.softmax(qc @ kc.transpose(-2, -1) / 32**0.5, dim=-1) @ vc
+    assert _rel_err(o, full) > 1e-2
 
 
 @pytest.mark.parametrize("nkv", [1, 2, 4])
-def test_packed_attention_matches_reference_forward_and_qkv_gradient(nkv):
+def test_packed_attention_matches_reference_forward_and_qkv_gradient(nkv, kernel_device):
     """packed_attention: (B, T, C + 2 nkv hs) in, (B, T, C) out, d(qkv) in one buffer."""
     from kernels.attention import packed_attention
 
     B, T, nh, hs = 2, 37, 4, 16
     C = nh * hs
     g = torch.Generator().manual_seed(3)
-    qkv = torch.randn(B, T, C + 2 * nkv * hs, generator=g, dtype=torch.float64).float().requires_grad_(True)
+    qkv = torch.randn(B, T, C + 2 * nkv * hs, generator=g, dtype=torch.float64).float()
     dy = torch.randn(B, T, C, generator=g, dtype=torch.float64).float()
-    y = packed_attention(qkv, nh, nkv, hs, block_m=16, block_n=16)
-    (dqkv,) = torch.autograd.grad(y, qkv, dy)
+    qkv_d = qkv.to(kernel_device).requires_grad_(True)
+    y = packed_attention(qkv_d, nh, nkv, hs, block_m=16, block_n=16)
+    (dqkv,) = torch.autograd.grad(y, qkv_d, dy.to(kernel_device))
+    assert y.is_contiguous() and y.device == dqkv.device == qkv_d.device
+    y, dqkv = y.detach().cpu(), dqkv.cpu()
 
-    ref_in = qkv.detach().double().requires_grad_(True)
+    ref_in = qkv.double().requires_grad_(True)
     q, k, v = ref_in.split([C, nkv * hs, nkv * hs], dim=-1)
     q = q.view(B, T, nh, hs).transpose(1, 2)
     k = k.view(B, T, nkv, hs).transpose(1, 2)
@@ -145,8 +148,8 @@ def test_packed_attention_matches_reference_forward_and_qkv_gradient(nkv):
     torch.testing.assert_close(dqkv.double(), dr, atol=1e-5, rtol=1e-5)
 
 
-def test_packed_attention_rejects_a_mismatched_width():
+def test_packed_attention_rejects_a_mismatched_width(kernel_device):
     from kernels.attention import packed_attention
 
     with pytest.raises(ValueError, match="qkv must be"):
-        packed_attention(torch.randn(1, 8, 100), 4, 1, 16)
+        packed_attention(torch.randn(1, 8, 100, device=kernel_device), 4, 1, 16)

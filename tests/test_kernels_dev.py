@@ -1,24 +1,21 @@
-"""The kernels/dev check-then-time drivers pass their checks in --check-only mode (interpreter, tiny sizes)."""
+"""The kernels/dev check-then-time drivers pass their checks in --check-only mode, and the harness's
+rows, deadline and suite behave.
 
-import os
+The driver checks are kernel tests (tests/conftest.py): the drivers pick CUDA when it is there
+(compiled, at their GPU sizes) and the Triton interpreter at tiny sizes otherwise. The harness
+tests check the CPU path's rows (interpreter timing, graph rows skipped) and need the interpreter.
+"""
 
-os.environ["TRITON_INTERPRET"] = "1"  # must precede the first `import triton` (see kernels/README.md)
+import importlib
 
-import importlib  # noqa: E402
-
-import pytest  # noqa: E402
+import pytest
 
 pytest.importorskip("triton")
-
-from kernels._common import interpreter_ready  # noqa: E402
-
-# When triton was imported before TRITON_INTERPRET=1 (torch imports it in some test modules),
-# this process cannot interpret kernels (tests/conftest.py sets TRITON_INTERPRET before triton loads).
-pytestmark = pytest.mark.skipif(not interpreter_ready(), reason="triton imported before TRITON_INTERPRET=1")
 
 
 @pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm",
                                 "bias_grad", "causal_softmax"])
+@pytest.mark.kernels
 def test_dev_driver_checks_pass(op, capsys):
     mod = importlib.import_module(f"kernels.dev.{op}_dev")
     assert mod.main(["--check-only"]) == 0
@@ -33,7 +30,7 @@ ROW_FIELDS = ("key", "bench", "op", "variant", "impl", "case", "shape", "dtype",
 
 
 @pytest.fixture()
-def store(tmp_path):
+def store(tmp_path, cpu_interpreter):
     from ftlib.results import ResultStore
 
     return ResultStore("kernels", "cpu", tmp_path)
@@ -109,6 +106,7 @@ def test_suite_measures_ceilings_and_drivers(store):
         run_suite("cpu", store, ops=["nope"])
 
 
+@pytest.mark.kernels
 def test_matmul_driver_checks_every_precision(capsys):
     """The GEMM driver runs kernels/linear.py's tile kernel at a fixed config against fp64."""
     from kernels.dev.matmul_dev import main

@@ -1,9 +1,5 @@
 """The training loop on a tiny model: it learns, evaluates on held-out data, checkpoints."""
 
-import os
-
-os.environ.setdefault("TRITON_INTERPRET", "1")  # before triton is imported: the engine path's kernels on CPU
-
 import pytest
 import torch
 

@@ -1,0 +1,53 @@
+"""tests/conftest.py's kernel-test modes: a kernel test that cannot run where it was asked to
+fails with the reason; it is never skipped (a skipped kernel test would let a run pass that
+tested no kernel). Each case runs one small kernel test in a fresh pytest process."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+ROOT = Path(__file__).resolve().parent.parent
+ONE_KERNEL_TEST = "tests/test_kernels_rmsnorm.py::test_rstd_saved"
+
+
+def _pytest(code: str | None, env_changes: dict[str, str | None]) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    for k, v in env_changes.items():
+        if v is None:
+            env.pop(k, None)
+        else:
+            env[k] = v
+    args = ["-q", "-p", "no:cacheprovider", "-rfEs", ONE_KERNEL_TEST]
+    cmd = [sys.executable, "-m", "pytest", *args] if code is None else [sys.executable, "-c", code, *args]
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_default_mode_runs_the_kernel_in_the_interpreter():
+    out = _pytest(None, {"FTLIB_TEST_GPU": None, "TRITON_INTERPRET": None})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "1 passed" in out.stdout and "skipped" not in out.stdout
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="shows the no-CUDA failure; this machine has CUDA")
+def test_gpu_mode_without_cuda_fails_and_says_why():
+    out = _pytest(None, {"FTLIB_TEST_GPU": "1"})
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "1 failed" in out.stdout and "skipped" not in out.stdout
+    assert "FTLIB_TEST_GPU=1" in out.stdout and "torch.cuda.is_available() is False" in out.stdout
+
+
+def test_interpreter_that_cannot_run_fails_and_says_why():
+    # triton imported before conftest could set TRITON_INTERPRET: the interpreter is unusable.
+    code = "import sys, triton, pytest; sys.exit(pytest.main(sys.argv[1:]))"
+    out = _pytest(code, {"FTLIB_TEST_GPU": None, "TRITON_INTERPRET": None})
+    assert out.returncode == 1, out.stdout + out.stderr
+    assert "1 failed" in out.stdout and "skipped" not in out.stdout
+    assert "triton was imported before tests/conftest.py set TRITON_INTERPRET=1" in out.stdout
