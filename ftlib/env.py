@@ -93,12 +93,17 @@ def tree_matches_manifest(root: Path, manifest: str) -> list[str]:
 def git_commit() -> str:
     """The commit the code runs from, with ``+dirty`` if the tree differs from it.
 
-    In a git checkout: ``git rev-parse`` and ``git status`` (tracked files; ``data/`` aside).
-    In a copied tree without .git: ``$FTLIB_COMMIT`` or the ``.ftlib-commit`` file, checked
-    file by file against the ``.ftlib-tree`` manifest that ``ci/stamp-tree`` wrote beside it
-    (``+unverified`` without a manifest). ``unknown`` when neither is available.
+    A tree stamped by ``ci/stamp-tree`` (``.ftlib-commit`` and the ``.ftlib-tree`` manifest, as a
+    GPU machine receives it) that still matches its manifest file by file is that commit: such a
+    copy may carry a stale ``.git`` of its own, so the stamp is asked first. Otherwise, in a git
+    checkout, ``git rev-parse`` and ``git status`` (tracked files; ``data/`` aside). Otherwise
+    ``$FTLIB_COMMIT`` or the stamp's commit, with ``+dirty`` (the files differ from the manifest)
+    or ``+unverified`` (no manifest); ``unknown`` when nothing names a commit.
     """
     root = repo_root()
+    stamped = (root / COMMIT_FILE).read_text().strip() if (root / COMMIT_FILE).is_file() else ""
+    if stamped and "+" not in stamped and _copied_tree_state(str(root)) == "":
+        return stamped
     if (root / ".git").exists():
         try:
             out = subprocess.run(
@@ -113,9 +118,7 @@ def git_commit() -> str:
             return out + ("+dirty" if dirty else "")
         except (OSError, subprocess.SubprocessError):
             return "unknown"
-    commit = os.environ.get("FTLIB_COMMIT", "").strip()
-    if not commit and (root / COMMIT_FILE).is_file():
-        commit = (root / COMMIT_FILE).read_text().strip()
+    commit = os.environ.get("FTLIB_COMMIT", "").strip() or stamped
     if not commit:
         return "unknown"
     if "+" in commit:

@@ -74,6 +74,18 @@ def test_a_copied_tree_is_clean_only_when_every_file_matches(checkout, tmp_path,
     assert env.git_commit() == commit + "+dirty"
 
 
+def test_a_stamped_copy_with_a_stale_git_folder_is_its_stamp(checkout, tmp_path, at):
+    """A GPU machine may receive the files with an old .git beside them: the stamp wins when it matches."""
+    copy = _copied(checkout, tmp_path)
+    _git(copy, "init", "-q")  # a .git that knows nothing of this commit
+    at(copy)
+    commit = _git(checkout, "rev-parse", "--short=12", "HEAD").strip()
+    assert env.git_commit() == commit
+    (copy / "ftlib" / "a.py").write_text("x = 2\n")  # now the stamp does not match: git decides
+    env._copied_tree_state.cache_clear()
+    assert env.git_commit() != commit and not env.is_clean_commit(env.git_commit())
+
+
 def test_a_copied_tree_with_new_code_or_a_missing_file_is_dirty(checkout, tmp_path, at):
     copy = _copied(checkout, tmp_path)
     (copy / "ftlib" / "b.py").write_text("y = 1\n")
