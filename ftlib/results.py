@@ -80,7 +80,7 @@ def parse_row(line: str, path: Path | str = "<row>", lineno: int = 1) -> dict:
     try:
         row = json.loads(line)
     except json.JSONDecodeError as e:
-        raise ResultsFileError(path, lineno, f"not valid JSON ({e.msg} at column {e.colno})") from None
+        raise ResultsFileError(path, lineno, f"not valid JSON: {e.msg} (column {e.colno})") from None
     if not isinstance(row, dict):
         raise ResultsFileError(path, lineno, f"a JSON {type(row).__name__}, not an object")
     return row
