@@ -16,12 +16,18 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
 from ftlib.attention import KV_LAYOUTS
 
 NORMS = ("layernorm", "rmsnorm")
+INT_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
+BOOL_FIELDS = ("bias", "tie_weights")
+REAL_FIELDS = ("mlp_ratio", "norm_eps", "dropout", "attn_dropout")
+OPTIONAL_FIELDS = ("attn_dropout",)
+STR_FIELDS = ("attn_impl", "kv_layout", "norm", "activation", "init")
 ATTN_IMPLS = ("explicit", "sdpa")
 INITS = ("torch", "normal", "gpt2")
 ACTIVATIONS = ("gelu_tanh", "gelu")
@@ -54,11 +60,33 @@ class ModelConfig:
     tie_weights: bool = False
 
     def __post_init__(self) -> None:
+        # Types first: a wrong type would otherwise slip through (bias='False' is truthy and
+        # builds biases) or fail later in a comparison with a bare TypeError. Values are not
+        # converted (2 stays 2, not 2.0): config_hash() hashes them as given, and stored
+        # results are keyed by it.
         bad = []
-        for name in ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd"):
+        for name in INT_FIELDS:
             v = getattr(self, name)
             if not isinstance(v, int) or isinstance(v, bool) or v < 1:
                 bad.append(f"{name}={v!r} must be a positive integer")
+        for name in BOOL_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, bool):
+                bad.append(f"{name}={v!r} must be True or False (a bool: a string such as 'False' or 'no' "
+                           "would count as true)")
+        for name in REAL_FIELDS:
+            v = getattr(self, name)
+            if v is None and name in OPTIONAL_FIELDS:
+                continue
+            if not isinstance(v, (int, float)) or isinstance(v, bool):
+                allowed = "an int or a float" + (" (or None)" if name in OPTIONAL_FIELDS else "")
+                bad.append(f"{name}={v!r} must be a number, {allowed}; got {type(v).__name__}")
+            elif not math.isfinite(v):
+                bad.append(f"{name}={v!r} must be finite")
+        for name in STR_FIELDS:
+            v = getattr(self, name)
+            if not isinstance(v, str):
+                bad.append(f"{name}={v!r} must be a string, got {type(v).__name__}")
         if bad:
             raise ValueError("invalid ModelConfig: " + "; ".join(bad))
         if self.n_embd % self.n_head:
@@ -106,6 +134,7 @@ class ModelConfig:
 
     def replace(self, **changes: Any) -> ModelConfig:
         """A copy with some fields changed, validated again."""
+        _check_field_names(changes)
         return dataclasses.replace(self, **changes)
 
     def to_dict(self) -> dict[str, Any]:
@@ -142,8 +171,16 @@ PRESETS: dict[str, dict[str, Any]] = {
 }
 
 
+def _check_field_names(changes: dict[str, Any]) -> None:
+    unknown = sorted(set(changes) - {f.name for f in dataclasses.fields(ModelConfig)})
+    if unknown:
+        raise ValueError(f"unknown ModelConfig field(s) {unknown}; the fields are "
+                         f"{[f.name for f in dataclasses.fields(ModelConfig)]}")
+
+
 def preset(name: str, **overrides: Any) -> ModelConfig:
     """The named configuration, with any field overridden: ``preset('gpt2', n_kv_head=1)``."""
-    if name not in PRESETS:
+    if not isinstance(name, str) or name not in PRESETS:
         raise ValueError(f"unknown preset {name!r}; known presets: {sorted(PRESETS)}")
+    _check_field_names(overrides)
     return ModelConfig(**{**PRESETS[name], **overrides})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import shutil
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
@@ -20,6 +21,9 @@ URL = "https://raw.githubusercontent.com/karpathy/char-rnn/master/data/tinyshake
 SHA256 = "86c4e6aa9db7c042ec79f339dcb96d42b0075e16b8fc2e86bf0ca57e2dc565ed"
 N_CHARS = 1_115_394
 TRAIN_FRACTION = 0.9  # nanoGPT's convention: first 90% train, last 10% validation
+# Seconds any one network operation of the download may block: the file is ~1.1 MB, so a
+# working connection never waits this long between reads.
+DOWNLOAD_TIMEOUT_S = 60.0
 
 
 class DataError(RuntimeError):
@@ -40,6 +44,15 @@ def sha256_of(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
 
 
+def download_to(url: str, dest: Path, timeout: float | None = None) -> None:
+    """Copy ``url`` to ``dest``. ``timeout`` (default ``DOWNLOAD_TIMEOUT_S``) bounds every blocking
+    socket operation (connect, each read), so a dead network raises TimeoutError instead of
+    hanging a notebook forever (``urlretrieve`` has no timeout at all)."""
+    timeout = DOWNLOAD_TIMEOUT_S if timeout is None else timeout
+    with urllib.request.urlopen(url, timeout=timeout) as resp, open(dest, "wb") as f:  # noqa: S310 - fixed https
+        shutil.copyfileobj(resp, f)
+
+
 def ensure_tinyshakespeare(path: Path | None = None, download: bool = True) -> Path:
     """Path to a verified input.txt, downloading it if allowed and needed."""
     path = Path(path) if path is not None else data_dir() / "tinyshakespeare" / "input.txt"
@@ -54,8 +67,14 @@ def ensure_tinyshakespeare(path: Path | None = None, download: bool = True) -> P
         path.parent.mkdir(parents=True, exist_ok=True)
         tmp = path.with_suffix(".part")
         try:
-            urllib.request.urlretrieve(URL, tmp)  # noqa: S310 - fixed https address
-        except OSError as e:
+            download_to(URL, tmp)
+        except TimeoutError as e:  # socket.timeout is TimeoutError (Python >= 3.10)
+            tmp.unlink(missing_ok=True)
+            raise DataError(
+                f"TinyShakespeare not found at {path} and the download from {URL} timed out after "
+                f"{DOWNLOAD_TIMEOUT_S:.0f} s without data (offline, or behind a proxy?). {how_to}"
+            ) from e
+        except OSError as e:  # URLError, HTTPError, connection and disk errors
             tmp.unlink(missing_ok=True)
             raise DataError(f"TinyShakespeare not found at {path} and download failed ({e}). {how_to}") from e
         tmp.replace(path)

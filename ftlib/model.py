@@ -18,6 +18,8 @@ class GPT(nn.Module):
 
     def __init__(self, config: ModelConfig) -> None:
         super().__init__()
+        if not isinstance(config, ModelConfig):
+            raise ValueError(f"GPT needs a ModelConfig (e.g. ftlib.preset('gpt2')), got {config!r}")
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
@@ -90,8 +92,11 @@ class GPT(nn.Module):
 
 def build_model(config: ModelConfig | str, seed: int | None = None, **overrides) -> GPT:
     """A model from a config or preset name; ``seed`` makes the initialization reproducible."""
-    from ftlib.config import preset
+    from ftlib.config import PRESETS, preset
 
+    if not isinstance(config, (ModelConfig, str)):
+        raise ValueError(f"build_model needs a ModelConfig or a preset name (one of {sorted(PRESETS)}), "
+                         f"got {config!r}")
     cfg = preset(config, **overrides) if isinstance(config, str) else config.replace(**overrides)
     if seed is None:
         return GPT(cfg)

@@ -5,9 +5,11 @@ Layout: ``results_dir()/<device_slug>/<bench>.jsonl``, where ``results_dir()`` i
 ``t4/``) are committed and read by the chapters; ``cpu/`` holds local smoke runs only.
 
 Every row carries a ``key``: a hash of what was measured (bench, config hash, B, T,
-mode, precision, extras), so a rerun can measure only what is missing. Writes replace
-the whole file atomically (temporary file + ``os.replace``), so a run killed mid-write
-leaves either the old file or the new one, never a torn line.
+mode, precision, extras), so a rerun can measure only what is missing. Writes hold the
+file's lock and replace the whole file atomically (temporary file + ``os.replace``), so
+concurrent writers lose no row and a run killed mid-write leaves either the old file or the
+new one, never a torn line. A line that is not a JSON object raises :class:`ResultsFileError`
+naming the file and the line.
 """
 
 from __future__ import annotations
@@ -17,6 +19,7 @@ import hashlib
 import json
 import math
 import os
+import stat
 import tempfile
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -28,6 +31,7 @@ except ImportError:  # pragma: no cover - Windows
     fcntl = None  # type: ignore[assignment]
 
 CPU_SLUG = "cpu"
+FILE_MODE = 0o644  # a new result file: readable by all, like the repository's other files
 
 
 def results_dir() -> Path:
@@ -57,14 +61,39 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
+class ResultsFileError(ValueError):
+    """A result file that cannot be read as one JSON object per line: the message names the
+    file, the line and what to do."""
+
+    def __init__(self, path: Path | str, lineno: int, problem: str) -> None:
+        self.path, self.lineno, self.problem = Path(path), lineno, problem
+        super().__init__(
+            f"{path}, line {lineno}: {problem}. A result file holds one JSON object per line; this line is "
+            "damaged (a torn write, an edit or a merge conflict). Restore the file from git "
+            f"(git checkout -- {path}) or delete that line, then run again; its row is measured again "
+            "if it is missing."
+        )
+
+
+def parse_row(line: str, path: Path | str = "<row>", lineno: int = 1) -> dict:
+    """One line of a result file as a row (a JSON object); ``ResultsFileError`` if it is not one."""
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise ResultsFileError(path, lineno, f"not valid JSON: {e.msg} (column {e.colno})") from None
+    if not isinstance(row, dict):
+        raise ResultsFileError(path, lineno, f"a JSON {type(row).__name__}, not an object")
+    return row
+
+
 def _read_jsonl(path: Path) -> list[dict]:
     if not path.exists():
         return []
     rows = []
-    for line in path.read_text(encoding="utf-8").splitlines():
+    for lineno, line in enumerate(path.read_text(encoding="utf-8").splitlines(), start=1):
         line = line.strip()
         if line:
-            rows.append(json.loads(line))
+            rows.append(parse_row(line, path, lineno))
     return rows
 
 
@@ -94,7 +123,10 @@ class ResultStore:
         return not (skip_status and row.get("status") in set(skip_status))
 
     @contextlib.contextmanager
-    def _locked(self) -> Iterator[None]:
+    def locked(self) -> Iterator[None]:
+        """Hold this file's write lock (an advisory ``flock`` on a ``.lock`` sibling): every writer
+        (``append``, ``ci/ingest-results``) reads and replaces the file inside it, so two writers
+        cannot both start from the same old contents and lose each other's rows."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fcntl is None:
             yield
@@ -106,26 +138,35 @@ class ResultStore:
             finally:
                 fcntl.flock(lock, fcntl.LOCK_UN)
 
+    def write_atomic(self, data: bytes) -> None:
+        """Replace the file with ``data``: a temporary sibling, fsync, then ``os.replace``, so a
+        reader (or a crash) sees the old file or the new one, never a torn line. Call it inside
+        :meth:`locked`. The new file keeps the old one's permissions; a new file gets 0644
+        (``mkstemp`` creates 0600, which would hide committed results from other users)."""
+        mode = stat.S_IMODE(self.path.stat().st_mode) if self.path.exists() else FILE_MODE
+        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.bench}.", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fchmod(f.fileno(), mode)
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+            raise
+
     def append(self, row: dict) -> None:
-        """Add one row: rewrite the file to a temporary sibling, fsync, then ``os.replace``."""
+        """Add one row: under :meth:`locked`, rewrite the file with the row at the end (:meth:`write_atomic`)."""
         if "key" not in row:
             raise ValueError("a result row needs a 'key' (see row_key)")
         line = json.dumps(_jsonable(row), sort_keys=True, allow_nan=False) + "\n"
-        with self._locked():
+        with self.locked():
             old = self.path.read_bytes() if self.path.exists() else b""
             if old and not old.endswith(b"\n"):
-                old += b"\n"
-            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=f".{self.bench}.", suffix=".tmp")
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(old + line.encode("utf-8"))
-                    f.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, self.path)
-            except BaseException:
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(tmp)
-                raise
+                old += b"\n"  # a last line written without its newline (by hand, or another tool)
+            self.write_atomic(old + line.encode("utf-8"))
 
 
 def device_folders(root: Path | str | None = None) -> list[str]:

@@ -119,7 +119,17 @@ def adamw_step_(
 
     step, lr: 1-element device tensors (step already incremented: 1 on the first call).
     n_decay: elements [0, n_decay) get weight decay (all N when None).
+
+    Steps count from 1: at step 0 the bias corrections 1 - beta^0 are 0 and the update divides
+    by zero, writing NaN into every parameter. A Python number passed as ``step`` is refused
+    (step < 1 with that reason; any number because the kernel reads a device tensor). A device
+    tensor's value is not checked: reading it needs a host sync, which a CUDA graph capture
+    does not allow and which would stall every eager step; callers increment it before the
+    call, as ``FlatAdamW.step`` does.
     """
+    if isinstance(step, (int, float)) and not isinstance(step, bool) and step < 1:
+        raise ValueError(f"step={step}: AdamW steps count from 1 (at step 0 the bias correction 1 - beta**0 "
+                         "is 0 and the update would write NaN); increment the step before calling adamw_step_")
     names = ("param", "grad", "exp_avg", "exp_avg_sq")
     bufs = (param, grad, exp_avg, exp_avg_sq)
     for name, t in zip(names, bufs):

@@ -98,7 +98,7 @@ def causal_softmax_forward(s: torch.Tensor, scale: float, out_dtype: torch.dtype
     the dtype P is written in (default s's; bf16 under autocast, which the next matmul reads)."""
     T = _check_scores("scores", s)
     p = torch.empty(s.shape, dtype=out_dtype or s.dtype, device=s.device)
-    R = s.numel() // T
+    R = s.numel() // T if T else 0  # T = 0: an empty result, as the PyTorch reference returns
     if R == 0:
         return p
     rows, block_t, warps = _tiles(T, rows)
@@ -115,7 +115,7 @@ def causal_softmax_backward(p: torch.Tensor, dp: torch.Tensor, scale: float, out
     if dp.shape != p.shape:
         raise ValueError(f"grad_probs shape {tuple(dp.shape)} != probs shape {tuple(p.shape)}")
     ds = torch.empty(p.shape, dtype=out_dtype, device=p.device)
-    R = p.numel() // T
+    R = p.numel() // T if T else 0
     if R == 0:
         return ds
     rows, block_t, warps = _tiles(T, rows)

@@ -66,15 +66,36 @@ def _cross_entropy_kernel(
             tl.store(dz_row + c, g.to(DZ.dtype.element_ty), mask=c < V)
 
 
+def check_targets_in_range(targets: torch.Tensor, V: int, ignore_index: int) -> None:
+    """ValueError unless every target is a class index in [0, V) or ``ignore_index``.
+
+    F.cross_entropy raises for such a target ("Target ... is out of bounds"); the kernel would
+    read z_t outside the row (another row's logits, or past the tensor) and return a finite,
+    wrong loss. Cost: one elementwise compare and reduction over N targets and one
+    device-to-host sync (``bool(...)``) per call, tens of microseconds on a GPU, which also
+    stops the host from queueing ahead of the device. It cannot run inside CUDA graph capture
+    (a sync is not allowed there), so the launcher skips it while capturing: a captured step
+    is checked by the eager warm-up steps before the capture, not on its replays.
+    """
+    bad = ((targets < 0) | (targets >= V)) & (targets != ignore_index)
+    if bool(bad.any()):
+        rows = bad.nonzero().flatten()[:3].tolist()
+        raise ValueError(
+            f"targets must be class indices in [0, {V}) or ignore_index={ignore_index}; "
+            f"{int(bad.sum())} of {targets.numel()} are not, e.g. {targets[bad][:3].tolist()} at rows {rows}. "
+            f"Check the targets against the model's vocab_size ({V} logits per row)."
+        )
+
+
 def cross_entropy_fwd(
-    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100
+    logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100, check_targets: bool = True
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(mean loss, dlogits) for logits (N, V) and integer targets (N,).
 
     The loss is an fp32 (fp64 for fp64 logits) 0-dim tensor; dlogits has the logits' dtype
-    and is d loss / d logits for grad_output = 1. Targets outside [0, V) (other than
-    ignore_index) are not checked, since that needs a host sync: the kernel would read
-    outside the row where F.cross_entropy raises.
+    and is d loss / d logits for grad_output = 1. Targets outside [0, V) other than
+    ignore_index raise a ValueError, as F.cross_entropy raises (:func:`check_targets_in_range`:
+    a host sync, skipped inside CUDA graph capture and with ``check_targets=False``).
     """
     check_tensor("logits", logits, ndim=2, contiguous=False)
     check_tensor("targets", targets, dtypes=(torch.int64, torch.int32), ndim=1, contiguous=False)
@@ -87,6 +108,8 @@ def cross_entropy_fwd(
     cd = torch.float64 if logits.dtype == torch.float64 else torch.float32
     dlogits = torch.empty((N, V), dtype=logits.dtype, device=logits.device)
     loss_rows = torch.empty(N, dtype=cd, device=logits.device)
+    if check_targets and N > 0 and not (logits.is_cuda and torch.cuda.is_current_stream_capturing()):
+        check_targets_in_range(targets, V, ignore_index)
     n_valid = (targets != ignore_index).sum().reshape(1)  # device int64; stays on the device
     if N > 0:
         BLOCK_V = min(triton.next_power_of_2(V), MAX_BLOCK_V)
@@ -103,8 +126,9 @@ class CrossEntropyFunction(torch.autograd.Function):
     """Saves the gradient computed in the forward; backward multiplies by grad_output."""
 
     @staticmethod
-    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-        loss, dlogits = cross_entropy_fwd(logits, targets, ignore_index)
+    def forward(ctx, logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+                check_targets: bool = True) -> torch.Tensor:
+        loss, dlogits = cross_entropy_fwd(logits, targets, ignore_index, check_targets)
         ctx.save_for_backward(dlogits)
         return loss
 
@@ -113,12 +137,14 @@ class CrossEntropyFunction(torch.autograd.Function):
         (dlogits,) = ctx.saved_tensors
         # Liger skips this when grad_output == 1, but testing that needs a host sync; at
         # N x V = 8192 x 65 the multiply is one small elementwise kernel.
-        return dlogits * grad_output.to(dlogits.dtype), None, None
+        return dlogits * grad_output.to(dlogits.dtype), None, None, None
 
 
-def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100) -> torch.Tensor:
-    """Mean cross-entropy through the fused kernel (differentiable in logits)."""
-    return CrossEntropyFunction.apply(logits, targets, ignore_index)
+def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
+                  check_targets: bool = True) -> torch.Tensor:
+    """Mean cross-entropy through the fused kernel (differentiable in logits). ``check_targets``:
+    raise for targets outside [0, V) (a host sync per call; see :func:`check_targets_in_range`)."""
+    return CrossEntropyFunction.apply(logits, targets, ignore_index, check_targets)
 
 
 class TritonCrossEntropyLoss(nn.Module):

@@ -207,3 +207,20 @@ def test_summarize_ms():
     s = summarize_ms([5.0, 1.0, 3.0, 2.0, 4.0])
     assert (s["median_ms"], s["min_ms"], s["max_ms"], s["mean_ms"]) == (3.0, 1.0, 5.0, 3.0)
     assert s["p20_ms"] == pytest.approx(1.8) and s["p80_ms"] == pytest.approx(4.2)
+
+
+@pytest.mark.parametrize("factor", [1.0, 1.01], ids=["agrees", "loss-1pct-off"])
+def test_check_ok_is_false_when_a_mode_disagrees_with_eager(tiny_ft, factor, monkeypatch):
+    # The engine mode (plain PyTorch ops here: no kernels) is checked against eager training from
+    # the same weights and batches; a loss 1% off (the fp32 tolerance is 0.1%) must fail the check.
+    from ftlib.engine import Engine
+
+    step = Engine.step
+    monkeypatch.setattr(Engine, "step", lambda self, x, y: step(self, x, y) * factor)
+    row = bench_step(tiny_ft, B, T, "engine", "fp32", "cpu", warmup=2, iters=2, extra={"use_kernels": False})
+    assert row["status"] == "ok", row.get("traceback")
+    assert row["ref_loss"] is not None and row["check_rtol"] == bench.CHECK_RTOL["fp32"]
+    if factor == 1.0:
+        assert row["check_ok"] is True and row["check_rel_err"] <= row["check_rtol"]
+    else:
+        assert row["check_ok"] is False and row["check_rel_err"] == pytest.approx(0.01, rel=1e-3)

@@ -115,3 +115,68 @@ def test_attention_dropout_zero_leaves_residual_dropout_on():
     x = torch.randint(0, 65, (2, 16))
     a, b = m(x)[0], m(x)[0]
     assert not torch.equal(a, b)  # residual dropout still draws a new mask each call
+
+
+# Values of the wrong type or not finite: each a ValueError naming the field, the value and what is
+# allowed; before these checks tie_weights='no' and bias='False' built a model with tied weights
+# and biases (a string is truthy), and the others failed later with bare TypeError/OverflowError.
+@pytest.mark.parametrize(
+    "kwargs,words",
+    [
+        (dict(tie_weights="no"), ["tie_weights='no'", "True or False"]),
+        (dict(bias="False"), ["bias='False'", "True or False"]),
+        (dict(bias=0), ["bias=0", "True or False"]),
+        (dict(dropout="0.1"), ["dropout='0.1'", "must be a number", "got str"]),
+        (dict(mlp_ratio="2"), ["mlp_ratio='2'", "must be a number"]),
+        (dict(mlp_ratio=float("inf")), ["mlp_ratio=inf", "finite"]),
+        (dict(mlp_ratio=float("nan")), ["mlp_ratio=nan", "finite"]),
+        (dict(norm_eps=None), ["norm_eps=None", "must be a number"]),
+        (dict(attn_dropout="0"), ["attn_dropout='0'", "(or None)"]),
+        (dict(dropout=True), ["dropout=True", "got bool"]),
+        (dict(norm=None), ["norm=None", "must be a string"]),
+        (dict(n_layer=True), ["n_layer=True", "positive integer"]),
+    ],
+)
+def test_wrong_types_and_non_finite_values_name_the_field(kwargs, words):
+    with pytest.raises(ValueError) as e:
+        preset("fasttransformer", **kwargs)
+    for w in words:
+        assert w in str(e.value), str(e.value)
+
+
+def test_build_model_and_gpt_refuse_what_is_not_a_config():
+    from ftlib.model import GPT
+
+    with pytest.raises(ValueError, match="ModelConfig or a preset name.*got None"):
+        build_model(None)
+    with pytest.raises(ValueError, match="GPT needs a ModelConfig"):
+        GPT({"n_layer": 2})
+    with pytest.raises(ValueError, match="unknown preset 3"):
+        preset(3)
+    with pytest.raises(ValueError, match=r"unknown ModelConfig field\(s\) \['n_layers'\]"):
+        preset("gpt2", n_layers=2)
+    with pytest.raises(ValueError, match="n_heads"):
+        preset("gpt2").replace(n_heads=2)
+
+
+def test_valid_configs_keep_their_hashes():
+    # Stored results are keyed by config_hash(): validation must not change any valid config's hash.
+    assert {n: preset(n).config_hash() for n in PRESETS} == {
+        "gpt2": "839ca97139a4", "fasttransformer": "f5a285e44cdc", "nanogpt-char": "ff01e4f7831d"}
+    assert preset("fasttransformer", kv_layout="broadcast").config_hash() == "febcfce150f1"
+    assert preset("gpt2", mlp_ratio=2).config_hash() == "8c23c2aa0ac8"  # an int ratio stays an int
+    assert preset("gpt2", mlp_ratio=2.0).config_hash() == "d8c4ff784a43"
+
+
+def test_every_stored_config_still_validates_to_its_stored_hash():
+    import json
+    from pathlib import Path
+
+    seen = 0
+    for f in sorted((Path(__file__).resolve().parent.parent / "data" / "results").glob("*/*.jsonl")):
+        for line in f.read_text().splitlines():
+            row = json.loads(line)
+            if isinstance(row.get("config"), dict) and "config_hash" in row:
+                assert ModelConfig(**row["config"]).config_hash() == row["config_hash"], (f.name, row["key"])
+                seen += 1
+    assert seen > 100

@@ -48,8 +48,33 @@ def test_failed_download_is_reported(tmp_path, monkeypatch):
     def offline(*a, **k):
         raise OSError("no network")
 
-    monkeypatch.setattr(data.urllib.request, "urlretrieve", offline)
+    monkeypatch.setattr(data.urllib.request, "urlopen", offline)
     with pytest.raises(data.DataError, match="download failed"):
+        data.ensure_tinyshakespeare(tmp_path / "ts" / "input.txt", download=True)
+    assert not (tmp_path / "ts" / "input.part").exists()
+
+
+def test_download_has_a_timeout(tmp_path, monkeypatch):
+    import io
+
+    calls = []
+
+    def served(url, *a, **k):  # answers with the wrong bytes: the checksum then catches them
+        calls.append((url, a, k))
+        return io.BytesIO(b"not shakespeare")
+
+    monkeypatch.setattr(data.urllib.request, "urlopen", served)
+    with pytest.raises(data.DataError, match="corrupt"):
+        data.ensure_tinyshakespeare(tmp_path / "ts" / "input.txt", download=True)
+    assert calls == [(data.URL, (), {"timeout": data.DOWNLOAD_TIMEOUT_S})]
+
+
+def test_a_download_that_times_out_says_so(tmp_path, monkeypatch):
+    def stalled(url, *a, **k):
+        raise TimeoutError("timed out")
+
+    monkeypatch.setattr(data.urllib.request, "urlopen", stalled)
+    with pytest.raises(data.DataError, match=r"timed out after 60 s without data.*FTLIB_DATA_DIR"):
         data.ensure_tinyshakespeare(tmp_path / "ts" / "input.txt", download=True)
     assert not (tmp_path / "ts" / "input.part").exists()
 

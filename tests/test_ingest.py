@@ -1,10 +1,21 @@
-"""ci/ingest-results: returned device rows replace the committed ones only if nothing is lost."""
+"""ci/ingest-results: returned device rows replace the committed ones only if nothing is lost, every
+line is a keyed JSON row of the right device in a known file, and then through the store's lock and
+atomic replace. Any refusal writes nothing (checked with file hashes)."""
 
+import hashlib
 import importlib.machinery
 import importlib.util
 import json
+import os
+import shutil
 import tarfile
+import threading
+import time
 from pathlib import Path
+
+import pytest
+
+from ftlib.results import ResultStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -17,60 +28,222 @@ def _module():
     return mod
 
 
-def _rows(*keys):
-    return "".join(json.dumps({"key": k, "v": i}) + "\n" for i, k in enumerate(keys))
+@pytest.fixture(scope="module")
+def mod():
+    return _module()
 
 
-def test_appended_rows_from_nested_tars_are_taken_and_rewrites_refused(tmp_path, monkeypatch):
-    mod = _module()
-    repo = tmp_path / "repo"
-    store = repo / "data" / "results" / "h200"
+def _rows(*keys, device="NVIDIA H200"):
+    return "".join(json.dumps({"key": k, "v": i, "device": device}) + "\n" for i, k in enumerate(keys))
+
+
+def _keys(path: Path) -> list[str]:
+    return [json.loads(x)["key"] for x in path.read_text().splitlines()]
+
+
+def _hashes(folder: Path) -> dict[str, str]:
+    """Every results file in the folder, byte for byte (lock files are not results)."""
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(folder.glob("*.jsonl"))}
+
+
+@pytest.fixture()
+def repo(tmp_path, monkeypatch, mod):
+    """A repository whose data/results/h200/ holds three files, and an empty returned folder."""
+    store = tmp_path / "repo" / "data" / "results" / "h200"
     store.mkdir(parents=True)
     (store / "speedrun.jsonl").write_text(_rows("a", "b"))
     (store / "engine.jsonl").write_text(_rows("x", "y"))
     (store / "engine_probe.jsonl").write_text(_rows("p", "q"))
-    monkeypatch.setattr(mod, "ROOT", repo)
+    monkeypatch.setattr(mod, "ROOT", tmp_path / "repo")
     back = tmp_path / "back"
+    back.mkdir()
+    return store, back
+
+
+def test_appended_rows_from_nested_tars_are_taken(repo, mod, tmp_path, capsys):
+    store, back = repo
     inner = tmp_path / "inner"
     inner.mkdir()
     (inner / "speedrun.jsonl").write_text(_rows("a", "b", "c"))  # two stored rows, one new
-    (inner / "engine.jsonl").write_text(_rows("x"))  # lost a row: refused
+    (inner / "engine.jsonl").write_text(_rows("x", "y"))  # unchanged
     with tarfile.open(tmp_path / "results.tar", "w") as t:
         for p in inner.iterdir():
             t.add(p, arcname=p.name)
-    back.mkdir()
     with tarfile.open(back / "res.tar", "w") as t:
         t.add(tmp_path / "results.tar", arcname="results.tar")
-    (back / "engine_probe.jsonl").write_text(json.dumps({"key": "q", "v": 9}) + "\n" + json.dumps({"key": "r"}) + "\n")
-    assert mod.main([str(back)]) == 1  # the engine file was refused
-    assert [json.loads(x)["key"] for x in (store / "speedrun.jsonl").read_text().splitlines()] == ["a", "b", "c"]
+    probe_rows = [{"key": "q", "v": 9, "device": "NVIDIA H200"}, {"key": "r", "device_slug": "h200"}]
+    (back / "engine_probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in probe_rows))
+    assert mod.main([str(back)]) == 0
+    assert _keys(store / "speedrun.jsonl") == ["a", "b", "c"]
     assert (store / "engine.jsonl").read_text() == _rows("x", "y")
     probe = [json.loads(x) for x in (store / "engine_probe.jsonl").read_text().splitlines()]
     assert [r["key"] for r in probe] == ["p", "q", "r"] and probe[1]["v"] == 9
+    assert "speedrun.jsonl: 2 -> 3 rows" in capsys.readouterr().out
 
 
-def test_a_file_returned_twice_resolves_to_its_longest_copy(tmp_path, monkeypatch):
+def test_a_file_returned_twice_resolves_to_its_longest_copy(repo, mod, tmp_path, capsys):
     # kernels.jsonl copied next to results.tar, which packs the older copy: the longer one wins
-    # whichever is unpacked last; copies that disagree stop the ingest.
-    mod = _module()
-    repo = tmp_path / "repo"
-    store = repo / "data" / "results" / "h200"
-    store.mkdir(parents=True)
+    # whichever is unpacked last; copies that disagree stop the ingest with a clear message.
+    store, back = repo
     (store / "kernels.jsonl").write_text(_rows("a"))
-    monkeypatch.setattr(mod, "ROOT", repo)
-    back, inner = tmp_path / "back", tmp_path / "inner"
-    back.mkdir()
+    inner = tmp_path / "inner"
     inner.mkdir()
     (inner / "kernels.jsonl").write_text(_rows("a"))
     with tarfile.open(back / "results.tar", "w") as t:
         t.add(inner / "kernels.jsonl", arcname="kernels.jsonl")
     (back / "kernels.jsonl").write_text(_rows("a", "b", "c"))
     assert mod.main([str(back)]) == 0
-    assert [json.loads(x)["key"] for x in (store / "kernels.jsonl").read_text().splitlines()] == ["a", "b", "c"]
+    assert _keys(store / "kernels.jsonl") == ["a", "b", "c"]
     (back / "kernels.jsonl").write_text(_rows("z", "b", "c"))
-    try:
+    before = _hashes(store)
+    assert mod.main([str(back)]) == 1  # a message, not a traceback
+    err = capsys.readouterr().err
+    assert "kernels.jsonl: 2 returned copies disagree" in err and "nothing written" in err
+    assert _hashes(store) == before
+
+
+# Each way a returned folder can be wrong: (what to put in it, a phrase the error must contain).
+def _torn(back):
+    (back / "speedrun.jsonl").write_text(_rows("a", "b", "c") + '{"key": "d", "device": "NVIDIA H')
+
+
+def _t4_row(back):
+    (back / "speedrun.jsonl").write_text(_rows("a", "b") + _rows("t", device="Tesla T4"))
+
+
+def _slug_row(back):
+    (back / "speedrun.jsonl").write_text(_rows("a", "b") + json.dumps({"key": "s", "device_slug": "t4"}) + "\n")
+
+
+def _no_device(back):
+    (back / "speedrun.jsonl").write_text(_rows("a", "b") + json.dumps({"key": "n"}) + "\n")
+
+
+def _no_key(back):
+    (back / "speedrun.jsonl").write_text(_rows("a", "b") + json.dumps({"device": "NVIDIA H200"}) + "\n")
+
+
+def _not_an_object(back):
+    (back / "speedrun.jsonl").write_text(_rows("a", "b") + "[1, 2]\n")
+
+
+def _unknown_name(back):
+    (back / "speedrun.jsonl").write_text(_rows("a", "b", "c"))
+    (back / "speedrun_old.jsonl").write_text(_rows("a"))
+
+
+def _lost_row(back):
+    (back / "speedrun.jsonl").write_text(_rows("a", "b", "c"))  # fine on its own
+    (back / "engine.jsonl").write_text(_rows("x"))  # lost a row: the whole ingest is refused
+
+
+def _empty(back):
+    (back / "run.log").write_text("no results\n")
+
+
+def _bad_tar(back):
+    (back / "results.tar").write_bytes(b"not a tar")
+
+
+CASES = {
+    "torn-last-line": (_torn, "returned speedrun.jsonl, line 4: not valid JSON"),
+    "tesla-t4-row": (_t4_row, "line 3: a row measured on 'Tesla T4'"),
+    "t4-device-slug": (_slug_row, "does not belong in h200/"),
+    "row-without-device": (_no_device, "line 3: the row names no device"),
+    "row-without-key": (_no_key, "line 3: the row has no 'key'"),
+    "line-not-an-object": (_not_an_object, "line 3: a JSON list, not an object"),
+    "unknown-file-name": (_unknown_name, "speedrun_old.jsonl: not a known results file"),
+    "stored-row-lost": (_lost_row, "engine.jsonl: the returned file does not start with the 2 stored rows"),
+    "no-jsonl-files": (_empty, "no .jsonl files under"),
+    "unreadable-tar": (_bad_tar, "cannot unpack"),
+}
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_refusal_names_the_problem_and_writes_nothing(case, repo, mod, capsys):
+    store, back = repo
+    make, phrase = CASES[case]
+    make(back)
+    before = _hashes(store)
+    assert mod.main([str(back)]) == 1
+    err = capsys.readouterr().err
+    assert phrase in err and "REFUSED, nothing written" in err, err
+    assert _hashes(store) == before  # byte for byte, every stored file
+
+
+def test_a_missing_source_folder_is_an_error(repo, mod, tmp_path, capsys):
+    store, _ = repo
+    before = _hashes(store)
+    assert mod.main([str(tmp_path / "nowhere")]) == 1
+    assert "is not a folder" in capsys.readouterr().err
+    assert _hashes(store) == before
+
+
+def test_the_write_waits_for_the_stores_lock(repo, mod):
+    # A runner holding speedrun.jsonl's lock (mid-append) delays the ingest; it writes after.
+    store, back = repo
+    (back / "speedrun.jsonl").write_text(_rows("a", "b", "c"))
+    before = _hashes(store)
+    result = {}
+    with ResultStore("speedrun", "h200", store.parent).locked():
+        t = threading.Thread(target=lambda: result.setdefault("rc", mod.main([str(back)])))
+        t.start()
+        time.sleep(0.5)
+        assert t.is_alive() and _hashes(store) == before, "the ingest wrote while another writer held the lock"
+    t.join(timeout=30)
+    assert result["rc"] == 0 and _keys(store / "speedrun.jsonl") == ["a", "b", "c"]
+
+
+def test_a_failed_replace_leaves_the_stored_file(repo, mod, monkeypatch):
+    store, back = repo
+    (back / "speedrun.jsonl").write_text(_rows("a", "b", "c"))
+    before = _hashes(store)
+
+    def crash(src, dst):
+        raise OSError("disk full while replacing")
+
+    monkeypatch.setattr(os, "replace", crash)
+    with pytest.raises(OSError, match="disk full"):
         mod.main([str(back)])
-    except ValueError as e:
-        assert "disagree" in str(e)
-    else:
-        raise AssertionError("disagreeing copies were ingested")
+    monkeypatch.undo()
+    assert _hashes(store) == before and not list(store.glob(".*.tmp"))
+
+
+def test_dry_run_checks_and_writes_nothing(repo, mod, capsys):
+    store, back = repo
+    (back / "speedrun.jsonl").write_text(_rows("a", "b", "c"))
+    before = _hashes(store)
+    assert mod.main([str(back), "--dry-run"]) == 0
+    assert "speedrun.jsonl: 2 -> 3 rows" in capsys.readouterr().out and _hashes(store) == before
+
+
+def test_the_committed_results_pass_every_check(mod, tmp_path, monkeypatch):
+    # Every committed file is a known suite file of valid, keyed rows of its folder's device:
+    # ingesting a folder onto a copy of itself changes nothing.
+    for folder in sorted((ROOT / "data" / "results").iterdir()):
+        if not folder.is_dir() or folder.name == "cpu":
+            continue
+        repo = tmp_path / folder.name / "repo"
+        shutil.copytree(folder, repo / "data" / "results" / folder.name)
+        monkeypatch.setattr(mod, "ROOT", repo)
+        before = _hashes(repo / "data" / "results" / folder.name)
+        assert mod.main([str(folder), "--gpu", folder.name]) == 0
+        assert _hashes(repo / "data" / "results" / folder.name) == before
+
+
+def test_known_files_come_from_the_runner_and_the_convergence_suites(mod):
+    import gpu_bench
+
+    from ftlib.convergence import SUITE_ORDER
+
+    assert set(SUITE_ORDER) <= mod.KNOWN_STEMS and "speedrun-repeat" in mod.KNOWN_STEMS
+    assert set(gpu_bench.SUITES) - {"fig5"} <= mod.KNOWN_STEMS and "fig5" not in mod.KNOWN_STEMS  # fig5 -> tsweep
+    assert {"kernels", "engine_check", "profile", "ddp", "engine_probe"} <= mod.KNOWN_STEMS
+
+
+@pytest.mark.parametrize("name", ["NVIDIA H200", "Tesla T4", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090"])
+def test_device_names_map_to_folders_as_device_slug_does(name, mod, monkeypatch):
+    import ftlib.env as env
+
+    monkeypatch.setattr(env, "device_name", lambda dev: name)
+    assert mod.slug_of_name(name) == env.device_slug("cuda")

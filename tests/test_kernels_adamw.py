@@ -129,3 +129,12 @@ def test_launcher_rejects_bad_inputs(kernel_device):
         adamw_step_(*ok, s, lr, n_decay=n + 1)
     with pytest.raises(ValueError, match="1 dims"):
         adamw_step_(torch.zeros(4, 4, device=dev), *ok[1:], s, lr)
+
+
+@pytest.mark.parametrize("step", [0, -1, 0.0, 0.5])
+def test_a_python_step_below_one_is_refused(step, kernel_device):
+    # At step 0 the bias correction 1 - beta**0 is 0: the update would write NaN everywhere.
+    ok = [torch.zeros(8, device=kernel_device) for _ in range(4)]
+    with pytest.raises(ValueError, match=rf"step={step}: AdamW steps count from 1"):
+        adamw_step_(*ok, step, torch.tensor(1e-3, device=kernel_device))
+    assert all(not t.isnan().any() for t in ok)

@@ -99,3 +99,13 @@ def test_any_rows_per_program_gives_the_same_result(rows, kernel_device):
     torch.testing.assert_close(ds, ds0, rtol=0, atol=1e-7)
     with pytest.raises(ValueError, match="power of two"):
         causal_softmax(s, 0.3, rows=3)
+
+
+@pytest.mark.parametrize("shape", [(2, 3, 0, 0), (0, 0), (0, 4, 4)], ids=["T0", "T0-2d", "no-rows"])
+def test_empty_scores_give_the_empty_result_the_reference_gives(shape, kernel_device):
+    s = torch.zeros(shape, device=kernel_device, requires_grad=True)
+    p = causal_softmax(s, 0.5)
+    want = causal_softmax_ref(torch.zeros(shape, dtype=torch.float64), 0.5)
+    assert p.shape == want.shape == s.shape and p.dtype == s.dtype
+    (ds,) = torch.autograd.grad(p, s, torch.ones_like(p))
+    assert ds.shape == s.shape

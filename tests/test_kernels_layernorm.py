@@ -6,13 +6,12 @@ import torch
 
 pytest.importorskip("triton")
 
+from kernel_tolerance import assert_within_lowp_error  # noqa: E402
+
 from ftlib.reference import layer_norm_ref  # noqa: E402
 from kernels.layernorm import LayerNormFunction, TritonLayerNorm, layer_norm  # noqa: E402
 
 pytestmark = pytest.mark.kernels
-
-TOL = {torch.float64: 1e-10, torch.float32: 1e-5, torch.bfloat16: 2e-2, torch.float16: 2e-3}
-
 
 def _inputs(shape, dtype, bias, device, seed=0):
     # Drawn on the CPU (the same values on every device), then moved.
@@ -27,7 +26,7 @@ def _inputs(shape, dtype, bias, device, seed=0):
 
 @pytest.mark.parametrize("bias", [True, False])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
-@pytest.mark.parametrize("shape", [(7, 48), (2, 5, 33)])
+@pytest.mark.parametrize("shape", [(7, 48), (2, 5, 33), (37, 64)])
 def test_forward_backward_match_reference(shape, dtype, bias, kernel_device):
     x, w, b, dy = _inputs(shape, dtype, bias, kernel_device)
     y = layer_norm(x, w, b, 1e-5)
@@ -36,13 +35,19 @@ def test_forward_backward_match_reference(shape, dtype, bias, kernel_device):
     ref_inputs = [t.detach().cpu().double().requires_grad_(True) for t in inputs]
     yr = layer_norm_ref(ref_inputs[0], ref_inputs[1], ref_inputs[2] if bias else None, 1e-5)
     ref_grads = torch.autograd.grad(yr, ref_inputs, dy.cpu().double())
-    tol = TOL[dtype]
+    # PyTorch's own op in the same dtype from the same inputs: the error a correct implementation
+    # makes, which sets the bound (tests/kernel_tolerance.py).
+    low_inputs = [t.detach().cpu().requires_grad_(True) for t in inputs]
+    yl = layer_norm_ref(low_inputs[0], low_inputs[1], low_inputs[2] if bias else None, 1e-5)
+    low_grads = torch.autograd.grad(yl, low_inputs, dy.cpu())
     assert y.dtype == dtype and y.device == x.device
-    torch.testing.assert_close(y.detach().cpu().double(), yr.detach(), atol=tol, rtol=tol)
-    rows = x.numel() // shape[-1]
-    for name, gk, gr, scale in zip(("dx", "dweight", "dbias"), grads, ref_grads, (4, 4 * rows, 4 * rows)):
+    assert_within_lowp_error(y, yr, yl, "y")
+    for name, gk, gr, gl in zip(("dx", "dweight", "dbias"), grads, ref_grads, low_grads):
         assert gk.dtype == dtype
-        torch.testing.assert_close(gk.cpu().double(), gr, atol=tol * scale, rtol=tol, msg=name)
+        assert_within_lowp_error(gk, gr, gl, name)
+    # The bound can fail: a weight gradient 4% off (uniformly) is caught in every dtype.
+    with pytest.raises(AssertionError, match="dweight"):
+        assert_within_lowp_error(grads[1] * 1.04, ref_grads[1], low_grads[1], "dweight")
 
 
 @pytest.mark.parametrize("bias", [True, False])
