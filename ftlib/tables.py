@@ -67,7 +67,7 @@ def unit_kind(column: str) -> str:
 def fmt(v: Any, digits: int = 3, column: str = "") -> str:
     """One cell: '–' when missing, yes/no, thousands separators, ``digits`` significant figures;
     ratios and fractions by the unit of ``column`` (see :func:`unit_kind`)."""
-    if _is_missing(v):
+    if _is_missing(v) or (isinstance(v, str) and not v.strip()):
         return MISSING
     if isinstance(v, (bool, np.bool_)):
         return "yes" if v else "no"
@@ -193,6 +193,9 @@ def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None =
     first ``MAX_COLUMNS``); ``name`` (default: derived from the content) names its CSV file.
     """
     frame = to_frame(rows, columns)
+    if frame.empty:
+        what = html.escape(caption + ": " if caption else "") + "no rows"
+        return {"text/html": f"<p><em>{what}</em></p>", "text/plain": f"({what})"}
     cells = _text_frame(frame, digits)
     nums = _numbers(frame)
     n_rows, n_cols = frame.shape
@@ -200,13 +203,18 @@ def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None =
     uid = _uuid((name or "") + "\x1d" + key)
     plain = text_table(cells)
     if n_cols > MAX_COLUMNS and n_rows <= TRANSPOSE_ROWS and n_rows > 0:
-        # One line per column; the leading text columns (device, model, ...) name the rows' columns.
-        ids = []
+        # One line per column; as few leading text columns as make unique names (device, model, ...)
+        # name the rows' columns.
+        text_cols = []
         for c in frame.columns[:3]:
             if nums[c].any():
                 break
-            ids.append(c)
-        ids = ids or [frame.columns[0]]
+            text_cols.append(c)
+        ids = [frame.columns[0]]
+        for k in range(1, len(text_cols) + 1):
+            ids = text_cols[:k]
+            if len({tuple(cells[c][i] for c in ids) for i in range(n_rows)}) == n_rows:
+                break
         heads = [" · ".join(str(cells[c][i]) for c in ids) for i in range(n_rows)]
         heads = [h if heads.count(h) == 1 else f"{h} ({i + 1})" for i, h in enumerate(heads)]
         label = " · ".join(map(str, ids))

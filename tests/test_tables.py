@@ -75,6 +75,15 @@ def test_wide_table_of_few_rows_is_transposed():
     html = tables.table_bundle(wide)["text/html"]
     head, body = html.split("<tbody>")
     assert "h200 · m0" in head and "h200 · m1" in head and ">gpt2 ms<" in body
+    # as few leading columns as tell the lines apart: here the first alone
+    unique = [{**r, "device": f"dev{i}"} for i, r in enumerate(wide)]
+    head = tables.table_bundle(unique)["text/html"].split("<tbody>")[0]
+    assert ">dev0<" in head and ">device<" in head and "·" not in head
+
+
+def test_an_empty_table_says_so():
+    assert tables.table_bundle([], caption="on h200") == {"text/html": "<p><em>on h200: no rows</em></p>",
+                                                         "text/plain": "(on h200: no rows)"}
 
 
 def test_show_table_keeps_its_signature(capsys):
