@@ -20,6 +20,7 @@ request to another host is blocked and counted as a failure, so the site must be
 * every table rendered as a table: the page has at least as many ``<table>`` elements as the
   notebook's outputs hold (collapsed ones count), and no Markdown table is left as text (a
   paragraph or output of ``| a | b |`` and ``|---|`` lines);
+* no test marker (``# NBVAL_IGNORE_OUTPUT``, an ``nbval-...`` tag) in the text a reader sees;
 * no broken internal link: every link (and image) to a page or file of the site resolves, and
   its ``#anchor`` exists on the target page;
 * the navigation: the sidebar table of contents links every chapter, and the previous/next
@@ -217,7 +218,8 @@ CONTENT_JS = """() => {
     .map(e => e.textContent.trim().slice(0, 70));
   const links = Array.from(document.querySelectorAll('a[href]')).map(a => a.getAttribute('href'))
     .concat(Array.from(document.querySelectorAll('img[src]')).map(i => i.getAttribute('src')));
-  return {tables: main.querySelectorAll('table').length, pipe_text: text, links: links};
+  const markers = Array.from(new Set(main.textContent.match(/NBVAL_[A-Z_]+|nbval-[a-z-]+/g) || []));
+  return {tables: main.querySelectorAll('table').length, pipe_text: text, links: links, markers: markers};
 }"""
 
 WAIT_JS = """n => document.querySelectorAll('.plotly-graph-div').length >= n &&
@@ -272,6 +274,7 @@ def check_page(page, base: str, name: str, n_figures: int | None, order: list[st
     if n_tables is not None and content["tables"] < n_tables:
         problems.append(f"{content['tables']} HTML tables on the page, the notebook's outputs hold {n_tables}")
     problems += [f"a Markdown table left as text: {t!r}" for t in content["pipe_text"]]
+    problems += [f"a test marker shown to readers: {m}" for m in content["markers"]]
     if site is not None:
         problems += link_problems(site, name + ".html", content["links"], base)
     if screens is not None:

@@ -78,9 +78,9 @@ def test_browser_check_catches_text_tables_missing_tables_broken_links_and_absur
     # one table fewer than the notebook holds, and a Markdown table left as a paragraph in its place
     html, n = re.subn(r"<table\b.*?</table>", "<p>| a | b |\n|---|---|\n| 1 | 2 |</p>", html, count=1, flags=re.S)
     assert n == 1
-    # two broken internal links
-    html = re.sub(r"(<article\b[^>]*>)", r'\1<a href="no-such-page.html">x</a> <a href="#no-such-anchor">y</a>',
-                  html, count=1)
+    # two broken internal links and a test marker in the text
+    inserted = '<a href="no-such-page.html">x</a> <a href="#no-such-anchor">y</a><pre># NBVAL_IGNORE_OUTPUT</pre>'
+    html = re.sub(r"(<article\b[^>]*>)", lambda m: m.group(1) + inserted, html, count=1)
     # once the figures are drawn: the first one's y axis over 150 decades, the second's 10^6 times its data
     script = """<script>window.addEventListener('load', () => {
       const [a, b] = document.querySelectorAll('.plotly-graph-div');
@@ -96,7 +96,7 @@ def test_browser_check_catches_text_tables_missing_tables_broken_links_and_absur
     r = _run(cmd, timeout=300)
     assert r.returncode != 0, f"a broken page passed:\n{r.stdout}"
     for what in ("HTML tables on the page", "a Markdown table left as text", "broken link 'no-such-page.html'",
-                 "broken link '#no-such-anchor'", "decades", "its data"):
+                 "broken link '#no-such-anchor'", "decades", "its data", "test marker shown to readers"):
         assert what in r.stdout, f"{what!r} not reported:\n{r.stdout}"
 
 
