@@ -35,12 +35,12 @@
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/00_setup.ipynb)
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
 
-# %%
+# %% tags=["remove-cell"]
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
 # install ftlib without dependencies (Colab's torch stays) and work from book/.
 import sys
@@ -61,8 +61,7 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # What this notebook is running on. The output differs from machine to machine, so the
 # book's tests do not compare it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output"]
 import ftlib
 from ftlib.env import pick_device, provenance
 from ftlib.tables import show_table

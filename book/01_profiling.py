@@ -55,12 +55,12 @@
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/01_profiling.ipynb)
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
 
-# %%
+# %% tags=["remove-cell"]
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
 # install ftlib without dependencies (Colab's torch stays) and work from book/.
 import sys
@@ -76,7 +76,7 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, root)
     os.chdir(os.path.join(root, "book"))
 
-# %%
+# %% tags=["hide-cell"]
 import plotly.graph_objects as go
 
 from ftlib import profiling as fp
@@ -103,8 +103,7 @@ else:
 # so an interrupted run resumes where it stopped. With `MEASURE = False`, the chapter shows
 # the stored GPU rows only, so its outputs do not depend on the machine that runs it.
 
-# %%
-# NBVAL_IGNORE_OUTPUT
+# %% tags=["nbval-ignore-output", "hide-input"]
 if MEASURE:
     counts = dict(steps=2, warmup=2, timing_steps=5) if SMOKE else dict(steps=5, warmup=5, timing_steps=50)
     fresh = fp.profile_suite(PRESETS, MODES, PRECISIONS, B, T, device, store=True, **counts, **OVERRIDES)
@@ -196,7 +195,8 @@ if rows:
         "step ms": r["step_ms"], "profiled step ms": r["step_ms_profiled"], "busy ms": (r["busy_us"] or 0) / 1e3,
         "launch gaps ms": (r["gaps_us"] or 0) / 1e3, "kernels": r["kernels_per_step"],
         "launches": r["launches_per_step"], "SDPA backend": r["sdpa_backend"], "phase split": r["phase_source"],
-    } for r in sorted(rows, key=lambda r: (r["device_slug"], r["precision"], *_x(r)))])
+    } for r in sorted(rows, key=lambda r: (r["device_slug"], r["precision"], *_x(r)))],
+        preview=["device", "model", "mode", "precision", "step ms", "launch gaps ms", "launches", "SDPA backend"])
 
 # %% [markdown]
 # ## The whole-step graph, split two ways

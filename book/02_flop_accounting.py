@@ -38,12 +38,12 @@
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/02_flop_accounting.ipynb)
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
 
-# %%
+# %% tags=["remove-cell"]
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
 # install ftlib without dependencies (Colab's torch stays) and work from book/.
 import sys
@@ -63,7 +63,10 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # This chapter computes analytically, so it ignores the three parameters; it always uses
 # the post's shape, B = 32 and T = 256.
 
-# %%
+# %% tags=["hide-cell"]
+import math
+
+import pandas as pd
 import plotly.graph_objects as go
 from IPython.display import Markdown, display
 
@@ -82,6 +85,7 @@ from ftlib.accounting import (
 )
 from ftlib.peaks import flops_floor, lookup, roofline, step_floor
 from ftlib.plots import show
+from ftlib.tables import show_table
 
 B, T = 32, 256
 # The original FastTransformer hands SDPA a (B, 1, T, d) K/V: kv_layout='broadcast'.
@@ -91,15 +95,9 @@ MODELS = {
     "FastTransformer (original, broadcast K/V)": preset("fasttransformer", kv_layout="broadcast"),
     "FastTransformer (expanded K/V)": preset("fasttransformer"),
 }
+# The figures' short names for the same three models.
+SHORT = dict(zip(MODELS, ["GPT-2", "FT, original K/V", "FT, expanded K/V"]))
 GPT2, FT = MODELS["GPT-2"], MODELS["FastTransformer (original, broadcast K/V)"]
-
-
-def table(header: list[str], body: list[list]) -> None:
-    """Display a Markdown table (formatting only)."""
-    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(str(c) for c in row) + " |" for row in body]
-    display(Markdown("\n".join(lines)))
-
 
 # %% [markdown]
 # ## One block, forward: the post's table
@@ -113,11 +111,16 @@ names = {"qkv": "QKV projection", "scores": "QKᵀ", "attn_v": "A·V", "out_proj
          "mlp_up": "MLP up", "mlp_down": "MLP down"}
 bd = {m: layer_forward_breakdown(MODELS[m], B, T) for m in ("GPT-2", "FastTransformer (expanded K/V)")}
 bdc = {m: layer_forward_breakdown(MODELS[m], B, T, causal=True) for m in bd}
-table(
-    ["component", "GPT-2 GFLOP", "GPT-2 causal", "FastTransformer GFLOP", "FastTransformer causal"],
-    [[names[c]] + [f"{d[m][c] / 1e9:.2f}" for m in bd for d in (bd, bdc)] for c in names]
-    + [["**block**"] + [f"**{sum(d[m].values()) / 1e9:.2f}**" for m in bd for d in (bd, bdc)]],
-)
+heads = {"GPT-2": "GPT-2", "FastTransformer (expanded K/V)": "FastTransformer"}
+
+
+def gflop_row(label, pick):
+    return {"component": label, **{f"{heads[m]} GFLOP, {how}": pick(d[m]) / 1e9
+                                   for m in bd for how, d in (("full T × T", bd), ("causal", bdc))}}
+
+
+show_table([gflop_row(names[c], lambda d, c=c: d[c]) for c in names]
+           + [gflop_row("block (sum)", lambda d: sum(d.values()))], name="block-forward-gflop")
 
 # %% [markdown]
 # ## The 4% / 64% claim
@@ -127,15 +130,13 @@ table(
 
 # %%
 fr = {c: attention_mlp_fractions(GPT2, B, T, causal=c) for c in (False, True)}
-table(
-    ["share of GPT-2 block FLOPs", "post claims", "full T × T", "causal (half)"],
-    [
-        ["attention QKᵀ + A·V", f"{POST_CLAIMS['attention_share']:.1%}",
-         f"{fr[False]['attention']:.1%}", f"{fr[True]['attention']:.1%}"],
-        ["MLP", f"{POST_CLAIMS['mlp_share']:.1%}", f"{fr[False]['mlp']:.1%}", f"{fr[True]['mlp']:.1%}"],
-        ["QKV + out-proj", "—", f"{fr[False]['projections']:.1%}", f"{fr[True]['projections']:.1%}"],
-    ],
-)
+show_table([
+    {"part of the GPT-2 block": label, "post's share": post,
+     "share, full T × T": fr[False][key], "share, causal half": fr[True][key]}
+    for label, key, post in (("attention QKᵀ + A·V", "attention", POST_CLAIMS["attention_share"]),
+                             ("MLP", "mlp", POST_CLAIMS["mlp_share"]),
+                             ("QKV + out-proj", "projections", None))
+], name="attention-mlp-shares")
 display(Markdown(
     f"Attention is {fr[False]['attention']:.1%} of the block as GPT-2 executes it "
     f"({fr[True]['attention']:.1%} counting only the causal half), not "
@@ -153,12 +154,12 @@ display(Markdown(
 
 # %%
 mlp = {m: attention_mlp_fractions(MODELS[m], B, T)["mlp_gflop"] for m in ("GPT-2", "FastTransformer (expanded K/V)")}
-table(
-    ["MLP GFLOP per layer, forward", "post claims", "computed"],
-    [["GPT-2 (4×)", f"{POST_CLAIMS['mlp_gflop_gpt2']:.2f}", f"{mlp['GPT-2']:.2f}"],
-     ["FastTransformer (2×)", f"{POST_CLAIMS['mlp_gflop_fasttransformer']:.2f}",
-      f"{mlp['FastTransformer (expanded K/V)']:.2f}"]],
-)
+show_table([
+    {"MLP per layer, forward": "GPT-2 (4×)", "post claims GFLOP": POST_CLAIMS["mlp_gflop_gpt2"],
+     "computed GFLOP": mlp["GPT-2"]},
+    {"MLP per layer, forward": "FastTransformer (2×)", "post claims GFLOP": POST_CLAIMS["mlp_gflop_fasttransformer"],
+     "computed GFLOP": mlp["FastTransformer (expanded K/V)"]},
+], digits=4, name="mlp-gflop")
 
 # %% [markdown]
 # The shares move the other way in FastTransformer: with a smaller MLP and projection,
@@ -180,20 +181,23 @@ display(Markdown(
 # by A·V, and the backward runs the chain in reverse. The table lists every pass
 # (`ftlib.accounting.TT_PASSES`, checked op by op in the tests with a dispatch-mode
 # logger). The original FastTransformer, in fp32 with a (B, 1, T, d) K/V, falls back to
-# SDPA's math backend (facts.md; `expected_backend`), which materializes the same tensor.
+# SDPA's math backend (`ftlib.accounting.expected_backend` states the kernel rules), which
+# materializes the same tensor.
 
 # %%
 tr = {m: attention_matrix_traffic(MODELS[m], B, T, "fp32", capability=lookup("NVIDIA H200").capability)
       for m in MODELS}
 g = tr["GPT-2"]
-table(["phase", "op", "reads", "writes"], [[p["phase"], p["op"], p["reads"], p["writes"]] for p in g["passes"]])
-table(
-    ["model (fp32, H200 kernel choice)", "backend", "one (B,H,T,T) tensor MB", "passes per layer",
-     "write-once-read-once MB/step", "actual MB/step"],
-    [[m, t["backend"], f"{t['tensor_bytes'] / 1e6:.1f}", t["reads_per_layer"] + t["writes_per_layer"],
-      f"{t['write_once_read_once_per_step'] / 1e6:.0f}", f"{t['bytes_per_step'] / 1e6:.0f}"]
-     for m, t in tr.items()],
-)
+show_table([{"phase": p["phase"], "op": p["op"], "reads": p["reads"], "writes": p["writes"]} for p in g["passes"]],
+           name="tt-passes")
+show_table([
+    {"model (fp32, H200 kernel choice)": m, "backend": t["backend"],
+     "one (B,H,T,T) tensor MB": t["tensor_bytes"] / 1e6,
+     "passes per layer": t["reads_per_layer"] + t["writes_per_layer"],
+     "write-once-read-once MB/step": t["write_once_read_once_per_step"] / 1e6,
+     "actual MB/step": t["bytes_per_step"] / 1e6}
+    for m, t in tr.items()
+], digits=4, name="tt-traffic")
 display(Markdown(
     f"Post's claim: {POST_CLAIMS['attention_matrix_mb_per_step']:.0f} MB. The write-once, read-once "
     f"model gives {g['write_once_read_once_per_step'] / 1e6:.0f} MB, so the post's number is that "
@@ -214,32 +218,31 @@ display(Markdown(
 # the scores in backward). Next to the sum, the closed forms of the literature, which count
 # matmuls only: Kaplan et al. 2020 (6N plus a causal context term, no head),
 # Megatron-LM (Narayanan et al. 2021; assumes a 4× MLP and full K/V heads) and PaLM
-# (6N + 12·L·H·Q·T per token, full T × T), the count facts.md uses for its floors.
+# (6N + 12·L·H·Q·T per token, full T × T), the count behind the FLOP floors below.
 
 # %%
 cap = lookup("NVIDIA H200").capability
 summ = {m: step_summary(c, B, T, precision="fp32", capability=cap) for m, c in MODELS.items()}
-table(
-    ["per step", *MODELS],
-    [
-        ["attention backend (fp32, H200)", *[expected_backend(c, "fp32", cap) for c in MODELS.values()]],
-        ["GFLOP as executed", *[f"{s['flops'] / 1e9:.1f}" for s in summ.values()]],
-        ["GFLOP, causal useful work", *[f"{s['flops_causal'] / 1e9:.1f}" for s in summ.values()]],
-        ["GFLOP, matmuls only (full T×T)", *[f"{s['gemm_flops'] / 1e9:.1f}" for s in summ.values()]],
-        ["Kaplan 2020 GFLOP", *[f"{kaplan_flops(c, B, T) / 1e9:.1f}" for c in MODELS.values()]],
-        ["Megatron-LM 2021 GFLOP", *[f"{megatron_flops(c, B, T) / 1e9:.1f}" for c in MODELS.values()]],
-        ["PaLM 2022 GFLOP", *[f"{palm_flops(c, B, T) / 1e9:.1f}" for c in MODELS.values()]],
-        ["forward / backward / optimizer GFLOP",
-         *[f"{s['fwd_flops'] / 1e9:.1f} / {s['bwd_flops'] / 1e9:.1f} / {s['opt_flops'] / 1e9:.2f}"
-           for s in summ.values()]],
-        ["DRAM GB (eager, op by op)", *[f"{s['bytes'] / 1e9:.2f}" for s in summ.values()]],
-        ["FLOP per byte", *[f"{s['intensity']:.1f}" for s in summ.values()]],
-        ["parameters", *[f"{s['params']:,}" for s in summ.values()]],
-        ["activations saved for backward MB", *[f"{s['saved_activation_bytes'] / 1e6:.0f}" for s in summ.values()]],
-        ["weights + grads + AdamW states MB",
-         *[f"{(s['param_bytes'] + s['grad_bytes'] + s['adamw_state_bytes']) / 1e6:.1f}" for s in summ.values()]],
-    ],
-)
+per_step = [
+    ("attention backend (fp32, H200)", lambda c, s: expected_backend(c, "fp32", cap)),
+    ("GFLOP as executed", lambda c, s: s["flops"] / 1e9),
+    ("GFLOP, causal useful work", lambda c, s: s["flops_causal"] / 1e9),
+    ("GFLOP, matmuls only (full T×T)", lambda c, s: s["gemm_flops"] / 1e9),
+    ("Kaplan 2020 GFLOP", lambda c, s: kaplan_flops(c, B, T) / 1e9),
+    ("Megatron-LM 2021 GFLOP", lambda c, s: megatron_flops(c, B, T) / 1e9),
+    ("PaLM 2022 GFLOP", lambda c, s: palm_flops(c, B, T) / 1e9),
+    ("forward GFLOP", lambda c, s: s["fwd_flops"] / 1e9),
+    ("backward GFLOP", lambda c, s: s["bwd_flops"] / 1e9),
+    ("optimizer GFLOP", lambda c, s: s["opt_flops"] / 1e9),
+    ("DRAM GB (eager, op by op)", lambda c, s: s["bytes"] / 1e9),
+    ("FLOP per byte", lambda c, s: s["intensity"]),
+    ("parameters", lambda c, s: s["params"]),
+    ("activations saved for backward MB", lambda c, s: s["saved_activation_bytes"] / 1e6),
+    ("weights + grads + AdamW states MB",
+     lambda c, s: (s["param_bytes"] + s["grad_bytes"] + s["adamw_state_bytes"]) / 1e6),
+]
+show_table([{"per step": what, **{m: f(MODELS[m], summ[m]) for m in MODELS}} for what, f in per_step],
+           digits=4, name="step-summary")
 
 # %% [markdown]
 # Megatron's formula is exact for GPT-2 and overcounts FastTransformer, which it does not
@@ -251,18 +254,36 @@ table(
 # ## Where a step's FLOPs and bytes go
 #
 # Forward + backward + optimizer, per component, summed over the six layers, as executed on
-# an H200 in fp32.
+# an H200 in fp32. The components are coloured by the part of the model they belong to:
+# blues for attention, oranges for the MLP, greens for the norms, greys for the rest.
+# The bars name the models short: *FT, original K/V* is FastTransformer as the post wrote
+# it, with the (B, 1, T, d) K/V; *FT, expanded K/V* hands SDPA the stride-0 expanded view.
 
 # %%
-order = ["embeddings", "norm1", "qkv", "scores", "softmax", "attn_v", "out_proj", "residual", "norm2",
-         "mlp_up", "gelu", "mlp_down", "final_norm", "head", "loss", "optimizer"]
+# One colour per component, in families, so the 16 components stay apart and related ones read together.
+COMPONENTS = {
+    "embedding and head": {"embeddings": "#4d4d4d", "head": "#8c8c8c", "loss": "#bdbdbd", "optimizer": "#8c564b"},
+    "attention": {"qkv": "#08306b", "scores": "#2171b5", "softmax": "#6baed6", "attn_v": "#9ecae1",
+                  "out_proj": "#6a51a3"},
+    "MLP": {"mlp_up": "#d94801", "gelu": "#fdae6b", "mlp_down": "#a63603"},
+    "norms and residual": {"norm1": "#006d2c", "norm2": "#41ab5d", "final_norm": "#a1d99b", "residual": "#e7298a"},
+}
+# Bottom to top: the components of each family together, in the order a step runs them.
+STACK = ["qkv", "scores", "softmax", "attn_v", "out_proj", "mlp_up", "gelu", "mlp_down",
+         "norm1", "norm2", "final_norm", "residual", "embeddings", "head", "loss", "optimizer"]
+GROUP_OF = {c: g for g, cs in COMPONENTS.items() for c in cs}
+COLOR = {c: col for cs in COMPONENTS.values() for c, col in cs.items()}
 for key, unit, scale in (("flops", "GFLOP", 1e9), ("bytes", "GB", 1e9)):
     comp = {m: by_component(c, B, T, key=key, precision="fp32", capability=cap) for m, c in MODELS.items()}
     fig = go.Figure([
-        go.Bar(name=c, x=list(MODELS), y=[comp[m].get(c, 0.0) / scale for m in MODELS]) for c in order
+        go.Bar(name=c, x=[SHORT[m] for m in MODELS], y=[comp[m].get(c, 0.0) / scale for m in MODELS],
+               marker_color=COLOR[c], legendgroup=GROUP_OF[c], legendgrouptitle_text=GROUP_OF[c],
+               hovertemplate=f"{c}: %{{y:.3g}} {unit}<extra>%{{x}}</extra>")
+        for c in STACK
     ])
     fig.update_layout(barmode="stack", title=f"One training step, B={B}, T={T}, fp32: {unit} by component",
-                      yaxis_title=unit, legend_traceorder="normal", height=520)
+                      yaxis_title=f"{unit} per step", height=620,
+                      legend=dict(traceorder="reversed+grouped", groupclick="toggleitem", tracegroupgap=8))
     show(fig, f"02-step-{key}-by-component")
 
 # %% [markdown]
@@ -270,7 +291,7 @@ for key, unit, scale in (("flops", "GFLOP", 1e9), ("bytes", "GB", 1e9)):
 #
 # A step cannot be faster than its FLOPs at the datasheet peak, nor than its bytes at the
 # DRAM bandwidth. Two floors per device and precision: the PaLM FLOP count at the matmul
-# peak (facts.md's floors), and the sum over components of
+# peak, and the sum over components of
 # max(FLOPs / peak, bytes / bandwidth) with each component's executed FLOPs and eager bytes
 # (elementwise work at the FP32 rate). The second is a floor for an *eager* step; a
 # compiler that fuses elementwise ops removes bytes and can go below it. The T4 has no TF32
@@ -278,48 +299,57 @@ for key, unit, scale in (("flops", "GFLOP", 1e9), ("bytes", "GB", 1e9)):
 # (`ftlib.peaks.PEAKS`, with sources), not readings.
 
 # %%
-body = []
+floors = []
 for dev, precs in (("Tesla T4", ("fp32", "fp16")), ("NVIDIA H200", ("fp32", "tf32", "bf16"))):
     d = lookup(dev)
     for prec in precs:
-        row = [d.name, prec, f"{d.rate(prec) / 1e12:.0f}", f"{d.bandwidth_gbs:,.0f}"]
-        for c in MODELS.values():
-            sf = step_floor(c, B, T, d, prec)
-            row += [f"{flops_floor(palm_flops(c, B, T), d, prec) * 1e3:.2f}", f"{sf['floor_s'] * 1e3:.2f}"]
-        body.append(row)
-table(
-    ["device", "precision", "peak TFLOP/s", "GB/s",
-     *[f"{m}: {k}" for m in MODELS for k in ("FLOP floor ms", "roofline ms")]],
-    body,
-)
+        for m, c in MODELS.items():
+            floors.append({"device": d.name, "precision": prec, "model": m, "peak TFLOP/s": d.rate(prec) / 1e12,
+                           "GB/s": d.bandwidth_gbs, "FLOP floor ms": flops_floor(palm_flops(c, B, T), d, prec) * 1e3,
+                           "roofline floor ms": step_floor(c, B, T, d, prec)["floor_s"] * 1e3})
+show_table(floors, name="step-floors")
 
 # %% [markdown]
 # On the H200 in fp32 the FLOP floor and the memory traffic are of the same order; with
 # tensor cores (TF32, BF16) the arithmetic floor drops by an order of magnitude and the step
 # is bound by bytes (and, in practice, by kernel launches: compare the measured times in
-# facts.md and chapter 1). On the T4 the fp32 arithmetic floor alone is already in the tens of
-# milliseconds. Which components are memory-bound is shown per row below for the H200 in
-# TF32.
+# chapter 1). On the T4 the fp32 arithmetic floor alone is already in the tens of
+# milliseconds. Which components are memory-bound is shown below for the H200 in TF32: each
+# component's FLOPs per byte against the ridge point, where the TF32 peak and the DRAM
+# bandwidth meet. Colours as above; the symbol tells the model.
 
 # %%
-rf = {m: roofline(c, B, T, "NVIDIA H200", "tf32") for m, c in list(MODELS.items())[:2]}
-fig = go.Figure()
-for m, rs in rf.items():
-    comp: dict[str, list[float]] = {}
-    for r in rs:
-        acc = comp.setdefault(r["component"], [0.0, 0.0])
-        acc[0] += r["flops"]
-        acc[1] += r["bytes"]
-    fig.add_trace(go.Scatter(
-        x=[v[0] / v[1] for v in comp.values()], y=[v[0] / 1e9 for v in comp.values()], mode="markers+text",
-        text=list(comp), textposition="top center", name=m,
-    ))
 d = lookup("NVIDIA H200")
 ridge = d.rate("tf32") / d.bandwidth
-fig.add_vline(x=ridge, line_dash="dash", annotation_text=f"H200 TF32 ridge point ({ridge:.0f} FLOP/B)")
-fig.update_layout(title="Arithmetic intensity per component (one step, fp32 tensors, TF32 peak)",
-                  xaxis_type="log", yaxis_type="log", xaxis_title="FLOP per byte",
-                  yaxis_title="GFLOP per step", height=560)
+per_comp = {m: pd.DataFrame(roofline(MODELS[m], B, T, d, "tf32")).groupby("component", sort=False)[["flops", "bytes"]]
+            .sum() for m in list(MODELS)[:2]}
+symbols = dict(zip(per_comp, ["circle", "diamond-open"]))
+sizes = dict(zip(per_comp, [8, 15]))  # the open diamond around the dot where both models coincide
+fig = go.Figure()
+for c in STACK:
+    pts = [(m, per_comp[m].loc[c]) for m in per_comp if c in per_comp[m].index]
+    fig.add_trace(go.Scatter(
+        x=[p["flops"] / p["bytes"] for _, p in pts], y=[p["flops"] / 1e9 for _, p in pts], mode="markers", name=c,
+        marker=dict(color=COLOR[c], size=[sizes[m] for m, _ in pts], symbol=[symbols[m] for m, _ in pts],
+                    line=dict(width=2, color=COLOR[c])),
+        legendgroup=GROUP_OF[c], legendgrouptitle_text=GROUP_OF[c], customdata=[SHORT[m] for m, _ in pts],
+        hovertemplate=f"{c}, %{{customdata}}<br>%{{x:.3g}} FLOP/B, %{{y:.3g}} GFLOP<extra></extra>"))
+for m, sym in symbols.items():  # the key to the symbols
+    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=SHORT[m], legendgroup="model",
+                             legendgrouptitle_text="model",
+                             marker=dict(color="#555", size=sizes[m], symbol=sym, line=dict(width=2, color="#555"))))
+# A line shape and a separate annotation: on a log axis an annotation's x is given as log10(x).
+fig.add_shape(type="line", x0=ridge, x1=ridge, y0=0, y1=1, yref="paper", line=dict(dash="dash", color="#333"))
+fig.add_annotation(x=math.log10(ridge), y=1, yref="paper", yanchor="bottom", showarrow=False, xanchor="right",
+                   text=f"H200 TF32 ridge point: {ridge:.0f} FLOP/B")
+xs = [p["flops"] / p["bytes"] for f in per_comp.values() for _, p in f.iterrows()] + [ridge]
+ys = [p["flops"] / 1e9 for f in per_comp.values() for _, p in f.iterrows()]
+fig.update_layout(title="Arithmetic intensity per component (one step, fp32 tensors, H200 TF32 peak)",
+                  xaxis=dict(type="log", title="FLOP per byte (log scale)", dtick=1,
+                             range=[math.log10(min(xs)) - 0.3, math.log10(max(xs)) + 0.3]),
+                  yaxis=dict(type="log", title="GFLOP per step (log scale)", dtick=1,
+                             range=[math.log10(min(ys)) - 0.3, math.log10(max(ys)) + 0.3]),
+                  legend=dict(traceorder="grouped", tracegroupgap=8, font_size=11), height=680)
 show(fig, "02-intensity-h200-tf32")
 
 # %% [markdown]

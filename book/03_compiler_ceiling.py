@@ -32,12 +32,12 @@
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/03_compiler_ceiling.ipynb)
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
 
-# %%
+# %% tags=["remove-cell"]
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
 # install ftlib without dependencies (Colab's torch stays) and work from book/.
 import sys
@@ -53,28 +53,31 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, root)
     os.chdir(os.path.join(root, "book"))
 
-# %%
+# %% tags=["hide-input"]
 import plotly.graph_objects as go
 
 from ftlib import preset
 from ftlib.bench import bench_sweep
-from ftlib.benchview import MODE_NAMES, devices, ok_rows, pick, provenance_line, ratio
+from ftlib.benchview import MODE_NAMES, devices, ok_rows, pick, provenance_line, ratio, same_config
 from ftlib.claims import POST_GPU, post_step_rows, roofline_projection
 from ftlib.env import pick_device
-from ftlib.plots import show
+from ftlib.plots import MODEL_COLORS, show
 from ftlib.tables import show_table
 
 MODES = ["eager", "cudagraph", "compile", "compile-ro"]
 MODELS = {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer"),
           "fasttransformer-broadcast": preset("fasttransformer", kv_layout="broadcast")}
+# A smoke run measures small models at a small shape; the views then read those rows only.
+small = dict(n_layer=1, n_embd=64) if (MEASURE and SMOKE) else {}
+shape = (4, 64) if (MEASURE and SMOKE) else (32, 256)
 if MEASURE:
     device = pick_device(DEVICE)
-    small = dict(n_layer=1, n_embd=64) if SMOKE else {}
-    shape = (4, 64) if SMOKE else (32, 256)
     modes = MODES if device.type == "cuda" else ["eager"]
     bench_sweep({k: v.replace(**small) for k, v in MODELS.items()}, [shape], modes, ["fp32"],
                 bench="fig1", device=device, progress=False, warmup=3 if SMOKE else 10, iters=10 if SMOKE else 50)
-rows = ok_rows("fig1", include_cpu=MEASURE)
+# One size per device, so rows of different model sizes never share a figure or a table.
+rows = [r for r in ok_rows("fig1", include_cpu=MEASURE) if r.get("label") in MODELS and (r["B"], r["T"]) == shape
+        and same_config(r, MODELS[r["label"]].replace(**small))]
 print("Measured on:", provenance_line(rows) or "nothing stored yet")
 
 # %% [markdown]
@@ -86,7 +89,7 @@ for dev in devices(rows):
     for label in MODELS:
         pts = [pick(rows, device_slug=dev, label=label, mode=m, precision="fp32") for m in MODES]
         fig.add_trace(go.Bar(
-            name=label, x=[MODE_NAMES[m] for m in MODES],
+            name=label, x=[MODE_NAMES[m].replace(" (", "<br>(") for m in MODES], marker_color=MODEL_COLORS[label],
             y=[p["median_ms"] if p else None for p in pts],
             error_y=dict(type="data", symmetric=False,
                          array=[(p["p80_ms"] - p["median_ms"]) if p else 0 for p in pts],

@@ -42,12 +42,12 @@
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/04_codesign.ipynb)
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
 
-# %%
+# %% tags=["remove-cell"]
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
 # install ftlib without dependencies (Colab's torch stays) and work from book/.
 import sys
@@ -63,7 +63,7 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, root)
     os.chdir(os.path.join(root, "book"))
 
-# %%
+# %% tags=["hide-input"]
 import plotly.graph_objects as go
 
 from ftlib.ablations import grid, kv_head_sweep, ladder, mlp_ratio_sweep
@@ -81,7 +81,7 @@ from ftlib.codesignview import (
     switch_effects,
 )
 from ftlib.env import device_slug, pick_device
-from ftlib.plots import show
+from ftlib.plots import legend_below, show
 from ftlib.tables import show_table
 
 # A smoke run measures a small grid at a small shape; the tables then look for those.
@@ -108,7 +108,11 @@ print("Measured on:", provenance_line(rows) or "nothing stored yet")
 
 # %%
 table = grid_table(rows, GRID, B, T)
-show_table(table)
+# Every table of this chapter holds the rows of one device, named in its caption.
+show_table(table, preview=["cell", "GFLOP / step", *(col(m, p) for m, p in
+                                                    (("eager", "fp32"), ("cudagraph", "fp32"), ("eager", "tf32"),
+                                                     ("cudagraph", "tf32"), ("compile-ro", "fp32")))],
+           caption=f"measured on {dev}")
 missing = [r["cell"] for r in table if r[col("compile-ro", "fp32")] is None]
 if missing:
     print(f"compile-ro, {len(missing)} of {len(table)} cells:", not_measured("grid_compile"))
@@ -120,7 +124,7 @@ if missing:
 # A mode whose 16 cells are not all measured shows "–".
 
 # %%
-show_table(switch_effects(table))
+show_table(switch_effects(table), caption=f"measured on {dev}")
 
 # %% [markdown]
 # ## The ladder: GPT-2 → FastTransformer, one change at a time
@@ -139,7 +143,8 @@ for mode, prec in (("eager", "fp32"), ("cudagraph", "fp32"), ("eager", "tf32"), 
                              mode="lines+markers", name=f"{mode} {prec}"))
 fig.update_layout(title=f"Cumulative ladder, {dev} (B={B}, T={T})", yaxis_title="ms per step", height=430)
 show(fig, "ladder")
-show_table(steps)
+show_table(steps, preview=["rung", *(c for c in steps[0] if c.endswith(" ms"))] if steps else None,
+           caption=f"measured on {dev}")
 if not any(r[col("compile-ro", "fp32")] for r in steps):
     print("compile-ro rungs:", not_measured("ladder"))
 
@@ -158,10 +163,11 @@ for title, sweep, xs in (("K/V heads", kv_head_sweep(), [1, 2, 4, 8]),
             fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{mode} {prec}"))
     fig.add_trace(go.Scatter(x=xs, y=[step_summary(c, 32, 256)["flops"] / 1e9 for c in sweep.values()],
                              name="GFLOP / step (accounting)", yaxis="y2", line=dict(dash="dot")))
-    fig.update_layout(title=f"{title} sweep on FastTransformer, {dev}", xaxis_title=title,
-                      yaxis_title="ms per step", yaxis2=dict(overlaying="y", side="right", title="GFLOP"),
-                      height=420)
-    show(fig, f"sweep-{title}")
+    fig.update_layout(title=f"{title} sweep on FastTransformer, {dev}", xaxis=dict(title=title, tickvals=xs),
+                      yaxis_title="ms per step", yaxis2=dict(overlaying="y", side="right", title="GFLOP per step",
+                                                             showgrid=False, tickmode="auto", nticks=6),
+                      height=440)
+    show(legend_below(fig), f"sweep-{title}")
 
 # %% [markdown]
 # ## The attention kernel that actually runs, and the cost of the math fallback
@@ -172,11 +178,11 @@ for title, sweep, xs in (("K/V heads", kv_head_sweep(), [1, 2, 4, 8]),
 # "expected" is what the kernel rules in `ftlib.accounting` predict; the trace is what ran.
 
 # %%
-show_table(backend_table(dev, include_cpu=MEASURE) if dev else [])
+show_table(backend_table(dev, include_cpu=MEASURE) if dev else [], caption=f"profiled on {dev}")
 
 # %% [markdown]
 # What the layout costs per mode (fp32, Figure 1's suite, both layouts timed in the same session):
 # the original layout's step time over the expanded view's.
 
 # %%
-show_table(fallback_cost(rows))
+show_table(fallback_cost(rows), caption=f"measured on {dev}")

@@ -29,12 +29,12 @@
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/05_benchmarks.ipynb)
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
 
-# %%
+# %% tags=["remove-cell"]
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
 # install ftlib without dependencies (Colab's torch stays) and work from book/.
 import sys
@@ -50,17 +50,17 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, root)
     os.chdir(os.path.join(root, "book"))
 
-# %%
+# %% tags=["hide-input"]
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
 
 from ftlib import preset
 from ftlib.bench import bench_sweep
-from ftlib.benchview import MODE_NAMES, devices, not_measured, ok_rows, pick, provenance_line
+from ftlib.benchview import MODE_NAMES, devices, not_measured, ok_rows, pick, provenance_line, same_config
 from ftlib.claims import POST_CLAIMED, POST_GPU, post_step_rows
 from ftlib.env import pick_device
-from ftlib.plots import show
+from ftlib.plots import MODEL_COLORS, legend_below, log_ticks, show
 from ftlib.sweepview import (
-    CLAIM,
     PROJECTION,
     SWEEP_T,
     compile_time_table,
@@ -73,21 +73,26 @@ from ftlib.sweepview import (
 from ftlib.tables import show_table
 
 MODELS = ("gpt2", "fasttransformer")
+MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer"}
+# Short legend names; the tables below name the projection and the claim in full.
+SHORT_PROJECTION, SHORT_CLAIM = f"{POST_GPU} roofline projection", f"post's claim ({POST_GPU})"
 # A smoke run measures small models at small shapes; the sweep's views then look for those.
 SMALL = dict(n_layer=1, n_embd=64) if (MEASURE and SMOKE) else {}
 TOKENS, TS = (256, (32, 64)) if (MEASURE and SMOKE) else (8192, SWEEP_T)
+shape = (4, 64) if (MEASURE and SMOKE) else (32, 256)
 if MEASURE:
     device = pick_device(DEVICE)
     modes = ["eager", "compile-ro"] if device.type == "cuda" else ["eager"]
     precs = ["tf32", "bf16"] if device.type == "cuda" else ["bf16"]
-    shape = (4, 64) if SMOKE else (32, 256)
     it = dict(warmup=3, iters=10) if SMOKE else {}
     bench_sweep({m: preset(m, **SMALL) for m in MODELS}, [shape], modes, precs, bench="precision",
                 device=device, progress=False, **it)
     for T in TS:
         bench_sweep({m: preset(m, block_size=T, **SMALL) for m in MODELS}, [(TOKENS // T, T)], modes, ["fp32"],
                     bench="tsweep", device=device, progress=False, **it)
-rows = ok_rows(["fig1", "precision"], include_cpu=MEASURE)
+# One size per device, so rows of different model sizes never share a figure or a table.
+rows = [r for r in ok_rows(["fig1", "precision"], include_cpu=MEASURE) if r.get("label") in MODELS
+        and (r["B"], r["T"]) == shape and same_config(r, preset(r["label"], **SMALL))]
 print("Measured on:", provenance_line(rows) or "nothing stored yet")
 
 # %% [markdown]
@@ -98,15 +103,17 @@ PRECS = ("fp32", "tf32", "bf16")
 for dev in devices(rows):
     fig = go.Figure()
     for label in MODELS:
-        xs, ys = [], []
+        xs, ys = [[], []], []
         for prec in PRECS:
             for mode in ("eager", "cudagraph", "compile", "compile-ro"):
                 r = pick(rows, device_slug=dev, label=label, mode=mode, precision=prec)
                 if r:
-                    xs.append(f"{prec} · {mode}")
+                    xs[0].append(prec)
+                    xs[1].append(mode)
                     ys.append(r["tokens_per_s"])
-        fig.add_trace(go.Bar(name=label, x=xs, y=ys))
-    fig.update_layout(barmode="group", title=f"Training throughput, {dev}", yaxis_title="tokens / s", height=450)
+        fig.add_trace(go.Bar(name=label, x=xs, y=ys, marker_color=MODEL_COLORS[label]))
+    fig.update_layout(barmode="group", title=f"Training throughput, {dev} (B = 32, T = 256)",
+                      yaxis_title="tokens / s", height=450)
     show(fig, f"fig3-{dev}")
 post = {(r["label"], r["mode"]): r for r in post_step_rows()}
 show_table([{"source": f"post (claim), {POST_GPU}", "model": m, "mode": "compile-ro",
@@ -182,35 +189,49 @@ for dev in sweep_devs or [None]:
         print("Measured on:", provenance_line(sweep))
     else:
         print(f"T sweep on {dev or 'a GPU'}:", not_measured("fig5,tsweep"))
-    speed, tput = go.Figure(), go.Figure()
+    # Colour: the precision; line: the mode (solid compile-ro, dashed eager). Claims and projections in grey.
+    prec_color, mode_dash = {"fp32": "#1f77b4", "tf32": "#ff7f0e"}, {"compile-ro": "solid", "eager": "dash"}
+    speed = go.Figure()
+    tput = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
+                         subplot_titles=[MODEL_NAMES[m] for m in MODELS])
     for prec in ("fp32", "tf32"):
         for mode in ("compile-ro", "eager"):
             pts = sweep_table(sweep, prec, mode)
             if pts:
-                name = f"{dev} {prec} {mode}"
+                style = dict(color=prec_color[prec], dash=mode_dash[mode])
                 speed.add_trace(go.Scatter(x=[p["T"] for p in pts], y=[p["speed-up"] for p in pts],
-                                           mode="lines+markers", name=name))
-                for m in MODELS:
+                                           mode="lines+markers", name=f"{prec} {mode}", line=style))
+                for i, m in enumerate(MODELS, start=1):
                     tput.add_trace(go.Scatter(x=[p["T"] for p in pts], y=[p[f"{m} tokens/s"] for p in pts],
-                                              mode="lines+markers", name=f"{m}, {name}"))
-    speed.add_trace(go.Scatter(x=[p["T"] for p in proj], y=[p["floor ratio"] for p in proj], name=PROJECTION,
-                               mode="lines", line=dict(dash="dot")))
-    speed.add_trace(go.Scatter(x=[c["T"] for c in claims], y=[c["speed-up"] for c in claims], name=CLAIM,
-                               mode="markers", marker=dict(symbol="star", size=14)))
+                                              mode="lines+markers", name=f"{prec} {mode}", line=style,
+                                              legendgroup=f"{prec} {mode}", showlegend=i == 1), row=1, col=i)
+    speed.add_trace(go.Scatter(x=[p["T"] for p in proj], y=[p["floor ratio"] for p in proj], name=SHORT_PROJECTION,
+                               mode="lines", line=dict(dash="dot", color="#7f7f7f")))
+    speed.add_trace(go.Scatter(x=[c["T"] for c in claims], y=[c["speed-up"] for c in claims], name=SHORT_CLAIM,
+                               mode="markers", marker=dict(symbol="star", size=14, color="#333")))
+    speed.add_hline(y=1, line=dict(color="#999", width=1))
     where = dev or "no GPU rows"
+    ts = [p["T"] for p in proj]
     speed.update_layout(title=f"FastTransformer speed-up over GPT-2 vs T, {TOKENS:,} tokens/step, {where}",
-                        xaxis_type="log", xaxis_title=f"T (B = {TOKENS} / T)", yaxis_title="speed-up", height=440)
-    show(speed, f"fig5-speedup-{dev}")
-    for m in MODELS:
+                        xaxis=dict(title=f"T (B = {TOKENS} / T)", **log_ticks(ts)),
+                        yaxis_title="speed-up (GPT-2 step time / FastTransformer's)", height=460)
+    show(legend_below(speed), f"fig5-speedup-{dev}")
+    for i, m in enumerate(MODELS, start=1):
         tput.add_trace(go.Scatter(x=[p["T"] for p in proj], y=[p[f"{m} floor tokens/s"] for p in proj],
-                                  name=f"{m}, {PROJECTION}", mode="lines", line=dict(dash="dot")))
+                                  name=SHORT_PROJECTION, mode="lines", line=dict(dash="dot", color="#7f7f7f"),
+                                  legendgroup="projection", showlegend=i == 1), row=1, col=i)
     tput.add_trace(go.Scatter(x=[c["T"] for c in claims], y=[c["fasttransformer tokens/s"] for c in claims],
-                              name=f"fasttransformer, {CLAIM}", mode="markers", marker=dict(symbol="star", size=14)))
-    tput.update_layout(title=f"Training throughput vs T (the post's Figure 5), {where}",
-                       xaxis_type="log", xaxis_title=f"T (B = {TOKENS} / T)", yaxis_title="tokens / s", height=440)
-    show(tput, f"fig5-throughput-{dev}")
-    show_table(sweep_table(sweep, "fp32", "compile-ro") + claims)
-    show_table(sweep_table(sweep, "tf32", "compile-ro"))
+                              name=SHORT_CLAIM, mode="markers", marker=dict(symbol="star", size=14, color="#333")),
+                   row=1, col=2)
+    tput.update_xaxes(title_text=f"T (B = {TOKENS} / T)", **log_ticks(ts))
+    tput.update_layout(title=f"Training throughput vs T (the post's Figure 5), {where}", yaxis_title="tokens / s",
+                       height=480)
+    show(legend_below(tput), f"fig5-throughput-{dev}")
+    # The columns a reader compares first; every column is in the collapsed table and its CSV.
+    key_cols = ["T", "B", "gpt2 ms", "fasttransformer ms", "speed-up", "gpt2 tokens/s", "fasttransformer tokens/s"]
+    show_table(sweep_table(sweep, "fp32", "compile-ro") + claims, preview=[*key_cols, "source"],
+               caption=f"fp32, compile-ro, {where}")
+    show_table(sweep_table(sweep, "tf32", "compile-ro"), preview=key_cols, caption=f"tf32, compile-ro, {where}")
     # Where the co-designed model stops paying: the T at which it is slower than GPT-2.
     for prec in ("fp32", "tf32"):
         for mode in ("compile-ro", "eager"):
@@ -218,4 +239,4 @@ for dev in sweep_devs or [None]:
             slower = [p["T"] for p in pts if p["speed-up"] < 1]
             if pts:
                 print(f"{dev} {prec} {mode}: FastTransformer slower than GPT-2 at T = {slower or 'none'}")
-show_table(proj)
+show_table(proj, [c for c in proj[0] if c != "source"], caption=PROJECTION)

@@ -32,12 +32,12 @@
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/06_kernels.ipynb)
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
 
-# %%
+# %% tags=["remove-cell"]
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
 # install ftlib without dependencies (Colab's torch stays) and work from book/.
 import sys
@@ -53,7 +53,7 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, root)
     os.chdir(os.path.join(root, "book"))
 
-# %%
+# %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
 from ftlib import engineview, kernelview
@@ -232,7 +232,8 @@ if not ktable:
     print("Kernel rows not measured yet: run bash ci/gpu-run --only kernels on a GPU (resumable).")
 else:
     show_table(ktable, ["device", "op", "case", "variant", "eager µs", "graph µs", "rate", "unit", "floor µs",
-                        "of ceiling", "vs PyTorch", "vs compile", "note"])
+                        "of ceiling", "vs PyTorch", "vs compile", "note"],
+               preview=["op", "case", "variant", "eager µs", "graph µs", "of ceiling", "vs PyTorch", "vs compile"])
     for dev in sorted({t["device"] for t in ktable}):
         show(kernelview.kernel_figure(ktable, dev), f"kernels-{dev}")
     print("\n".join(kernelview.verdicts(ktable)))
@@ -275,7 +276,7 @@ for v in engineview.verdicts(erows):
 # %%
 deltas = engineview.kernel_deltas(erows)
 if deltas:
-    show_table(deltas)
+    show_table(deltas, preview=["device", "model", "precision", "variant", "ms", "engine ms", "delta ms", "delta %"])
 else:
     print(engineview.NOT_MEASURED)
 
@@ -347,7 +348,8 @@ prows = ok_rows("engine_probe", include_cpu=MEASURE)
 ptable = engineview.probe_table(prows)
 if ptable:
     print("Measured on:", provenance_line(prows))
-    show_table(ptable)
+    show_table(ptable, preview=["device", "case", "precision", "captured step µs", "kernel µs", "matmul", "largest",
+                                "largest share"])
 else:
     print("Not profiled yet: python -m kernels.dev.engine_probe --out DIR on a GPU, then commit DIR/engine_probe.jsonl "
           "under data/results/<gpu>/.")
@@ -362,6 +364,7 @@ else:
 if not crows:
     print(engineview.NOT_MEASURED)
 else:
-    show_table(engineview.loss_table(crows))
+    show_table(engineview.loss_table(crows), preview=["device", "model", "precision", "steps", "ref loss last",
+                                                      "max rel err", "rtol", "ok"])
     for dev in devices(crows):
         show(engineview.loss_figure(crows, dev), f"engine-check-{dev}")

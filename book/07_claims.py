@@ -32,12 +32,12 @@
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/07_claims.ipynb)
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
 
-# %%
+# %% tags=["remove-cell"]
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
 # install ftlib without dependencies (Colab's torch stays) and work from book/.
 import sys
@@ -53,15 +53,13 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, root)
     os.chdir(os.path.join(root, "book"))
 
-# %%
-from collections import Counter
-
+# %% tags=["hide-input"]
 from ftlib.audit import TOL, audit_rows
-from ftlib.tables import show_table
+from ftlib.tables import show_frame, show_table, to_frame
 
 rows = audit_rows("h200")
 print(f"tolerance for measured agreement: {TOL:.0%} (the original's own session-to-session spread)")
 show_table(rows, ["claim", "post says", "book finds", "verdict", "from"])
 
 # %%
-show_table([{"verdict": v, "claims": n} for v, n in Counter(r["verdict"] for r in rows).most_common()])
+show_frame(to_frame(rows)["verdict"].value_counts().rename_axis("verdict").reset_index(name="claims"))

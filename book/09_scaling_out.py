@@ -38,12 +38,12 @@
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/09_scaling_out.ipynb)
 
-# %% tags=["parameters"]
+# %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
 SMOKE = True
 MEASURE = False
 
-# %%
+# %% tags=["remove-cell"]
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
 # install ftlib without dependencies (Colab's torch stays) and work from book/.
 import sys
@@ -59,7 +59,7 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     sys.path.insert(0, root)
     os.chdir(os.path.join(root, "book"))
 
-# %%
+# %% tags=["hide-input"]
 import subprocess
 import sys
 from pathlib import Path
@@ -71,7 +71,7 @@ from ftlib import preset
 from ftlib.benchview import devices, ok_rows, pick, provenance_line
 from ftlib.distributed import NVLINK_GBS, allreduce_volume, ring_floor_s, scaling
 from ftlib.env import pick_device
-from ftlib.plots import show
+from ftlib.plots import MODEL_COLORS, log_ticks, show
 from ftlib.tables import show_table
 
 MODELS = {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
@@ -114,10 +114,10 @@ show_table(acct)
 # %%
 fig = go.Figure()
 for name, cfg in MODELS.items():
-    fig.add_trace(go.Scatter(name=name, x=WORLD_SIZES, mode="lines+markers",
+    fig.add_trace(go.Scatter(name=name, x=WORLD_SIZES, mode="lines+markers", line_color=MODEL_COLORS[name],
                              y=[allreduce_volume(cfg, n)["ring_bytes_per_rank"] / 1e6 for n in WORLD_SIZES]))
 fig.update_layout(title="Gradient bytes each GPU sends per step (ring all-reduce, fp32 gradients)",
-                  xaxis_title="GPUs", yaxis_title="MB per GPU per step", xaxis_type="log", height=400)
+                  xaxis=dict(title="GPUs", **log_ticks(WORLD_SIZES)), yaxis_title="MB per GPU per step", height=400)
 show(fig, "ddp-allreduce-volume")
 
 # %% [markdown]
@@ -192,8 +192,8 @@ for dev in devices(table):
                    and r["precision"] == r0["precision"] and r["mode"] == r0["mode"]]
             fig.add_trace(go.Scatter(name=f"{r0['label']} {r0['precision']} {r0['mode']}", mode="lines+markers",
                                      x=[r["world_size"] for r in pts], y=[r[field] for r in pts]))
-        fig.update_layout(title=f"DDP {title}, {dev}", xaxis_title="ranks (one GPU each)", yaxis_title=ytitle,
-                          xaxis_type="log", height=400)
+        fig.update_layout(title=f"DDP {title}, {dev}", yaxis_title=ytitle, height=400,
+                          xaxis=dict(title="ranks (one GPU each)", **log_ticks(r["world_size"] for r in table)))
         show(fig, f"ddp-{field}-{dev}")
 
 # %% [markdown]

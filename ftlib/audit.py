@@ -14,11 +14,11 @@ import math
 from typing import Any
 
 from ftlib.accounting import POST_CLAIMS, attention_matrix_traffic, attention_mlp_fractions, expected_backend
-from ftlib.benchview import not_measured, ok_rows, pick
+from ftlib.benchview import not_measured, ok_rows, pick, same_config
 from ftlib.claims import POST_CLAIMED, POST_STEP_MS, POST_TOKENS_PER_STEP
-from ftlib.codesignview import backend_table
+from ftlib.codesignview import VARIANTS, backend_table
 from ftlib.config import preset
-from ftlib.convergence import summary
+from ftlib.convergence import suite_rows, summary
 from ftlib.model import GPT
 from ftlib.sweepview import compile_time_table, sweep_rows, sweep_table
 
@@ -66,8 +66,9 @@ def _ceiling_rows(device: str) -> list[dict[str, Any]]:
 def audit_rows(device: str = "h200") -> list[dict[str, Any]]:
     g, f = preset("gpt2"), preset("fasttransformer")
     out: list[dict[str, Any]] = []
-    runs = ok_rows(["fig1", "precision"])
-    runs = [r for r in runs if r["device_slug"] == device]
+    # One device, the post's models at full size, B=32, T=256: a smoke run's rows never stand in for them.
+    runs = [r for r in ok_rows(["fig1", "precision"]) if r["device_slug"] == device and (r.get("B"), r.get("T")) ==
+            (32, 256) and r.get("label") in VARIANTS and same_config(r, VARIANTS[r["label"]])]
 
     def ms(label, mode, prec="fp32"):
         r = pick(runs, label=label, mode=mode, precision=prec)
@@ -173,12 +174,14 @@ def audit_rows(device: str = "h200") -> list[dict[str, Any]]:
                     + (f"; eager {fb:.1f} vs {fx:.1f} ms" if fb and fx else ""),
                     "does not hold" if "math" in seen.split("+") else "holds",
                     "profile suite (trace)" if traced else "ftlib.accounting rules"))
-    conv = [r for r in ok_rows("convergence-original") if r["device_slug"] == device and r["seed"] == 42]
+    conv = [r for r in suite_rows("convergence-original", ok_rows("convergence-original"))
+            if r["device_slug"] == device and r["seed"] == 42]
     cg, cf = pick(conv, model="gpt2"), pick(conv, model="fasttransformer")
     if cg and cf:
         pg, pf = (math.exp(c["history"][-1]["batch_loss"]) for c in (cg, cf))
         vg, vf = (math.exp(c["history"][-1]["val_loss"]) for c in (cg, cf))
-        fair = {r["model"]: r for r in summary([r for r in ok_rows("convergence") if r["device_slug"] == device])}
+        fair = {r["model"]: r for r in summary([r for r in suite_rows("convergence", ok_rows("convergence"))
+                                                if r["device_slug"] == device])}
         later = ""
         if "gpt2" in fair and "fasttransformer" in fair:
             a, b = fair["fasttransformer"], fair["gpt2"]

@@ -443,17 +443,33 @@ def _mean(values: list[float | None]) -> float | None:
     return sum(vals) / len(vals) if vals else None
 
 
+def _runs_of_one_config(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    """Finished runs grouped by (device, model, config hash): the seeds of one model at one size on
+    one device, never pooled with another device's runs or a smoke run's smaller model."""
+    from ftlib.tables import group_rows
+
+    return group_rows(_ok(rows), "device_slug", "model", "config_hash")
+
+
 def aggregate(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
-    """Per model, per evaluated step: mean, min and max over seeds of val/train loss and time."""
-    by_model: dict[str, dict[int, list[dict]]] = {}
-    for r in _ok(rows):
-        for ev in r["history"]:
-            by_model.setdefault(r["model"], {}).setdefault(ev["step"], []).append(ev)
+    """Per model, per evaluated step: mean, min and max over seeds of val/train loss and time.
+
+    Seeds are pooled only within one device and one config; where a model name has runs on
+    several devices or at several sizes, each gets its own entry, named with its device and
+    parameter count.
+    """
+    groups = _runs_of_one_config(rows)
+    names = [model for _, model, _ in groups]
     out: dict[str, list[dict[str, Any]]] = {}
-    for model, steps in by_model.items():
+    for (dev, model, _), rs in groups.items():
+        name = model if names.count(model) == 1 else f"{model} ({dev}, {rs[0].get('params', 0):,} params)"
+        by_step: dict[int, list[dict]] = {}
+        for r in rs:
+            for ev in r["history"]:
+                by_step.setdefault(ev["step"], []).append(ev)
         pts = []
-        for step in sorted(steps):
-            evs = steps[step]
+        for step in sorted(by_step):
+            evs = by_step[step]
             vals = [e["val_loss"] for e in evs]
             pts.append({
                 "step": step, "tokens": evs[0]["tokens"], "n_seeds": len(evs),
@@ -461,27 +477,26 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
                 "val_mean": sum(vals) / len(vals), "val_min": min(vals), "val_max": max(vals),
                 "train_mean": sum(e["train_loss"] for e in evs) / len(evs),
             })
-        out[model] = pts
+        out[name] = pts
     return out
 
 
 def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per model: seeds, best validation loss (mean, min, max), time to target.
+    """One line per device, model and config: seeds, best validation loss (mean, min, max), time to target.
 
     Time to target twice: all training-step wall time (startup included), and without the
     startup (first step: compilation, or the engine's JIT and capture). Rows stored before
     the startup was recorded have no value for the second; its mean is over the seeds that do.
+    Runs of different devices or sizes are separate lines (``device``, ``params``).
     """
-    by: dict[str, list[dict]] = {}
-    for r in _ok(rows):
-        by.setdefault(r["model"], []).append(r)
-    speedrun = any(r.get("target") is not None for rs in by.values() for r in rs)  # else no timing columns
+    groups = _runs_of_one_config(rows)
+    speedrun = any(r.get("target") is not None for rs in groups.values() for r in rs)  # else no timing columns
     table = []
-    for model, rs in by.items():
+    for (dev, model, _), rs in groups.items():
         best = [r["best_val_loss"] for r in rs]
         ttt = [r["time_to_target_s"] for r in rs if r.get("time_to_target_s") is not None]
         line = {
-            "model": model, "params": rs[0]["params"], "seeds": len(rs),
+            "device": dev, "model": model, "params": rs[0]["params"], "seeds": len(rs),
             "best val loss (mean)": sum(best) / len(best), "min": min(best), "max": max(best),
             "time to target s (mean)": sum(ttt) / len(ttt) if ttt else None,
         }
@@ -493,6 +508,20 @@ def summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
         line["train time s (mean)"] = sum(r["train_time_s"] for r in rs) / len(rs)
         table.append(line)
     return table
+
+
+def suite_rows(bench: str, rows: Iterable[dict[str, Any]], smoke: bool = False) -> list[dict[str, Any]]:
+    """The rows of ``bench`` that ran one of the suite's own models at the suite's size.
+
+    A smoke run stores tiny models under the same names as the full-size ones; selecting by the
+    config hash keeps each out of the other's tables (``smoke`` picks which size is wanted).
+    Repeats are matched against the runs they repeat.
+    """
+    table = suites(smoke)
+    if bench not in table:
+        return list(rows)
+    runs = table[table[bench].get("repeat_of") or bench]["runs"]
+    return [r for r in rows if r.get("model") in runs and r.get("config_hash") == runs[r["model"]][0].config_hash()]
 
 
 TARGET_SPEEDUP = 3.0  # issue 7: at least 3x faster than nanoGPT's recipe to validation loss 1.50
@@ -624,7 +653,7 @@ def repeat_table(rows: list[dict[str, Any]], repeats: list[dict[str, Any]]) -> l
         if a is None:
             continue
         ta, tb = steady_time_to_target(a), steady_time_to_target(rep)
-        out.append({"model": rep["model"], "seed": rep["seed"],
+        out.append({"device": rep.get("device_slug"), "model": rep["model"], "seed": rep["seed"],
                     "steps to target (first)": a.get("steps_to_target"),
                     "steps to target (repeat)": rep.get("steps_to_target"),
                     "excl. startup s (first)": ta, "excl. startup s (repeat)": tb,

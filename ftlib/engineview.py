@@ -23,6 +23,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ftlib.benchview import pick, select
+from ftlib.plots import MODEL_COLORS, PALETTE, legend_below
 
 MODELS = ("gpt2", "fasttransformer")
 MODES = ("eager", "cudagraph", "compile", "compile-ro", "engine")
@@ -130,11 +131,11 @@ def figure1(table: list[dict[str, Any]], device: str) -> go.Figure:
     for model in MODELS:
         pts = [t for t in table if t["device"] == device and t["model"] == model]
         fig.add_trace(go.Bar(
-            name=model, x=[f"{t['precision']} · {SHORT_MODES[t['mode']]}" for t in pts],
-            y=[t["median_ms"] for t in pts],
+            name=model, x=[[t["precision"] for t in pts], [SHORT_MODES[t["mode"]] for t in pts]],
+            y=[t["median_ms"] for t in pts], marker_color=MODEL_COLORS.get(model),
             error_y=dict(type="data", symmetric=False, array=[t["p80_ms"] - t["median_ms"] for t in pts],
                          arrayminus=[t["median_ms"] - t["p20_ms"] for t in pts])))
-    fig.update_layout(barmode="group", height=450, yaxis_title="ms per step",
+    fig.update_layout(barmode="group", height=450, yaxis_title="ms per step", xaxis_tickangle=0,
                       title=f"Training step per mode, engine included, {device} (median, p20–p80)")
     return fig
 
@@ -256,40 +257,44 @@ def loss_table(check_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
     """Per precision (columns): engine (solid) and reference (dotted) loss per step, and below it
-    the relative difference |engine - reference| / reference per step (log scale)."""
+    the relative difference |engine - reference| / reference per step (log scale).
+
+    One colour per checked case, the same in every panel; the largest relative error of each
+    case is in :func:`loss_table`.
+    """
     rows = [r for r in latest_round(check_rows) if r["device_slug"] == device and r.get("losses_engine")]
     precs = [p for p in ("fp32", "tf32", "bf16") if any(r["precision"] == p for r in rows)]
-    short = {"gpt2": "GPT-2", "fasttransformer": "FT", "gpt2 +flash-attn": "GPT-2 +flash",
-             "gpt2 +flash-attn +bias-kernel": "GPT-2 +flash +bias"}
-    titles = [f"{p}, max rel err<br>" + " · ".join(f"{short.get(r['label'], r['label'])} {r['max_rel_err']:.1e}"
-                                                 for r in rows if r["precision"] == p) for p in precs]
+    labels = list(dict.fromkeys(r["label"] for r in sorted(rows, key=lambda r: (r["label"] not in MODELS, r["label"]))))
+    others = [c for c in PALETTE if c not in MODEL_COLORS.values()]
+    colors = {lab: MODEL_COLORS.get(lab) or others[i % len(others)] for i, lab in enumerate(labels)}
     n = max(1, len(precs))
-    fig = make_subplots(rows=2, cols=n, subplot_titles=titles + [""] * n, shared_xaxes=True,
-                        row_heights=[0.6, 0.4], vertical_spacing=0.08)
-    colors = {"gpt2": "#d62728", "fasttransformer": "#1f77b4", "gpt2 +flash-attn": "#ff7f0e",
-              "gpt2 +flash-attn +bias-kernel": "#2ca02c"}
+    fig = make_subplots(rows=2, cols=n, subplot_titles=precs + [""] * n, shared_xaxes=True,
+                        row_heights=[0.6, 0.4], vertical_spacing=0.08, horizontal_spacing=0.06)
+    shown: set[str] = set()
     for i, p in enumerate(precs, start=1):
         for r in (r for r in rows if r["precision"] == p):
-            c, first = colors.get(r["label"]), i == 1
+            c, first = colors[r["label"]], r["label"] not in shown
+            shown.add(r["label"])
             steps = list(range(1, len(r["losses_engine"]) + 1))
-            fig.add_trace(go.Scatter(x=steps, y=r["losses_engine"], mode="lines", name=f"{r['label']} engine",
-                                     line=dict(color=c), legendgroup=r["label"] + "e", showlegend=first),
+            fig.add_trace(go.Scatter(x=steps, y=r["losses_engine"], mode="lines", name=r["label"],
+                                     line=dict(color=c), legendgroup=r["label"], showlegend=first),
                           row=1, col=i)
             fig.add_trace(go.Scatter(x=steps, y=r["losses_ref"], mode="lines", name=f"{r['label']} reference",
-                                     line=dict(color=c, dash="dot"), legendgroup=r["label"] + "r", showlegend=first),
+                                     line=dict(color=c, dash="dot"), legendgroup=r["label"], showlegend=False),
                           row=1, col=i)
             rel = [abs(e - f) / abs(f) if (f and e != f) else None for e, f in zip(r["losses_engine"], r["losses_ref"])]
             fig.add_trace(go.Scatter(x=steps, y=rel, mode="lines", name=f"{r['label']} |engine - ref| / ref",
-                                     line=dict(color=c, width=1), legendgroup=r["label"] + "d", showlegend=first),
+                                     line=dict(color=c, width=1), legendgroup=r["label"], showlegend=False),
                           row=2, col=i)
         fig.update_xaxes(title_text="step", row=2, col=i)
-        fig.update_yaxes(type="log", tickformat=".0e", row=2, col=i)
+        fig.update_yaxes(type="log", dtick=1, tickformat=".0e", row=2, col=i)
+    for dash, what in (("solid", "engine"), ("dot", "reference (train_step + torch.optim.AdamW)")):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=what, line=dict(color="#555", dash=dash),
+                                 legendgroup="style", legendgrouptitle_text="line"))
     fig.update_yaxes(title_text="training loss", row=1, col=1)
-    fig.update_yaxes(title_text="relative difference", row=2, col=1)
-    fig.update_annotations(font_size=12)
-    fig.update_layout(height=580, margin=dict(t=110),
-                      title=f"Engine vs reference training, {device}: loss per step")
-    return fig
+    fig.update_yaxes(title_text="|engine − ref| / ref", row=2, col=1)
+    fig.update_layout(height=620, title=f"Engine vs reference training, {device}: loss per step")
+    return legend_below(fig)
 
 
 # Kernel-name patterns -> category, first match wins (kernels/dev/engine_probe.py's names:

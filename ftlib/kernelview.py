@@ -12,6 +12,7 @@ and "of ceiling" = floor / measured time (1.0 = as fast as the card's own copy o
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ftlib.plots import log_axis
 from ftlib.results import load_rows
 
 BENCH = "kernels"
@@ -162,22 +164,56 @@ def verdicts(table: Iterable[dict[str, Any]]) -> list[str]:
     return lines
 
 
+def _common_prefix(cases: list[str]) -> tuple[str, list[str]]:
+    """The words every case label shares, and each label without them (a panel's title and its row names)."""
+    words = [re.findall(r"\([^)]*\)|\S+", c) for c in cases]  # a shape "(8192, 256)" is one word
+    common = [w for w in words[0] if all(w in ws for ws in words)] if words else []
+    short = [" ".join(w for w in ws if w not in common) or "-" for ws in words]
+    return " ".join(common), short
+
+
 def kernel_figure(table: list[dict[str, Any]], device: str) -> go.Figure:
-    """Eager and in-graph time per variant, one panel per op (log scale), for one device."""
+    """Eager and in-graph time per variant, one panel per op, for one device.
+
+    One row per (case, variant), read left to right on a log time axis: the filled dot is the
+    time inside a CUDA graph (the kernels), the open one the eager call (autograd and launches
+    included). Row names are horizontal; what every case of an op shares is in the panel's title.
+    """
     rows = [t for t in table if t["device"] == device]
     ops = [op for op in OPS if any(t["op"] == op for t in rows)]
-    fig = make_subplots(rows=max(1, len(ops)), cols=1, subplot_titles=[OP_NAMES[o] for o in ops],
-                        vertical_spacing=0.3 / max(1, len(ops)))
+    per_op = {op: [t for t in rows if t["op"] == op] for op in ops}
+    row_px, gap_px, top_px = 17, 70, 90
+    heights = [max(2, len(per_op[op])) * row_px for op in ops] or [row_px]
+    total = sum(heights) + gap_px * max(0, len(ops) - 1)
+    titles = []
+    for op in ops:
+        common, _ = _common_prefix([t["case"] for t in per_op[op]])
+        titles.append(f"<b>{OP_NAMES[op]}</b>" + (f"  {common}" if common else ""))
+    fig = make_subplots(rows=max(1, len(ops)), cols=1, subplot_titles=titles or None,
+                        row_heights=[h / sum(heights) for h in heights],
+                        vertical_spacing=gap_px / total if len(ops) > 1 else 0.0)
+    styles = (("graph µs", "in a CUDA graph (kernels)", dict(symbol="circle", size=8, color="#1f77b4")),
+              ("eager µs", "eager (autograd, launches)", dict(symbol="circle-open", size=8, color="#7f7f7f",
+                                                               line=dict(width=1.5))))
     for i, op in enumerate(ops, start=1):
-        pts = [t for t in rows if t["op"] == op]
-        x = [f"{t['case']} · {t['variant']}" for t in pts]
-        for col, name, color in (("eager µs", "eager (autograd, launches)", "#9aa5b1"),
-                                 ("graph µs", "in a CUDA graph (kernels)", "#1f77b4")):
-            fig.add_trace(go.Bar(x=x, y=[t[col] for t in pts], name=name, marker_color=color,
-                                 legendgroup=name, showlegend=i == 1), row=i, col=1)
-        fig.update_yaxes(type="log", title_text="µs", row=i, col=1)
-    fig.update_layout(barmode="group", height=330 * max(1, len(ops)),
-                      title=f"Kernel time per variant, eager vs inside a CUDA graph, {device} (median)")
+        pts = per_op[op]
+        _, cases = _common_prefix([t["case"] for t in pts])
+        labels = [f"{case} · {t['variant']}" if case != "-" else t["variant"] for case, t in zip(cases, pts)]
+        for col, name, marker in styles:
+            fig.add_trace(go.Scatter(x=[t[col] for t in pts], y=labels, mode="markers", name=name, marker=marker,
+                                     legendgroup=name, showlegend=i == 1,
+                                     hovertemplate="%{y}: %{x:.3g} µs<extra>" + name + "</extra>"), row=i, col=1)
+        fig.update_yaxes(autorange="reversed", tickfont_size=10, row=i, col=1)
+        fig.update_xaxes(**log_axis([t[c] for t in pts for c in ("graph µs", "eager µs")]), row=i, col=1)
+    if ops:
+        fig.update_xaxes(title_text="µs per call, median (log scale)", row=len(ops), col=1)
+    fig.update_annotations(font_size=12, xanchor="left", x=0)
+    height = int(total + top_px + 70)
+    # The legend under the title: the figure is tall, and a key at its foot would be out of sight.
+    fig.update_layout(height=height, margin=dict(t=top_px, l=10, b=60),
+                      legend=dict(orientation="h", yref="container", y=1 - 52 / height, yanchor="top", x=0),
+                      title=dict(text=f"Kernel time per variant, in a CUDA graph and eager, {device} (median)",
+                                 yref="container", y=1 - 12 / height, yanchor="top"))
     return fig
 
 

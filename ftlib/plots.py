@@ -13,6 +13,7 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 import warnings
@@ -20,6 +21,36 @@ import warnings
 import plotly.graph_objects as go
 
 TEMPLATE = "plotly_white"
+# Colours for the book's two models, the same in every chapter.
+MODEL_COLORS = {"gpt2": "#d62728", "fasttransformer": "#1f77b4", "fasttransformer-broadcast": "#17becf",
+                "nanogpt-char": "#7f7f7f"}
+# Distinct colours for up to 20 series (Tableau 20's dark and light pairs, darks first).
+PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7",
+           "#dbdb8d", "#9edae5"]
+
+
+def legend_below(fig: go.Figure) -> go.Figure:
+    """A horizontal legend under the plot (for long or many series names), leaving the full width to the data."""
+    fig.update_layout(legend=dict(orientation="h", yref="container", y=0, yanchor="bottom", x=0, xanchor="left"),
+                      margin_b=max(fig.layout.margin.b or 0, 40))
+    return fig
+
+
+def log_ticks(values) -> dict:
+    """Axis settings that label a log axis at the data's own values (e.g. T = 128 ... 4096), not at 2, 5, 10."""
+    vals = sorted({v for v in values if v})
+    return dict(type="log", tickvals=vals, ticktext=[f"{v:g}" for v in vals])
+
+
+def log_axis(values) -> dict:
+    """A log axis labelled at 1, 2, 5 x 10^k over the span of ``values`` (plain numbers, no minor-digit clutter)."""
+    vals = [v for v in values if v is not None and v > 0]
+    if not vals:
+        return dict(type="log")
+    lo, hi = math.floor(math.log10(min(vals))), math.ceil(math.log10(max(vals)))
+    ticks = [m * 10.0**k for k in range(lo, hi + 1) for m in (1, 2, 5) if min(vals) / 2 <= m * 10.0**k <= max(vals) * 2]
+    return dict(type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
 
 
 def _slug(name: str) -> str:

@@ -18,6 +18,7 @@ from ftlib.convergence import (
     run_study,
     speedrun_candidates,
     speedrun_finalists,
+    suite_rows,
     suites,
     summary,
 )
@@ -312,3 +313,25 @@ def test_speedrun_interval_is_the_90_percent_percentile_bootstrap(rows, repeats,
     width = ci.high - ci.low
     assert width > 0
     assert abs(lo - ci.low) < 0.05 * width and abs(hi - ci.high) < 0.05 * width, ((lo, hi), (ci.low, ci.high))
+
+
+def _run(dev: str, params: int, cfg: str, seed: int) -> dict:
+    return {"device_slug": dev, "model": "gpt2", "config_hash": cfg, "params": params, "seed": seed, "status": "ok",
+            "best_val_loss": 1.5 + seed / 100, "train_time_s": 1.0, "target": None, "history": []}
+
+
+def test_convergence_summary_never_pools_devices_or_sizes():
+    # The stored GPU runs of the full model, and a CPU smoke run of a tiny one under the same name.
+    rs = [_run("h200", 4_837_888, "full", s) for s in (0, 1, 2)] + [_run("cpu", 12_345, "tiny", s) for s in (0, 1, 2)]
+    rs += [_run("h200", 12_345, "tiny", 0)]  # a smoke run stored on the GPU
+    lines = {(r["device"], r["params"]): r for r in summary(rs)}
+    assert set(lines) == {("h200", 4_837_888), ("cpu", 12_345), ("h200", 12_345)}
+    assert lines[("h200", 4_837_888)]["seeds"] == 3 and lines[("cpu", 12_345)]["seeds"] == 3
+
+
+def test_suite_rows_keep_the_suites_own_size():
+    full, smoke = (suites(s)["convergence"]["runs"]["gpt2"][0].config_hash() for s in (False, True))
+    rs = [{"model": "gpt2", "config_hash": full}, {"model": "gpt2", "config_hash": smoke},
+          {"model": "not a suite model", "config_hash": full}]
+    assert suite_rows("convergence", rs) == rs[:1]
+    assert suite_rows("convergence", rs, smoke=True) == rs[1:2]

@@ -56,7 +56,9 @@ def test_figure_has_eager_and_graph_bars_per_op(krows):
     table = kernelview.kernel_table(krows)
     fig = kernelview.kernel_figure(table, "h200")
     assert len(fig.data) == 2 * 3  # rmsnorm, adamw, attention: two traces each
-    assert fig.layout.yaxis.type == "log"
+    assert fig.layout.xaxis.type == "log"
+    # row names: each variant without the words every case of its op shares (those go to the panel title)
+    assert kernelview._common_prefix(["(8192, 256) fp32", "(8192, 256) bf16"]) == ("(8192, 256)", ["fp32", "bf16"])
 
 
 @pytest.mark.parametrize("op", ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm"))
