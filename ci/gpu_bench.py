@@ -18,7 +18,6 @@ and prints a short table last. ``ci/gpu-run`` calls them.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import glob
 import json
 import math
@@ -41,17 +40,12 @@ from ftlib.bench import COMPILE_MODES, Case, bench_cases  # noqa: E402
 from ftlib.config import preset  # noqa: E402
 from ftlib.env import device_slug, git_commit, is_clean_commit, pick_device, run_id  # noqa: E402
 from ftlib.results import ResultStore, results_dir  # noqa: E402
-from ftlib.suites import SUITES  # noqa: E402
+from ftlib.suites import SUITES, with_run  # noqa: E402
 
 MAX_OUT_FILES = 8  # what the device tool brings back
 RESERVE_S = 25.0  # left for collecting files and the summary
 MIN_BUDGET_S = 60.0  # less than this measures nothing
 UNCOMMITTED_DIR = ROOT / "build" / "uncommitted-results"
-
-
-def with_run(cases: list[Case], rid: str) -> list[Case]:
-    """The cases keyed by this run: a new process measures them again instead of skipping them."""
-    return [dataclasses.replace(c, extra={**c.extra, "run": rid}) for c in cases]
 
 
 def _profile(device, deadline: float) -> None:

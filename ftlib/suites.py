@@ -21,11 +21,17 @@ Suites:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+import dataclasses
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from ftlib.bench import Case, make_cases
+import torch
+
+from ftlib.bench import Case, bench_cases, make_cases
 from ftlib.config import preset
+from ftlib.env import device_slug, run_id
+from ftlib.results import ResultStore
 
 TOKENS_PER_STEP = 8192  # the original T sweep's fixed tokens per step
 TSWEEP_T = (128, 256, 512, 1024, 2048, 4096)  # the original's 128..1024, then longer contexts
@@ -209,3 +215,53 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("grid_compile", grid_compile, "the 2^4 grid compiled (chapter 4)", SHARED_CACHE),
     Suite("engine", engine_variants, "the engine with each piece switched off (chapter 6)"),
 )}
+
+
+# ---------------------------------------------------------------------------------------
+# Measuring a suite from a chapter: one run, small models when it is a smoke run.
+
+SMOKE_ROOT = Path(__file__).resolve().parent.parent / "build" / "smoke-results"
+SMOKE_SIZE = dict(n_layer=1, n_embd=64)  # a smoke run's models: the presets, one small block
+SMOKE_SHAPE = (4, 64)
+# What a smoke run of the baselines measures: one configuration per execution mode.
+SMOKE_CONFIGS = (("eager", "default"), ("cudagraph", "fused"), ("compile-ro", "fused"), ("engine", "default"))
+
+
+def with_run(cases: Sequence[Case], rid: str) -> list[Case]:
+    """The cases keyed by run ``rid``: a new process measures them again instead of skipping them."""
+    return [dataclasses.replace(c, extra={**c.extra, "run": rid}) for c in cases]
+
+
+def smoke_cases(cases: Sequence[Case], device: torch.device) -> list[Case]:
+    """The cases shrunk for a quick check: small models at a small shape, what ``device`` can run.
+
+    The manual CUDA graph needs a GPU, and on a CPU only eager and the (uncaptured) engine are
+    kept: compiling for the CPU takes long and says nothing about a GPU.
+    """
+    keep = {"eager", "engine"} if device.type != "cuda" else {m for m, _ in SMOKE_CONFIGS}
+    out, seen = [], set()
+    for c in cases:
+        if (c.mode, c.optimizer) not in SMOKE_CONFIGS or c.mode not in keep:
+            continue
+        small = dataclasses.replace(c, config=c.config.replace(**SMOKE_SIZE, block_size=SMOKE_SHAPE[1]),
+                                    B=SMOKE_SHAPE[0], T=SMOKE_SHAPE[1])
+        if small.key("smoke") not in seen:
+            seen.add(small.key("smoke"))
+            out.append(small)
+    return out
+
+
+def measure(cases: Sequence[Case], bench: str, device: torch.device, smoke: bool, progress: bool = False,
+            **bench_kwargs) -> list[dict]:
+    """Measure ``cases`` here as one run and return its rows.
+
+    A full-size run on a GPU adds its rows to that GPU's results folder, beside the stored
+    ones. A smoke run writes where no chapter reads stored results (``build/smoke-results``),
+    so small models never stand in for the book's sizes; CPU rows go to the ``cpu`` folder,
+    which is not committed.
+    """
+    cases = smoke_cases(cases, device) if smoke else list(cases)
+    root = SMOKE_ROOT if smoke else None
+    store = ResultStore(bench, device_slug(device), root)
+    kw = {"warmup": 3, "iters": 10} if smoke else {}
+    return bench_cases(with_run(cases, run_id()), store, progress, device=device, **{**kw, **bench_kwargs})

@@ -76,16 +76,14 @@ def post_sweep_claims() -> list[dict[str, Any]]:
 
 COMPILE_SOURCES = (
     ("compile_time", "a fresh process, empty compile caches"),
-    ("fig1", "an empty cache dir inside a warm process"),
 )
 
 
 def compile_time_table(device: str, include_cpu: bool = False, **overrides: Any) -> list[dict[str, Any]]:
     """First-step seconds per mode and model (fp32, B=32, T=256), from each source that has them.
 
-    ``compile_time`` rows (a cold process per case) first, then Figure 1's (in-process,
-    fresh cache dir), then the post's claim (compile-ro). The ratio is GPT-2's first step over
-    FastTransformer's, the form of the post's "3.5x faster".
+    ``compile_time`` rows (a cold process per case), then the post's claim (compile-ro). The
+    ratio is GPT-2's first step over FastTransformer's, the form of the post's "3.5x faster".
     """
     out = []
     for bench, how in COMPILE_SOURCES:
@@ -108,25 +106,22 @@ def compile_time_table(device: str, include_cpu: bool = False, **overrides: Any)
 
 def eager_inversion_table(device: str, include_cpu: bool = False, tokens: int = TOKENS,
                           **overrides: Any) -> list[dict[str, Any]]:
-    """FastTransformer in eager mode against GPT-2 compiled (reduce-overhead), with a verdict per line.
+    """FastTransformer in eager mode against GPT-2 compiled (reduce-overhead) along the T sweep.
 
-    At B=32, T=256 per precision (fig1 and precision suites), then along the T sweep; the
-    post's own pair (98 vs 101.3 ms on its T4) first. The inversion holds where the eager
-    FastTransformer step is the shorter one.
+    The post's own pair (98 vs 101.3 ms on its T4) first. At B=32, T=256 the baselines suite
+    answers it with repeated runs (``ftlib.baselineview.eager_inversion``). The inversion holds
+    where the eager FastTransformer step is the shorter one.
     """
     fe, gc = POST_STEP_MS[("fasttransformer", "eager")], POST_STEP_MS[("gpt2", "compile-ro")]
     out = [{"source": CLAIM, "precision": "fp32", "T": 256, "B": 32, "FT eager ms": fe, "GPT-2 compile-ro ms": gc,
             "verdict": "holds" if fe < gc else "does not hold"}]
-    base = [r for r in ok_rows(["fig1", "precision"], include_cpu=include_cpu) if r["device_slug"] == device
-            and r.get("label") in MODELS and same_config(r, preset(r["label"], **overrides), ignore=())]
     sweep = sweep_rows(device, include_cpu, tokens, **overrides)
-    for source, rows in (("fig1/precision suites", base), ("tsweep suite", sweep)):
-        for prec in ("fp32", "tf32", "bf16"):
-            for T in sorted({r["T"] for r in rows}):
-                f = pick(rows, label="fasttransformer", mode="eager", precision=prec, T=T)
-                g = pick(rows, label="gpt2", mode="compile-ro", precision=prec, T=T)
-                if f and g:
-                    out.append({"source": f"{source}, {device}", "precision": prec, "T": T, "B": f["B"],
-                                "FT eager ms": f["median_ms"], "GPT-2 compile-ro ms": g["median_ms"],
-                                "verdict": "holds" if f["median_ms"] < g["median_ms"] else "does not hold"})
+    for prec in ("fp32", "tf32", "bf16"):
+        for T in sorted({r["T"] for r in sweep}):
+            f = pick(sweep, label="fasttransformer", mode="eager", precision=prec, T=T)
+            g = pick(sweep, label="gpt2", mode="compile-ro", precision=prec, T=T)
+            if f and g:
+                out.append({"source": f"tsweep suite, {device}", "precision": prec, "T": T, "B": f["B"],
+                            "FT eager ms": f["median_ms"], "GPT-2 compile-ro ms": g["median_ms"],
+                            "verdict": "holds" if f["median_ms"] < g["median_ms"] else "does not hold"})
     return out
