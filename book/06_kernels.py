@@ -20,14 +20,17 @@
 # %% [markdown]
 # # 6. Our own kernels and a whole-step engine
 #
-# Chapter 3 measured the post's "compiler ceiling": `torch.compile(mode="reduce-overhead")`
-# beats a whole-step CUDA graph of eager kernels, and the post's hand-written engine did not
-# beat the compiler. This chapter writes its own Triton kernels (`kernels/`), each
-# checked against a plain PyTorch reference and timed two ways, then an engine
-# (`ftlib.engine`) that runs the whole training step on flat parameter and gradient buffers
-# in one CUDA graph. The issue's targets: the FastTransformer engine at least 1.5× faster
-# than reduce-overhead in fp32 and in TF32, and the GPT-2 engine faster than compiled GPT-2,
-# with the engine's losses matching reference training over 100 steps.
+# **The question.** Chapter 3 found the compiler hard to beat: reduce-overhead, with the
+# optimizer placed well, is the fastest standard way to run either model, and the post's own
+# hand-written GPT-2 engine did not beat it. Can kernels written for these models, and an
+# engine that runs the whole training step in one CUDA graph, beat the strongest compiled step
+# of the same model and precision, and where does the time go?
+#
+# This chapter writes Triton kernels (`kernels/`), each checked against a plain PyTorch
+# reference and timed two ways, then an engine (`ftlib.engine`) that runs the whole step on
+# flat parameter and gradient buffers in one CUDA graph. The engine is measured in the same
+# runs as every compiled configuration (chapter 3's baselines suite), and its losses are
+# checked against reference training over 100 steps.
 
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/06_kernels.ipynb)
@@ -56,11 +59,13 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
+from ftlib import baselineview as bv
 from ftlib import engineview, kernelview
 from ftlib.benchview import devices, ok_rows, provenance_line
 from ftlib.env import pick_device
 from ftlib.plots import show
-from ftlib.tables import show_table
+from ftlib.suites import baselines
+from ftlib.tables import show_frame, show_table
 
 if MEASURE:
     from kernels.dev.suite import run_suite
@@ -72,33 +77,24 @@ if MEASURE:
     smoke_ops = ("ceilings", "rmsnorm", "cross_entropy") if (SMOKE and device.type == "cuda") else None
     run_suite(device, ops=smoke_ops, cpu_reps=1)
 krows = kernelview.kernel_rows(include_cpu=MEASURE)
-steps = ok_rows(["fig1", "precision"], include_cpu=MEASURE)
+runs = bv.load(baselines())  # the engine and every compiled configuration, same runs (chapter 3)
 erows = ok_rows("engine", include_cpu=MEASURE)
 crows = ok_rows("engine_check", include_cpu=MEASURE)
-for name, rows in (("step benchmarks", steps), ("kernels", krows), ("engine", erows), ("engine check", crows)):
+for name, rows in (("kernels", krows), ("engine variants", erows), ("engine check", crows)):
     print(f"{name}: measured on", provenance_line(rows) or "nothing stored yet")
+show_frame(bv.runs_summary(runs), caption="The runs behind the step comparisons")
 
 # %% [markdown]
 # ## 1. Why write kernels
 #
-# The compiler's reduce-overhead step against the floors of the same step from the FLOP and
-# byte accounting (chapter 2, at the datasheet peaks): the FLOP floor counts only the matmul
-# work at the matmul peak, the roofline floor adds every component's own bound (the norms,
-# softmax and optimizer are memory-bound). `compile-ro / floor` is how far the compiler
-# leaves the step from the roofline: the room a kernel can take.
+# The fastest compiled step against the floors of the same step from the FLOP and byte
+# accounting (chapter 2, at the datasheet peaks): the FLOP floor counts only the matmul work at
+# the matmul peak, the roofline floor adds every component's own bound (the norms, softmax and
+# optimizer are memory-bound). `compiled / floor` is how far the compiler leaves the step from
+# the roofline: the room a kernel can take. Medians over runs.
 
 # %%
-room = engineview.headroom(steps)
-if room:
-    show_table(room)
-else:
-    print("Step rows not measured yet: run bash ci/gpu-run --only fig1,precision on a GPU (resumable).")
-for h in room:
-    if h["cudagraph ms"] and h["eager ms"]:
-        print(f"{h['device']} {h['model']} {h['precision']}: eager -> CUDA graph removes "
-              f"{h['eager ms'] - h['cudagraph ms']:.2f} ms of launches, fusion (compile-ro) "
-              f"{h['cudagraph ms'] - h['compile-ro ms']:.2f} ms more; "
-              f"{h['compile-ro ms'] - h['roofline floor ms']:.2f} ms stay above the roofline floor")
+show_frame(bv.headroom(runs))
 
 # %% [markdown]
 # ## 2. The kernels
@@ -244,24 +240,29 @@ else:
 # `ftlib.engine.Engine` swaps each op for its kernel where one applies, makes every parameter
 # and gradient a view into one flat fp32 buffer (so AdamW is one launch and `zero_grad` one
 # memset), and captures the whole step (memset, forward, loss, backward, AdamW) in one CUDA
-# graph. The engine's rows come from one run that also measured reduce-overhead and the
-# manual CUDA graph, so the comparison is within one session; eager and default
-# `torch.compile` come from chapter 3's and 5's runs.
+# graph. It is measured in the baselines suite beside every compiled configuration, in the
+# same process, and each of its speed-ups divides two rows of one run.
 #
-# ### The post's Figure 1, extended by the engine
+# ### Against the strongest compiled step
+# For each model and precision, the baseline is the fastest correct configuration of that run:
+# `torch.compile` in its default or reduce-overhead mode with AdamW run eagerly, fused, or
+# compiled together with the whole step, or the manual CUDA graph. Its name stands beside the
+# ratio; the verdict needs every run on one side of 1.
 
 # %%
-stable = engineview.step_table(steps, erows)
-if not stable:
-    print(engineview.NOT_MEASURED)
-else:
-    for dev in engineview.engine_devices(erows):
-        show(engineview.figure1(stable, dev), f"fig1-engine-{dev}")
-    show_table(engineview.speedups(erows))
-for v in engineview.verdicts(erows):
-    measured = "–" if v["measured"] is None else f"{v['measured']:.2f}x"
-    print(f"{v['device']}: {v['target']} [{v['route']}]: needed {v['needed']:g}x, measured {measured} "
-          f"-> {v['verdict']}")
+show_frame(bv.engine_summary(runs))
+for dev in sorted(set(runs["device_slug"])):
+    show(bv.config_figure(runs, dev, "bf16"), f"engine-configs-bf16-{dev}")
+
+# %% [markdown]
+# ### Where the optimizer sits changes the verdict
+# The same engine against three compiled configurations of the same run: the post's (AdamW run
+# eagerly after the compiled model), reduce-overhead with the fused AdamW kernel, and the whole
+# step compiled, then the strongest of the run. A speed-up measured against the post's setup
+# flatters the engine most where the step is shortest, in bf16.
+
+# %%
+show_frame(bv.placement_effect(runs))
 
 # %% [markdown]
 # ### What each kernel buys
@@ -281,58 +282,30 @@ else:
     print(engineview.NOT_MEASURED)
 
 # %% [markdown]
-# ### Rounds, and what the measurements changed
-# Every change to the engine starts a new round (`extra['round']` in its rows, `ENGINE_ROUND`
-# in `ci/gpu_bench.py`), measured together with its own baselines; this chapter shows the
-# newest round that has rows, and `kernels/dev/NOTES.md` keeps each round's predictions next
-# to its outcomes. What the rows changed:
+# ### What the measurements decided
+# Each of the engine's defaults was measured against the alternative before it became one:
 #
-# * In strict fp32 the `-attention` variant (SDPA's memory-efficient kernel) beat our kernel's
-#   FMA dots inside a graph (the kernel table in section 2 says by how much), so from round 3
-#   the engine keeps SDPA in strict fp32 and takes our kernel only when asked
-#   (`attention_precision`).
-# * Round 3 measured two layout fusions as variants: attention reading q, k and v straight
-#   from the packed projection output and writing (B, T, C) (`attention_layout='packed'`),
-#   and every residual add fused into the norm after it (`kernels/residual_norm.py`). Both won,
-#   and from round 4 they are the defaults; the `heads layout` and `unfused residual-norm`
-#   variants above measure them against the defaults. Round 4 also fuses the residual add
-#   into GPT-2's LayerNorm and runs RMSNorm on 4-row tiles (the winner of `rmsnorm_dev`).
-# * Round 5 adopts three levers, each measured first as a round-4 variant:
-#   * GPT-2's bias gradients on a Triton column sum (`kernels/bias_linear.py`);
-#   * under bf16, the fused norms write bf16, which is what the next Linear's cast would
-#     produce anyway;
-#   * under bf16, the Linear layers read one bf16 copy of the flat weights made once per step.
-#
-#   None of them changes what is computed. Round 5 also moves each branch's residual dropout
-#   into the fused residual-norm (above), which changes the random stream but not the
-#   distribution, and only runs when dropout is on, as in the speedrun. It does not apply to
-#   the benchmark cases, which train without dropout. The kernel table above also showed the fused
-#   residual-norm's 16-row tiles losing to Inductor in isolation, so round 5 runs it on
-#   4-row tiles, the shape that won for RMSNorm. Wide bias sums move to 128-column tiles.
-#   The `-bias-kernel`, `-bf16 norm out` and `-bf16 weights` variants measure each lever
-#   against the round-5 defaults.
-# * Strict fp32 is bound by cuBLAS's SIMT matrix products, so the fp32 routes labelled
-#   3xTF32 run attention and the Linear layers on tensor cores at fp32 accuracy
-#   (`kernels/linear.py`). They are a different algorithm, and the verdicts above show them as
-#   their own route, next to the strict step.
-# * GPT-2's headline engine keeps the explicit softmax: that is the model as the post wrote it.
-#   The `+flash-attn` route computes the same function with the attention kernel. It adopts one
-#   of the post's four changes as a kernel, not as a change to the model, and the verdicts
-#   show it as its own route.
-# * Round 5's `+fused-softmax` variant keeps GPT-2's materialized softmax but runs its scale,
-#   causal mask and softmax as one kernel each way (above), as torch.compile does with the
-#   same ops. The variant rows above show what it saved in each precision; round 6 makes it the
-#   default for explicit attention, with a `-fused-softmax` variant to measure it against.
-
-# %%
-rtable = engineview.rounds_table(erows)
-if rtable:
-    show_table(rtable, ["device", "round", "model", "precision", "engine ms", "compile-ro ms",
-                        "engine over compile-ro", "changed"])
-    for dev in sorted({t["device"] for t in rtable}):
-        show(engineview.rounds_figure(rtable, dev), f"engine-rounds-{dev}")
-else:
-    print(engineview.NOT_MEASURED)
+# * In strict fp32 the engine keeps SDPA's memory-efficient attention: it beat our kernel's
+#   FMA dots inside a graph (the kernel table in section 2 says by how much); our kernel runs in
+#   fp32 only when asked (`attention_precision`).
+# * Attention reads q, k and v straight from the packed projection output and writes (B, T, C)
+#   (`attention_layout='packed'`), and every residual add is fused into the norm after it
+#   (`kernels/residual_norm.py`); the `heads layout` and `unfused residual-norm` variants above
+#   measure both against the defaults.
+# * GPT-2's bias gradients run on a Triton column sum (`kernels/bias_linear.py`); under bf16 the
+#   fused norms write bf16 (what the next Linear's cast would produce anyway) and the Linear
+#   layers read one bf16 copy of the flat weights made once per step. None of these changes
+#   what is computed; the `-bias-kernel`, `-bf16 norm out` and `-bf16 weights` variants measure
+#   each against the defaults.
+# * With dropout on (the speedrun, chapter 8), each branch's residual dropout runs inside the
+#   fused residual-norm: the random stream changes, the distribution does not.
+# * Strict fp32 is bound by cuBLAS's SIMT matrix products. The routes labelled 3xTF32 run
+#   attention and the Linear layers on tensor cores at fp32 accuracy (`kernels/linear.py`): a
+#   different algorithm, shown as its own route.
+# * GPT-2's engine keeps its materialized softmax (the model as the post wrote it) and runs its
+#   scale, causal mask and softmax as one kernel each way, as `torch.compile` does with the
+#   same ops. The `+flash-attn` route computes the same function with the attention kernel
+#   instead: it adopts one of the post's four changes as a kernel, not as a change to the model.
 
 # %% [markdown]
 # ### Where the engine's step goes
@@ -368,3 +341,9 @@ else:
                                                       "max rel err", "rtol", "ok"])
     for dev in devices(crows):
         show(engineview.loss_figure(crows, dev), f"engine-check-{dev}")
+
+# %% [markdown]
+# ## What we found
+
+# %%
+display(Markdown(bv.chapter6_findings(runs)))

@@ -516,3 +516,71 @@ def chapter5_findings(df: pd.DataFrame) -> str:
                          "Python, and on a GPU as fast as this one the host, not the GPU, sets their pace.")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def headroom(df: pd.DataFrame) -> pd.DataFrame:
+    """Per device, model and precision: eager, the manual CUDA graph, the fastest compiled step and the
+    engine, against the floors of the step (chapter 2's accounting at the device's datasheet peaks).
+
+    ``compiled / floor`` is how far the fastest compiled step stays above the roofline floor: the
+    room left for kernels.
+    """
+    from ftlib.accounting import palm_flops
+    from ftlib.peaks import flops_floor, lookup, step_floor
+    from ftlib.suites import headline_models
+
+    models = headline_models()
+
+    tab = placement_table(df)
+    best = strongest(df).groupby(["device_slug", "label", "precision"]).agg(
+        compiled=("baseline_ms", "median")).reset_index()
+    out = []
+    for (dev, label, prec), g in tab.groupby(["device_slug", "label", "precision"], sort=False):
+        if label not in ("gpt2", "fasttransformer"):
+            continue
+        t = g.set_index("config")["median_ms"]
+        sample = df[(df["device_slug"] == dev) & (df["label"] == label)].iloc[0]
+        b = _lookup(best, device_slug=dev, label=label, precision=prec)
+        try:
+            peaks = lookup(sample["device"])
+        except KeyError:
+            continue
+        cfg = models[label]
+        B, T = int(sample["B"]), int(sample["T"])
+        roof = step_floor(cfg, B, T, peaks, prec)["floor_s"] * 1e3
+        compiled = None if b is None else b["compiled"]
+        out.append({"device": dev, "model": MODEL_NAMES[label], "precision": prec,
+                    "eager ms": t.get(config_name("eager", "default")),
+                    "CUDA graph ms": t.get(config_name("cudagraph", "fused")),
+                    "fastest compiled ms": compiled, "engine ms": t.get(config_name("engine", "default")),
+                    "FLOP floor ms": flops_floor(palm_flops(cfg, B, T), peaks, prec) * 1e3,
+                    "roofline floor ms": roof, "compiled / floor": None if compiled is None else compiled / roof})
+    return pd.DataFrame(out)
+
+
+def chapter6_findings(df: pd.DataFrame) -> str:
+    """Chapter 6's closing paragraph, per device: the engine against the strongest and the post's baseline."""
+    if df.empty:
+        return "No complete run of the baselines suite is stored yet: `bash ci/gpu-run --only baselines` measures it."
+    eng, eff, room = engine_table(df), placement_effect(df), headroom(df)
+    parts = []
+    for dev in sorted(set(df["device_slug"])):
+        lines = [f"**{dev}**:"]
+        for label in ("fasttransformer", "gpt2"):
+            for prec in ("bf16", "tf32", "fp32"):
+                e = _lookup(eng, device_slug=dev, label=label, precision=prec)
+                if e is None:
+                    continue
+                post = _lookup(eff, device=dev, model=MODEL_NAMES[label], precision=prec,
+                               **{"engine measured against": config_name(*POST_CONFIG)})
+                r = _lookup(room, device=dev, model=MODEL_NAMES[label], precision=prec)
+                text = (f"- {MODEL_NAMES[label]}, {prec}: the engine steps in {e['engine_ms']:.2f} ms, "
+                        f"{range_text(e['median'], e['min'], e['max'])} against the strongest compiled step "
+                        f"({e['verdict']})")
+                if post is not None:
+                    text += f"; against the post's setup it would read {post['engine speed-up (median, min–max)']}"
+                if r is not None and r["roofline floor ms"]:
+                    text += f"; the roofline floor is {r['roofline floor ms']:.2f} ms"
+                lines.append(text + ".")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
