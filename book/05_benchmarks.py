@@ -175,7 +175,7 @@ for dev in sweep_devs or [None]:
     if sweep:
         print("Measured on:", provenance_line(sweep))
     else:
-        print(f"T sweep on {dev or 'a GPU'}:", not_measured("fig5,tsweep"))
+        print(f"T sweep on {dev or 'a GPU'}:", not_measured("tsweep"))
     # Colour: the precision; line: the mode (solid compile-ro, dashed eager). Claims and projections in grey.
     prec_color, mode_dash = {"fp32": "#1f77b4", "tf32": "#ff7f0e"}, {"compile-ro": "solid", "eager": "dash"}
     speed = go.Figure()

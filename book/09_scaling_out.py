@@ -132,10 +132,10 @@ show(fig, "ddp-allreduce-volume")
 g2, ft = (allreduce_volume(MODELS[m], 8) for m in ("gpt2", "fasttransformer"))
 print(f"FastTransformer all-reduces {1 - ft['grad_bytes'] / g2['grad_bytes']:.1%} fewer bytes per step than GPT-2 "
       f"({ft['grad_bytes'] / 1e6:.2f} MB vs {g2['grad_bytes'] / 1e6:.2f} MB), at every GPU count.")
-fig1 = ok_rows("fig1")
+steps = ok_rows("baselines")
 context = []
 for name, cfg in MODELS.items():
-    step = pick(fig1, device_slug="h200", label=name, mode="eager", precision="fp32")
+    step = pick(steps, device_slug="h200", label=name, mode="eager", precision="fp32", optimizer_kind="default")
     floor_ms = ring_floor_s(cfg, 8, h200_link) * 1e3
     context.append({"model": name, "H200 1-GPU eager step ms (stored)": step and step["median_ms"],
                     "8-GPU all-reduce floor ms": floor_ms,

@@ -94,9 +94,8 @@ def load(cases: Sequence[Case], bench: str = SUITE, rows: Iterable[dict[str, Any
     uncommitted checkout, and their device is shown as ``<device> (<tag>)`` so that they are
     never grouped with the stored runs of the same GPU.
     """
-    stored = rows is None
-    rows = load_rows(bench) if stored else rows
-    df = complete_runs(frame(rows), cases, bench, require_clean=stored)
+    rows = load_rows(bench) if rows is None else rows
+    df = complete_runs(frame(rows), cases, bench, require_clean=tag is None)
     if tag and not df.empty:
         df = df.assign(device_slug=df["device_slug"] + f" ({tag})")
     return df

@@ -21,8 +21,8 @@ B, T = 32, 256  # the post's shape, at which every chapter-4 suite measures
 # (mode, precision) columns of the grid and the ladder, in the order shown.
 COLUMNS = (("eager", "fp32"), ("cudagraph", "fp32"), ("eager", "tf32"), ("cudagraph", "tf32"),
            ("compile-ro", "fp32"))
-SOURCES = ("grid", "grid_compile", "ladder", "fig1", "precision")
-LADDER_SOURCES = ("ladder", "grid", "grid_compile", "fig1", "precision")  # the ladder's own run first
+SOURCES = ("grid", "grid_compile", "ladder", "baselines")
+LADDER_SOURCES = ("ladder", "grid", "grid_compile", "baselines")  # the ladder's own run first
 # The attention variants whose SDPA backend chapter 4 reads from the profiler.
 VARIANTS: dict[str, ModelConfig] = {
     "gpt2": preset("gpt2"),
@@ -49,12 +49,18 @@ def find(rows: Iterable[dict], cfg: ModelConfig, mode: str, precision: str, b: i
     From the first suite of ``sources`` that has one; the latest by date within a suite.
     """
     hits = [r for r in rows if r["mode"] == mode and r["precision"] == precision and r["B"] == b
-            and r["T"] == t and same_config(r, cfg)]
+            and r["T"] == t and same_config(r, cfg) and _default_placement(r)]
     for bench in sources:
         mine = sorted((r for r in hits if r.get("bench") == bench), key=lambda r: r.get("date", ""))
         if mine:
             return mine[-1]
     return None
+
+
+def _default_placement(r: dict) -> bool:
+    """Rows with AdamW where the grid's own suites put it (PyTorch's default; fused in a CUDA graph)."""
+    kind = r.get("optimizer_kind") or "default"
+    return kind == "default" or (kind == "fused" and r["mode"] == "cudagraph")
 
 
 def _ms(rows: Iterable[dict], cfg: ModelConfig, mode: str, precision: str, b: int = B, t: int = T,
@@ -155,12 +161,21 @@ def backend_table(device: str, include_cpu: bool = False, precisions: tuple[str,
 def fallback_cost(rows: list[dict]) -> list[dict[str, Any]]:
     """Per mode (fp32, B=32, T=256): FastTransformer with expanded K/V vs the original (B,1,T,d) layout.
 
-    Both from the fig1 suite, which times the two layouts side by side in one session.
+    Both from one run of the baselines suite (the latest that has both), which times the two
+    layouts side by side in the same process.
     """
+    base = [r for r in rows if r.get("bench") == "baselines" and r.get("run_id")]
+    by_run: dict[str, list[dict]] = {}
+    for r in sorted(base, key=lambda r: r.get("date", ""), reverse=True):
+        by_run.setdefault(r["run_id"], []).append(r)
     out = []
     for mode in ("eager", "cudagraph", "compile", "compile-ro"):
-        e = _ms(rows, VARIANTS["fasttransformer"], mode, "fp32", sources=("fig1",))
-        b = _ms(rows, VARIANTS["fasttransformer-broadcast"], mode, "fp32", sources=("fig1",))
+        e = b = None
+        for run in by_run.values():
+            e = _ms(run, VARIANTS["fasttransformer"], mode, "fp32", sources=("baselines",))
+            b = _ms(run, VARIANTS["fasttransformer-broadcast"], mode, "fp32", sources=("baselines",))
+            if e and b:
+                break
         out.append({"mode": mode, "expanded K/V ms": e, "original (B,1,T,d) ms": b,
                     "cost of the layout": b / e if e and b else None})
     return out

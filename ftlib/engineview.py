@@ -1,17 +1,15 @@
-"""Reading the step-level rows for chapter 6: the compiler ceiling, the engine, its 100-step check.
+"""Reading the engine's own rows for chapter 6: what each piece buys, the 100-step check, the profile.
 
-Sources (all rows of ``ftlib.bench`` or ``ci/gpu_bench.py``, read with :func:`ftlib.benchview.ok_rows`):
+Sources (rows of ``ftlib.bench`` or ``ci/gpu_bench.py``, read with :func:`ftlib.benchview.ok_rows`):
 
-* ``fig1`` / ``precision``: eager, whole-step CUDA graph, torch.compile default and
-  reduce-overhead (chapters 3 and 5).
-* ``engine``: the engine (``mode='engine'``, label = the preset) measured in the same run as
-  compile-ro and the CUDA graph; then variants labelled ``'<preset> engine <change>'``
-  (``-rmsnorm``: that kernel off, ``no-kernels``, ``uncaptured``, ``+flash-attn``).
+* ``engine``: the engine (``mode='engine'``, label = the preset) and its variants, labelled
+  ``'<preset> <change>'`` (``-rmsnorm``: that kernel off, ``no-kernels``, ``uncaptured``,
+  ``+flash-attn``), all of one run.
 * ``engine_check``: one row per (model, precision), the engine and the reference trained
   100 steps side by side (``losses_engine``, ``losses_ref``, ``max_rel_err``, ``ok``).
+* ``engine_probe``: the engine's step under the profiler, kernel by kernel.
 
-Every function takes rows and returns table rows, verdicts or figures; comparisons against
-the engine use baselines from the engine's own run, where the same session measured both.
+The engine against the compiler is ``ftlib.baselineview``'s: it is measured in the baselines suite.
 """
 
 from __future__ import annotations
@@ -26,184 +24,46 @@ from ftlib.benchview import pick, select
 from ftlib.plots import MODEL_COLORS, PALETTE, legend_below
 
 MODELS = ("gpt2", "fasttransformer")
-MODES = ("eager", "cudagraph", "compile", "compile-ro", "engine")
-SHORT_MODES = {"eager": "eager", "cudagraph": "CUDA graph", "compile": "compile", "compile-ro": "compile-ro",
-               "engine": "engine"}
-PRECISIONS = ("fp32", "tf32")
 SHAPE = {"B": 32, "T": 256}
-TARGET_FT_SPEEDUP = 1.5  # the issue: FastTransformer engine >= 1.5x faster than compile-ro, fp32 and tf32
 NOT_MEASURED = "not measured yet: run bash ci/gpu-run --only engine_check,engine"
 
 
-def _round(r: dict[str, Any]) -> int:
-    return int((r.get("extra") or {}).get("round", 1))
+def run_of(r: dict[str, Any]) -> tuple:
+    """The run a row belongs to: its ``run_id``, or for rows stored before runs were recorded,
+    its commit and the engine version it was keyed by."""
+    if r.get("run_id"):
+        return ("run", r["run_id"])
+    return ("commit", r.get("commit"), (r.get("extra") or {}).get("round"))
 
 
-def latest_round(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per results file (``bench``), only the rows of its newest engine round.
+def latest_run(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per results file (``bench``) and device, only the rows of its newest complete run.
 
-    ``ci/gpu_bench.py`` tags engine cases with ``extra['round']`` and measures every round
-    together with its own baselines; older rounds stay stored for the record but are not
-    mixed into one comparison. Rows without a round are round 1.
+    A run is complete when it holds as many cases as the largest run of that file (a call cut
+    short by its time limit leaves an incomplete one). Variants are compared with the full
+    engine of their own run, never across runs.
     """
     rows = list(rows)
-    newest: dict[str, int] = {}
+    groups: dict[tuple, dict[tuple, list[dict[str, Any]]]] = {}
     for r in rows:
-        newest[r.get("bench", "")] = max(newest.get(r.get("bench", ""), 1), _round(r))
-    return [r for r in rows if _round(r) == newest[r.get("bench", "")]]
+        groups.setdefault((r.get("bench", ""), r.get("device_slug")), {}).setdefault(run_of(r), []).append(r)
+    out = []
+    for runs in groups.values():
+        size = {k: len({(r.get("label"), r.get("mode"), r.get("precision")) for r in v}) for k, v in runs.items()}
+        full = [k for k in runs if size[k] == max(size.values())]
+        newest = max(full, key=lambda k: max(str(r.get("date", "")) for r in runs[k]))
+        out += runs[newest]
+    return out
 
 
 def _shape(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in latest_round(rows) if r.get("B") == SHAPE["B"] and r.get("T") == SHAPE["T"]]
+    return [r for r in latest_run(rows) if r.get("B") == SHAPE["B"] and r.get("T") == SHAPE["T"]]
 
 
 def engine_devices(engine_rows: Iterable[dict[str, Any]]) -> list[str]:
     """Devices with at least one headline engine row."""
     return sorted({r["device_slug"] for r in _shape(engine_rows) if r.get("mode") == "engine"
                    and r.get("label") in MODELS})
-
-
-def headroom(step_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per device, model and precision: eager, CUDA graph and compile-ro against the floors of a step.
-
-    Floors from the accounting at the device's datasheet peaks (chapter 2): the PaLM FLOP
-    count at the matmul peak, and the roofline sum over components. ``gap`` = compile-ro over
-    the roofline floor: what the compiler leaves for kernels to take.
-    """
-    from ftlib.accounting import palm_flops
-    from ftlib.config import ModelConfig
-    from ftlib.peaks import flops_floor, lookup, step_floor
-
-    rows = _shape(step_rows)
-    out = []
-    for dev in sorted({r["device_slug"] for r in rows}):
-        for prec in PRECISIONS:
-            for model in MODELS:
-                got = {m: pick(rows, device_slug=dev, label=model, mode=m, precision=prec)
-                       for m in ("eager", "cudagraph", "compile-ro")}
-                ro = got["compile-ro"]
-                if ro is None:
-                    continue
-                try:
-                    peaks = lookup(ro["device"])
-                except KeyError:
-                    continue
-                cfg = ModelConfig(**ro["config"])
-                B, T = ro["B"], ro["T"]
-                roof = step_floor(cfg, B, T, peaks, prec)["floor_s"] * 1e3
-                out.append({
-                    "device": dev, "model": model, "precision": prec,
-                    **{f"{m} ms": (got[m] or {}).get("median_ms") for m in got},
-                    "FLOP floor ms": flops_floor(palm_flops(cfg, B, T), peaks, prec) * 1e3,
-                    "roofline floor ms": roof, "compile-ro / floor": ro["median_ms"] / roof,
-                })
-    return out
-
-
-def step_table(step_rows: Iterable[dict[str, Any]], engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The post's Figure 1 extended by the engine: one row per (device, model, precision, mode).
-
-    engine, compile-ro and cudagraph come from the engine's run where it has them (same
-    session), else from fig1/precision; eager and compile from fig1/precision. Devices
-    without engine rows are left out.
-    """
-    eng, steps = _shape(engine_rows), _shape(step_rows)
-    out = []
-    for dev in engine_devices(eng):
-        for prec in PRECISIONS:
-            for model in MODELS:
-                for mode in MODES:
-                    r = pick(eng, device_slug=dev, label=model, mode=mode, precision=prec)
-                    src = "engine run"
-                    if r is None:
-                        r, src = pick(steps, device_slug=dev, label=model, mode=mode, precision=prec), "fig1/precision"
-                    if r is None:
-                        continue
-                    out.append({"device": dev, "model": model, "precision": prec, "mode": mode,
-                                "median_ms": r["median_ms"], "p20_ms": r["p20_ms"], "p80_ms": r["p80_ms"],
-                                "source": src, "commit": r.get("commit"), "date": str(r.get("date", ""))[:10]})
-    return out
-
-
-def figure1(table: list[dict[str, Any]], device: str) -> go.Figure:
-    """Step time per mode for both models, fp32 and tf32 side by side (median, p20-p80)."""
-    fig = go.Figure()
-    for model in MODELS:
-        pts = [t for t in table if t["device"] == device and t["model"] == model]
-        fig.add_trace(go.Bar(
-            name=model, x=[[t["precision"] for t in pts], [SHORT_MODES[t["mode"]] for t in pts]],
-            y=[t["median_ms"] for t in pts], marker_color=MODEL_COLORS.get(model),
-            error_y=dict(type="data", symmetric=False, array=[t["p80_ms"] - t["median_ms"] for t in pts],
-                         arrayminus=[t["median_ms"] - t["p20_ms"] for t in pts])))
-    fig.update_layout(barmode="group", height=450, yaxis_title="ms per step", xaxis_tickangle=0,
-                      title=f"Training step per mode, engine included, {device} (median, p20–p80)")
-    return fig
-
-
-def speedups(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per device, model, precision: engine vs compile-ro and vs the CUDA graph, all from the engine's run."""
-    rows = _shape(engine_rows)
-    out = []
-    for dev in engine_devices(rows):
-        for prec in ("fp32", "tf32", "bf16"):
-            for model in MODELS:
-                e = pick(rows, device_slug=dev, label=model, mode="engine", precision=prec)
-                if e is None:
-                    continue
-                ro = pick(rows, device_slug=dev, label=model, mode="compile-ro", precision=prec)
-                cg = pick(rows, device_slug=dev, label=model, mode="cudagraph", precision=prec)
-                out.append({"device": dev, "model": model, "precision": prec, "engine ms": e["median_ms"],
-                            "compile-ro ms": ro and ro["median_ms"], "cudagraph ms": cg and cg["median_ms"],
-                            "engine over compile-ro": ro and ro["median_ms"] / e["median_ms"],
-                            "engine over cudagraph": cg and cg["median_ms"] / e["median_ms"],
-                            "check ok": e.get("check_ok")})
-    return out
-
-
-# Engine variants that compute the same function as the headline row by another route, shown
-# under the same target and labelled: GPT-2 with the attention kernel in place of its explicit
-# softmax (one of the post's four changes, but exact attention all the same), and fp32 steps
-# on tensor cores at fp32 accuracy (3xTF32), which is not strict IEEE fp32 arithmetic. GPT-2's
-# "+fused-softmax" (round 5's variant) keeps the explicit softmax as written, with scale, mask and
-# softmax in one kernel each way (the fusion torch.compile makes); the headline engine from round 6.
-ALTERNATIVES: dict[tuple[str, str], tuple[str, ...]] = {
-    ("fasttransformer", "fp32"): ("fasttransformer engine, 3xTF32 attention+linear",),
-    ("gpt2", "fp32"): ("gpt2 engine +fused-softmax", "gpt2 engine +flash-attn 3xTF32 +linear",
-                       "gpt2 engine +flash-attn 3xTF32"),
-    ("gpt2", "tf32"): ("gpt2 engine +fused-softmax", "gpt2 engine +flash-attn"),
-}
-
-
-def verdicts(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """The issue's targets, each computed from the engine's run (or 'not measured').
-
-    FastTransformer engine at least 1.5x faster than compile-ro in fp32 and in tf32;
-    GPT-2 engine faster than compiled (reduce-overhead) GPT-2, fp32 and tf32. One row for the
-    headline engine, then one per labelled alternative route (``ALTERNATIVES``) that was measured.
-    """
-    rows = _shape(engine_rows)
-    sp = speedups(engine_rows)
-    devs = sorted({s["device"] for s in sp}) or ["(no GPU rows)"]
-    out = []
-    for dev in devs:
-        for model, need, what in (("fasttransformer", TARGET_FT_SPEEDUP, "FastTransformer engine >= 1.5x compile-ro"),
-                                  ("gpt2", 1.0, "GPT-2 engine faster than compiled GPT-2")):
-            for prec in PRECISIONS:
-                s = next((s for s in sp if s["device"] == dev and s["model"] == model and s["precision"] == prec),
-                         None)
-                ro = s and s["compile-ro ms"]
-                routes = [("engine", s and s["engine ms"])]
-                for label in ALTERNATIVES.get((model, prec), ()):
-                    r = pick(rows, device_slug=dev, label=label, mode="engine", precision=prec)
-                    if r is not None:
-                        routes.append((label[len(f"{model} engine"):].strip(" ,"), r["median_ms"]))
-                for route, ms in routes:
-                    x = ro / ms if (ro and ms) else None
-                    verdict = "not measured" if x is None else ("met" if (x >= need if need > 1 else x > need) else
-                                                                "not met")
-                    out.append({"device": dev, "target": f"{what}, {prec}", "route": route, "needed": need,
-                                "measured": x, "engine ms": ms, "compile-ro ms": ro, "verdict": verdict})
-    return out
 
 
 def variant_name(r: dict[str, Any]) -> str:
@@ -241,10 +101,10 @@ def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
 
 def loss_table(check_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per device, model, precision: the 100-step check's agreement (max relative loss error vs rtol),
-    newest engine round only."""
+    the newest run only."""
     out = []
     order = ("fp32", "tf32", "bf16")
-    for r in sorted(latest_round(check_rows), key=lambda r: (
+    for r in sorted(latest_run(check_rows), key=lambda r: (
             r["device_slug"], order.index(r["precision"]) if r["precision"] in order else 9, r["label"])):
         ref = r.get("losses_ref") or []
         out.append({"device": r["device_slug"], "model": r["label"], "precision": r["precision"],
@@ -262,7 +122,7 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
     One colour per checked case, the same in every panel; the largest relative error of each
     case is in :func:`loss_table`.
     """
-    rows = [r for r in latest_round(check_rows) if r["device_slug"] == device and r.get("losses_engine")]
+    rows = [r for r in latest_run(check_rows) if r["device_slug"] == device and r.get("losses_engine")]
     precs = [p for p in ("fp32", "tf32", "bf16") if any(r["precision"] == p for r in rows)]
     labels = list(dict.fromkeys(r["label"] for r in sorted(rows, key=lambda r: (r["label"] not in MODELS, r["label"]))))
     others = [c for c in PALETTE if c not in MODEL_COLORS.values()]
@@ -338,60 +198,3 @@ def probe_table(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         line["largest share"] = (by[line["largest"]] / total) if by and total else None
         out.append(line)
     return out
-
-
-# What each engine round changed (ENGINE_ROUND in ci/gpu_bench.py; kernels/dev/NOTES.md has
-# each round's predictions next to its outcomes).
-ROUND_CHANGES = {
-    1: "kernels swapped in, flat AdamW, the whole step in one CUDA graph",
-    2: "dK/dV split over the MQA group, scatter-add embedding backward, 3xTF32 options",
-    3: "strict fp32 keeps SDPA's attention; packed attention and fused residual-norm as variants",
-    4: "packed attention and fused residual-norm by default, also into LayerNorm; 4-row RMSNorm tiles",
-    5: ("Triton bias gradients; bf16 norm outputs and bf16 weight shadow; 4-row residual-norm tiles; "
-        "the branch gradient in its own dtype and residual dropout inside the fused residual-norm"),
-    6: "GPT-2's explicit softmax (kept, materialized) with scale, mask and softmax fused",
-}
-
-
-def rounds_table(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per device, round, model and precision: the headline engine against compile-ro of the same
-    round (each round measured with its own baselines), with what the round changed."""
-    rows = [r for r in engine_rows if r.get("B") == SHAPE["B"] and r.get("T") == SHAPE["T"]]
-    out = []
-    for dev in sorted({r["device_slug"] for r in rows}):
-        for rnd in sorted({_round(r) for r in rows if r["device_slug"] == dev}):
-            these = [r for r in rows if r["device_slug"] == dev and _round(r) == rnd]
-            for model in MODELS:
-                for prec in ("fp32", "tf32", "bf16"):
-                    e = pick(these, label=model, mode="engine", precision=prec)
-                    ro = pick(these, label=model, mode="compile-ro", precision=prec)
-                    if e is None:
-                        continue
-                    out.append({"device": dev, "round": rnd, "model": model, "precision": prec,
-                                "engine ms": e["median_ms"], "compile-ro ms": ro and ro["median_ms"],
-                                "engine over compile-ro": ro and ro["median_ms"] / e["median_ms"],
-                                "changed": ROUND_CHANGES.get(rnd, ""), "commit": e.get("commit")})
-    return out
-
-
-def rounds_figure(table: list[dict[str, Any]], device: str) -> go.Figure:
-    """Engine step time per round (solid) against compile-ro of the same round (dotted)."""
-    fig = go.Figure()
-    colors = {"fasttransformer": "#1f77b4", "gpt2": "#d62728"}
-    dash = {"fp32": "solid", "tf32": "dash", "bf16": "dot"}
-    symbol = {"fp32": "x", "tf32": "diamond-open", "bf16": "circle-open"}
-    for model in MODELS:
-        for prec in ("fp32", "tf32", "bf16"):
-            pts = [t for t in table if t["device"] == device and t["model"] == model and t["precision"] == prec]
-            if not pts:
-                continue
-            fig.add_trace(go.Scatter(x=[t["round"] for t in pts], y=[t["engine ms"] for t in pts],
-                                     mode="lines+markers", name=f"{model} {prec} engine",
-                                     line=dict(color=colors[model], dash=dash[prec])))
-            ro = [t for t in pts if t["compile-ro ms"]]
-            fig.add_trace(go.Scatter(x=[t["round"] for t in ro], y=[t["compile-ro ms"] for t in ro], mode="markers",
-                                     name=f"{model} {prec} compile-ro",
-                                     marker=dict(color=colors[model], symbol=symbol[prec], size=9)))
-    fig.update_layout(height=450, xaxis=dict(title="engine round", dtick=1), yaxis_title="ms per step",
-                      title=f"The engine round by round against compile-ro of the same run, {device}")
-    return fig

@@ -10,8 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from ftlib.bench import Case
 from ftlib.config import preset
 from ftlib.results import ResultStore, row_key
+from ftlib.suites import STEP_CONFIGS, with_run
 
 SLUG = "h200"
 PROV = {"device": "NVIDIA H200", "device_type": "cuda", "torch": "2.11.0+cu130", "triton": "3.6.0",
@@ -49,10 +51,18 @@ def _step_row(bench: str, model: str, prec: str, mode: str, ms: float, label: st
             **PROV}
 
 
+# The baselines suite: three runs on two machine starts; per (model, mode, optimizer) ms, every precision.
+BASELINE_MS = {("fasttransformer", "engine", "default"): 3.6, ("fasttransformer", "compile-ro", "whole-step"): 6.0,
+               ("gpt2", "engine", "default"): 9.0, ("gpt2", "compile-ro", "fused"): 8.0}
+
+
 def write_step_rows(root: Path) -> None:
-    for (model, prec, mode), ms in STEP_MS.items():
-        bench = "fig1" if prec == "fp32" else "precision"
-        ResultStore(bench, SLUG, root).append(_step_row(bench, model, prec, mode, ms))
+    from ftlib.suites import baselines
+
+    store = ResultStore("baselines", SLUG, root)
+    for i in range(3):
+        for row in baselines_run(f"run{i}", f"machine{i % 2}", BASELINE_MS, cases=baselines()):
+            store.append(row)
 
 
 def write_engine_rows(root: Path) -> None:
@@ -161,3 +171,41 @@ def write_all(root: Path) -> Path:
     write_check_rows(root)
     write_kernel_rows(root)
     return root
+
+
+# ---------------------------------------------------------------- the baselines suite, run by run
+
+BASELINE_MODELS = {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
+BASELINE_CASES = [Case(label, cfg, 32, 256, mode, "bf16", optimizer=opt) for label, cfg in BASELINE_MODELS.items()
+         for mode, opt in STEP_CONFIGS]
+
+
+def baselines_run(run: str, machine: str, ms: dict[tuple[str, str, str], float], commit: str = "0123456789ab",
+                  skip: tuple = (), bad: dict | None = None, cases: list | None = None) -> list[dict]:
+    """Rows of one run of the baselines suite (``cases``, default BASELINE_CASES).
+
+    Each case takes ``ms[(label, mode, optimizer)]`` or 10 ms; ``bad`` overrides fields per case.
+    """
+    rows = []
+    for c in with_run(cases or BASELINE_CASES, run):
+        ident = (c.label, c.mode, c.optimizer)
+        if ident in skip:
+            continue
+        row = {"key": c.key("baselines"), "bench": "baselines", "label": c.label, "config": c.config.to_dict(),
+               "config_hash": c.config.config_hash(), "B": c.B, "T": c.T, "mode": c.mode, "precision": c.precision,
+               "optimizer_kind": c.optimizer, "extra": c.extra, "status": "ok", "check_ok": True,
+               "median_ms": ms.get(ident, 10.0), "p20_ms": 0, "p80_ms": 0, "device_slug": "h200",
+               "device": "NVIDIA H200", "run_id": run, "machine_id": machine, "commit": commit,
+               "date": "2026-12-03T10:00:00Z"}
+        row.update((bad or {}).get(ident, {}))
+        rows.append(row)
+    return rows
+
+
+def fast(**by_config: float) -> dict:
+    """Times per (label, mode, optimizer) from keywords like gpt2__compile_ro__fused=3.0."""
+    out = {}
+    for k, v in by_config.items():
+        label, mode, opt = k.split("__")
+        out[(label, mode.replace("_", "-"), opt.replace("_", "-"))] = v
+    return out

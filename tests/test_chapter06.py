@@ -25,15 +25,17 @@ def _run(results: Path) -> str:
 def test_chapter_with_synthetic_rows(tmp_path):
     out = _run(write_all(tmp_path / "results"))
     assert NOT_MEASURED not in out and "not measured yet" not in out.lower()
-    assert "h200: FastTransformer engine >= 1.5x compile-ro, fp32 [engine]: needed 1.5x, measured 1.67x -> met" in out
-    assert "FastTransformer engine >= 1.5x compile-ro, tf32 [engine]: needed 1.5x, measured 1.30x -> not met" in out
-    assert "GPT-2 engine faster than compiled GPT-2, tf32 [+flash-attn]: needed 1x, measured 1.14x -> met" in out
+    # The engine against the strongest compiled step of each run, named, with the spread and verdict.
+    assert "| h200 | FastTransformer | bf16 | 3.6 | compile reduce-overhead, whole step compiled | 6 |" \
+        " 1.67× (1.67–1.67×) | faster | 3 runs, 2 machine starts |" in out
+    assert "| h200 | GPT-2 | fp32 | 9 | compile reduce-overhead, fused AdamW outside | 8 | 0.89× (0.89–0.89×) |" \
+        " slower |" in out
     assert "Not profiled yet" not in out
     assert "fastest in a graph is v3 triton" in out
-    assert out.count("<Figure:") == 4  # kernels, Figure 1 extended, engine rounds, loss agreement
+    assert out.count("<Figure:") == 3  # kernels, the configurations of the engine's runs, loss agreement
 
 
 def test_chapter_without_rows(tmp_path):
     out = _run(tmp_path / "empty")
-    assert out.count(NOT_MEASURED) == 4 and "Ceilings not measured yet" in out and "<Figure:" not in out
-    assert "Step rows not measured yet" in out and "Not profiled yet" in out
+    assert out.count(NOT_MEASURED) == 2 and "Ceilings not measured yet" in out and "<Figure:" not in out
+    assert "Not profiled yet" in out and "| h200 |" not in out

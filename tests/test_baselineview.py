@@ -1,0 +1,102 @@
+"""The baselines suite's views: strongest baseline, same-run pairing, complete runs, spread and verdicts."""
+
+from __future__ import annotations
+
+import pytest
+from synthetic_results import BASELINE_CASES as CASES
+from synthetic_results import baselines_run as run_rows
+from synthetic_results import fast
+
+from ftlib import baselineview as bv
+
+
+def test_the_strongest_baseline_is_the_fastest_correct_compiled_configuration():
+    ms = fast(gpt2__compile_ro__fused=4.0, gpt2__compile_ro__whole_step=3.0, gpt2__eager__default=1.0,
+              gpt2__engine__default=2.0, gpt2__cudagraph__fused=5.0)
+    # The fastest of all is a compiled configuration whose loss check failed: it does not count.
+    rows = run_rows("r1", "m1", {**ms, ("gpt2", "compile", "fused"): 0.5},
+                    bad={("gpt2", "compile", "fused"): {"check_ok": False}})
+    best = bv.strongest(bv.load(CASES, rows=rows)).set_index("label")
+    assert best.loc["gpt2", "baseline_ms"] == 3.0  # eager (1.0) and the engine (2.0) are not baselines
+    assert best.loc["gpt2", "baseline"] == "compile reduce-overhead, whole step compiled"
+    errored = run_rows("r1", "m1", ms, bad={("gpt2", "compile-ro", "whole-step"): {"status": "error"}})
+    assert bv.strongest(bv.load(CASES, rows=errored)).set_index("label").loc["gpt2", "baseline_ms"] == 4.0
+
+
+def test_the_manual_cuda_graph_can_be_the_strongest_baseline():
+    rows = run_rows("r1", "m1", fast(fasttransformer__cudagraph__fused=2.0))
+    best = bv.strongest(bv.load(CASES, rows=rows)).set_index("label")
+    assert best.loc["fasttransformer", "baseline"] == "manual CUDA graph of the whole step"
+
+
+def test_ratios_pair_rows_of_one_run_only():
+    # Run 1: engine 2, baseline 4 (2x). Run 2: engine 4, baseline 2 (0.5x). Pairing across the runs
+    # would give 1x or 4x; within each run it gives 2x and 0.5x.
+    r1 = run_rows("r1", "m1", fast(gpt2__engine__default=2.0, gpt2__compile_ro__fused=4.0))
+    r2 = run_rows("r2", "m2", fast(gpt2__engine__default=4.0, gpt2__compile_ro__fused=2.0))
+    per_run = bv.speedups(bv.load(CASES, rows=r1 + r2))
+    got = per_run[per_run["label"] == "gpt2"].set_index("run_id")["speedup"]
+    assert got["r1"] == pytest.approx(2.0) and got["r2"] == pytest.approx(0.5)
+
+
+def test_incomplete_runs_and_uncommitted_code_are_left_out():
+    full = run_rows("full", "m1", {})
+    partial = run_rows("partial", "m1", {}, skip=(("gpt2", "engine", "default"),))
+    dirty = run_rows("dirty", "m2", {}, commit="0123456789ab+dirty")
+    legacy = [{k: v for k, v in r.items() if k != "run_id"} for r in run_rows("legacy", "m3", {})]
+    df = bv.load(CASES, rows=full + partial + dirty + legacy)
+    assert set(df["run_id"]) == {"full"}
+    mine = bv.load(CASES, rows=dirty, tag="this run")  # a reader's own run is shown, under its own name
+    assert set(mine["device_slug"]) == {"h200 (this run)"}
+
+
+@pytest.mark.parametrize("lo,hi,runs,machines,want", [
+    (1.10, 1.30, 3, 2, "faster"),
+    (0.80, 0.95, 3, 2, "slower"),
+    (0.99, 1.01, 3, 2, "ties"),
+    (0.90, 1.10, 3, 2, "no verdict: the runs disagree"),
+    (1.10, 1.30, 2, 2, "too few runs (2 runs, 2 machine starts)"),
+    (1.10, 1.30, 3, 1, "too few runs (3 runs, 1 machine starts)"),
+])
+def test_a_verdict_needs_every_run_on_one_side_and_enough_runs(lo, hi, runs, machines, want):
+    assert bv.verdict(lo, hi, runs, machines) == want
+
+
+def test_engine_summary_names_the_baseline_and_the_spread():
+    rows = []
+    for i, (eng, base) in enumerate([(2.0, 3.0), (2.0, 2.8), (2.0, 3.2)]):
+        rows += run_rows(f"r{i}", f"m{i % 2}", fast(fasttransformer__engine__default=eng,
+                                                      fasttransformer__compile_ro__whole_step=base))
+    tab = bv.engine_summary(bv.load(CASES, rows=rows)).set_index("model")
+    ft = tab.loc["FastTransformer"]
+    assert ft["strongest baseline"] == "compile reduce-overhead, whole step compiled"
+    assert ft["engine speed-up (median, min–max)"] == "1.50× (1.40–1.60×)"
+    assert ft["verdict"] == "faster" and ft["runs"] == "3 runs, 2 machine starts"
+
+
+def test_the_placement_effect_shows_each_baseline_of_the_same_run():
+    rows = run_rows("r1", "m1", fast(gpt2__engine__default=3.0, gpt2__compile_ro__default=6.0,
+                                     gpt2__compile_ro__fused=4.0, gpt2__compile_ro__whole_step=3.5))
+    tab = bv.placement_effect(bv.load(CASES, rows=rows))
+    got = tab[tab["model"] == "GPT-2"].set_index("engine measured against")["engine speed-up (median, min–max)"]
+    assert got["compile reduce-overhead, foreach AdamW outside"].startswith("2.00×")
+    assert got["compile reduce-overhead, fused AdamW outside"].startswith("1.33×")
+    assert got["strongest baseline of the run"].startswith("1.17×")
+
+
+def test_model_ratios_compare_the_two_models_in_the_same_configuration_and_at_their_best():
+    rows = run_rows("r1", "m1", fast(gpt2__compile_ro__default=9.0, fasttransformer__compile_ro__default=6.0,
+                                     gpt2__compile_ro__whole_step=8.0, fasttransformer__compile_ro__fused=5.0))
+    tab = bv.model_table(bv.load(CASES, rows=rows)).set_index("configuration")
+    assert tab.loc["compile reduce-overhead, foreach AdamW outside", "speed-up (median, min–max)"].startswith("1.50×")
+    assert tab.loc["strongest baseline of each", "speed-up (median, min–max)"].startswith("1.60×")
+
+
+def test_the_findings_are_computed_from_the_rows():
+    rows = []
+    for i in range(3):
+        rows += run_rows(f"r{i}", f"m{i % 2}", fast(gpt2__compile_ro__default=9.0 + i / 10,
+                                                      fasttransformer__compile_ro__default=6.0))
+    text = bv.chapter3_findings(bv.load(CASES, rows=rows), precision="bf16")
+    assert "1.52× (1.50–1.53× over runs)" in text and "3 runs on 2 machine starts" in text
+    assert bv.chapter3_findings(bv.load(CASES, rows=[])).startswith("No complete run")
