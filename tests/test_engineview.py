@@ -45,6 +45,9 @@ def test_loss_table_and_figure(rows):
     assert len(curves) == 12  # 2 precisions x 2 models x (engine, reference, relative difference)
     assert all(len(tr.y) == 100 for tr in curves)
     assert len(fig.data) - len(curves) == 2  # the key to the line styles (engine, reference)
+    # one legend entry per model, and each model one colour in every panel
+    assert sorted(tr.name for tr in curves if tr.showlegend is not False) == ["fasttransformer", "gpt2"]
+    assert len({tr.line.color for tr in curves if tr.legendgroup == "gpt2"}) == 1
 
 
 def test_nothing_stored_gives_empty_tables():
