@@ -22,7 +22,10 @@ from ftlib.convergence import suite_rows, summary
 from ftlib.model import GPT
 from ftlib.sweepview import compile_time_table, sweep_rows, sweep_table
 
-TOL = 0.10  # the original's own runs of one config vary by +-10% between sessions (facts.md)
+# A timing claim was measured once, on another GPU: a book's number within 10% of it agrees. The
+# post gives no spread, and the eager and default-compile steps of chapter 3 move by more than
+# that between runs of the same code.
+TOL = 0.10
 
 
 def _close(a: float, b: float, tol: float = TOL) -> bool:

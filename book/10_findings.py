@@ -1,0 +1,70 @@
+# ---
+# jupyter:
+#   accelerator: GPU
+#   colab:
+#     gpuType: T4
+#     provenance: []
+#   jupytext:
+#     cell_metadata_filter: tags,-all
+#     notebook_metadata_filter: kernelspec,jupytext,accelerator,colab,-jupytext.text_representation.jupytext_version
+#     text_representation:
+#       extension: .py
+#       format_name: percent
+#       format_version: '1.3'
+#   kernelspec:
+#     display_name: Python 3 (ipykernel)
+#     language: python
+#     name: python3
+# ---
+
+# %% [markdown]
+# # 10. What we found
+#
+# **The question.** After nine chapters of measurements: which of the post's claims hold, which
+# do not, and what does the study teach about designing a small transformer for the GPU that
+# trains it? Everything below is computed from the same committed result rows as the chapters
+# before it; the verdicts follow chapter 7's rules.
+
+# %% [markdown]
+# [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/10_findings.ipynb)
+
+# %% tags=["parameters", "hide-cell"]
+DEVICE = "auto"
+SMOKE = True
+MEASURE = False
+
+# %% tags=["remove-cell"]
+# Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
+# install ftlib without dependencies (Colab's torch stays) and work from book/.
+import sys
+
+if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
+    import os
+    import subprocess
+
+    root, url = "/content/fasttransformer-book", "https://github.com/fasttransformer-book/fasttransformer-book"
+    if not os.path.exists(root):
+        subprocess.run(["git", "clone", "--depth", "1", url, root], check=True)
+    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", root], check=True)
+    sys.path.insert(0, root)
+    os.chdir(os.path.join(root, "book"))
+
+# %% tags=["hide-input"]
+from IPython.display import Markdown, display
+
+from ftlib.findings import lessons, markdown
+from ftlib.results import device_folders
+
+# %% [markdown]
+# ## The verdicts
+
+# %%
+for device in device_folders():
+    display(Markdown(markdown(device)))
+
+# %% [markdown]
+# ## What the measurements teach
+
+# %%
+for device in device_folders():
+    display(Markdown(lessons(device)))
