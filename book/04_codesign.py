@@ -71,6 +71,7 @@ from ftlib.accounting import step_summary
 from ftlib.bench import bench_sweep
 from ftlib.benchview import devices, not_measured, ok_rows, provenance_line
 from ftlib.codesignview import (
+    SOURCES,
     backend_table,
     col,
     fallback_cost,
@@ -96,7 +97,7 @@ if MEASURE:
                 **(dict(warmup=3, iters=10) if SMOKE else {}))
     dev = device_slug(device)
 else:
-    dev = (devices(ok_rows("grid")) or [None])[0]  # the first GPU with stored grid rows
+    dev = (devices(ok_rows(SOURCES)) or [None])[0]  # the first GPU with stored rows of this chapter's suites
 rows = measured(dev, include_cpu=MEASURE) if dev else []
 print("Measured on:", provenance_line(rows) or "nothing stored yet")
 
