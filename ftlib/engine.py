@@ -536,9 +536,14 @@ class Engine:
         if bf16_norm_out and self.norm_out_dtype is None:
             self.notes["bf16_norm_out"] = "not applied: needs precision='bf16' and the fused residual-norm"
         if self.kernels["cross_entropy"]:
+            from functools import partial
+
             from kernels.cross_entropy import cross_entropy
 
-            self._loss_fn = cross_entropy
+            # The kernel's target check is a host sync per call, which an uncaptured CUDA step
+            # must not have (step() queues ahead of the device). The targets are the engine's
+            # own static buffer, filled from the data loader's tokens, so they are in range.
+            self._loss_fn = partial(cross_entropy, check_targets=dev.type != "cuda")
         else:
             self._loss_fn = F.cross_entropy  # exactly what GPT.forward computes
 

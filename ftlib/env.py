@@ -35,15 +35,24 @@ def device_name(device: torch.device | str) -> str:
     return platform.processor() or platform.machine() or "cpu"
 
 
-def device_slug(device: torch.device | str) -> str:
-    """Folder name for results of a device: 'NVIDIA H200' -> 'h200', 'Tesla T4' -> 't4'."""
-    dev = torch.device(device)
-    if dev.type != "cuda":
-        return "cpu"
-    name = device_name(dev).lower()
+def slug_of_name(name: str) -> str:
+    """A GPU's name as its results folder: 'NVIDIA H200' -> 'h200', 'Tesla T4' -> 't4'.
+
+    The one rule for the folder: the runners name it from the live device (:func:`device_slug`)
+    and ci/ingest-results from the ``device`` field of a returned row, and the two must agree.
+    """
+    name = name.lower()
     for prefix in ("nvidia ", "tesla "):
         name = name.replace(prefix, "")
     return re.sub(r"[^a-z0-9]+", "-", name).strip("-")
+
+
+def device_slug(device: torch.device | str) -> str:
+    """Folder name for results of a device: 'cpu' off CUDA, else :func:`slug_of_name` of its name."""
+    dev = torch.device(device)
+    if dev.type != "cuda":
+        return "cpu"
+    return slug_of_name(device_name(dev))
 
 
 # Files that do not change what a measurement runs: the results themselves.

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import sys
+import time
 
 import pytest
 
@@ -116,11 +117,95 @@ def kernel_device_description() -> str:
             f"triton {triton_version})")
 
 
-@pytest.fixture(scope="session", autouse=True)
-def _record_kernel_device(record_testsuite_property) -> None:
-    # ci/test-kernels-gpu reads this from the JUnit file for its summary line.
-    record_testsuite_property("kernel_device_name", kernel_device_description())
+def _is_xdist_worker(config: pytest.Config) -> bool:
+    return hasattr(config, "workerinput")
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_sessionstart(session: pytest.Session) -> None:
+    # ci/test-kernels-gpu reads the device from the JUnit file for its summary line. The file is
+    # written by the process pytest was started in; under pytest-xdist that process runs no test
+    # (so no fixture could record it), hence a hook, here, on pytest's JUnit writer when present.
+    if _is_xdist_worker(session.config):
+        return
+    for plugin in session.config.pluginmanager.get_plugins():
+        if hasattr(plugin, "add_global_property"):  # pytest's LogXML, registered by --junitxml
+            plugin.add_global_property("kernel_device_name", kernel_device_description())
 
 
 def pytest_report_header(config: pytest.Config) -> str:
     return f"kernel tests: {kernel_device_description()}"
+
+
+class FileProgress:
+    """Per-file progress lines, and each failure in full as it happens (FTLIB_TEST_PROGRESS=1).
+
+    pytest prints tracebacks and the failure summary only at the end, so a run stopped by a time
+    limit shows neither. With this plugin the log says, as the run goes, which files are done
+    (tests, outcomes, elapsed time) and every failing test's report, in the process that prints:
+    under pytest-xdist the workers' reports are replayed there, in the order they finish.
+    """
+
+    def __init__(self, config: pytest.Config) -> None:
+        self.config = config
+        self.start = time.monotonic()
+        self.total: dict[str, int] = {}
+        self.done: dict[str, dict[str, int]] = {}
+        self.failed: set[str] = set()
+        self.skipped: set[str] = set()
+
+    def _line(self, text: str) -> None:
+        tr = self.config.pluginmanager.get_plugin("terminalreporter")
+        if tr is not None:
+            tr.ensure_newline()
+            # xdist's progress dots do not tell the reporter a line is open; end it here.
+            if getattr(getattr(tr, "_tw", None), "width_of_current_line", 0):
+                tr.write("\n")
+            tr.write_line(text)
+        else:
+            print(text)
+        sys.stdout.flush()
+
+    def _count(self, nodeids: list[str]) -> None:
+        self.total = {}
+        for nodeid in nodeids:
+            path = nodeid.split("::")[0]
+            self.total[path] = self.total.get(path, 0) + 1
+        self._line(f"progress: {len(nodeids)} tests in {len(self.total)} files")
+
+    def pytest_collection_finish(self, session: pytest.Session) -> None:
+        if session.items:  # none in the xdist controller: its workers collect
+            self._count([item.nodeid for item in session.items])
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_node_collection_finished(self, node, ids: list[str]) -> None:
+        if not self.total:  # every worker collects the same tests; the first one counts them
+            self._count(list(ids))
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        if report.failed:
+            self.failed.add(report.nodeid)
+            self._line(f"progress: FAILED {report.nodeid} (in {report.when}), {self._elapsed()}\n"
+                       f"{report.longreprtext}")
+        elif report.skipped:
+            self.skipped.add(report.nodeid)
+
+    @pytest.hookimpl(trylast=True)  # after pytest's own progress mark for the test
+    def pytest_runtest_logfinish(self, nodeid: str, location) -> None:
+        path = nodeid.split("::")[0]
+        counts = self.done.setdefault(path, {"passed": 0, "failed": 0, "skipped": 0})
+        outcome = "failed" if nodeid in self.failed else "skipped" if nodeid in self.skipped else "passed"
+        counts[outcome] += 1
+        if sum(counts.values()) == self.total.get(path):
+            finished = sum(sum(c.values()) for c in self.done.values())
+            self._line(f"progress: {path} done: {counts['passed']} passed, {counts['failed']} failed, "
+                       f"{counts['skipped']} skipped; {finished}/{sum(self.total.values())} tests, {self._elapsed()}")
+
+    def _elapsed(self) -> str:
+        return f"{time.monotonic() - self.start:.0f} s"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Only where pytest prints: an xdist worker's output is not shown, its reports are replayed.
+    if os.environ.get("FTLIB_TEST_PROGRESS") == "1" and not _is_xdist_worker(config):
+        config.pluginmanager.register(FileProgress(config), "ftlib-file-progress")

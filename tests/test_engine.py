@@ -362,3 +362,22 @@ def test_fused_softmax_under_bf16_writes_bf16_probabilities_and_stays_close(dev)
     assert eng.model.blocks[0].attn.out_dtype == torch.bfloat16
     r = check_against_reference(GPT4, steps=2, device=dev, precision="bf16", B=B, T=T, fused_softmax=True)
     assert r["ok"] and r["fused_softmax"], r["max_rel_err"]
+
+
+def test_the_uncaptured_cuda_step_skips_the_target_check_that_direct_calls_keep(dev, monkeypatch):
+    # The fused cross-entropy checks its targets with a host sync: the engine's step on CUDA must
+    # not sync (its targets are its own static buffer), a direct call keeps the check.
+    import kernels.cross_entropy as ce
+
+    calls = []
+    real = ce.check_targets_in_range
+    monkeypatch.setattr(ce, "check_targets_in_range", lambda *a: (calls.append(a), real(*a))[1])
+    eng = Engine(FT1, B, T, "fp32", dev, capture=False)
+    assert eng.kernels["cross_entropy"] and not eng.captured
+    g = torch.Generator().manual_seed(0)
+    x, y = (torch.randint(0, FT1.vocab_size, (B, T), generator=g).to(dev) for _ in range(2))
+    assert torch.isfinite(eng.step(x, y)).item()
+    assert len(calls) == (0 if dev.type == "cuda" else 1), f"{len(calls)} target checks in one step on {dev}"
+    with pytest.raises(ValueError, match="targets must be class indices"):
+        ce.cross_entropy(torch.zeros(4, 5, device=dev), torch.tensor([0, 1, 2, 9], device=dev))
+    assert len(calls) == (1 if dev.type == "cuda" else 2)

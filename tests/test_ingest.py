@@ -48,12 +48,13 @@ def _hashes(folder: Path) -> dict[str, str]:
 
 @pytest.fixture()
 def repo(tmp_path, monkeypatch, mod):
-    """A repository whose data/results/h200/ holds three files, and an empty returned folder."""
+    """A repository whose data/results/h200/ holds four files, and an empty returned folder."""
     store = tmp_path / "repo" / "data" / "results" / "h200"
     store.mkdir(parents=True)
     (store / "speedrun.jsonl").write_text(_rows("a", "b"))
     (store / "engine.jsonl").write_text(_rows("x", "y"))
     (store / "engine_probe.jsonl").write_text(_rows("p", "q"))
+    (store / "baselines.jsonl").write_text(_run_rows("r1", "a", "b"))
     monkeypatch.setattr(mod, "ROOT", tmp_path / "repo")
     back = tmp_path / "back"
     back.mkdir()
@@ -102,6 +103,72 @@ def test_a_file_returned_twice_resolves_to_its_longest_copy(repo, mod, tmp_path,
     assert _hashes(store) == before
 
 
+def _run_rows(run, *keys, device="NVIDIA H200", v=0):
+    """Rows of a suite whose key carries its run (ci/gpu_bench.py puts the run in ``extra``)."""
+    return "".join(json.dumps({"key": f"{run}-{k}", "v": v, "device": device, "extra": {"run": run}}) + "\n"
+                   for k in keys)
+
+
+def _committed_baselines(tmp_path, monkeypatch, mod, runs_stored):
+    """A repository holding the first ``runs_stored`` runs of the committed baselines.jsonl, the
+    committed file's lines, and an empty returned folder."""
+    lines = (ROOT / "data" / "results" / "h200" / "baselines.jsonl").read_text().splitlines(keepends=True)
+    runs = list(dict.fromkeys(json.loads(x)["extra"]["run"] for x in lines))
+    assert len(runs) >= 2, "the test splits the committed file by run"
+    stored = [x for x in lines if json.loads(x)["extra"]["run"] in runs[:runs_stored]]
+    assert lines[: len(stored)] == stored  # the runs follow each other in the file
+    store = tmp_path / "repo" / "data" / "results" / "h200"
+    store.mkdir(parents=True)
+    (store / "baselines.jsonl").write_text("".join(stored))
+    monkeypatch.setattr(mod, "ROOT", tmp_path / "repo")
+    back = tmp_path / "back"
+    back.mkdir()
+    return store, back, lines, len(stored)
+
+
+def test_baselines_with_the_stored_rows_and_new_runs_are_taken(mod, tmp_path, monkeypatch, capsys):
+    store, back, lines, n = _committed_baselines(tmp_path, monkeypatch, mod, runs_stored=1)
+    (back / "baselines.jsonl").write_text("".join(lines))  # a call that started from the stored file
+    assert mod.main([str(back)]) == 0
+    assert (store / "baselines.jsonl").read_text() == "".join(lines)
+    assert f"baselines.jsonl: {n} -> {len(lines)} rows\n" in capsys.readouterr().out
+
+
+def test_baselines_with_only_new_runs_are_merged_after_the_stored_rows(mod, tmp_path, monkeypatch, capsys):
+    # A second device call that started from a tree without the first call's rows returns only
+    # its own runs: they are appended, and every stored row stays as it was.
+    store, back, lines, n = _committed_baselines(tmp_path, monkeypatch, mod, runs_stored=2)
+    (back / "baselines.jsonl").write_text("".join(lines[n:]))
+    assert mod.main([str(back)]) == 0
+    assert (store / "baselines.jsonl").read_text() == "".join(lines)
+    assert (f"baselines.jsonl: {n} -> {len(lines)} rows (merged: the stored rows, then {len(lines) - n} returned "
+            "rows not stored)") in capsys.readouterr().out
+
+
+def test_a_call_that_missed_another_calls_runs_keeps_both(repo, mod):
+    # Stored: runs r1 (committed) and r2 (a first call). Returned by a second call that started
+    # from the commit: r1 again, then its own r3. Result: r1, r2, r3, nothing lost or doubled.
+    store, back = repo
+    (store / "baselines.jsonl").write_text(_run_rows("r1", "a", "b") + _run_rows("r2", "a", "b"))
+    (back / "baselines.jsonl").write_text(_run_rows("r1", "a", "b") + _run_rows("r3", "a", "b"))
+    assert mod.main([str(back)]) == 0
+    assert _keys(store / "baselines.jsonl") == ["r1-a", "r1-b", "r2-a", "r2-b", "r3-a", "r3-b"]
+    # ingesting the same folder again adds nothing
+    before = _hashes(store)
+    assert mod.main([str(back)]) == 0 and _hashes(store) == before
+
+
+def test_a_returned_copy_that_lacks_stored_rows_keeps_them(repo, mod, capsys):
+    # engine.jsonl's rows carry no run: a copy from an older tree holding one stored row and a
+    # new key keeps both stored rows and adds the new one; nothing is lost.
+    store, back = repo
+    new_row = json.dumps({"key": "w", "v": 7, "device": "NVIDIA H200"}) + "\n"
+    (back / "engine.jsonl").write_text(_rows("x") + new_row)
+    assert mod.main([str(back)]) == 0
+    assert (store / "engine.jsonl").read_text() == _rows("x", "y") + new_row
+    assert "engine.jsonl: 2 -> 3 rows (merged" in capsys.readouterr().out
+
+
 # Each way a returned folder can be wrong: (what to put in it, a phrase the error must contain).
 def _torn(back):
     (back / "speedrun.jsonl").write_text(_rows("a", "b", "c") + '{"key": "d", "device": "NVIDIA H')
@@ -132,9 +199,13 @@ def _unknown_name(back):
     (back / "speedrun_old.jsonl").write_text(_rows("a"))
 
 
-def _lost_row(back):
+def _stored_row_measured_again(back):
     (back / "speedrun.jsonl").write_text(_rows("a", "b", "c"))  # fine on its own
-    (back / "engine.jsonl").write_text(_rows("x"))  # lost a row: the whole ingest is refused
+    (back / "engine.jsonl").write_text(_rows("y", "z"))  # 'y' with v=0, stored with v=1: the whole ingest is refused
+
+
+def _stored_run_row_changed(back):
+    (back / "baselines.jsonl").write_text(_run_rows("r1", "a", v=5) + _run_rows("r3", "a"))
 
 
 def _empty(back):
@@ -153,7 +224,11 @@ CASES = {
     "row-without-key": (_no_key, "line 3: the row has no 'key'"),
     "line-not-an-object": (_not_an_object, "line 3: a JSON list, not an object"),
     "unknown-file-name": (_unknown_name, "speedrun_old.jsonl: not a known results file"),
-    "stored-row-lost": (_lost_row, "engine.jsonl: the returned file does not start with the 2 stored rows"),
+    "stored-row-measured-again": (_stored_row_measured_again,
+                                  "engine.jsonl: the returned file does not start with the 2 stored rows, and its "
+                                  "line 1 has the key of a stored row with other values"),
+    "stored-run-row-changed": (_stored_run_row_changed, "baselines.jsonl: the returned file does not start with the "
+                               "2 stored rows, and its line 1 has the key"),
     "no-jsonl-files": (_empty, "no .jsonl files under"),
     "unreadable-tar": (_bad_tar, "cannot unpack"),
 }
@@ -246,4 +321,5 @@ def test_device_names_map_to_folders_as_device_slug_does(name, mod, monkeypatch)
     import ftlib.env as env
 
     monkeypatch.setattr(env, "device_name", lambda dev: name)
+    assert mod.slug_of_name is env.slug_of_name  # one rule, in ftlib.env
     assert mod.slug_of_name(name) == env.device_slug("cuda")

@@ -18,24 +18,44 @@ ROOT = Path(__file__).resolve().parent.parent
 ONE_KERNEL_TEST = "tests/test_kernels_rmsnorm.py::test_rstd_saved"
 
 
-def _pytest(code: str | None, env_changes: dict[str, str | None]) -> subprocess.CompletedProcess:
+def _pytest(code: str | None, env_changes: dict[str, str | None], *extra: str) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     for k, v in env_changes.items():
         if v is None:
             env.pop(k, None)
         else:
             env[k] = v
-    args = ["-q", "-p", "no:cacheprovider", "-rfEs", ONE_KERNEL_TEST]
+    args = ["-q", "-p", "no:cacheprovider", "-rfEs", *extra, ONE_KERNEL_TEST]
     cmd = [sys.executable, "-m", "pytest", *args] if code is None else [sys.executable, "-c", code, *args]
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="shows the no-CUDA failure; this machine has CUDA")
-def test_gpu_mode_without_cuda_fails_and_says_why():
-    out = _pytest(None, {"FTLIB_TEST_GPU": "1"})
+def test_gpu_mode_without_cuda_fails_and_says_why(tmp_path):
+    # With FTLIB_TEST_PROGRESS=1 (ci/test-kernels-gpu) the failure is printed as it happens, before
+    # pytest's end-of-run sections a time limit could cut off; the JUnit file names the device.
+    xml = tmp_path / "junit.xml"
+    out = _pytest(None, {"FTLIB_TEST_GPU": "1", "FTLIB_TEST_PROGRESS": "1"}, f"--junitxml={xml}")
     assert out.returncode == 1, out.stdout + out.stderr
-    assert "1 failed" in out.stdout and "skipped" not in out.stdout
+    summary = out.stdout.strip().splitlines()[-1]
+    assert "1 failed" in summary and "skipped" not in summary, summary
     assert "FTLIB_TEST_GPU=1" in out.stdout and "torch.cuda.is_available() is False" in out.stdout
+    early = out.stdout.split("short test summary info")[0]
+    assert f"progress: FAILED {ONE_KERNEL_TEST} (in call)" in early and "torch.cuda.is_available() is False" in early
+    assert "progress: tests/test_kernels_rmsnorm.py done: 0 passed, 1 failed, 0 skipped; 1/1 tests" in out.stdout
+    assert 'name="kernel_device_name" value="no CUDA device' in xml.read_text()
+
+
+def test_progress_lines_and_the_junit_device_in_the_interpreter(tmp_path):
+    xml = tmp_path / "junit.xml"
+    out = _pytest(None, {"FTLIB_TEST_GPU": None, "FTLIB_TEST_PROGRESS": "1"}, f"--junitxml={xml}")
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert "progress: 1 tests in 1 files" in out.stdout
+    assert "progress: tests/test_kernels_rmsnorm.py done: 1 passed, 0 failed, 0 skipped; 1/1 tests" in out.stdout
+    assert "progress: FAILED" not in out.stdout
+    assert 'name="kernel_device_name" value="Triton interpreter on the CPU"' in xml.read_text()
+    quiet = _pytest(None, {"FTLIB_TEST_GPU": None, "FTLIB_TEST_PROGRESS": None})
+    assert quiet.returncode == 0 and "progress:" not in quiet.stdout  # off unless asked for
 
 
 def test_interpreter_that_cannot_run_fails_and_says_why():

@@ -148,20 +148,40 @@ def test_bf16_autocast_matches_f_linear_under_autocast(backward_in_autocast, ker
     assert all(g.dtype == torch.float32 for g in y.grad_fn.apply(dy.bfloat16()))
 
 
+def _assert_close_report(name, got, want64, tol=1e-5):
+    """|got - want| <= tol * (1 + |want|) elementwise, or an AssertionError that shows where it ran,
+    the largest error against its tolerance, and both tensors."""
+    got64 = got.detach().cpu().double()
+    assert got64.shape == want64.shape, f"{name}: shape {tuple(got64.shape)}, expected {tuple(want64.shape)}"
+    err = (got64 - want64).abs()
+    allowed = tol * (1 + want64.abs())
+    worst = int((err - allowed).flatten().argmax())
+    assert bool((err <= allowed).all()), (
+        f"{name} on {got.device} ({got.dtype}): max |error| {err.max().item():.3g}, at flat index {worst} "
+        f"error {err.flatten()[worst].item():.3g} > allowed {allowed.flatten()[worst].item():.3g}\n"
+        f"got  {got64.flatten()[:16].tolist()}\nwant {want64.flatten()[:16].tolist()}")
+
+
 def test_only_needed_gradients_are_computed(kernel_device):
     x, w, b, dy = _inputs((7,), 12, 9, kernel_device)
     x.requires_grad_(False)
+    want_dw = dy.cpu().double().t() @ x.detach().cpu().double()  # (N, K)
+    want_db = dy.cpu().double().sum(0)  # (N,)
     y = bias_linear(x, w, b)
-    dx, dw, db = y.grad_fn.apply(dy)  # the Function's backward, as autograd calls it
-    assert dx is None and dw is not None and db is not None
+    got = y.grad_fn.apply(dy)  # the Function's backward, as autograd calls it
+    assert [g is None for g in got] == [True, False, False], \
+        f"direct backward on {kernel_device}: (dx, dW, db) is None = {[g is None for g in got]}"
+    _assert_close_report("direct backward's dW", got[1], want_dw)
+    _assert_close_report("direct backward's db", got[2], want_db)
     y.backward(dy)  # and through autograd: no crash, x gets no gradient
-    assert x.grad is None
-    want_db = dy.cpu().double().sum(0).float()
-    torch.testing.assert_close(b.grad.cpu(), want_db, atol=1e-5, rtol=1e-5)
+    assert x.grad is None, f"x, which needs no gradient, got one on {kernel_device}"
+    _assert_close_report("w.grad through autograd", w.grad, want_dw)
+    _assert_close_report("b.grad through autograd", b.grad, want_db)
     w.requires_grad_(False)
-    dx, dw, db = bias_linear(x, w, b).grad_fn.apply(dy)
-    assert dx is None and dw is None
-    torch.testing.assert_close(db.cpu(), want_db, atol=1e-5, rtol=1e-5)
+    got = bias_linear(x, w, b).grad_fn.apply(dy)
+    assert [g is None for g in got] == [True, True, False], \
+        f"backward with only b needing a gradient on {kernel_device}: (dx, dW, db) is None = {[g is None for g in got]}"
+    _assert_close_report("db with only b needing a gradient", got[2], want_db)
 
 
 def test_launcher_and_function_reject_bad_arguments(kernel_device):

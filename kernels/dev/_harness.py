@@ -331,7 +331,7 @@ def run(
             continue
         passed = err <= v.tol
         ok &= passed
-        line = f"{v.name:>24}: max rel err {err:.2e} (tol {v.tol:.0e}) {'OK' if passed else 'FAIL'}"
+        line = f"{v.name:>24}: max rel err {err:.2e} (tol {v.tol:.2e}) {'OK' if passed else 'FAIL'}"
         if not timed_here:
             print(line)
             continue

@@ -4,8 +4,20 @@ Variants on the FastTransformer's parameters (2,559,744 fp32 values in ~40 tenso
 after the same 3 warm steps: v1 torch.optim.AdamW foreach (the default on CUDA),
 v2 fused=True, v3 capturable foreach, v4 the flat-buffer Triton kernel (one launch).
 Bytes (the floor): 28 per parameter (read p, g, m, v; write p, m, v). The check compares
-the update p - p0 after the steps (relative error; p's own fp32 rounding is ~2e-4 of it)
-with the fp32 single-tensor reference (ftlib.reference).
+the update p - p0 after the steps (its error relative to the largest update) with the fp32
+single-tensor reference (ftlib.reference).
+
+Tolerances. p is stored in fp32 at |p| up to max|p0| (~5 at the GPU size), so one ulp of p is
+already ~6e-4 of the largest update (3 steps of ~lr), the scale the error is divided by. Each
+step rounds p twice (the decay, the update), and an implementation that orders that arithmetic
+differently can land an ulp away at each rounding: torch's fused kernel computes
+p -= lr*wd*p where the reference multiplies by (1 - lr*wd) rounded to fp32, and the fused and
+capturable paths compute the bias corrections in fp32 on the device. On the H200 torch's fused
+AdamW came out 1.5e-3 from the reference (2.4 such ulps), its foreach path 2.6e-4; on the CPU
+(fused included) it is within 1e-4. So torch's variants get 2 ulps per step
+(2 * steps * eps_fp32 * max|p0| over the largest update, ~3.9e-3 at the GPU size), still well
+below what a wrong formula gives (an lr 1% off is 1e-2 of the update). The Triton kernel does
+the reference's operations in the reference's order (kernels/adamw.py) and keeps 1e-3.
 """
 
 from __future__ import annotations
@@ -41,6 +53,10 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             adamw_step_ref(p, grads[s], m, v, step=s + 1, **hp)
         return p - p0  # check the update, ~1e-3, not p itself, ~1, which would hide errors
 
+    want = reference()
+    ulp_p = torch.finfo(torch.float32).eps * p0.abs().max().item()  # >= one ulp of the largest |p|
+    torch_tol = 2 * steps * ulp_p / want.abs().max().item()
+
     # Each variant is a callable running `steps` steps from its own state. The first call
     # (from the fresh state) is the one checked; the timing calls keep stepping the same state.
     def torch_variant(**kw):
@@ -73,15 +89,15 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     # torch refuses to capture an AdamW whose step counts live on the host (capturable=False).
     host_step = "torch.optim.AdamW(capturable=False) keeps its step count on the host: not capturable"
 
-    def variant(name, go, gpu_only, capturable=True):
-        return Variant(name, go, 1e-3, gpu_only=gpu_only, bench=lambda: go(False), capturable=capturable,
+    def variant(name, go, gpu_only, tol, capturable=True):
+        return Variant(name, go, tol, gpu_only=gpu_only, bench=lambda: go(False), capturable=capturable,
                        note="" if capturable else host_step)
 
     variants = [
-        variant("v1 foreach", torch_variant(foreach=True), True, capturable=False),
-        variant("v2 fused", torch_variant(fused=True), True, capturable=False),
-        variant("v3 capturable", torch_variant(foreach=True, capturable=True), True),
-        variant("v4 triton flat", flat_variant(), False),
+        variant("v1 foreach", torch_variant(foreach=True), True, torch_tol, capturable=False),
+        variant("v2 fused", torch_variant(fused=True), True, torch_tol, capturable=False),
+        variant("v3 capturable", torch_variant(foreach=True, capturable=True), True, torch_tol),
+        variant("v4 triton flat", flat_variant(), False, 1e-3),
     ]
     ok = run(f"AdamW x{steps} steps over {n:,} params ({len(sizes)} tensors)", args, device, reference,
              variants, work=28 * n * steps, unit="GB/s", op="adamw",
