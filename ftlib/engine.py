@@ -39,7 +39,18 @@
 Precision: ``precision`` is one of ``ftlib.train.PRECISIONS``; TF32 flags and autocast are
 set only while the step is warmed up, captured or (uncaptured) run, and restored after,
 so the engine changes no global setting. A replay needs no flags: cuBLAS's math mode and
-the autocast casts were fixed when the graph was captured.
+the autocast casts were fixed when the graph was captured. fp16 scales the loss dynamically
+inside the captured step (``ftlib.loss_scale.DeviceLossScale``: scale, found-inf flag and
+clean-step count are device tensors; the flat AdamW kernel unscales, and skips the update on
+inf/nan; no host sync), or with the adamw kernel off through ``torch.amp.GradScaler`` and
+torch's fused AdamW.
+
+Device: ``ftlib.device.DeviceInfo`` (detected, or ``device_info=``, or rehearsed through
+``FTLIB_CAPABILITY``). A precision the GPU cannot run as labelled is refused (bf16 and tf32
+on a T4), and the Triton matmuls (attention, the Linear GEMM) replace PyTorch's only where
+``tl.dot`` gets tensor cores for their precision: below sm_80 Triton has none, so on a T4
+attention stays on SDPA and the Linears on cuBLAS. The attention kernels choose their tiles
+from the device's shared memory (``kernels.tiles.choose_tiles``).
 
 ``check_against_reference`` trains an engine and ``train_step`` + ``torch.optim.AdamW``
 side by side from the same weights on the same batches and compares the losses step by
@@ -63,10 +74,13 @@ import torch.nn.functional as F
 
 from ftlib.attention import CausalSelfAttention
 from ftlib.config import ModelConfig, preset
+from ftlib.device import DeviceInfo
 from ftlib.env import pick_device
+from ftlib.loss_scale import DeviceLossScale, LossScaleConfig, make_grad_scaler, needs_loss_scaling
 from ftlib.model import GPT, build_model
 from ftlib.norm import LayerNorm, RMSNorm
-from ftlib.train import PRECISIONS, make_optimizer, train_step
+from ftlib.precision_plan import why_not as precision_why_not
+from ftlib.train import PRECISIONS, grad_scaler, make_optimizer, train_step
 from ftlib.train import precision as precision_region
 
 # The ops a kernel can take over, each switchable on its own.
@@ -123,16 +137,15 @@ class KernelCausalSelfAttention(nn.Module):
     (B, nh, T, hs) K/V in fp32 to avoid the math backend; facts.md).
     """
 
-    def __init__(self, attn: CausalSelfAttention, T: int, input_precision: str, layout: str = "heads") -> None:
+    def __init__(self, attn: CausalSelfAttention, input_precision: str, layout: str = "heads") -> None:
         super().__init__()
         from kernels.attention import TritonCausalAttention
 
         self.n_head, self.n_kv_head, self.head_size = attn.n_head, attn.n_kv_head, attn.head_size
         self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
-        # 64 x 64 tiles (the kernel's default) at the book's T; smaller tiles for short
-        # sequences so no tile is mostly padding (tl.dot needs at least 16).
-        block = min(64, max(16, 1 << (T - 1).bit_length()))
-        self.core = TritonCausalAttention(input_precision, block_m=block, block_n=block)
+        # Tiles chosen per kernel by the launchers: 64 x 64 at the book's T where the device's
+        # shared memory allows, smaller for short sequences (kernels.tiles.choose_tiles).
+        self.core = TritonCausalAttention(input_precision)
         self.layout = layout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -188,15 +201,39 @@ class FusedSoftmaxSelfAttention(nn.Module):
         return self.resid_dropout(self.proj(y))
 
 
+def _attention_dot(precision: str, attention_precision: str | None) -> str:
+    """The tl.dot input of the attention kernel: the autocast dtype under bf16/fp16, else the
+    fp32 input precision (strict 'ieee' unless tf32 or an explicit attention_precision)."""
+    if precision in ("bf16", "fp16"):
+        return precision
+    return attention_precision or ("tf32" if precision == "tf32" else "ieee")
+
+
+def _triton_dot_blocked(info: DeviceInfo | None, dot: str) -> str | None:
+    """Why a Triton matmul with ``tl.dot`` input ``dot`` stays off on this GPU (None: it may run).
+
+    Below sm_80 Triton lowers every tl.dot to FMA arithmetic (ftlib.device), where SDPA's
+    kernels and cuBLAS use the tensor cores; 'ieee' is FMA by definition and only ever runs
+    when asked for explicitly, so it is left to the caller.
+    """
+    if info is None or info.kind != "cuda" or dot == "ieee" or info.triton_dot_uses_tensor_cores(dot):
+        return None
+    return (f"not applied: Triton's tl.dot has no tensor cores for {dot} on {info.label()} "
+            "(FMA arithmetic below sm_80)")
+
+
 def _swap_modules(
     model: GPT, want: dict[str, bool], T: int, precision: str, attention_for_explicit: bool,
     runnable: tuple[bool, str], linear_precision: str | None = None, attention_precision: str | None = None,
     attention_layout: str = "packed", bias_kernel: bool = False, fused_softmax: bool = True,
+    info: DeviceInfo | None = None,
 ) -> tuple[dict[str, bool], dict[str, str]]:
     """Replace norms and attention cores by kernel modules in place; returns (applied, notes).
 
     The new modules share the old ones' Parameter objects and take their place in the
     parent's ordered ``_modules``, so ``model.parameters()`` keeps its order and identity.
+    ``info`` (a GPU's description): Triton matmuls (attention, the Linear GEMM) only where
+    ``tl.dot`` gets tensor cores for their precision there (:func:`_triton_dot_blocked`).
     """
     cfg = model.config
     ok, why_not = runnable
@@ -243,6 +280,8 @@ def _swap_modules(
         reason = f"not applicable: head size {cfg.head_size} not in {ATTN_HEAD_SIZES}"
     elif cfg.attn_dropout_p > 0:
         reason = f"not applicable: the kernel has no attention dropout (attention dropout {cfg.attn_dropout_p})"
+    elif _triton_dot_blocked(info, _attention_dot(precision, attention_precision)):
+        reason = _triton_dot_blocked(info, _attention_dot(precision, attention_precision)) + "; SDPA kept"
     elif precision == "fp32" and cfg.attn_impl == "sdpa" and attention_precision is None:
         # Only a measured winner enters the step: in a CUDA graph on the H200 the kernel's
         # strict-fp32 ('ieee', FMA) dots took 743 us fwd+bwd per FastTransformer layer against
@@ -255,7 +294,7 @@ def _swap_modules(
         # bf16/fp16 operands (autocast) always go to the MMA directly.
         input_precision = attention_precision or ("tf32" if precision == "tf32" else "ieee")
         for blk in model.blocks:
-            blk.attn = KernelCausalSelfAttention(blk.attn, T, input_precision, attention_layout)
+            blk.attn = KernelCausalSelfAttention(blk.attn, input_precision, attention_layout)
         applied["attention"] = True
     elif fused_softmax and cfg.attn_impl == "explicit":
         # The explicit softmax kept, as written, with its three elementwise passes fused.
@@ -272,6 +311,8 @@ def _swap_modules(
     if linear_precision is not None:
         # Every nn.Linear (attention, MLP, head) onto the Triton GEMM, sharing its Parameters.
         reason = None if precision in ("fp32", "tf32") else f"not applicable: {precision} stays on cuBLAS"
+        if reason is None and _triton_dot_blocked(info, linear_precision):
+            reason = _triton_dot_blocked(info, linear_precision) + "; cuBLAS kept"
         if ok and reason is None:
             from kernels.linear import TritonLinear
 
@@ -442,6 +483,9 @@ class Engine:
     ``ftlib.train.param_groups`` (decay parameters with >= 2 dims only), like
     ``ftlib.train.make_optimizer``. ``grad_clip``: clip the global gradient norm to this
     value before the optimizer step, like ``torch.nn.utils.clip_grad_norm_`` (None: no clipping).
+    ``loss_scale`` (fp16 only): the dynamic loss scaling's knobs (``ftlib.loss_scale.LossScaleConfig``,
+    default ``torch.amp.GradScaler``'s). ``device_info``: the device description the precision
+    check and the Triton-vs-PyTorch choices read (default ``DeviceInfo.detect(device)``).
 
     Attributes: ``model``, ``flat_param`` / ``flat_grad`` (N,), ``n_decay`` (elements
     [0, n_decay) are decayed), ``spans`` (name -> (offset, numel)), ``kernels`` (op ->
@@ -476,6 +520,8 @@ class Engine:
         fuse_dropout: bool = True,
         dropout_rng4: bool = True,
         fused_softmax: bool = True,
+        loss_scale: LossScaleConfig | None = None,
+        device_info: DeviceInfo | None = None,
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
         cfg.check_sequence(T)
@@ -484,6 +530,16 @@ class Engine:
         dev = pick_device(device) if isinstance(device, str) else torch.device(device)
         if dev.type == "cuda" and dev.index is None:
             dev = torch.device("cuda", torch.cuda.current_device())
+        # What the GPU can do (FTLIB_CAPABILITY rehearses another's): no row under a precision
+        # label the device cannot run as labelled, and no Triton matmul without tensor cores.
+        self.device_info = device_info or DeviceInfo.detect(dev)
+        if self.device_info.kind == "cuda":
+            reason = precision_why_not(self.device_info, precision)
+            if reason is not None:
+                raise ValueError(f"precision={precision!r} on {self.device_info.label()}: {reason}")
+        if loss_scale is not None and not needs_loss_scaling(precision):
+            raise ValueError(f"loss_scale is for precision='fp16' (dynamic loss scaling), got precision={precision!r}")
+        self.loss_scale_config = loss_scale or LossScaleConfig()
         self.capture = dev.type == "cuda" if capture is None else bool(capture)
         if self.capture and dev.type != "cuda":
             raise ValueError(f"capture=True needs a CUDA device, got {dev}")
@@ -507,7 +563,7 @@ class Engine:
         self.model.train()
         self.kernels, self.notes = _swap_modules(
             self.model, self.requested, self.T, precision, attention_for_explicit, _kernels_runnable(dev),
-            linear_precision, attention_precision, attention_layout, bias_kernel, fused_softmax,
+            linear_precision, attention_precision, attention_layout, bias_kernel, fused_softmax, self.device_info,
         )
         if fuse_residual_norm:
             ok, why_not = _kernels_runnable(dev)
@@ -595,6 +651,16 @@ class Engine:
     # -- optimizer ---------------------------------------------------------------------
 
     def _make_optimizer(self, lr: float, decay: list[nn.Parameter], no_decay: list[nn.Parameter]) -> None:
+        # fp16: dynamic loss scaling, on the device with the flat AdamW kernel (it unscales and
+        # skips), else torch's GradScaler (sync-free with the fused AdamW used on CUDA).
+        self.loss_scale: DeviceLossScale | None = None
+        self.scaler: torch.amp.GradScaler | None = None
+        if needs_loss_scaling(self.precision):
+            if self.kernels["adamw"]:
+                self.loss_scale = DeviceLossScale(self.device, self.loss_scale_config)
+            else:
+                self.scaler = make_grad_scaler(self.precision, self.device, self.loss_scale_config)
+                self._scaler_state0 = self.scaler.state_dict()
         if self.kernels["adamw"]:
             # State as flat as the parameters; step and lr are device scalars, read by the
             # kernel on every replay (torch's capturable=True keeps them on the device too).
@@ -619,17 +685,32 @@ class Engine:
     @torch.no_grad()
     def _optimizer_step(self) -> None:
         if self.optimizer is not None:
-            self.optimizer.step()
+            if self.scaler is not None:
+                self.scaler.step(self.optimizer)  # skips on inf/nan (fused: on the device)
+                self.scaler.update()
+            else:
+                self.optimizer.step()
             return
         from kernels.adamw import adamw_step_
 
-        self.step_t += 1  # its own launch: incrementing inside the kernel would race with its readers
+        ls = self.loss_scale
+        # Its own launch: incrementing inside the kernel would race with its readers. A step the
+        # loss scaler skips leaves the count where it was, as torch's GradScaler does.
+        self.step_t += 1 if ls is None else ls.step_increment()
         adamw_step_(self.flat_param, self.flat_grad, self.exp_avg, self.exp_avg_sq, self.step_t, self.lr_t,
-                    betas=self.betas, eps=self.eps, weight_decay=self.weight_decay, n_decay=self.n_decay)
+                    betas=self.betas, eps=self.eps, weight_decay=self.weight_decay, n_decay=self.n_decay,
+                    grad_scaling=None if ls is None else (ls.grad_mul, ls.found_inf))
+        if ls is not None:
+            ls.update_()
 
     @torch.no_grad()
     def _reset_optimizer(self) -> None:
-        """Back to a fresh optimizer (zero moments, step 0), in place so captured pointers stay valid."""
+        """Back to a fresh optimizer (zero moments, step 0) and loss scale, in place so captured
+        pointers stay valid."""
+        if self.loss_scale is not None:
+            self.loss_scale.reset_()
+        if self.scaler is not None:
+            self.scaler.load_state_dict(self._scaler_state0)  # fills its scale and tracker in place
         if self.optimizer is None:
             self.exp_avg.zero_()
             self.exp_avg_sq.zero_()
@@ -665,10 +746,19 @@ class Engine:
         else:
             logits, _ = self.model(self.static_x)  # (B, T, V)
         loss = self._loss_fn(logits.view(self.B * self.T, -1), self.static_y.view(self.B * self.T))
-        loss.backward()
-        if self.grad_clip is not None:  # clip_grad_norm_'s formula on the flat buffer; no host sync
-            norm = torch.linalg.vector_norm(self.flat_grad)
-            self.flat_grad.mul_(torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0))
+        if self.loss_scale is not None:
+            # Scaled backward; unscale and clip become one multiplier inside the AdamW kernel.
+            self.loss_scale.scale_loss(loss).backward()
+            self.loss_scale.unscale_factor_(self.flat_grad, self.grad_clip)
+        else:
+            if self.scaler is not None:
+                self.scaler.scale(loss).backward()
+                self.scaler.unscale_(self.optimizer)  # the grads are views of flat_grad: unscaled in place
+            else:
+                loss.backward()
+            if self.grad_clip is not None:  # clip_grad_norm_'s formula on the flat buffer; no host sync
+                norm = torch.linalg.vector_norm(self.flat_grad)
+                self.flat_grad.mul_(torch.clamp(self.grad_clip / (norm + 1e-6), max=1.0))
         self._optimizer_step()
         return loss.detach()
 
@@ -720,6 +810,15 @@ class Engine:
     def num_params(self) -> int:
         return self.flat_param.numel()
 
+    def loss_scale_state(self) -> dict[str, Any] | None:
+        """fp16: the loss scaler's scale and clean-step count now (host values: syncs); else None."""
+        if self.loss_scale is not None:
+            return {"scaler": "device (flat AdamW skips)", **self.loss_scale.state()}
+        if self.scaler is not None:
+            st = self.scaler.state_dict()
+            return {"scaler": "torch.amp.GradScaler", "scale": st["scale"], "growth_tracker": st["_growth_tracker"]}
+        return None
+
     def describe(self) -> dict[str, Any]:
         """What this engine runs, for result rows and the book."""
         return {
@@ -741,6 +840,9 @@ class Engine:
             "bf16_norm_out": self.norm_out_dtype is not None,
             "bf16_weights": self.flat_param16 is not None,
             "fused_softmax": self.notes.get("softmax", "").startswith("scale"),
+            "loss_scale": ("device" if self.loss_scale is not None else
+                           "torch.amp.GradScaler" if self.scaler is not None else None),
+            "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),
         }
 
 
@@ -798,10 +900,12 @@ def check_against_reference(
 
     ref = build_model(cfg, seed=seed).to(dev)
     opt = make_optimizer(ref, lr=lr, betas=betas, weight_decay=wd)  # param_groups 'matrices'
+    scaler = grad_scaler(precision, dev, engine_kwargs.get("loss_scale"))  # fp16: torch's GradScaler
+    clip = engine_kwargs.get("grad_clip")
     ref_losses = []
     with precision_region(precision, dev):
         for x, y in batches:
-            ref_losses.append(train_step(ref, opt, x, y).clone())  # clone: no sync per step
+            ref_losses.append(train_step(ref, opt, x, y, grad_clip=clip, scaler=scaler).clone())  # no sync per step
 
     engine = Engine(cfg, B, T, precision, dev, use_kernels, seed=seed, **engine_kwargs)
     eng_losses = [engine.step(x, y).clone() for x, y in batches]  # clone: the graph reuses its output
@@ -825,5 +929,7 @@ def check_against_reference(
         "param_rel_err": math.sqrt(num / max(den, 1e-300)),
         "rtol": tol, "ok": bool(finite and max(rel) <= tol),
         "loss_drop_ref": ref_l[0] - ref_l[-1],
+        "loss_scale_ref": scaler.get_scale() if scaler is not None else None,
+        "loss_scale_engine": (engine.loss_scale_state() or {}).get("scale"),
         **engine.describe(),
     }

@@ -8,6 +8,8 @@ from collections.abc import Iterator
 import torch
 import torch.nn as nn
 
+from ftlib.loss_scale import LossScaleConfig, make_grad_scaler
+
 PRECISIONS = ("fp32", "tf32", "bf16", "fp16")
 
 
@@ -87,6 +89,16 @@ def precision(mode: str, device: torch.device | str = "cpu") -> Iterator[None]:
         torch.set_float32_matmul_precision(mp)
 
 
+def grad_scaler(
+    precision: str, device: torch.device | str, config: LossScaleConfig | None = None
+) -> torch.amp.GradScaler | None:
+    """The loss scaler a step in ``precision`` needs: a ``torch.amp.GradScaler`` for fp16 (dynamic
+    loss scaling, :mod:`ftlib.loss_scale`), None for fp32, tf32 and bf16."""
+    if precision not in PRECISIONS:
+        raise ValueError(f"unknown precision {precision!r}; expected one of {PRECISIONS}")
+    return make_grad_scaler(precision, device, config)
+
+
 def train_step(
     model: nn.Module,
     optimizer: torch.optim.Optimizer,
@@ -94,11 +106,18 @@ def train_step(
     y: torch.Tensor,
     grad_clip: float | None = None,
     autocast_dtype: torch.dtype | None = None,
+    scaler: torch.amp.GradScaler | None = None,
 ) -> torch.Tensor:
     """zero_grad(set_to_none) + forward + loss + backward + (clip) + optimizer step.
 
     This is exactly the timed region of the original benchmark. Returns the loss as a
     detached device tensor: no ``.item()``, so no host sync and the step stays capturable.
+
+    ``scaler`` (fp16: :func:`grad_scaler`): the PyTorch AMP recipe's order: backward of the
+    scaled loss, ``unscale_`` before clipping (so the clip sees true gradients), ``scaler.step``
+    (skips the update when a gradient is inf/nan), ``scaler.update``. With torch's fused AdamW
+    nothing here syncs with the host; with the default (for-each) AdamW ``scaler.step`` reads
+    the found-inf flag on the host once per step (GradScaler's ``_maybe_opt_step``).
     """
     optimizer.zero_grad(set_to_none=True)
     if autocast_dtype is not None:
@@ -106,8 +125,16 @@ def train_step(
             _, loss = model(x, y)
     else:
         _, loss = model(x, y)
-    loss.backward()
+    if scaler is None:
+        loss.backward()
+        if grad_clip is not None:
+            torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
+        optimizer.step()
+        return loss.detach()
+    scaler.scale(loss).backward()
     if grad_clip is not None:
+        scaler.unscale_(optimizer)
         torch.nn.utils.clip_grad_norm_(model.parameters(), grad_clip)
-    optimizer.step()
+    scaler.step(optimizer)
+    scaler.update()
     return loss.detach()

@@ -6,6 +6,10 @@ differ only in what they name. A step is :func:`ftlib.train.train_step` (optiona
 (Triton kernels, flat AdamW, the whole step in one CUDA graph): the same math, executed
 differently, with the same batches, schedule, evaluation and clock.
 
+In fp16 both scale the loss dynamically (``ftlib.loss_scale``): ``train_step`` with a
+``torch.amp.GradScaler``, the engine with its device-resident scaler; the result's
+``loss_scale`` gives the scale reached (None in other precisions).
+
 Wall-clock time counts training steps only (evaluation and batch sampling are excluded
 and synchronized out), so "time to validation loss 1.50" credits a faster model for its
 speed. The startup is also recorded on its own as ``startup_s``: building the model and
@@ -30,7 +34,7 @@ from ftlib.config import ModelConfig
 from ftlib.data import CharDataset, SequentialBatches, random_batch
 from ftlib.env import progress_bar
 from ftlib.model import GPT
-from ftlib.train import PRECISIONS, make_optimizer, precision, train_step
+from ftlib.train import PRECISIONS, grad_scaler, make_optimizer, precision, train_step
 
 # Fields added after results were stored: left out of ``Recipe.key_repr`` while at their
 # default, so the result keys of earlier runs (which hash the repr) stay the same.
@@ -183,6 +187,7 @@ class _PlainSteps:
         self.rec, self.device = rec, device
         self.autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rec.precision)
         self.matmul = "tf32" if rec.precision == "tf32" else "fp32"  # autocast covers bf16/fp16
+        self.scaler = grad_scaler(rec.precision, device)  # fp16: dynamic loss scaling; else None
 
     def set_lr(self, lr: float) -> None:
         for group in self.opt.param_groups:
@@ -194,13 +199,19 @@ class _PlainSteps:
     def step(self) -> torch.Tensor:
         with precision(self.matmul, self.device):
             return train_step(self.step_model, self.opt, self.x, self.y, grad_clip=self.rec.grad_clip,
-                              autocast_dtype=self.autocast)
+                              autocast_dtype=self.autocast, scaler=self.scaler)
 
     def trained_model(self) -> GPT:
         return self.model
 
     def describe(self) -> None:
         return None  # nothing beyond the recipe: torch's ops, optionally compiled
+
+    def loss_scale(self) -> dict[str, Any] | None:
+        """fp16: the GradScaler's state at the end (host values), else None."""
+        if self.scaler is None:
+            return None
+        return {"scaler": "torch.amp.GradScaler", "scale": self.scaler.get_scale()}
 
 
 class _EngineSteps:
@@ -237,6 +248,10 @@ class _EngineSteps:
 
     def describe(self) -> dict[str, Any]:
         return self.engine.describe()  # kernels applied, and why not where not (e.g. attention with dropout)
+
+    def loss_scale(self) -> dict[str, Any] | None:
+        """fp16: the engine's loss scaler state at the end (host values), else None."""
+        return self.engine.loss_scale_state()
 
 
 def train(
@@ -323,6 +338,7 @@ def train(
         "build_s": build_s, "first_step_s": first_step_s, "startup_s": startup_s,
         "steps_done": history[-1]["step"], "reached": reached_at,
         "engine": runner.describe(),
+        "loss_scale": runner.loss_scale(),
     }
     model = runner.trained_model()
     if checkpoint is not None:

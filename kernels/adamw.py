@@ -20,6 +20,16 @@ the kernel, so a captured graph replays with the new values (as torch's
 ``capturable=True``); nothing here syncs with the host. The step increment is a separate
 ``step_t += 1`` before the launch: doing it inside the kernel would race with the other
 programs reading it.
+
+Loss scaling (fp16): with ``grad_scaling=(grad_mul, found_inf)`` the kernel reads the
+gradients as ``g * grad_mul`` (the inverse loss scale, times the clip coefficient when
+clipping: one multiply instead of an unscale pass and a clip pass over the buffer) and, when
+``found_inf`` is nonzero, skips the whole update: every load and store is masked off, so
+params and moments stay as they were. Deciding that needs every gradient, i.e. a reduction
+before the launch (``ftlib.loss_scale.DeviceLossScale`` takes it from the gradient norm);
+the caller also leaves the step count where it was on a skipped step (``step_t += 1 -
+found_inf``), as ``torch.amp.GradScaler.step`` does (it does not call ``optimizer.step()``,
+and fused AdamW takes ``found_inf`` back off its step count).
 """
 
 from __future__ import annotations
@@ -37,10 +47,11 @@ from kernels._common import check_tensor, same_device
 def _adamw_kernel(
     P, G, M, V,  # flat fp32 buffers of N elements: param, grad, exp_avg, exp_avg_sq
     STEP, LR,  # 1-element device tensors: step t (after increment), learning rate
+    GRAD_MUL, FOUND_INF,  # 1-element fp32 device tensors, read only when SCALED (module docstring)
     N, n_decay,
     beta1_hi, beta1_lo, beta2_hi, beta2_lo, wd_hi, wd_lo,  # fp64 constants as fp32 hi + lo pairs
     one_minus_beta1, beta2_f32, one_minus_beta2, eps,  # the fp32 constants torch's tensor ops use
-    BLOCK: tl.constexpr, LERP_FROM_END: tl.constexpr,
+    BLOCK: tl.constexpr, LERP_FROM_END: tl.constexpr, SCALED: tl.constexpr,
 ):
     """Elementwise AdamW (Loshchilov & Hutter 2019, Alg. 2, decoupled decay), in torch's order:
 
@@ -58,6 +69,8 @@ def _adamw_kernel(
     """
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
+    if SCALED:  # loss scaling (module docstring): on inf/nan nothing is loaded or stored
+        N = tl.where(tl.load(FOUND_INF) == 0.0, N, 0)
     mask = offs < N
 
     step = tl.load(STEP).to(tl.float64)
@@ -75,6 +88,8 @@ def _adamw_kernel(
     g = tl.load(G + offs, mask=mask, other=0.0)
     m = tl.load(M + offs, mask=mask, other=0.0)
     v = tl.load(V + offs, mask=mask, other=0.0)
+    if SCALED:
+        g = g * tl.load(GRAD_MUL)  # 1/S, times the clip coefficient when clipping
 
     p = tl.where(offs < n_decay, p * decay, p)
     if LERP_FROM_END:  # torch.lerp switches formula at weight 0.5 for accuracy
@@ -114,11 +129,14 @@ def adamw_step_(
     weight_decay: float = 0.01,
     n_decay: int | None = None,
     block: int = 1024,
+    grad_scaling: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """In-place AdamW step on flat contiguous fp32 buffers of N elements.
 
     step, lr: 1-element device tensors (step already incremented: 1 on the first call).
     n_decay: elements [0, n_decay) get weight decay (all N when None).
+    grad_scaling: (grad_mul, found_inf), 1-element fp32 device tensors: the gradients are
+    used times grad_mul, and nothing changes when found_inf != 0 (module docstring).
 
     Steps count from 1: at step 0 the bias corrections 1 - beta^0 are 0 and the update divides
     by zero, writing NaN into every parameter. A Python number passed as ``step`` is refused
@@ -149,14 +167,21 @@ def adamw_step_(
     beta1, beta2 = betas
     if not (0.0 <= beta1 < 1.0 and 0.0 <= beta2 < 1.0):
         raise ValueError(f"betas must lie in [0, 1), got {betas}")
+    if grad_scaling is not None:
+        for name, t in zip(("grad_mul", "found_inf"), grad_scaling):
+            check_tensor(name, t, dtypes=(torch.float32,), contiguous=False)
+            if t.numel() != 1:
+                raise ValueError(f"{name} must be a 1-element device tensor, got shape {tuple(t.shape)}")
+        same_device(("param", param), ("grad_mul", grad_scaling[0]), ("found_inf", grad_scaling[1]))
     if N == 0:
         return
     b1, b2, wd = _split(beta1), _split(beta2), _split(weight_decay)
+    grad_mul, found_inf = grad_scaling if grad_scaling is not None else (lr, lr)  # unread when not SCALED
     _adamw_kernel[(triton.cdiv(N, block),)](
-        param, grad, exp_avg, exp_avg_sq, step, lr, N, n_decay,
+        param, grad, exp_avg, exp_avg_sq, step, lr, grad_mul, found_inf, N, n_decay,
         b1[0], b1[1], b2[0], b2[1], wd[0], wd[1],
         _f32(1 - beta1), _f32(beta2), _f32(1 - beta2), _f32(eps),
-        BLOCK=block, LERP_FROM_END=(1 - beta1) >= 0.5, num_warps=4,
+        BLOCK=block, LERP_FROM_END=(1 - beta1) >= 0.5, SCALED=grad_scaling is not None, num_warps=4,
     )
 
 

@@ -16,6 +16,12 @@ deterministic; the cost is computing Q K^T twice in the backward.
 K/V heads: q is (B, nh, T, hs), k and v are (B, nkv, T, hs) with nkv | nh; query head h
 reads kv head h // (nh // nkv) by pointer arithmetic (Ainslie et al. 2023's grouping), so a
 single MQA head (the FastTransformer's nkv = 1) is never copied or expanded.
+
+Tiles: unless the caller fixes them, each kernel takes the first of ``TILE_CANDIDATES`` (64 x
+64 first) whose shared-memory estimate fits the device's opt-in limit per block
+(``kernels/tiles.py``; 64 KB on a T4, where the fp32 dK/dV kernel at head size 64 and 64 x 64
+tiles needs 80 KB), and on a GPU falls back to the next if the compiled kernel still does not
+load. ``kernels/aot.py`` compiles the choices for sm_75/80/90 on the CPU (tests/test_aot.py).
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check_tensor, compute_dtype, interpret_mode, same_device
+from kernels.tiles import TILE_CANDIDATES, Tiles, launch_tiled, tiles_to_try
 
 LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2 e), exp2 is the fast unit
 # 'tf32x3' splits each fp32 operand into a TF32 head and a TF32 tail and adds three tensor-core
@@ -266,15 +273,26 @@ def _upcast(dtype: torch.dtype) -> bool:
     return interpret_mode() and dtype in (torch.bfloat16, torch.float16)
 
 
+def _explicit(block_m: int | None, block_n: int | None, num_warps: int | None, num_stages: int | None
+              ) -> Tiles | None:
+    """Tiles the caller fixed (any of the four given), the unset ones at the defaults; None: choose."""
+    if block_m is None and block_n is None and num_warps is None and num_stages is None:
+        return None
+    d = TILE_CANDIDATES[0]
+    return Tiles(block_m or d.block_m, block_n or d.block_n, num_warps or d.num_warps, num_stages or d.num_stages)
+
+
 def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
-    input_precision: str = "ieee", block_m: int = 64, block_n: int = 64, num_warps: int = 4, num_stages: int = 2,
-    out: torch.Tensor | None = None,
+    input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
+    num_warps: int | None = None, num_stages: int | None = None, out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal softmax(q k^T * scale) v; returns (o (B, nh, T, hs) contiguous, lse2 (B, nh, T)).
 
     lse2 is the row log-sum-exp of the scaled scores in base 2 (log2 e * natural lse), in
     fp32 (fp64 for fp64 inputs). input_precision: 'ieee' (strict fp32) or 'tf32' for fp32 q/k/v.
+    Tiles: ``block_m``, ``block_n``, ``num_warps``, ``num_stages`` as given, or all None to
+    choose them from the device's shared memory (:func:`choose_tiles`).
     """
     _check_qkv(q, k, v, input_precision)
     B, nh, T, hs = q.shape
@@ -288,28 +306,34 @@ def attention_fwd(
     lse = torch.empty((B, nh, T), dtype=cd, device=q.device)
     if B * nh * T == 0:
         return o, lse
-    grid = (triton.cdiv(T, block_m), B * nh)
-    _attn_fwd_kernel[grid](
-        q, k, v, o, lse,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
-        v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
-        nh, T, sm_scale * LOG2E, nh // nkv,
-        HS=hs, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype, input_precision),
-        UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype), num_warps=num_warps, num_stages=num_stages,
-    )
+
+    def launch(t: Tiles) -> None:
+        _attn_fwd_kernel[(triton.cdiv(T, t.block_m), B * nh)](
+            q, k, v, o, lse,
+            q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
+            v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
+            nh, T, sm_scale * LOG2E, nh // nkv,
+            HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n, PREC=_prec(q.dtype, input_precision),
+            UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype), num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+
+    key, order = tiles_to_try("fwd", hs, q.dtype, T, q.device, _explicit(block_m, block_n, num_warps, num_stages))
+    launch_tiled("fwd", launch, order, key)
     return o, lse
 
 
 def attention_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, o: torch.Tensor, lse: torch.Tensor,
-    sm_scale: float | None = None, input_precision: str = "ieee", block_m: int = 64, block_n: int = 64,
-    num_warps: int = 4, num_stages: int = 2,
+    sm_scale: float | None = None, input_precision: str = "ieee", block_m: int | None = None,
+    block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
     dq_out: torch.Tensor | None = None, dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for o, lse = attention_fwd(q, k, v, ...); dk, dv have k's shape (B, nkv, T, hs).
 
     ``dq_out``/``dk_out``/``dv_out``: strided views to write into (e.g. slices of one packed
     d(qkv) buffer); dq is written in place by the kernel, dk/dv (small for MQA) are copied in.
+    Tiles as in :func:`attention_fwd`, chosen per kernel when not given (the dK/dV kernel holds
+    the most in shared memory and may get smaller tiles than the dQ kernel).
     """
     _check_qkv(q, k, v, input_precision)
     check_tensor("do", do, dtypes=(q.dtype,), ndim=4, contiguous=False)
@@ -321,28 +345,39 @@ def attention_bwd(
     nkv = k.shape[1]
     sm_scale = 1.0 / math.sqrt(hs) if sm_scale is None else sm_scale
     dq = torch.empty((B, nh, T, hs), dtype=q.dtype, device=q.device) if dq_out is None else dq_out
-    n_split = _kv_split(B, nkv, nh // nkv, triton.cdiv(T, block_n), q.device)
-    # With n_split > 1 the dK/dV kernel writes fp32 partials per split, summed below.
-    part_dtype = k.dtype if n_split == 1 else (torch.float64 if k.dtype == torch.float64 else torch.float32)
-    dk = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=k.device)
-    dv = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=v.device)
     delta = torch.empty_like(lse)
     if B * nh * T == 0:
-        return dq, dk.zero_(), dv.zero_()
-    common = dict(
-        HS=hs, BLOCK_M=block_m, BLOCK_N=block_n, PREC=_prec(q.dtype, input_precision),
-        UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype), num_warps=num_warps, num_stages=num_stages,
-    )
+        dk, dv = torch.zeros_like(k), torch.zeros_like(v)
+        return dq, dk_out.copy_(dk) if dk_out is not None else dk, dv_out.copy_(dv) if dv_out is not None else dv
+    explicit = _explicit(block_m, block_n, num_warps, num_stages)
+    prec, upcast, cdt = _prec(q.dtype, input_precision), _upcast(q.dtype), compute_dtype(q.dtype)
     qs, ks, vs = q.stride()[:3], k.stride()[:3], v.stride()[:3]
-    # The dQ kernel runs first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads.
-    _attn_bwd_dq_kernel[(triton.cdiv(T, block_m), B * nh)](
-        q, k, v, o, do, lse, delta, dq, *qs, *ks, *vs, *o.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
-        nh, T, sm_scale * LOG2E, sm_scale, nh // nkv, **common,
-    )
-    _attn_bwd_dkdv_kernel[(triton.cdiv(T, block_n), B * nkv * n_split)](
-        q, k, v, do, lse, delta, dk, dv, *qs, *ks, *vs, *do.stride()[:3],
-        nh, nkv, T, sm_scale * LOG2E, sm_scale, nh // nkv, n_split, **common,
-    )
+
+    def launch_dq(t: Tiles) -> None:
+        # Runs first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads.
+        _attn_bwd_dq_kernel[(triton.cdiv(T, t.block_m), B * nh)](
+            q, k, v, o, do, lse, delta, dq, *qs, *ks, *vs, *o.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
+            nh, T, sm_scale * LOG2E, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+            PREC=prec, UPCAST=upcast, CD=cdt, num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+
+    def launch_dkdv(t: Tiles) -> tuple[torch.Tensor, torch.Tensor, int]:
+        n_split = _kv_split(B, nkv, nh // nkv, triton.cdiv(T, t.block_n), q.device)
+        # With n_split > 1 the dK/dV kernel writes fp32 partials per split, summed below.
+        part_dtype = k.dtype if n_split == 1 else (torch.float64 if k.dtype == torch.float64 else torch.float32)
+        dk = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=k.device)
+        dv = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=v.device)
+        _attn_bwd_dkdv_kernel[(triton.cdiv(T, t.block_n), B * nkv * n_split)](
+            q, k, v, do, lse, delta, dk, dv, *qs, *ks, *vs, *do.stride()[:3],
+            nh, nkv, T, sm_scale * LOG2E, sm_scale, nh // nkv, n_split, HS=hs, BLOCK_M=t.block_m,
+            BLOCK_N=t.block_n, PREC=prec, UPCAST=upcast, CD=cdt, num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+        return dk, dv, n_split
+
+    key, order = tiles_to_try("bwd_dq", hs, q.dtype, T, q.device, explicit)
+    launch_tiled("bwd_dq", launch_dq, order, key)
+    key, order = tiles_to_try("bwd_dkdv", hs, q.dtype, T, q.device, explicit)
+    dk, dv, n_split = launch_tiled("bwd_dkdv", launch_dkdv, order, key)
     if n_split > 1:
         dk = dk.view(B, nkv, n_split, T, hs).sum(2).to(k.dtype)
         dv = dv.view(B, nkv, n_split, T, hs).sum(2).to(v.dtype)
@@ -357,7 +392,7 @@ class FlashAttentionFunction(torch.autograd.Function):
     """Saves q, k, v, o and the (B, nh, T) logsumexp; never the (T, T) probabilities."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sm_scale=None, input_precision="ieee", block_m=64, block_n=64):
+    def forward(ctx, q, k, v, sm_scale=None, input_precision="ieee", block_m=None, block_n=None):
         o, lse = attention_fwd(q, k, v, sm_scale, input_precision, block_m, block_n)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.cfg = (sm_scale, input_precision, block_m, block_n)
@@ -372,9 +407,10 @@ class FlashAttentionFunction(torch.autograd.Function):
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
-    input_precision: str = "ieee", block_m: int = 64, block_n: int = 64,
+    input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
 ) -> torch.Tensor:
-    """Causal attention through the fused kernels; q (B, nh, T, hs), k/v (B, nkv, T, hs)."""
+    """Causal attention through the fused kernels; q (B, nh, T, hs), k/v (B, nkv, T, hs).
+    Blocks None: each kernel's tiles chosen from the device's shared memory (:func:`choose_tiles`)."""
     return FlashAttentionFunction.apply(q, k, v, sm_scale, input_precision, block_m, block_n)
 
 
@@ -399,7 +435,7 @@ class PackedAttentionFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, qkv, n_head, n_kv_head, head_size, input_precision="ieee", block_m=64, block_n=64):
+    def forward(ctx, qkv, n_head, n_kv_head, head_size, input_precision="ieee", block_m=None, block_n=None):
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
         y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
@@ -425,7 +461,7 @@ class PackedAttentionFunction(torch.autograd.Function):
 
 def packed_attention(
     qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
-    block_m: int = 64, block_n: int = 64,
+    block_m: int | None = None, block_n: int | None = None,
 ) -> torch.Tensor:
     """Causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C), heads side by side."""
     if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
@@ -439,7 +475,8 @@ class TritonCausalAttention(nn.Module):
     """Thin module over :func:`flash_attention` (no parameters: the projections stay in
     :class:`ftlib.attention.CausalSelfAttention`)."""
 
-    def __init__(self, input_precision: str = "ieee", block_m: int = 64, block_n: int = 64) -> None:
+    def __init__(self, input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None
+                 ) -> None:
         super().__init__()
         self.input_precision, self.block_m, self.block_n = input_precision, block_m, block_n
 

@@ -137,7 +137,12 @@ class CrossEntropyFunction(torch.autograd.Function):
         (dlogits,) = ctx.saved_tensors
         # Liger skips this when grad_output == 1, but testing that needs a host sync; at
         # N x V = 8192 x 65 the multiply is one small elementwise kernel.
-        return dlogits * grad_output.to(dlogits.dtype), None, None, None
+        if dlogits.dtype == grad_output.dtype:
+            return dlogits * grad_output, None, None, None
+        # fp16/bf16 logits: the product in grad_output's dtype, rounded once. Casting
+        # grad_output down first would turn fp16 loss scaling's 2^16 into inf (fp16's largest
+        # value is 65504) and every step would be skipped.
+        return (dlogits.to(grad_output.dtype) * grad_output).to(dlogits.dtype), None, None, None
 
 
 def cross_entropy(logits: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,
