@@ -4,6 +4,7 @@
     python3 ci/gpu_bench.py warm [--only baselines] [--jobs 8]   # fill the compile caches in parallel
     python3 ci/gpu_bench.py collect --out OUT [--only ...]       # copy results into OUT, print the summary
     python3 ci/gpu_bench.py list                                 # the suites and their sizes
+    python3 ci/gpu_bench.py plan --capability 7.5 --json         # what would run on a T4, without a GPU
 
 ``run`` measures every case of the named suites in this process, one run (``run_id``): its rows
 carry the run in their keys, so a second process measures them again as a repeat, and views pair
@@ -38,7 +39,9 @@ if str(ROOT) not in sys.path:  # run as a script from any directory
 
 from ftlib.bench import COMPILE_MODES, Case, bench_cases  # noqa: E402
 from ftlib.config import preset  # noqa: E402
+from ftlib.device import DeviceInfo  # noqa: E402
 from ftlib.env import device_slug, git_commit, is_clean_commit, pick_device, run_id  # noqa: E402
+from ftlib.precision_plan import case_why_not, plan_cases, supported_precisions  # noqa: E402
 from ftlib.results import ResultStore, results_dir  # noqa: E402
 from ftlib.suites import SUITES, with_run  # noqa: E402
 
@@ -235,12 +238,22 @@ def _run_suite(name: str, slug: str, device, deadline: float, out: Path, args: a
     suite = SUITES[name]
     store = ResultStore(name, slug)
     store.rows()  # an unreadable file fails here, before anything is measured
+    info = DeviceInfo.detect(device)
+    cases, skipped = [], {}
+    for c in suite.cases():
+        why = case_why_not(info, c)
+        if why is None:
+            cases.append(c)
+        else:
+            skipped[why] = skipped.get(why, 0) + 1
+    for why, n in skipped.items():  # rows under a label the device cannot honour would mislead
+        print(f"[{name}] {n} cases not run: {why}", flush=True)
 
     def on_row(row: dict) -> None:
         _log_row(row)
         shutil.copyfile(store.path, out / store.path.name)  # so a killed run still returns it
 
-    cases = with_run(suite.cases(), run_id())
+    cases = with_run(cases, run_id())
     kw = {"warmup": args.warmup, "iters": args.iters, **suite.options}
     rows = bench_cases(cases, store, progress=sys.stderr.isatty(), device=device,
                        deadline=deadline, on_row=on_row, **kw)
@@ -372,6 +385,24 @@ def list_suites(args: argparse.Namespace) -> int:
     return 0
 
 
+def plan(args: argparse.Namespace) -> int:
+    """The cases the named suites would measure on a device (this one, or a capability), and why not the others."""
+    info = (DeviceInfo.for_capability(args.capability) if args.capability
+            else DeviceInfo.detect(pick_device(args.device)))
+    names = [n for n in parse_suites(args.only) if n in SUITES]
+    cases = plan_cases(info, {n: SUITES[n].cases() for n in names})
+    if args.json:
+        print(json.dumps([c for c in cases if c["skipped"] is None or args.all], indent=1))
+        return 0
+    print(f"{info.label()}: precisions {', '.join(supported_precisions(info))}")
+    for n in names:
+        mine = [c for c in cases if c["suite"] == n]
+        print(f"{n:<13} {sum(c['skipped'] is None for c in mine):>3} of {len(mine)} cases run")
+    for why in dict.fromkeys(c["skipped"] for c in cases if c["skipped"]):
+        print(f"  not run ({sum(c['skipped'] == why for c in cases)} cases): {why}")
+    return 0
+
+
 def _positive_int(text: str) -> int:
     v = int(text)
     if v < 1:
@@ -389,7 +420,7 @@ def _budget(text: str) -> float:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("command", choices=("run", "warm", "collect", "list"))
+    ap.add_argument("command", choices=("run", "warm", "collect", "list", "plan"))
     ap.add_argument("--out", default="build/gpu-out", help="folder that receives the result files (run, collect)")
     ap.add_argument("--only", default=None,
                     help=f"comma-separated suites (default: {','.join(n for n, s in SUITES.items() if s.default)}); "
@@ -403,6 +434,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="measure uncommitted code into build/uncommitted-results/ (nothing reads it)")
     ap.add_argument("--jobs", type=_positive_int, default=12, help="parallel compile processes (warm)")
     ap.add_argument("--timeout-s", type=float, default=300.0, help="per-case limit for warm")
+    ap.add_argument("--capability", default=None, help="plan: a GPU's compute capability (e.g. 7.5), no GPU needed")
+    ap.add_argument("--json", action="store_true", help="plan: print the cases that would run as a JSON list")
+    ap.add_argument("--all", action="store_true", help="plan --json: the skipped cases too, with their reason")
     args = ap.parse_args(argv)
     if args.warmup < 0:
         ap.error("--warmup must be >= 0")
@@ -413,6 +447,8 @@ def main(argv: list[str] | None = None) -> int:
         parse_suites(args.only)
         if args.command == "run":
             return run(args)
+        if args.command == "plan":
+            return plan(args)
         return warm(args) if args.command == "warm" else collect(args)
     except ValueError as e:
         print(f"gpu_bench: {e}", file=sys.stderr)

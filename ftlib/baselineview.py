@@ -73,16 +73,22 @@ def frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
 
 def complete_runs(df: pd.DataFrame, cases: Sequence[Case], bench: str = SUITE,
                   require_clean: bool = True) -> pd.DataFrame:
-    """Only the rows of runs that hold every case of ``cases`` and come from one clean commit."""
+    """Only the rows of runs that hold every case of ``cases`` and come from one clean commit.
+
+    Completeness is judged per precision: a run that measured every case of bf16, tf32 and
+    fp32 but was cut short in fp16 keeps its first three precisions.
+    """
     if df.empty:
         return df
-    want = {c.ident(bench) for c in cases}
+    want: dict[str, set[str]] = {}
+    for c in cases:
+        want.setdefault(c.precision, set()).add(c.ident(bench))
     keep = []
-    for (_, _), g in df.groupby(["device_slug", "run_id"], sort=False):
+    for (_, _, prec), g in df.groupby(["device_slug", "run_id", "precision"], sort=False):
         commits = set(g["commit"])
         clean = len(commits) == 1 and is_clean_commit(next(iter(commits)))
-        if want <= set(g["ident"]) and (clean or not require_clean):
-            keep.append(g[g["ident"].isin(want)])
+        if prec in want and want[prec] <= set(g["ident"]) and (clean or not require_clean):
+            keep.append(g[g["ident"].isin(want[prec])])
     return pd.concat(keep, ignore_index=True) if keep else df.iloc[0:0]
 
 
@@ -484,7 +490,7 @@ SHORT_GROUPS = {config_name(*POST_CONFIG): "post's setup", "fastest compiled": "
                 config_name("engine", "default"): "engine"}
 
 
-HEADLINE_ORDER = ("fp32", "tf32", "bf16")
+HEADLINE_ORDER = ("fp32", "tf32", "bf16", "fp16")
 
 
 def chapter5_findings(df: pd.DataFrame) -> str:

@@ -100,3 +100,14 @@ def test_the_findings_are_computed_from_the_rows():
     text = bv.chapter3_findings(bv.load(CASES, rows=rows), precision="bf16")
     assert "1.52× (1.50–1.53× over runs)" in text and "3 runs on 2 machine starts" in text
     assert bv.chapter3_findings(bv.load(CASES, rows=[])).startswith("No complete run")
+
+
+def test_a_run_cut_short_keeps_the_precisions_it_completed():
+    from ftlib.bench import Case
+
+    both = CASES + [Case(c.label, c.config, c.B, c.T, c.mode, "fp16", optimizer=c.optimizer) for c in CASES
+                    if c.optimizer != "whole-step"]
+    rows = run_rows("r1", "m1", {}, cases=both, skip=(("gpt2", "engine", "default"),))  # skips it in both
+    rows += run_rows("r1", "m1", {}, cases=[c for c in CASES if (c.label, c.mode) == ("gpt2", "engine")])
+    df = bv.load(both, rows=rows)
+    assert set(df["precision"]) == {"bf16"}  # fp16 lacks GPT-2's engine row: that precision is incomplete

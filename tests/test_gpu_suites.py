@@ -60,9 +60,10 @@ def test_tsweep_runs_figure5_first_then_tf32_then_eager():
 def test_baselines_measure_every_placement_of_both_models_in_every_precision():
     base = cases("baselines")
     for model in ("gpt2", "fasttransformer"):
-        for prec in ("fp32", "tf32", "bf16"):
+        for prec in ("fp32", "tf32", "bf16", "fp16"):
             got = [(c.mode, c.optimizer) for c in base if c.label == model and c.precision == prec]
-            assert got == list(suites.STEP_CONFIGS)
+            want = [c for c in suites.STEP_CONFIGS if not (prec == "fp16" and c[1] == "whole-step")]
+            assert got == want
             assert {c.config for c in base if c.label == model} == {preset(model)}
     assert {(c.mode, c.optimizer) for c in base} >= {("compile-ro", "whole-step"), ("compile", "fused"),
                                                       ("cudagraph", "fused"), ("engine", "default")}
@@ -102,7 +103,7 @@ def test_grid_compile_and_ladder_compile_every_config_with_shared_caches():
 def test_list_names_the_suites(capsys):
     gpu_bench.main(["list"])
     out = capsys.readouterr().out
-    assert "grid_compile   16 cases" in out and "baselines      66 cases" in out and "engine_check" in out
+    assert "grid_compile   16 cases" in out and "baselines      82 cases" in out and "engine_check" in out
 
 
 def _tiny_baselines(monkeypatch):
@@ -216,3 +217,27 @@ def test_compile_modes_reset_dynamo_with_or_without_fresh_caches(monkeypatch, co
     eager = bench_step(preset("fasttransformer", **TINY), 2, 8, "eager", "fp32", "cpu", warmup=2, iters=2)
     assert eager["first_step_cache"] == "process"
     assert bench._shared_compile_cache is not None
+
+
+@pytest.mark.parametrize("cc,want,absent", [("7.5", {"fp32", "fp16"}, {"tf32", "bf16"}),
+                                             ("9.0", {"fp32", "tf32", "bf16", "fp16"}, set())])
+def test_plan_lists_what_a_gpu_would_run_without_one(cc, want, absent, capsys):
+    import json
+
+    assert gpu_bench.main(["plan", "--capability", cc, "--json"]) == 0
+    cases = json.loads(capsys.readouterr().out)
+    assert cases and all({"suite", "mode", "precision"} <= set(c) for c in cases)
+    assert {c["precision"] for c in cases} == want and not {c["precision"] for c in cases} & absent
+    assert {c["suite"] for c in cases} == {n for n, s in SUITES.items() if s.default}
+
+
+def test_the_runner_skips_cases_the_device_cannot_honour(tmp_path, monkeypatch, clean_commit, capsys):
+    from ftlib.device import DeviceInfo
+
+    tiny = [Case("fasttransformer", preset("fasttransformer", **TINY), 2, 8, "eager", p) for p in ("fp32", "tf32")]
+    monkeypatch.setitem(SUITES, "baselines", dataclasses.replace(SUITES["baselines"], make=lambda: tiny))
+    monkeypatch.setattr(gpu_bench.DeviceInfo, "detect", classmethod(lambda cls, d=None: DeviceInfo.for_capability(
+        "7.5")))
+    assert _run(tmp_path / "out") == 0
+    assert [r["precision"] for r in ResultStore("baselines", "cpu").rows()] == ["fp32"]
+    assert "1 cases not run: no TF32 tensor cores" in capsys.readouterr().out
