@@ -63,19 +63,20 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 
 # %% tags=["nbval-ignore-output"]
 import ftlib
-from ftlib.env import pick_device, provenance
-from ftlib.tables import show_table
+from ftlib.core.device import pick_device
+from ftlib.harness.provenance import provenance
+from ftlib.views.tables import show_table
 
 device = pick_device(DEVICE)
 show_table([{"field": k, "value": v} for k, v in provenance(device).items()])
 
 # %% [markdown]
 # ## The data
-# Character-level TinyShakespeare. `ftlib.data` finds `data/tinyshakespeare/input.txt`
+# Character-level TinyShakespeare. `ftlib.training.data` finds `data/tinyshakespeare/input.txt`
 # (or downloads it when online), checks its SHA-256 and splits it 90/10 like nanoGPT.
 
 # %%
-from ftlib.data import SHA256, load_tinyshakespeare
+from ftlib.training.data import SHA256, load_tinyshakespeare
 
 ds = load_tinyshakespeare()
 show_table([
@@ -98,7 +99,7 @@ print(ds.decode(ds.train[:120]))
 # recipe for convergence.
 
 # %%
-from ftlib.summary import summary_rows
+from ftlib.analysis.params import summary_rows
 
 models = {name: ftlib.build_model(name, seed=0) for name in ftlib.PRESETS}
 show_table(summary_rows(models))
@@ -113,14 +114,14 @@ show_table([{"model": n, "attention kernel input": m.blocks[0].attn.kv_descripti
 
 # %% [markdown]
 # ## A first training step
-# One step of the shared training function (`ftlib.train.train_step`: zero_grad, forward,
+# One step of the shared training function (`ftlib.training.step.train_step`: zero_grad, forward,
 # loss, backward, AdamW) on a real batch, to check the whole path runs on this device.
 
 # %%
 import torch
 
-from ftlib.data import random_batch
-from ftlib.train import make_optimizer, train_step
+from ftlib.training.data import random_batch
+from ftlib.training.step import make_optimizer, train_step
 
 model = ftlib.build_model("fasttransformer", seed=0, n_layer=2 if SMOKE else 6).to(device)
 opt = make_optimizer(model)

@@ -28,7 +28,7 @@
 # measures every bar, on the step that every later chapter times (zero_grad, forward, loss,
 # backward, AdamW), with `torch.profiler`.
 #
-# **How a profile is read** (`ftlib.profiling`, whose docstring has the details):
+# **How a profile is read** (`ftlib.harness.profiling`, whose docstring has the details):
 #
 # * *Phases.* Forward, backward and optimizer are each wrapped in a profiler range. A GPU
 #   kernel belongs to the range whose CPU code *launched* it (the trace links the two by a
@@ -79,11 +79,11 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["hide-cell"]
 import plotly.graph_objects as go
 
-from ftlib import profiling as fp
-from ftlib.env import device_slug, pick_device
-from ftlib.plots import show
-from ftlib.results import load_rows
-from ftlib.tables import show_table
+from ftlib.core.device import device_slug, pick_device
+from ftlib.harness import profiling as fp
+from ftlib.harness.results import load_rows
+from ftlib.views.plots import show
+from ftlib.views.tables import show_table
 
 device = pick_device(DEVICE)
 PRESETS = ["gpt2", "fasttransformer"]

@@ -24,8 +24,8 @@
 # transfers for every single layer in the block" and concluded that at T = 256 the
 # attention matmuls are 4% of the block's compute and the MLP 64%, and that GPT-2's
 # explicit attention moves 805 MB of (B, H, T, T) probabilities per step. This chapter
-# redoes that accounting from the configurations alone, with `ftlib.accounting`
-# (FLOPs, bytes, saved activations per component) and `ftlib.peaks` (datasheet peaks and
+# redoes that accounting from the configurations alone, with `ftlib.analysis.accounting`
+# (FLOPs, bytes, saved activations per component) and `ftlib.analysis.peaks` (datasheet peaks and
 # a roofline). Nothing here is measured: it is arithmetic, checked in
 # `tests/test_accounting.py` against `torch.utils.flop_counter.FlopCounterMode` on real
 # forward and backward passes of every configuration and ablation.
@@ -71,7 +71,7 @@ import plotly.graph_objects as go
 from IPython.display import Markdown, display
 
 from ftlib import preset
-from ftlib.accounting import (
+from ftlib.analysis.accounting import (
     POST_CLAIMS,
     attention_matrix_traffic,
     attention_mlp_fractions,
@@ -83,9 +83,9 @@ from ftlib.accounting import (
     palm_flops,
     step_summary,
 )
-from ftlib.peaks import flops_floor, lookup, roofline, step_floor
-from ftlib.plots import show
-from ftlib.tables import show_table
+from ftlib.analysis.peaks import flops_floor, lookup, roofline, step_floor
+from ftlib.views.plots import show
+from ftlib.views.tables import show_table
 
 B, T = 32, 256
 # The original FastTransformer hands SDPA a (B, 1, T, d) K/V: kv_layout='broadcast'.
@@ -179,9 +179,9 @@ display(Markdown(
 # in backward, times six layers. The eager GPT-2 step touches that tensor far more often:
 # the scores are written by QKᵀ, rescaled, masked, softmaxed (each a read and a write), read
 # by A·V, and the backward runs the chain in reverse. The table lists every pass
-# (`ftlib.accounting.TT_PASSES`, checked op by op in the tests with a dispatch-mode
+# (`ftlib.analysis.accounting.TT_PASSES`, checked op by op in the tests with a dispatch-mode
 # logger). The original FastTransformer, in fp32 with a (B, 1, T, d) K/V, falls back to
-# SDPA's math backend (`ftlib.accounting.expected_backend` states the kernel rules), which
+# SDPA's math backend (`ftlib.analysis.accounting.expected_backend` states the kernel rules), which
 # materializes the same tensor.
 
 # %%
@@ -296,7 +296,7 @@ for key, unit, scale in (("flops", "GFLOP", 1e9), ("bytes", "GB", 1e9)):
 # (elementwise work at the FP32 rate). The second is a floor for an *eager* step; a
 # compiler that fuses elementwise ops removes bytes and can go below it. The T4 has no TF32
 # and no BF16, so its tensor-core row is FP16. Peaks are datasheet numbers
-# (`ftlib.peaks.PEAKS`, with sources), not readings.
+# (`ftlib.analysis.peaks.PEAKS`, with sources), not readings.
 
 # %%
 floors = []

@@ -65,13 +65,13 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
-from ftlib import baselineview as bv
 from ftlib import preset
-from ftlib.claims import POST_GPU, post_step_rows, roofline_projection
-from ftlib.env import pick_device
-from ftlib.plots import show
-from ftlib.suites import baselines, measure, smoke_cases
-from ftlib.tables import show_frame, show_table
+from ftlib.analysis.claims import POST_GPU, post_step_rows, roofline_projection
+from ftlib.core.device import pick_device
+from ftlib.harness.suites import baselines, measure, smoke_cases
+from ftlib.views import baselines as bv
+from ftlib.views.plots import show
+from ftlib.views.tables import show_frame, show_table
 
 CASES = baselines()
 runs = bv.load(CASES)  # complete runs from committed code, every GPU folder

@@ -36,7 +36,7 @@
 # in its name; FastTransformer itself also drops the biases (the ladder's last step).
 # Measured modes: eager and the manual whole-step CUDA graph in fp32 and tf32 (suite `grid`),
 # and `torch.compile` with reduce-overhead in fp32 (suites `ladder` and `grid_compile`).
-# Every table reads the stored rows through `ftlib.codesignview`; a suite not run yet shows
+# Every table reads the stored rows through `ftlib.views.codesign`; a suite not run yet shows
 # as "–" with the command that measures it.
 
 # %% [markdown]
@@ -66,11 +66,12 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["hide-input"]
 import plotly.graph_objects as go
 
-from ftlib.ablations import grid, kv_head_sweep, ladder, mlp_ratio_sweep
-from ftlib.accounting import step_summary
-from ftlib.bench import bench_sweep
-from ftlib.benchview import devices, not_measured, ok_rows, provenance_line
-from ftlib.codesignview import (
+from ftlib.analysis.accounting import step_summary
+from ftlib.core.device import device_slug, pick_device
+from ftlib.harness.bench import bench_sweep
+from ftlib.model.ablations import grid, kv_head_sweep, ladder, mlp_ratio_sweep
+from ftlib.views.bench import devices, not_measured, ok_rows, provenance_line
+from ftlib.views.codesign import (
     SOURCES,
     backend_table,
     col,
@@ -81,9 +82,8 @@ from ftlib.codesignview import (
     measured,
     switch_effects,
 )
-from ftlib.env import device_slug, pick_device
-from ftlib.plots import legend_below, show
-from ftlib.tables import show_table
+from ftlib.views.plots import legend_below, show
+from ftlib.views.tables import show_table
 
 # A smoke run measures a small grid at a small shape; the tables then look for those.
 SMALL = dict(n_layer=1, n_embd=64) if (MEASURE and SMOKE) else {}
@@ -103,7 +103,7 @@ print("Measured on:", provenance_line(rows) or "nothing stored yet")
 
 # %% [markdown]
 # ## What each cell costs on paper, and what it costs on the H200 (B = 32, T = 256)
-# FLOPs and bytes per training step from `ftlib.accounting` (fp32, the kernel PyTorch is expected
+# FLOPs and bytes per training step from `ftlib.analysis.accounting` (fp32, the kernel PyTorch is expected
 # to pick on an H200), measured medians from the grid suites: eager and CUDA graph (`grid`), and
 # compiled with reduce-overhead (`grid_compile`; the ladder's rungs also from `ladder`).
 
@@ -176,7 +176,7 @@ for title, sweep, xs in (("K/V heads", kv_head_sweep(), [1, 2, 4, 8]),
 # passes K/V as (B, 1, T, d); no fused kernel takes K/V with fewer heads than Q, so SDPA falls
 # back to its math backend, which materializes the (B, H, T, T) scores. `ftlib` passes a stride-0
 # `expand`ed (B, H, T, d) view instead (no copy), which the memory-efficient kernel accepts.
-# "expected" is what the kernel rules in `ftlib.accounting` predict; the trace is what ran.
+# "expected" is what the kernel rules in `ftlib.analysis.accounting` predict; the trace is what ran.
 
 # %%
 show_table(backend_table(dev, include_cpu=MEASURE) if dev else [], caption=f"profiled on {dev}")

@@ -60,14 +60,14 @@ import plotly.graph_objects as go
 from IPython.display import Markdown, display
 from plotly.subplots import make_subplots
 
-from ftlib import baselineview as bv
-from ftlib.benchview import devices, not_measured, ok_rows, provenance_line
-from ftlib.claims import POST_GPU, post_step_rows
-from ftlib.env import pick_device
-from ftlib.plots import legend_below, log_ticks, show
-from ftlib.results import device_folders
-from ftlib.suites import baselines, measure, smoke_cases
-from ftlib.sweepview import (
+from ftlib.analysis.claims import POST_GPU, post_step_rows
+from ftlib.core.device import pick_device
+from ftlib.harness.results import device_folders
+from ftlib.harness.suites import baselines, measure, smoke_cases
+from ftlib.views import baselines as bv
+from ftlib.views.bench import devices, not_measured, ok_rows, provenance_line
+from ftlib.views.plots import legend_below, log_ticks, show
+from ftlib.views.sweep import (
     PROJECTION,
     SWEEP_T,
     compile_time_table,
@@ -77,7 +77,7 @@ from ftlib.sweepview import (
     sweep_table,
     t4_projection,
 )
-from ftlib.tables import show_frame, show_table
+from ftlib.views.tables import show_frame, show_table
 
 MODELS = ("gpt2", "fasttransformer")
 MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer"}
@@ -89,8 +89,8 @@ TOKENS, TS = (256, (32, 64)) if (MEASURE and SMOKE) else (8192, SWEEP_T)
 CASES = baselines()
 runs = bv.load(CASES)  # complete runs from committed code, every GPU folder
 if MEASURE:
-    from ftlib.bench import bench_sweep
-    from ftlib.config import preset
+    from ftlib.harness.bench import bench_sweep
+    from ftlib.model.config import preset
 
     device = pick_device(DEVICE)
     mine = measure(CASES, "baselines", device, smoke=SMOKE)
@@ -156,7 +156,7 @@ for dev in devices(ok_rows("compile_time", include_cpu=MEASURE)) or device_folde
 # T from 128 to 4096 with B = 8192 / T, so every step trains on the same number of tokens;
 # the context (`block_size`) is T. The post's Figure 5 covers T = 128…1024 and states one number,
 # at T = 128. Beside the measured curves: that claim, and for the T4 a roofline *projection*,
-# the ratio of the two models' floor times (FLOPs and eager bytes from `ftlib.accounting`, the
+# the ratio of the two models' floor times (FLOPs and eager bytes from `ftlib.analysis.accounting`, the
 # T4's datasheet peaks), which no implementation can beat and real steps do not reach.
 # The fp32 and tf32 tables follow the figures; the lines after them name every T at which the
 # FastTransformer is slower than GPT-2, per precision and mode (eager rows are host-bound at

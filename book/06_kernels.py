@@ -27,7 +27,7 @@
 # of the same model and precision, and where does the time go?
 #
 # This chapter writes Triton kernels (`kernels/`), each checked against a plain PyTorch
-# reference and timed two ways, then an engine (`ftlib.engine`) that runs the whole step on
+# reference and timed two ways, then an engine (`ftlib.training.engine`) that runs the whole step on
 # flat parameter and gradient buffers in one CUDA graph. The engine is measured in the same
 # runs as every compiled configuration (chapter 3's baselines suite), and its losses are
 # checked against reference training over 100 steps.
@@ -59,13 +59,14 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
-from ftlib import baselineview as bv
-from ftlib import engineview, kernelview
-from ftlib.benchview import devices, ok_rows, provenance_line
-from ftlib.env import pick_device
-from ftlib.plots import show
-from ftlib.suites import baselines
-from ftlib.tables import show_frame, show_table
+from ftlib.core.device import pick_device
+from ftlib.harness.suites import baselines
+from ftlib.views import baselines as bv
+from ftlib.views import engine as engineview
+from ftlib.views import kernels as kernelview
+from ftlib.views.bench import devices, ok_rows, provenance_line
+from ftlib.views.plots import show
+from ftlib.views.tables import show_frame, show_table
 
 if MEASURE:
     from kernels.dev.suite import run_suite
@@ -138,7 +139,7 @@ display(Markdown(kernelview.kernel_math("rmsnorm")))
 # forward writes both `s` and the norm's output, and one kernel backward adds the two
 # gradients that reach `s` while it computes the norm's backward. The same kernel covers
 # RMSNorm and LayerNorm. The engine applies it by default from round 4
-# (`ftlib.engine.forward_fused_residual_norm`). Since round 5 it takes tiles of 4 rows:
+# (`ftlib.training.engine.forward_fused_residual_norm`). Since round 5 it takes tiles of 4 rows:
 # `residual_norm_dev`'s v5 against the 16-row v3 in the table below.
 #
 # Training with dropout (the speedrun of chapter 8 keeps nanoGPT's residual dropout) adds
@@ -237,7 +238,7 @@ else:
 # %% [markdown]
 # ## 3. The engine
 #
-# `ftlib.engine.Engine` swaps each op for its kernel where one applies, makes every parameter
+# `ftlib.training.engine.Engine` swaps each op for its kernel where one applies, makes every parameter
 # and gradient a view into one flat fp32 buffer (so AdamW is one launch and `zero_grad` one
 # memset), and captures the whole step (memset, forward, loss, backward, AdamW) in one CUDA
 # graph. It is measured in the baselines suite beside every compiled configuration, in the
@@ -311,7 +312,7 @@ else:
 # ### Where the engine's step goes
 # `kernels/dev/engine_probe.py` runs the engine's step uncaptured under `torch.profiler` and
 # sums the CUDA kernel time by kernel. Here that time is grouped into categories
-# (`ftlib.engineview.PROBE_CATEGORIES`), next to the captured step. The graph replays the
+# (`ftlib.views.engine.PROBE_CATEGORIES`), next to the captured step. The graph replays the
 # same kernels without the launch gaps, so the two totals should be close. The largest
 # categories are the next round's targets: the matrix products, which are cuBLAS's own,
 # then the column sums behind weight and bias gradients.
@@ -330,8 +331,8 @@ else:
 # %% [markdown]
 # ### 100 steps against reference training
 # The engine and `train_step` with `torch.optim.AdamW` train side by side from the same
-# weights on the same batches (`ftlib.engine.check_against_reference`); the check passes when
-# every step's loss agrees within the precision's tolerance (`ftlib.bench.CHECK_RTOL`).
+# weights on the same batches (`ftlib.training.engine.check_against_reference`); the check passes when
+# every step's loss agrees within the precision's tolerance (`ftlib.harness.bench.CHECK_RTOL`).
 
 # %%
 if not crows:

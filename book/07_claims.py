@@ -22,7 +22,7 @@
 #
 # **The question.** Which of the post's quantitative claims hold? Every claim is listed here
 # with the book's own measurement or derivation beside it and a verdict computed by a stated
-# rule (`ftlib.audit`):
+# rule (`ftlib.views.audit`):
 #
 # * a derived number (parameters, FLOPs, bytes) **holds** when the book's derivation agrees
 #   within the stated tolerance;
@@ -60,9 +60,9 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     os.chdir(os.path.join(root, "book"))
 
 # %% tags=["hide-input"]
-from ftlib.audit import TOL, audit_rows
-from ftlib.results import device_folders
-from ftlib.tables import show_frame, show_table, to_frame
+from ftlib.harness.results import device_folders
+from ftlib.views.audit import TOL, audit_rows
+from ftlib.views.tables import show_frame, show_table, to_frame
 
 for device in device_folders():  # every GPU with stored results, each audited on its own rows
     rows = audit_rows(device)
@@ -80,7 +80,7 @@ for device in device_folders():  # every GPU with stored results, each audited o
 # %%
 from IPython.display import Markdown, display
 
-from ftlib.findings import markdown
+from ftlib.views.findings import markdown
 
 for device in device_folders():
     display(Markdown(markdown(device)))

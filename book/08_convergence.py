@@ -64,8 +64,8 @@ import textwrap
 
 import plotly.graph_objects as go
 
-from ftlib.benchview import provenance_line
-from ftlib.convergence import (
+from ftlib.core.device import device_slug, pick_device
+from ftlib.harness.convergence import (
     FAIR,
     REFERENCE,
     REPEATED,
@@ -81,10 +81,10 @@ from ftlib.convergence import (
     suite_rows,
     summary,
 )
-from ftlib.env import device_slug, pick_device
-from ftlib.plots import MODEL_COLORS, PALETTE, legend_below, show
-from ftlib.results import load_rows
-from ftlib.tables import group_rows, show_table
+from ftlib.harness.results import load_rows
+from ftlib.views.bench import provenance_line
+from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below, show
+from ftlib.views.tables import group_rows, show_table
 
 device = pick_device(DEVICE)
 if MEASURE:
@@ -195,7 +195,7 @@ else:
 # steps; evaluation time is not counted). Every candidate runs in the same loop with the
 # same batches and evaluation; what differs is the model, the recipe and the execution:
 # `torch.compile` (nanoGPT's choice) or the book's engine (Triton kernels, a flat AdamW,
-# the whole step replayed as one CUDA graph; `ftlib.engine`).
+# the whole step replayed as one CUDA graph; `ftlib.training.engine`).
 #
 # Time is counted twice. *Time to target* is all wall time of training steps, the startup
 # included: for `torch.compile` the first step, which compiles; for the engine its
@@ -213,8 +213,8 @@ else:
 # like the engine itself.
 #
 # Every candidate runs seed 0 first. The fastest of them (excluding startup), the reference,
-# and the candidates listed in `ftlib.convergence.ALL_SEEDS` then run seeds 1-4. The verdict
-# (`ftlib.convergence.speedrun_verdict`) counts only candidates that reached 1.50 on every
+# and the candidates listed in `ftlib.harness.convergence.ALL_SEEDS` then run seeds 1-4. The verdict
+# (`ftlib.harness.convergence.speedrun_verdict`) counts only candidates that reached 1.50 on every
 # seed they ran, and at least three seeds. Among those it takes the one with the least mean
 # time excluding startup and compares it with the reference seed by seed, on the seeds both
 # recorded. This rule matters because the small models' validation loss bottoms out close
@@ -297,7 +297,7 @@ v = next((verdicts[d] for d in sorted(verdicts) if verdicts[d] is not None), Non
 # shows how far a second run of the same seed lands from it. A speed-up within that spread
 # of the target is not a robust result, so the pooled verdict below treats every run, first
 # or repeat, as one sample of the time to 1.50: the ratio of the pooled means, with a 90%
-# bootstrap interval (`ftlib.convergence.speedrun_pooled`).
+# bootstrap interval (`ftlib.harness.convergence.speedrun_pooled`).
 #
 # The two sides are not equally noisy. The candidate's step is one CUDA graph replay, so its
 # time per step hardly moves between machines; what moves is the step at which it crosses
@@ -344,13 +344,13 @@ for dev, dev_rows in group_rows(ok_speed).items():
 # %% [markdown]
 # ## 6. A checkpoint, saved and loaded back
 # The speedrun's winner trained once more to 1.50 on this machine (with `SMOKE`: a tiny
-# version for 20 steps on PyTorch ops), saved with `ftlib.trainer.save_checkpoint` (config,
+# version for 20 steps on PyTorch ops), saved with `ftlib.training.trainer.save_checkpoint` (config,
 # recipe, result and a plain `GPT` state dict, also when the engine trained it in its flat
 # buffers), then loaded with `load_checkpoint` into a fresh model. The reloaded model must
 # give the same logits on a held-out batch and sample the same text.
 
 # %%
-from ftlib.data import load_tinyshakespeare
+from ftlib.training.data import load_tinyshakespeare
 
 winner = v["candidate"] if v is not None else REFERENCE
 ck = checkpoint_roundtrip(winner, load_tinyshakespeare(), device, CHECKPOINT, smoke=SMOKE)

@@ -52,8 +52,8 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
-from ftlib.findings import lessons, markdown
-from ftlib.results import device_folders
+from ftlib.harness.results import device_folders
+from ftlib.views.findings import lessons, markdown
 
 # %% [markdown]
 # ## The verdicts

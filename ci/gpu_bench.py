@@ -1,4 +1,4 @@
-"""The GPU runner's driver: the book's measuring suites (``ftlib.suites``), within a time budget.
+"""The GPU runner's driver: the book's measuring suites (``ftlib.harness.suites``), within a time budget.
 
     python3 ci/gpu_bench.py run --out OUT [--only baselines,tsweep] [--budget-s 540] [--notebooks 01,03]
     python3 ci/gpu_bench.py warm [--only baselines] [--jobs 8]   # fill the compile caches in parallel
@@ -37,13 +37,13 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as a script from any directory
     sys.path.insert(0, str(ROOT))
 
-from ftlib.bench import COMPILE_MODES, Case, bench_cases  # noqa: E402
-from ftlib.config import preset  # noqa: E402
-from ftlib.device import DeviceInfo  # noqa: E402
-from ftlib.env import device_slug, git_commit, is_clean_commit, pick_device, run_id  # noqa: E402
-from ftlib.precision_plan import case_why_not, plan_cases, supported_precisions  # noqa: E402
-from ftlib.results import ResultStore, results_dir  # noqa: E402
-from ftlib.suites import SUITES, with_run  # noqa: E402
+from ftlib.core.device import DeviceInfo, device_slug, pick_device  # noqa: E402
+from ftlib.harness.bench import COMPILE_MODES, Case, bench_cases  # noqa: E402
+from ftlib.harness.precision_plan import case_why_not, plan_cases  # noqa: E402
+from ftlib.harness.provenance import git_commit, is_clean_commit, run_id  # noqa: E402
+from ftlib.harness.results import ResultStore, results_dir  # noqa: E402
+from ftlib.harness.suites import SUITES, with_run  # noqa: E402
+from ftlib.model.config import preset  # noqa: E402
 
 MAX_OUT_FILES = 8  # what the device tool brings back
 RESERVE_S = 25.0  # left for collecting files and the summary
@@ -57,7 +57,7 @@ def _profile(device, deadline: float) -> None:
     First the FastTransformer as the original passes K/V, (B, 1, T, d) (kv_layout='broadcast'),
     eager fp32 and tf32: chapters 4 and 7 read from its trace which SDPA backend that layout gets.
     """
-    from ftlib.profiling import profile_suite
+    from ftlib.harness.profiling import profile_suite
 
     for r in profile_suite(["fasttransformer"], ["eager"], ["fp32", "tf32"], 32, 256, device, kv_layout="broadcast"):
         print(f"  profile fasttransformer kv=broadcast {r.get('mode'):<10} {r.get('precision'):<5} {r.get('status')} "
@@ -75,15 +75,15 @@ def _profile(device, deadline: float) -> None:
 
 
 def _train(device, deadline: float) -> None:
-    """Chapter 8: convergence suites (ftlib.convergence), resumable."""
-    from ftlib.convergence import SUITE_ORDER, describe_row, run_suites
+    """Chapter 8: convergence suites (ftlib.harness.convergence), resumable."""
+    from ftlib.harness.convergence import SUITE_ORDER, describe_row, run_suites
 
     for r in run_suites(SUITE_ORDER, device, budget_s=max(1.0, deadline - time.monotonic())):
         print(f"  train {describe_row(r)}", flush=True)  # failed runs too (stored with status 'error')
 
 
 def _engine_check(device, deadline: float) -> None:
-    """The engine vs reference training over 100 steps (ftlib.engine.check_against_reference).
+    """The engine vs reference training over 100 steps (ftlib.training.engine.check_against_reference).
 
     Both presets at B=32, T=256, fp32 first, then tf32 and bf16, then GPT-2 with the attention
     kernel in place of its explicit softmax; one row per check in engine_check.jsonl, keyed by
@@ -91,9 +91,9 @@ def _engine_check(device, deadline: float) -> None:
     """
     import traceback
 
-    from ftlib.engine import check_against_reference
-    from ftlib.env import provenance
-    from ftlib.results import row_key
+    from ftlib.harness.provenance import provenance
+    from ftlib.harness.results import row_key
+    from ftlib.training.engine import check_against_reference
 
     steps, B, T = 100, 32, 256
     store = ResultStore("engine_check", device_slug(device))
@@ -288,7 +288,8 @@ def warm(args: argparse.Namespace) -> int:
             spec_path.write_text(json.dumps(spec))
             env = {**os.environ, "PYTHONPATH": str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", "")}
             try:
-                subprocess.run([sys.executable, "-m", "ftlib.bench", str(spec_path), str(row_path)], cwd=str(ROOT),
+                subprocess.run([sys.executable, "-m", "ftlib.harness.bench", str(spec_path), str(row_path)],
+                               cwd=str(ROOT),
                                env=env, capture_output=True, timeout=args.timeout_s)
             except subprocess.TimeoutExpired:
                 return f"{case.label} {case.mode} {case.optimizer} {case.precision}: timeout"
@@ -394,7 +395,7 @@ def plan(args: argparse.Namespace) -> int:
     if args.json:
         print(json.dumps([c for c in cases if c["skipped"] is None or args.all], indent=1))
         return 0
-    print(f"{info.label()}: precisions {', '.join(supported_precisions(info))}")
+    print(f"{info.label()}: precisions {', '.join(info.precisions())}")
     for n in names:
         mine = [c for c in cases if c["suite"] == n]
         print(f"{n:<13} {sum(c['skipped'] is None for c in mine):>3} of {len(mine)} cases run")

@@ -3,7 +3,7 @@
 #   OUT=/path bash ci/gpu_ddp.sh                       # both presets, fp32 and bf16, eager
 #   MODES="eager compile-ro" OUT=/path bash ci/gpu_ddp.sh
 # For n = 1, 2, 4, 8 up to the GPU count it runs one torchrun per n:
-#   torchrun --standalone --nproc_per_node n -m ftlib.distributed --preset gpt2 fasttransformer ...
+#   torchrun --standalone --nproc_per_node n -m ftlib.harness.distributed --preset gpt2 fasttransformer ...
 # Rows go to data/results/<gpu slug>/ddp.jsonl (rank 0 writes); keys already stored are skipped,
 # so a second call continues where the first stopped. The file is copied to $OUT at the end.
 # Provenance: a copied tree has no .git; pass FTLIB_COMMIT=<commit> (or put it in .ftlib-commit).
@@ -16,7 +16,7 @@ log="$out/ddp.log"
 : > "$log"
 
 # NVLink multicast (NVLS) is forbidden on the shared machines: keep it off in NCCL, PyTorch's
-# symmetric memory and NVSHMEM (ftlib.distributed.setup sets the same defaults).
+# symmetric memory and NVSHMEM (ftlib.harness.distributed.setup sets the same defaults).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 export OMP_NUM_THREADS="${OMP_NUM_THREADS:-1}"  # torchrun's default; stated so it is not a warning
@@ -37,7 +37,7 @@ for n in 1 2 4 8; do
   [ "$n" -le "$ngpu" ] || break
   echo "== n=$n" | tee -a "$log"
   # shellcheck disable=SC2086  # MODES is a word list on purpose
-  timeout -k 15 "$PER_RUN_S" torchrun --standalone --nproc_per_node "$n" -m ftlib.distributed \
+  timeout -k 15 "$PER_RUN_S" torchrun --standalone --nproc_per_node "$n" -m ftlib.harness.distributed \
     --preset gpt2 fasttransformer --precision fp32 bf16 --mode $MODES \
     --B "$B" --T "$T" --steps "$STEPS" --warmup "$WARMUP" \
     --out "data/results/$slug/ddp.jsonl" 2>&1 | tee -a "$log"

@@ -4,7 +4,7 @@ Every op follows the Liger-Kernel layering (Hsu et al. 2024, "Liger Kernel: Effi
 Triton Kernels for LLM Training", sec. 3): a ``@triton.jit`` kernel whose docstring states
 the math, a launcher that checks device/dtype/shape and picks block sizes, a
 ``torch.autograd.Function``, and a thin ``nn.Module``. The plain-PyTorch references the
-kernels are tested against live in :mod:`ftlib.reference`.
+kernels are tested against live in :mod:`ftlib.model.reference`.
 
 Importing this package never fails when Triton is missing (CPU-only installs) and does not
 import Triton itself: check ``kernels.HAS_TRITON`` first; the op modules (``kernels.rmsnorm``

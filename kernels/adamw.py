@@ -1,7 +1,7 @@
 """One fused AdamW step over flat fp32 buffers, CUDA-graph capturable.
 
 kernel (``_adamw_kernel``) -> launcher (``adamw_step_``) -> ``FlatAdamW`` (the optimizer
-layer; an optimizer has no autograd.Function). Reference: :func:`ftlib.reference.adamw_step_ref`,
+layer; an optimizer has no autograd.Function). Reference: :func:`ftlib.model.reference.adamw_step_ref`,
 itself checked against ``torch.optim.AdamW``.
 
 Why flat buffers: the model has ~50 parameter tensors; a per-tensor optimizer launches
@@ -12,7 +12,7 @@ launch, reading 16 and writing 12 bytes per parameter (p, g, m, v in; p, m, v ou
 
 Weight decay: a segment boundary, not a per-element mask. The buffer holds the decayed
 parameters (matrices) first and the undecayed ones (biases, gains) after, the two groups
-of :func:`ftlib.train.param_groups`; the kernel decays elements [0, n_decay). A mask
+of :func:`ftlib.training.step.param_groups`; the kernel decays elements [0, n_decay). A mask
 buffer would cost 4 more bytes per element per step for the same information.
 
 Graph capture: the step count and the learning rate are read from device tensors inside
@@ -26,7 +26,7 @@ gradients as ``g * grad_mul`` (the inverse loss scale, times the clip coefficien
 clipping: one multiply instead of an unscale pass and a clip pass over the buffer) and, when
 ``found_inf`` is nonzero, skips the whole update: every load and store is masked off, so
 params and moments stay as they were. Deciding that needs every gradient, i.e. a reduction
-before the launch (``ftlib.loss_scale.DeviceLossScale`` takes it from the gradient norm);
+before the launch (``ftlib.training.loss_scale.DeviceLossScale`` takes it from the gradient norm);
 the caller also leaves the step count where it was on a skipped step (``step_t += 1 -
 found_inf``), as ``torch.amp.GradScaler.step`` does (it does not call ``optimizer.step()``,
 and fused AdamW takes ``found_inf`` back off its step count).
@@ -192,7 +192,7 @@ class FlatAdamW:
     a view) and every ``p.grad`` becomes a view into ``self.grad``, so autograd accumulates
     straight into the flat buffer. Consequences: ``zero_grad`` zeroes the buffer (there is
     no set_to_none, which would detach the grads from it), and the model must not be
-    re-created or moved afterwards. Groups follow :func:`ftlib.train.param_groups`:
+    re-created or moved afterwards. Groups follow :func:`ftlib.training.step.param_groups`:
     any number of groups, but only one nonzero weight decay value. Not supported:
     amsgrad, maximize, per-group lr or betas.
     """

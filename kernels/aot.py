@@ -9,7 +9,7 @@ when it loads the kernel) and its PTX shows whether ``tl.dot`` became tensor-cor
 (``mma.sync`` on sm_80+, ``wgmma.mma_async`` on sm_90) or FMA.
 
 ``specs(info)`` lists each kernel at the tiles its launcher picks for that device description
-(:class:`ftlib.device.DeviceInfo`), at the book's shapes; ``compile_spec(spec, cc)`` compiles
+(:class:`ftlib.core.device.DeviceInfo`), at the book's shapes; ``compile_spec(spec, cc)`` compiles
 one and reports. CLI (what ``tests/test_aot.py`` runs, in a process without TRITON_INTERPRET):
 
     python -m kernels.aot --cc 75,80,90 [--json]
@@ -32,7 +32,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ftlib.device import DeviceInfo
+from ftlib.core.device import DeviceInfo
 from kernels._common import interpret_mode
 
 EXIT_NO_TOOLCHAIN = 3  # the CLI's exit status when Triton's NVIDIA backend or its ptxas is missing

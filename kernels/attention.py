@@ -2,7 +2,7 @@
 
 kernels (``_attn_fwd_kernel``, ``_attn_bwd_dq_kernel``, ``_attn_bwd_dkdv_kernel``) ->
 launchers (``attention_fwd``, ``attention_bwd``) -> ``FlashAttentionFunction`` ->
-``TritonCausalAttention``. Reference: :func:`ftlib.reference.causal_attention_ref`.
+``TritonCausalAttention``. Reference: :func:`ftlib.model.reference.causal_attention_ref`.
 
 Algorithm: Dao 2023, "FlashAttention-2" (arXiv:2307.08691). Forward = Algorithm 1 with
 the online softmax (sec. 3.1.1: running max m and sum l, one rescale of the output at the

@@ -2,7 +2,7 @@
 
 kernel (``_col_sum_kernel``) -> launcher (``bias_grad``) -> ``BiasLinearFunction`` ->
 :func:`bias_linear` -> ``BiasLinear``. Reference: ``torch.nn.functional.linear``
-(:func:`ftlib.reference.linear_ref`).
+(:func:`ftlib.model.reference.linear_ref`).
 
 Why: in GPT-2 every ``nn.Linear`` has a bias. With x (M, K) = (B*T, K) = (8192, 256) and N in
 {768, 256, 1024, 256}, profiling the engine on the H200 showed PyTorch computing each bias

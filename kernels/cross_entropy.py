@@ -2,7 +2,7 @@
 
 kernel (``_cross_entropy_kernel``) -> launcher (``cross_entropy_fwd``) ->
 ``CrossEntropyFunction`` -> ``TritonCrossEntropyLoss``. Reference:
-:func:`ftlib.reference.cross_entropy_ref`. After Liger-Kernel's ``cross_entropy.py``
+:func:`ftlib.model.reference.cross_entropy_ref`. After Liger-Kernel's ``cross_entropy.py``
 (linkedin/Liger-Kernel, src/liger_kernel/ops/cross_entropy.py): the row's softmax is
 already in registers when the loss is computed, so the gradient
 d loss / d z_ij = (softmax(z_i)_j - [j == t_i]) / n_valid is written in the same pass and

@@ -2,7 +2,7 @@
 
 kernel (``_layer_norm_fwd_kernel``, ``_layer_norm_bwd_kernel``) -> launcher
 (``layer_norm_fwd``, ``layer_norm_bwd``) -> ``LayerNormFunction`` -> ``TritonLayerNorm``.
-Reference: :func:`ftlib.reference.layer_norm_ref`. Same structure as :mod:`kernels.rmsnorm`
+Reference: :func:`ftlib.model.reference.layer_norm_ref`. Same structure as :mod:`kernels.rmsnorm`
 (and Liger-Kernel's ``layer_norm.py``): one row per program forward with mean and rstd
 saved; persistent backward grid with per-program partial dweight/dbias sums. The bias is
 optional (GPT-2 has one; ``ModelConfig(bias=False)`` does not).
@@ -180,7 +180,7 @@ def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None 
 
 
 class TritonLayerNorm(nn.Module):
-    """Drop-in for :class:`ftlib.norm.LayerNorm` (optional bias, same parameter names)."""
+    """Drop-in for :class:`ftlib.model.norm.LayerNorm` (optional bias, same parameter names)."""
 
     def __init__(self, dim: int, bias: bool = True, eps: float = 1e-5) -> None:
         super().__init__()

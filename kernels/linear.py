@@ -1,7 +1,7 @@
 """Linear layers on a Triton GEMM whose fp32 products can run on tensor cores (3xTF32).
 
 kernel (``_matmul_kernel``) -> launcher (``matmul``) -> ``LinearFunction`` -> ``TritonLinear``.
-Reference: ``torch.nn.functional.linear`` (:func:`ftlib.reference.linear_ref`).
+Reference: ``torch.nn.functional.linear`` (:func:`ftlib.model.reference.linear_ref`).
 
 Why: in strict fp32 a FastTransformer step is bound by its matmuls, which cuBLAS runs on
 the FMA units (SIMT SGEMM, ~39 TFLOP/s here against a 67 TFLOP/s datasheet peak; chapter

@@ -2,8 +2,8 @@
 
 kernels (``_add_norm_fwd_kernel``, ``_add_norm_bwd_kernel``) -> launchers (``add_norm_fwd``,
 ``add_norm_bwd``) -> ``AddNormFunction`` -> :func:`add_rms_norm`, :func:`add_layer_norm`.
-References: :func:`ftlib.reference.add_rms_norm_ref`, :func:`ftlib.reference.add_layer_norm_ref`.
-Used by ``ftlib.engine`` (``fuse_residual_norm``; measured on the H200 in engine round 3: FT tf32
+References: :func:`ftlib.model.reference.add_rms_norm_ref`, :func:`ftlib.model.reference.add_layer_norm_ref`.
+Used by ``ftlib.training.engine`` (``fuse_residual_norm``; measured on the H200 in engine round 3: FT tf32
 2.83 -> 2.44 ms per step with the packed attention, data/results/h200/engine.jsonl).
 
 In a pre-norm block every residual add is followed by a norm: ``s = x + r; h = norm(s)``,

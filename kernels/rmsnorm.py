@@ -2,7 +2,7 @@
 
 kernel (``_rms_norm_fwd_kernel``, ``_rms_norm_bwd_kernel``) -> launcher (``rms_norm_fwd``,
 ``rms_norm_bwd``) -> ``RMSNormFunction`` -> ``TritonRMSNorm``. Reference:
-:func:`ftlib.reference.rms_norm_ref`. Layering after Liger-Kernel's ``rms_norm.py``
+:func:`ftlib.model.reference.rms_norm_ref`. Layering after Liger-Kernel's ``rms_norm.py``
 (linkedin/Liger-Kernel, src/liger_kernel/ops/rms_norm.py): rstd saved in the forward,
 per-program partial dweight sums in the backward. Unlike Liger, each program takes a tile of
 ROWS rows both ways: the measured winner of kernels/dev/rmsnorm_dev.py (v5; the first
@@ -176,7 +176,7 @@ def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.
 
 
 class TritonRMSNorm(nn.Module):
-    """Drop-in for :class:`ftlib.norm.RMSNorm` (same parameter name and init)."""
+    """Drop-in for :class:`ftlib.model.norm.RMSNorm` (same parameter name and init)."""
 
     def __init__(self, dim: int, eps: float = 1e-5) -> None:
         super().__init__()

@@ -5,7 +5,7 @@ A kernel's tiles decide how much shared memory one program needs: the operand ti
 sm_90). A block that needs more than the device's opt-in limit cannot load. A T4 (sm_75)
 allows 64 KB; the fp32 dK/dV kernel at head size 64 and 64 x 64 tiles needs 80 KB there
 (Triton 3.9, ``kernels/aot.py``). So each kernel takes the first of ``TILE_CANDIDATES`` whose
-estimate (:func:`smem_estimate`) fits the device (:mod:`ftlib.device`), and a GPU launch whose
+estimate (:func:`smem_estimate`) fits the device (:mod:`ftlib.core.device`), and a GPU launch whose
 compiled kernel still does not load (Triton's ``OutOfResources``, raised before anything runs)
 moves on to the next (:func:`launch_tiled`); nothing fitting is a :class:`SharedMemoryError`
 that names the kernel, its need and the limit.
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from triton.runtime.errors import OutOfResources
 
-from ftlib.device import ENV_CAPABILITY, DeviceInfo
+from ftlib.core.device import ENV_CAPABILITY, DeviceInfo
 
 ATTN_KERNELS = ("fwd", "bwd_dq", "bwd_dkdv")
 
@@ -133,7 +133,7 @@ def choose_tiles(kernel: str, head_size: int, dtype: torch.dtype, T: int, info: 
 
 
 def device_info(device: torch.device) -> DeviceInfo:
-    """``ftlib.device.DeviceInfo.detect(device)``, cached per device and ``FTLIB_CAPABILITY``
+    """``ftlib.core.device.DeviceInfo.detect(device)``, cached per device and ``FTLIB_CAPABILITY``
     value (so that the override rehearses another GPU's tiles)."""
     key = (str(device), os.environ.get(ENV_CAPABILITY, ""))
     if key not in _DEVICE_INFO:

@@ -10,10 +10,10 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ftlib.bench import Case
-from ftlib.config import preset
-from ftlib.results import ResultStore, row_key
-from ftlib.suites import STEP_CONFIGS, with_run
+from ftlib.harness.bench import Case
+from ftlib.harness.results import ResultStore, row_key
+from ftlib.harness.suites import STEP_CONFIGS, with_run
+from ftlib.model.config import preset
 
 SLUG = "h200"
 PROV = {"device": "NVIDIA H200", "device_type": "cuda", "torch": "2.11.0+cu130", "triton": "3.6.0",
@@ -57,7 +57,7 @@ BASELINE_MS = {("fasttransformer", "engine", "default"): 3.6, ("fasttransformer"
 
 
 def write_step_rows(root: Path) -> None:
-    from ftlib.suites import baselines
+    from ftlib.harness.suites import baselines
 
     store = ResultStore("baselines", SLUG, root)
     for i in range(3):

@@ -1,5 +1,5 @@
-from ftlib.ablations import SWITCHES, grid, kv_head_sweep, ladder, mlp_ratio_sweep
-from ftlib.config import preset
+from ftlib.model.ablations import SWITCHES, grid, kv_head_sweep, ladder, mlp_ratio_sweep
+from ftlib.model.config import preset
 
 
 def test_grid_has_16_distinct_cells_and_corners():

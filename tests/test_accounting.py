@@ -1,4 +1,4 @@
-"""Checks of ftlib.accounting and ftlib.peaks against PyTorch and against facts.md.
+"""Checks of ftlib.analysis.accounting and ftlib.analysis.peaks against PyTorch and against facts.md.
 
 FlopCounterMode counts matmuls and fused SDPA ops only (see the accounting module
 docstring), so the comparisons are on that subset: exact integer equality, no tolerance.
@@ -16,7 +16,7 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from ftlib import build_model, preset
-from ftlib.accounting import (
+from ftlib.analysis.accounting import (
     POST_CLAIMS,
     attention_matrix_traffic,
     attention_mlp_fractions,
@@ -31,7 +31,7 @@ from ftlib.accounting import (
     step_summary,
     total_flops,
 )
-from ftlib.peaks import PEAKS, achieved, flops_floor, lookup, roofline, step_floor
+from ftlib.analysis.peaks import PEAKS, achieved, flops_floor, lookup, roofline, step_floor
 
 B, T = 2, 48  # small, and T differs from every head size so (T, T) shapes are unambiguous
 SMALL = dict(n_layer=2)
@@ -293,8 +293,8 @@ def test_peaks_and_roofline():
 
 
 def test_attention_dropout_zero_drops_only_the_probability_passes():
-    from ftlib.accounting import attention_matrix_traffic
-    from ftlib.config import preset as _preset
+    from ftlib.analysis.accounting import attention_matrix_traffic
+    from ftlib.model.config import preset as _preset
 
     both = _preset("gpt2", dropout=0.1)
     resid_only = both.replace(attn_dropout=0.0)

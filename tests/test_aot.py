@@ -1,6 +1,6 @@
 """Every Triton kernel compiled ahead of time for sm_75 (T4), sm_80 (A100) and sm_90 (H100/H200)
 on this CPU, at the tiles each launcher picks for that device: does it fit the device's shared
-memory, and do its matmuls use tensor cores where ``ftlib.device`` says Triton's do?
+memory, and do its matmuls use tensor cores where ``ftlib.core.device`` says Triton's do?
 
 The compiler runs in child processes (``python -m kernels.aot --jobs 2``): this process runs
 Triton's interpreter (tests/conftest.py), whose jit functions cannot be compiled. About 50 s of
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftlib.device import DeviceInfo
+from ftlib.core.device import DeviceInfo
 
 ROOT = Path(__file__).resolve().parent.parent
 CCS = (75, 80, 90)

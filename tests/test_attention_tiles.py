@@ -12,8 +12,8 @@ triton = pytest.importorskip("triton")
 
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
-from ftlib.device import ENV_CAPABILITY, DeviceInfo  # noqa: E402
-from ftlib.reference import causal_attention_ref  # noqa: E402
+from ftlib.core.device import ENV_CAPABILITY, DeviceInfo  # noqa: E402
+from ftlib.model.reference import causal_attention_ref  # noqa: E402
 from kernels import attention as A  # noqa: E402
 from kernels import tiles as TL  # noqa: E402
 from kernels._common import interpreter_ready  # noqa: E402

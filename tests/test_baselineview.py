@@ -7,7 +7,7 @@ from synthetic_results import BASELINE_CASES as CASES
 from synthetic_results import baselines_run as run_rows
 from synthetic_results import fast
 
-from ftlib import baselineview as bv
+from ftlib.views import baselines as bv
 
 
 def test_the_strongest_baseline_is_the_fastest_correct_compiled_configuration():
@@ -103,7 +103,7 @@ def test_the_findings_are_computed_from_the_rows():
 
 
 def test_a_run_cut_short_keeps_the_precisions_it_completed():
-    from ftlib.bench import Case
+    from ftlib.harness.bench import Case
 
     both = CASES + [Case(c.label, c.config, c.B, c.T, c.mode, "fp16", optimizer=c.optimizer) for c in CASES
                     if c.optimizer != "whole-step"]

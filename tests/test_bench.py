@@ -8,11 +8,11 @@ import os
 import pytest
 import torch
 
-import ftlib.bench as bench
-from ftlib.bench import ROW_FIELDS, bench_step, bench_step_isolated, bench_sweep, summarize_ms
-from ftlib.config import preset
-from ftlib.results import ResultStore, load_rows, results_dir, row_key
-from ftlib.train import precision
+import ftlib.harness.bench as bench
+from ftlib.core.precision import precision_region as precision
+from ftlib.harness.bench import ROW_FIELDS, bench_step, bench_step_isolated, bench_sweep, summarize_ms
+from ftlib.harness.results import ResultStore, load_rows, results_dir, row_key
+from ftlib.model.config import preset
 
 TINY = dict(n_layer=1, n_embd=32, n_head=4, block_size=8)
 B, T = 2, 8
@@ -213,7 +213,7 @@ def test_summarize_ms():
 def test_check_ok_is_false_when_a_mode_disagrees_with_eager(tiny_ft, factor, monkeypatch):
     # The engine mode (plain PyTorch ops here: no kernels) is checked against eager training from
     # the same weights and batches; a loss 1% off (the fp32 tolerance is 0.1%) must fail the check.
-    from ftlib.engine import Engine
+    from ftlib.training.engine import Engine
 
     step = Engine.step
     monkeypatch.setattr(Engine, "step", lambda self, x, y: step(self, x, y) * factor)

@@ -1,4 +1,4 @@
-"""ftlib.bf16_weights: a Linear on a bf16 shadow of its weight computes what autocast computes."""
+"""ftlib.training.bf16_weights: a Linear on a bf16 shadow of its weight computes what autocast computes."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import pytest
 import torch
 import torch.nn as nn
 
-from ftlib.bf16_weights import ShadowLinear
+from ftlib.training.bf16_weights import ShadowLinear
 
 
 def _pair(bias: bool, seed: int = 0):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 from synthetic_results import write_all
 
-from ftlib.engineview import NOT_MEASURED
+from ftlib.views.engine import NOT_MEASURED
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -3,7 +3,7 @@
 import pytest
 
 from ftlib import ModelConfig, build_model, preset
-from ftlib.config import PRESETS
+from ftlib.model.config import PRESETS
 
 
 @pytest.mark.parametrize(
@@ -106,7 +106,7 @@ def test_attention_dropout_defaults_to_dropout_and_keeps_old_hashes():
 def test_attention_dropout_zero_leaves_residual_dropout_on():
     import torch
 
-    from ftlib.model import build_model
+    from ftlib.model.gpt import build_model
 
     m = build_model(preset("fasttransformer", n_layer=1, dropout=0.5, attn_dropout=0.0, block_size=16), seed=0)
     attn = m.blocks[0].attn
@@ -145,7 +145,7 @@ def test_wrong_types_and_non_finite_values_name_the_field(kwargs, words):
 
 
 def test_build_model_and_gpt_refuse_what_is_not_a_config():
-    from ftlib.model import GPT
+    from ftlib.model.gpt import GPT
 
     with pytest.raises(ValueError, match="ModelConfig or a preset name.*got None"):
         build_model(None)

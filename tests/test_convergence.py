@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from ftlib import preset
-from ftlib.convergence import (
+from ftlib.harness.convergence import (
     ALL_SEEDS,
     FINALIST_SEEDS,
     REFERENCE,
@@ -22,8 +22,8 @@ from ftlib.convergence import (
     suites,
     summary,
 )
-from ftlib.data import load_tinyshakespeare
-from ftlib.trainer import Recipe
+from ftlib.training.data import load_tinyshakespeare
+from ftlib.training.trainer import Recipe
 
 STORED = Path(__file__).resolve().parent.parent / "data" / "results" / "h200"
 BENCHES = ("convergence-original", "convergence", "convergence-nanogpt", "speedrun")
@@ -115,13 +115,13 @@ def test_failed_run_is_stored_and_retried(tmp_path, monkeypatch):
 def test_speedrun_smoke_runs_engine_candidates_and_extra_seeds(tmp_path, monkeypatch):
     # The whole speedrun suite at smoke size on CPU (engine candidates uncaptured, on PyTorch
     # ops): every candidate with seed 0, then FINALIST_SEEDS for the reference and the fastest.
-    from ftlib.convergence import run_suites
+    from ftlib.harness.convergence import run_suites
 
     monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path))
     # Kernels off (the engine reads this when built): Triton's interpreter would take minutes here;
     # tests/test_trainer.py checks the engine path with its kernels.
     monkeypatch.setenv("TRITON_INTERPRET", "0")
-    monkeypatch.setattr("ftlib.convergence.sample_text", lambda *a, **k: "")  # sampling is tested elsewhere
+    monkeypatch.setattr("ftlib.harness.convergence.sample_text", lambda *a, **k: "")  # sampling is tested elsewhere
     rows = run_suites(["speedrun"], "cpu", smoke=True)
     n = len(speedrun_candidates())
     assert [r["status"] for r in rows] == ["ok"] * len(rows), [r.get("error") for r in rows]
@@ -137,7 +137,7 @@ def test_speedrun_smoke_runs_engine_candidates_and_extra_seeds(tmp_path, monkeyp
 
 
 def test_speedrun_verdict_matches_seeds_and_picks_the_fastest_steady_candidate():
-    from ftlib.convergence import speedrun_verdict
+    from ftlib.harness.convergence import speedrun_verdict
 
     rows = [_row(REFERENCE, 0, 40.0), _row(REFERENCE, 1, 26.0, startup=15.0), _row(REFERENCE, 2, 10.0, startup=0.1),
             # "slow" is faster with startup counted, but slower in steady state
@@ -155,7 +155,7 @@ def test_speedrun_verdict_matches_seeds_and_picks_the_fastest_steady_candidate()
 
 
 def test_speedrun_verdict_needs_every_seed_to_reach_the_target():
-    from ftlib.convergence import speedrun_verdict
+    from ftlib.harness.convergence import speedrun_verdict
 
     ref = [_row(REFERENCE, s, 12.0, startup=1.0) for s in range(5)]
     # "flaky" is the fastest where it gets there but misses on seed 3; "steady" reaches on all five.
@@ -177,7 +177,7 @@ def test_speedrun_verdict_needs_every_seed_to_reach_the_target():
 
 
 def test_speedrun_curves_take_the_startup_off_and_skip_runs_without_it():
-    from ftlib.convergence import speedrun_curves
+    from ftlib.harness.convergence import speedrun_curves
 
     hist = [{"step": 0, "time_s": 0.0, "val_loss": 4.0}, {"step": 50, "time_s": 12.0, "val_loss": 2.0},
             {"step": 100, "time_s": 13.0, "val_loss": 1.49}]
@@ -192,7 +192,7 @@ def test_speedrun_curves_take_the_startup_off_and_skip_runs_without_it():
 
 def test_keyless_engine_option_keeps_the_keys_of_earlier_runs():
     """("dropout_rng4", False) pins what runs stored before the option ran: same key without it."""
-    from ftlib.trainer import recipe
+    from ftlib.training.trainer import recipe
 
     base = recipe("nanogpt-char").replace(compile=None, engine=True, engine_options=(("fuse_dropout", True),))
     pinned = base.replace(engine_options=base.engine_options + (("dropout_rng4", False),))
@@ -201,7 +201,7 @@ def test_keyless_engine_option_keeps_the_keys_of_earlier_runs():
 
 
 def test_repeat_table_pairs_a_repeat_with_its_first_run():
-    from ftlib.convergence import repeat_table
+    from ftlib.harness.convergence import repeat_table
 
     first = [dict(_row("m", 0, t=4.0), key="k0", time_to_target_excl_startup_s=3.0),
              dict(_row("m", 1, t=4.0), key="k1", time_to_target_excl_startup_s=3.5)]
@@ -216,7 +216,7 @@ def test_repeat_runs_are_keyed_as_repeats_and_resume(tmp_path, monkeypatch):
     """A repeat suite stores '<first key>-repeat1' with repeat_of_key, once per run; rows stored
     before the option (key == first key, repeat_of_key set) count as that repeat."""
     monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path))
-    monkeypatch.setattr("ftlib.convergence.sample_text", lambda *a, **k: "")
+    monkeypatch.setattr("ftlib.harness.convergence.sample_text", lambda *a, **k: "")
     ds = load_tinyshakespeare(download=False)
     tiny = preset("fasttransformer", n_layer=1, n_embd=32, n_head=4, n_kv_head=1, block_size=16)
     rec = Recipe(steps=2, batch_size=2, block_size=16, eval_interval=2, eval_iters=1, compile=None)
@@ -236,7 +236,7 @@ def test_repeat_runs_are_keyed_as_repeats_and_resume(tmp_path, monkeypatch):
 
 
 def test_repeat_suite_repeats_the_reference_and_the_named_candidates():
-    from ftlib.convergence import REPEATED, SUITE_ORDER
+    from ftlib.harness.convergence import REPEATED, SUITE_ORDER
 
     table = suites(smoke=False)
     rep = table["speedrun-repeat"]
@@ -247,7 +247,7 @@ def test_repeat_suite_repeats_the_reference_and_the_named_candidates():
 
 
 def test_speedrun_pooled_pools_first_runs_and_repeats():
-    from ftlib.convergence import speedrun_pooled
+    from ftlib.harness.convergence import speedrun_pooled
 
     ref = [_row(REFERENCE, s, 10.0 + s, startup=0.0) for s in range(3)] + [_row(REFERENCE, 3, 40.0)]  # no excl.
     cand = [_row("c", s, 3.0, startup=0.0) for s in range(3)]
@@ -266,7 +266,7 @@ def test_speedrun_pooled_pools_first_runs_and_repeats():
 
 
 def test_checkpoint_roundtrip_reloads_the_trained_model(tmp_path):
-    from ftlib.convergence import checkpoint_roundtrip
+    from ftlib.harness.convergence import checkpoint_roundtrip
 
     ds = load_tinyshakespeare(download=False)
     ck = checkpoint_roundtrip(ALL_SEEDS[-1], ds, "cpu", tmp_path / "ck.pt", smoke=True)
@@ -276,8 +276,8 @@ def test_checkpoint_roundtrip_reloads_the_trained_model(tmp_path):
 
 
 def _stored_speedrun_runs():
-    from ftlib.convergence import REPEATED
-    from ftlib.results import ResultStore
+    from ftlib.harness.convergence import REPEATED
+    from ftlib.harness.results import ResultStore
 
     root = Path(__file__).resolve().parent.parent / "data" / "results"
     rows, reps = ResultStore("speedrun", "h200", root).rows(), ResultStore("speedrun-repeat", "h200", root).rows()
@@ -298,7 +298,7 @@ def test_speedrun_interval_is_the_90_percent_percentile_bootstrap(rows, repeats,
     # the width at 4,000 resamples); a 50% or 80% interval labelled 90% is 10-30% off.
     from scipy.stats import bootstrap
 
-    from ftlib.convergence import speedrun_pooled, steady_time_to_target
+    from ftlib.harness.convergence import speedrun_pooled, steady_time_to_target
 
     p = speedrun_pooled(rows, repeats, candidate)
     pool = [r for r in rows + repeats if r.get("status", "ok") == "ok"]

@@ -5,7 +5,7 @@ import shutil
 import pytest
 import torch
 
-from ftlib import data
+from ftlib.training import data
 
 
 @pytest.fixture(scope="module")

@@ -1,4 +1,4 @@
-"""ftlib.device: descriptions from a capability, the CPU, and the FTLIB_CAPABILITY rehearsal."""
+"""ftlib.core.device: descriptions from a capability, the CPU, and the FTLIB_CAPABILITY rehearsal."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from ftlib.device import ENV_CAPABILITY, KNOWN_GPUS, DeviceInfo, known_gpu, parse_capability
+from ftlib.core.device import ENV_CAPABILITY, KNOWN_GPUS, DeviceInfo, known_gpu, parse_capability
 
 
 @pytest.fixture(autouse=True)

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ftlib.config import preset
-from ftlib.distributed import MULTICAST_ENV, allreduce_volume, cli_config, ddp_key
-from ftlib.results import ResultStore
+from ftlib.harness.distributed import MULTICAST_ENV, allreduce_volume, cli_config, ddp_key
+from ftlib.harness.results import ResultStore
+from ftlib.model.config import preset
 
 ROOT = Path(__file__).resolve().parent.parent
 TINY = "n_layer=1,n_embd=32,n_head=4"
@@ -47,7 +47,7 @@ def test_cli_config_follows_heads_for_multi_head_presets():
 
 def test_cli_writes_a_ddp_row_and_resumes(tmp_path):
     out = tmp_path / "results" / "cpu" / "ddp.jsonl"
-    args = ["-m", "ftlib.distributed", "--preset", "fasttransformer", "--override", TINY, "--B", str(B),
+    args = ["-m", "ftlib.harness.distributed", "--preset", "fasttransformer", "--override", TINY, "--B", str(B),
             "--T", str(T), "--steps", "4", "--warmup", "2", "--profile-steps", "2", "--device", "cpu",
             "--out", str(out)]
     _torchrun(args, tmp_path)
@@ -79,9 +79,9 @@ def test_ddp_gradients_and_losses_equal_single_process(tmp_path):
     script = tmp_path / "check.py"
     script.write_text(textwrap.dedent(f"""
         import json, sys
-        from ftlib import distributed as D
-        from ftlib.config import preset
-        from ftlib.trainer import Recipe
+        from ftlib.harness import distributed as D
+        from ftlib.model.config import preset
+        from ftlib.training.trainer import Recipe
         info = D.setup("cpu")
         cfg = preset("gpt2", n_layer=1, n_embd=32, n_head=4, n_kv_head=4)
         g = D.grad_check(cfg, {B}, {T}, seed=3)

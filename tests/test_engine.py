@@ -1,4 +1,4 @@
-"""Tests of ftlib.engine: flat buffers, kernel swaps, and losses against reference training.
+"""Tests of ftlib.training.engine: flat buffers, kernel swaps, and losses against reference training.
 
 The tests that run kernels take ``kernel_device`` (tests/conftest.py): Triton's CPU interpreter
 by default, so the shapes are tiny (B=2, T=16, one or two layers) and the runs short; with
@@ -13,10 +13,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ftlib.bench import bench_step
-from ftlib.config import preset
-from ftlib.engine import OPS, Engine, check_against_reference, pattern_batches, resolve_kernels
-from ftlib.model import build_model
+from ftlib.harness.bench import bench_step
+from ftlib.model.config import preset
+from ftlib.model.gpt import build_model
+from ftlib.training.engine import OPS, Engine, check_against_reference, pattern_batches, resolve_kernels
 
 B, T = 2, 16
 # hs = 64 / 4 = 16: the smallest head size the attention kernel takes.
@@ -188,7 +188,7 @@ def test_all_kernels_off_is_the_reference_bit_for_bit():
 
 def test_bf16_autocast_runs_and_stays_close(dev):
     r = check_against_reference(FT1, steps=2, device=dev, precision="bf16", B=B, T=T)
-    assert r["ok"], r["max_rel_err"]  # ftlib.bench.CHECK_RTOL['bf16'] = 3e-2
+    assert r["ok"], r["max_rel_err"]  # ftlib.harness.bench.CHECK_RTOL['bf16'] = 3e-2
 
 
 def test_engine_mode_in_bench_step(dev):
@@ -273,7 +273,7 @@ def test_fused_residual_dropout_is_dropout_with_the_kernels_masks(cfg, rng4, dev
     forward with those masks applied to each branch output (salt k for the k-th residual add):
     same loss, same gradient of every parameter. The embedding dropout (a module, torch's RNG)
     is switched off on both sides so that the masks are the only randomness."""
-    from ftlib.reference import dropout_ref
+    from ftlib.model.reference import dropout_ref
     from kernels.residual_norm import keep_mask
 
     cfg = cfg.replace(dropout=0.2, attn_dropout=0.0)

@@ -12,12 +12,13 @@ import math
 import pytest
 import torch
 
-from ftlib.config import preset
-from ftlib.device import ENV_CAPABILITY, DeviceInfo
-from ftlib.engine import Engine, check_against_reference, pattern_batches
-from ftlib.loss_scale import LossScaleConfig
-from ftlib.model import build_model
-from ftlib.train import grad_scaler, make_optimizer, precision, train_step
+from ftlib.core.device import ENV_CAPABILITY, DeviceInfo
+from ftlib.core.precision import precision_region as precision
+from ftlib.model.config import preset
+from ftlib.model.gpt import build_model
+from ftlib.training.engine import Engine, check_against_reference, pattern_batches
+from ftlib.training.loss_scale import LossScaleConfig
+from ftlib.training.step import grad_scaler, make_optimizer, train_step
 
 B, T = 2, 16
 FT1 = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)

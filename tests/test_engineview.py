@@ -1,12 +1,12 @@
-"""ftlib.engineview on synthetic rows (tests/synthetic_results.py): tables and figures."""
+"""ftlib.views.engine on synthetic rows (tests/synthetic_results.py): tables and figures."""
 
 from __future__ import annotations
 
 import pytest
 from synthetic_results import ENGINE_MS, VARIANT_MS, write_all
 
-from ftlib import engineview
-from ftlib.benchview import ok_rows
+from ftlib.views import engine as engineview
+from ftlib.views.bench import ok_rows
 
 
 @pytest.fixture()
@@ -55,7 +55,7 @@ def test_nothing_stored_gives_empty_tables():
 
 
 def test_latest_run_keeps_each_files_newest_complete_run():
-    from ftlib.engineview import latest_run
+    from ftlib.views.engine import latest_run
 
     def row(bench, label, ms, date, **kw):
         return {"bench": bench, "label": label, "precision": "fp32", "mode": "engine", "median_ms": ms,

@@ -1,7 +1,7 @@
-"""The measuring suites (ftlib.suites) and their runner (ci/gpu_bench.py), checked on CPU.
+"""The measuring suites (ftlib.harness.suites) and their runner (ci/gpu_bench.py), checked on CPU.
 
 Nothing here measures a full-size case: suites are inspected as case lists, the runner is
-driven with a tiny stand-in suite, and the compile-cache handling of ftlib.bench is checked
+driven with a tiny stand-in suite, and the compile-cache handling of ftlib.harness.bench is checked
 with torch.compile replaced by the identity.
 """
 
@@ -15,13 +15,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import ftlib.bench as bench
-from ftlib import suites
-from ftlib.ablations import grid
-from ftlib.bench import Case, bench_step, case_ident
-from ftlib.config import preset
-from ftlib.results import ResultStore
-from ftlib.suites import SUITES
+import ftlib.harness.bench as bench
+from ftlib.harness import suites
+from ftlib.harness.bench import Case, bench_step, case_ident
+from ftlib.harness.results import ResultStore
+from ftlib.harness.suites import SUITES
+from ftlib.model.ablations import grid
+from ftlib.model.config import preset
 
 ROOT = Path(__file__).resolve().parent.parent
 _spec = importlib.util.spec_from_file_location("gpu_bench", ROOT / "ci" / "gpu_bench.py")
@@ -187,10 +187,10 @@ def test_an_unreadable_results_file_skips_its_suite_only(tmp_path, monkeypatch, 
 
 
 def test_profile_suite_traces_the_broadcast_layout_first(monkeypatch):
-    import ftlib.profiling
+    import ftlib.harness.profiling
 
     calls = []
-    monkeypatch.setattr(ftlib.profiling, "profile_suite", lambda *a, **k: calls.append((a, k)) or [])
+    monkeypatch.setattr(ftlib.harness.profiling, "profile_suite", lambda *a, **k: calls.append((a, k)) or [])
     gpu_bench._profile(torch.device("cpu"), time.monotonic() + 1000)
     (names, modes, precs, B, T, _), kw = calls[0]
     assert (names, modes, precs, B, T, kw) == (["fasttransformer"], ["eager"], ["fp32", "tf32"], 32, 256,
@@ -232,7 +232,7 @@ def test_plan_lists_what_a_gpu_would_run_without_one(cc, want, absent, capsys):
 
 
 def test_the_runner_skips_cases_the_device_cannot_honour(tmp_path, monkeypatch, clean_commit, capsys):
-    from ftlib.device import DeviceInfo
+    from ftlib.core.device import DeviceInfo
 
     tiny = [Case("fasttransformer", preset("fasttransformer", **TINY), 2, 8, "eager", p) for p in ("fp32", "tf32")]
     monkeypatch.setitem(SUITES, "baselines", dataclasses.replace(SUITES["baselines"], make=lambda: tiny))

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from ftlib.results import ResultStore
+from ftlib.harness.results import ResultStore
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -309,7 +309,7 @@ def test_the_committed_results_pass_every_check(mod, tmp_path, monkeypatch):
 def test_known_files_come_from_the_runner_and_the_convergence_suites(mod):
     import gpu_bench
 
-    from ftlib.convergence import SUITE_ORDER
+    from ftlib.harness.convergence import SUITE_ORDER
 
     assert set(SUITE_ORDER) <= mod.KNOWN_STEMS and "speedrun-repeat" in mod.KNOWN_STEMS
     assert set(gpu_bench.SUITES) - {"fig5"} <= mod.KNOWN_STEMS and "fig5" not in mod.KNOWN_STEMS  # fig5 -> tsweep
@@ -318,8 +318,8 @@ def test_known_files_come_from_the_runner_and_the_convergence_suites(mod):
 
 @pytest.mark.parametrize("name", ["NVIDIA H200", "Tesla T4", "NVIDIA A100-SXM4-80GB", "NVIDIA GeForce RTX 4090"])
 def test_device_names_map_to_folders_as_device_slug_does(name, mod, monkeypatch):
-    import ftlib.env as env
+    import ftlib.core.device as device
 
-    monkeypatch.setattr(env, "device_name", lambda dev: name)
-    assert mod.slug_of_name is env.slug_of_name  # one rule, in ftlib.env
-    assert mod.slug_of_name(name) == env.device_slug("cuda")
+    monkeypatch.setattr(device, "device_name", lambda dev: name)
+    assert mod.slug_of_name is device.slug_of_name  # one rule, in ftlib.core.device
+    assert mod.slug_of_name(name) == device.device_slug("cuda")

@@ -1,4 +1,4 @@
-"""Fused flat-buffer AdamW kernel vs ftlib.reference.adamw_step_ref vs torch.optim.AdamW, on kernel_device
+"""Fused flat-buffer AdamW kernel vs ftlib.model.reference.adamw_step_ref vs torch.optim.AdamW, on kernel_device
 (tests/conftest.py: the CPU interpreter, or compiled on CUDA with FTLIB_TEST_GPU=1); references on the CPU."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from ftlib.reference import adamw_step_ref  # noqa: E402
+from ftlib.model.reference import adamw_step_ref  # noqa: E402
 from kernels.adamw import FlatAdamW, adamw_step_  # noqa: E402
 
 pytestmark = pytest.mark.kernels
@@ -87,7 +87,7 @@ def test_decay_boundary_is_used(kernel_device):
 
 def test_flat_adamw_matches_torch_on_a_model(kernel_device):
     from ftlib import build_model
-    from ftlib.train import make_optimizer, param_groups
+    from ftlib.training.step import make_optimizer, param_groups
 
     kw = dict(n_layer=1, n_embd=32, n_head=4, n_kv_head=1, block_size=16)
     ref = build_model("fasttransformer", seed=0, **kw)  # the reference trains on the CPU

@@ -1,4 +1,4 @@
-"""Fused causal attention (FlashAttention-2 style) vs ftlib.reference.causal_attention_ref, on kernel_device
+"""Fused causal attention (FlashAttention-2 style) vs ftlib.model.reference.causal_attention_ref, on kernel_device
 (tests/conftest.py: the CPU interpreter, or compiled on CUDA with FTLIB_TEST_GPU=1); references in fp64 on the CPU."""
 
 import pytest
@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 
 from kernel_tolerance import assert_within_lowp_error  # noqa: E402
 
-from ftlib.reference import causal_attention_ref  # noqa: E402
+from ftlib.model.reference import causal_attention_ref  # noqa: E402
 from kernels.attention import FlashAttentionFunction, TritonCausalAttention, flash_attention  # noqa: E402
 
 pytestmark = pytest.mark.kernels

@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from ftlib.reference import causal_attention_ref, causal_softmax_ref  # noqa: E402
+from ftlib.model.reference import causal_attention_ref, causal_softmax_ref  # noqa: E402
 from kernels.causal_softmax import CausalSoftmax, causal_softmax  # noqa: E402
 
 pytestmark = pytest.mark.kernels

@@ -1,4 +1,4 @@
-"""Fused cross-entropy kernel vs ftlib.reference.cross_entropy_ref, on kernel_device (tests/conftest.py:
+"""Fused cross-entropy kernel vs ftlib.model.reference.cross_entropy_ref, on kernel_device (tests/conftest.py:
 the CPU interpreter, or compiled on CUDA with FTLIB_TEST_GPU=1); references on the CPU."""
 
 import pytest
@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 
 from kernel_tolerance import assert_within_lowp_error  # noqa: E402
 
-from ftlib.reference import cross_entropy_ref  # noqa: E402
+from ftlib.model.reference import cross_entropy_ref  # noqa: E402
 from kernels.cross_entropy import (  # noqa: E402
     MAX_BLOCK_V,
     CrossEntropyFunction,

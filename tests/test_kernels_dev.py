@@ -34,7 +34,7 @@ ROW_FIELDS = ("key", "bench", "op", "variant", "impl", "case", "shape", "dtype",
 
 @pytest.fixture()
 def store(tmp_path, cpu_interpreter):
-    from ftlib.results import ResultStore
+    from ftlib.harness.results import ResultStore
 
     return ResultStore("kernels", "cpu", tmp_path)
 

@@ -1,4 +1,4 @@
-"""LayerNorm Triton kernel vs ftlib.reference.layer_norm_ref, on kernel_device (tests/conftest.py: the CPU
+"""LayerNorm Triton kernel vs ftlib.model.reference.layer_norm_ref, on kernel_device (tests/conftest.py: the CPU
 interpreter, or compiled on CUDA with FTLIB_TEST_GPU=1); references in fp64 on the CPU."""
 
 import pytest
@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 
 from kernel_tolerance import assert_within_lowp_error  # noqa: E402
 
-from ftlib.reference import layer_norm_ref  # noqa: E402
+from ftlib.model.reference import layer_norm_ref  # noqa: E402
 from kernels.layernorm import LayerNormFunction, TritonLayerNorm, layer_norm  # noqa: E402
 
 pytestmark = pytest.mark.kernels
@@ -57,7 +57,7 @@ def test_gradcheck_fp64(bias, kernel_device):
 
 
 def test_module_matches_ftlib_module(kernel_device):
-    from ftlib.norm import LayerNorm
+    from ftlib.model.norm import LayerNorm
 
     ref, mod = LayerNorm(24), TritonLayerNorm(24).to(kernel_device)
     with torch.no_grad():

@@ -1,4 +1,4 @@
-"""Triton linear layer (kernels/linear.py) vs ftlib.reference.linear_ref, on kernel_device (tests/conftest.py:
+"""Triton linear layer (kernels/linear.py) vs ftlib.model.reference.linear_ref, on kernel_device (tests/conftest.py:
 the CPU interpreter, or compiled on CUDA with FTLIB_TEST_GPU=1); references in fp64 on the CPU."""
 
 import pytest
@@ -7,7 +7,7 @@ import torch.nn as nn
 
 pytest.importorskip("triton")
 
-from ftlib.reference import linear_ref  # noqa: E402
+from ftlib.model.reference import linear_ref  # noqa: E402
 from kernels.linear import LinearFunction, TritonLinear, linear, matmul  # noqa: E402
 
 pytestmark = pytest.mark.kernels

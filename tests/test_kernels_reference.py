@@ -1,4 +1,4 @@
-"""ftlib.reference (the kernels' plain-PyTorch definitions) and the triton-less import of kernels."""
+"""ftlib.model.reference (the kernels' plain-PyTorch definitions) and the triton-less import of kernels."""
 
 import math
 import subprocess
@@ -7,12 +7,12 @@ import sys
 import torch
 import torch.nn.functional as F
 
-from ftlib import reference
+from ftlib.model import reference
 
 
 def test_reexports_are_the_model_implementations():
-    from ftlib.attention import causal_attention_ref
-    from ftlib.norm import layer_norm_ref, rms_norm_ref
+    from ftlib.model.attention import causal_attention_ref
+    from ftlib.model.norm import layer_norm_ref, rms_norm_ref
 
     assert reference.rms_norm_ref is rms_norm_ref
     assert reference.layer_norm_ref is layer_norm_ref

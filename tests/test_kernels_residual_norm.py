@@ -1,4 +1,4 @@
-"""Fused residual add + RMSNorm / LayerNorm (kernels/residual_norm.py) vs ftlib.reference, on kernel_device
+"""Fused residual add + RMSNorm / LayerNorm (kernels/residual_norm.py) vs ftlib.model.reference, on kernel_device
 (tests/conftest.py: the CPU interpreter, or compiled on CUDA with FTLIB_TEST_GPU=1); references on the CPU."""
 
 import pytest
@@ -6,7 +6,7 @@ import torch
 
 pytest.importorskip("triton")
 
-from ftlib.reference import add_layer_norm_ref, add_rms_norm_ref  # noqa: E402
+from ftlib.model.reference import add_layer_norm_ref, add_rms_norm_ref  # noqa: E402
 from kernels.residual_norm import (  # noqa: E402
     AddNormFunction,
     add_layer_norm,

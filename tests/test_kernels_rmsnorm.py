@@ -1,4 +1,4 @@
-"""RMSNorm Triton kernel vs ftlib.reference.rms_norm_ref, on kernel_device (tests/conftest.py:
+"""RMSNorm Triton kernel vs ftlib.model.reference.rms_norm_ref, on kernel_device (tests/conftest.py:
 the CPU interpreter, or compiled on CUDA with FTLIB_TEST_GPU=1); references in fp64 on the CPU."""
 
 import pytest
@@ -8,7 +8,7 @@ pytest.importorskip("triton")
 
 from kernel_tolerance import assert_within_lowp_error  # noqa: E402
 
-from ftlib.reference import rms_norm_ref  # noqa: E402
+from ftlib.model.reference import rms_norm_ref  # noqa: E402
 from kernels.rmsnorm import RMSNormFunction, TritonRMSNorm, rms_norm, rms_norm_fwd  # noqa: E402
 
 pytestmark = pytest.mark.kernels
@@ -60,7 +60,7 @@ def test_gradcheck_fp64(kernel_device):
 
 
 def test_module_matches_ftlib_module(kernel_device):
-    from ftlib.norm import RMSNorm
+    from ftlib.model.norm import RMSNorm
 
     ref, mod = RMSNorm(24), TritonRMSNorm(24).to(kernel_device)
     with torch.no_grad():

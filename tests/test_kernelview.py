@@ -1,11 +1,11 @@
-"""ftlib.kernelview on synthetic kernel rows: measured ceilings, floors, speed-ups, figures, docstrings."""
+"""ftlib.views.kernels on synthetic kernel rows: measured ceilings, floors, speed-ups, figures, docstrings."""
 
 from __future__ import annotations
 
 import pytest
 from synthetic_results import CEIL, NORM_BYTES, write_kernel_rows
 
-from ftlib import kernelview
+from ftlib.views import kernels as kernelview
 
 
 @pytest.fixture()

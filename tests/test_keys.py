@@ -12,15 +12,15 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftlib.bench import _key_extra
-from ftlib.config import ModelConfig, preset
-from ftlib.convergence import run_key, suites
-from ftlib.distributed import ddp_key
-from ftlib.profiling import MODES as PROFILE_MODES
-from ftlib.profiling import profile_key
-from ftlib.results import row_key
-from ftlib.suites import SUITES, smoke_cases
-from ftlib.trainer import Recipe
+from ftlib.harness.bench import _key_extra
+from ftlib.harness.convergence import run_key, suites
+from ftlib.harness.distributed import ddp_key
+from ftlib.harness.profiling import MODES as PROFILE_MODES
+from ftlib.harness.profiling import profile_key
+from ftlib.harness.results import row_key
+from ftlib.harness.suites import SUITES, smoke_cases
+from ftlib.model.config import ModelConfig, preset
+from ftlib.training.trainer import Recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT = json.loads((ROOT / "tests" / "fixtures" / "catalogue_keys.json").read_text())
@@ -101,7 +101,8 @@ def test_profile_ddp_and_engine_check_keys():
             cfg = preset(name) if kv is None else preset(name, kv_layout=kv)
             for mode in PROFILE_MODES:
                 for prec in ("fp32", "tf32", "bf16", "fp16"):
-                    assert profile_key(cfg, 32, 256, prec, mode, name) == SNAPSHOT["profile"][f"{name} {kv} {mode} {prec}"]
+                    want = SNAPSHOT["profile"][f"{name} {kv} {mode} {prec}"]
+                    assert profile_key(cfg, 32, 256, prec, mode, name) == want
         for ws in (1, 2, 4, 8):
             for mode in ("eager", "compile", "compile-ro"):
                 assert ddp_key(preset(name), 32, 256, mode, "fp32", ws) == SNAPSHOT["ddp"][f"{name} {ws} {mode}"]

@@ -12,11 +12,11 @@ import math
 import pytest
 import torch
 
-from ftlib.config import preset
-from ftlib.loss_scale import DeviceLossScale, LossScaleConfig, make_grad_scaler
-from ftlib.model import build_model
-from ftlib.reference import adamw_step_ref
-from ftlib.train import grad_scaler, make_optimizer, train_step
+from ftlib.model.config import preset
+from ftlib.model.gpt import build_model
+from ftlib.model.reference import adamw_step_ref
+from ftlib.training.loss_scale import DeviceLossScale, LossScaleConfig, make_grad_scaler
+from ftlib.training.step import grad_scaler, make_optimizer, train_step
 
 TINY = preset("fasttransformer", n_layer=1, n_embd=32, n_head=4, n_kv_head=1, block_size=8)
 
@@ -144,8 +144,8 @@ def test_adamw_kernel_skips_everything_when_found_inf():
 
 @pytest.mark.parametrize("engine", [False, True], ids=["train_step", "engine"])
 def test_trainer_scales_fp16_runs(engine):
-    from ftlib.data import load_tinyshakespeare
-    from ftlib.trainer import Recipe, train
+    from ftlib.training.data import load_tinyshakespeare
+    from ftlib.training.trainer import Recipe, train
 
     ds = load_tinyshakespeare(download=False)
     rec = Recipe(steps=4, batch_size=2, block_size=16, precision="fp16", eval_interval=4, eval_iters=1,

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from ftlib import build_model, preset
-from ftlib.attention import CausalSelfAttention, causal_attention_ref, kv_for_sdpa
-from ftlib.norm import LayerNorm, RMSNorm
+from ftlib.model.attention import CausalSelfAttention, causal_attention_ref, kv_for_sdpa
+from ftlib.model.norm import LayerNorm, RMSNorm
 
 SMALL = dict(n_layer=2, n_embd=64, n_head=4, n_kv_head=4, block_size=32)
 
@@ -177,9 +177,11 @@ def test_import_has_no_side_effects():
     import subprocess
     import sys
 
+    # Every module of every layer, imported in a fresh interpreter.
     code = (
         "import torch; a=(torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision());"
-        "import ftlib, ftlib.data, ftlib.train, ftlib.env, ftlib.plots;"
+        "import importlib, pkgutil, ftlib;"
+        "[importlib.import_module(m.name) for m in pkgutil.walk_packages(ftlib.__path__, 'ftlib.')];"
         "b=(torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()); assert a==b, (a,b)"
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)

@@ -5,7 +5,7 @@ import base64
 import plotly.graph_objects as go
 import pytest
 
-from ftlib import plots
+from ftlib.views import plots
 
 
 def fig():

@@ -1,4 +1,4 @@
-"""ftlib.precision_plan: which precisions and benchmark cases run as labelled on a device."""
+"""ftlib.harness.precision_plan: which precisions and benchmark cases run as labelled on a device."""
 
 from __future__ import annotations
 
@@ -6,32 +6,32 @@ import json
 
 import pytest
 
-from ftlib.bench import Case, make_cases
-from ftlib.config import preset
-from ftlib.device import DeviceInfo
-from ftlib.precision_plan import case_why_not, plan, plan_cases, supported_precisions, why_not
+from ftlib.core.device import DeviceInfo
+from ftlib.harness.bench import Case, make_cases
+from ftlib.harness.precision_plan import case_why_not, plan, plan_cases
+from ftlib.model.config import preset
 
 T4, A100, H200 = (DeviceInfo.for_capability(c) for c in ("7.5", "8.0", "9.0"))
 
 
 def test_t4_runs_fp32_and_fp16_only():
-    assert supported_precisions(T4) == ("fp32", "fp16")
-    assert "no TF32 tensor cores" in why_not(T4, "tf32") and "sm_80" in why_not(T4, "tf32")
-    assert "no bf16 tensor cores" in why_not(T4, "bf16")
-    assert why_not(T4, "fp16") is None and why_not(T4, "fp32") is None
+    assert T4.precisions() == ("fp32", "fp16")
+    assert "no TF32 tensor cores" in T4.why_not("tf32") and "sm_80" in T4.why_not("tf32")
+    assert "no bf16 tensor cores" in T4.why_not("bf16")
+    assert T4.why_not("fp16") is None and T4.why_not("fp32") is None
 
 
 @pytest.mark.parametrize("info", [A100, H200], ids=["a100", "h200"])
 def test_sm80_and_later_run_all_four(info):
-    assert supported_precisions(info) == ("fp32", "tf32", "bf16", "fp16")
+    assert info.precisions() == ("fp32", "tf32", "bf16", "fp16")
 
 
 def test_older_and_cpu_devices():
     p100 = DeviceInfo.for_capability("6.0")
-    assert supported_precisions(p100) == ("fp32",) and "sm_70" in why_not(p100, "fp16")
-    assert supported_precisions(DeviceInfo.cpu()) == ("fp32", "bf16", "fp16")
+    assert p100.precisions() == ("fp32",) and "sm_70" in p100.why_not("fp16")
+    assert DeviceInfo.cpu().precisions() == ("fp32", "bf16", "fp16")
     with pytest.raises(ValueError, match="unknown precision"):
-        why_not(T4, "fp8")
+        T4.why_not("fp8")
 
 
 def _suites():

@@ -1,4 +1,4 @@
-"""ftlib.profiling on CPU: kernel-name classes, SDPA backend detection, trace attribution, storage."""
+"""ftlib.harness.profiling on CPU: kernel-name classes, SDPA backend detection, trace attribution, storage."""
 
 from __future__ import annotations
 
@@ -6,8 +6,7 @@ import json
 
 import pytest
 
-from ftlib.config import preset
-from ftlib.profiling import (
+from ftlib.harness.profiling import (
     CATEGORIES,
     PHASES,
     _split_graph_step,
@@ -20,6 +19,7 @@ from ftlib.profiling import (
     to_row,
     to_rows,
 )
+from ftlib.model.config import preset
 
 TINY = dict(n_layer=1, n_embd=32, n_head=4, block_size=16)
 B, T = 2, 8

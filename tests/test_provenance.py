@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-import ftlib.env as env
+import ftlib.harness.provenance as env
 
 
 def _git(cwd: Path, *args: str) -> str:

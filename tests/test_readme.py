@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from ftlib import findings
+from ftlib.views import findings
 
 ROOT = Path(__file__).resolve().parent.parent
 FILES = (ROOT / "README.md", ROOT / "book" / "intro.md")

@@ -1,7 +1,7 @@
-"""ftlib.results: clear errors for damaged files, file permissions, and the store's promises under
+"""ftlib.harness.results: clear errors for damaged files, file permissions, and the store's promises under
 concurrency and crashes (every file parses; no row lost or duplicated).
 
-The multi-process tests load ftlib/results.py by path in fresh interpreters (it imports only
+The multi-process tests load ftlib/harness/results.py by path in fresh interpreters (it imports only
 the standard library), so a writer starts in a few milliseconds instead of importing torch.
 """
 
@@ -24,9 +24,9 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from ftlib.results import ResultsFileError, ResultStore, load_rows
+from ftlib.harness.results import ResultsFileError, ResultStore, load_rows
 
-RESULTS_PY = Path(__file__).resolve().parent.parent / "ftlib" / "results.py"
+RESULTS_PY = Path(__file__).resolve().parent.parent / "ftlib" / "harness" / "results.py"
 # A writer process: appends rows "<tag>-0", "<tag>-1", ... (n of them; forever when n < 0),
 # each padded with `pad` bytes so that a rewrite takes long enough for writers to overlap
 # and for a kill to land inside one.

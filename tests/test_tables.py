@@ -8,7 +8,7 @@ import re
 import pandas as pd
 import pytest
 
-from ftlib import tables
+from ftlib.views import tables
 
 
 def rows(n: int = 3) -> list[dict]:

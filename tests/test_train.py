@@ -4,8 +4,9 @@ import pytest
 import torch
 
 from ftlib import build_model
-from ftlib.data import synthetic_batch
-from ftlib.train import make_optimizer, param_groups, precision, train_step
+from ftlib.core.precision import precision_region as precision
+from ftlib.training.data import synthetic_batch
+from ftlib.training.step import make_optimizer, param_groups, train_step
 
 
 def test_train_step_reduces_loss_on_a_fixed_batch():
@@ -60,7 +61,7 @@ def test_precision_restores_globals():
 
 
 def test_provenance_fields():
-    from ftlib.env import provenance
+    from ftlib.harness.provenance import provenance
 
     p = provenance("cpu")
     assert p["device_type"] == "cpu" and p["date"].endswith("Z")

@@ -4,8 +4,8 @@ import pytest
 import torch
 
 from ftlib import preset
-from ftlib.data import load_tinyshakespeare
-from ftlib.trainer import Recipe, load_checkpoint, recipe, train
+from ftlib.training.data import load_tinyshakespeare
+from ftlib.training.trainer import Recipe, load_checkpoint, recipe, train
 
 TINY = dict(n_layer=1, n_embd=32, n_head=4, n_kv_head=1, block_size=32)
 
@@ -55,7 +55,7 @@ def test_bad_recipe():
 
 
 def test_study_is_resumable_and_aggregates(ds, tmp_path, monkeypatch):
-    from ftlib.convergence import aggregate, run_study, summary
+    from ftlib.harness.convergence import aggregate, run_study, summary
 
     monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path))
     rec = Recipe(steps=10, batch_size=4, block_size=32, eval_interval=5, eval_iters=2)
@@ -145,7 +145,7 @@ def test_progress_bar_is_quiet_without_importing_tqdm_auto():
 
     # A fresh interpreter: tqdm.auto must not be imported by a run without a bar (it warns in
     # notebooks without ipywidgets), and must be by a run with one.
-    code = ("import sys; from ftlib.env import progress_bar; b = progress_bar(range(3), False); "
+    code = ("import sys; from ftlib.core.progress import progress_bar; b = progress_bar(range(3), False); "
             "b.set_postfix(a=1); b.set_postfix_str('x'); assert list(b) == [0, 1, 2]; "
             "assert 'tqdm.auto' not in sys.modules; "
             "t = progress_bar(range(3), True, disable=True); assert list(t) == [0, 1, 2]; "

@@ -1,4 +1,4 @@
-"""Chapters 4, 5 and 7 read stored rows through ftlib.codesignview, ftlib.sweepview and ftlib.audit.
+"""Chapters 4, 5 and 7 read stored rows through ftlib.views.codesign, ftlib.views.sweep and ftlib.views.audit.
 
 Synthetic rows go into a temporary results directory (FTLIB_RESULTS_DIR), never into
 data/results; their numbers are chosen so every ratio and verdict is known in advance.
@@ -10,12 +10,14 @@ import math
 
 import pytest
 
-from ftlib import audit, codesignview, sweepview
-from ftlib.ablations import SWITCHES, grid, ladder
-from ftlib.accounting import expected_backend
-from ftlib.claims import POST_CLAIMED, POST_GPU, roofline_projection
-from ftlib.config import ModelConfig, preset
-from ftlib.results import ResultStore, row_key
+from ftlib.analysis.accounting import expected_backend
+from ftlib.analysis.claims import POST_CLAIMED, POST_GPU, roofline_projection
+from ftlib.harness.results import ResultStore, row_key
+from ftlib.model.ablations import SWITCHES, grid, ladder
+from ftlib.model.config import ModelConfig, preset
+from ftlib.views import audit
+from ftlib.views import codesign as codesignview
+from ftlib.views import sweep as sweepview
 
 SLUG = "h200"
 DATE = "2026-12-03T10:00:00Z"
@@ -29,7 +31,7 @@ def results_root(tmp_path, monkeypatch):
 
 def step_row(bench: str, label: str, cfg: ModelConfig, B: int, T: int, mode: str, prec: str, ms: float,
              **extra) -> dict:
-    """A row shaped like ftlib.bench's, with only the fields the views read."""
+    """A row shaped like ftlib.harness.bench's, with only the fields the views read."""
     ident = {"label": label, **{k: extra[k] for k in ("run_id", "optimizer_kind") if k in extra}}
     return {"key": row_key(bench, cfg.config_hash(), B, T, mode, prec, ident), "bench": bench,
             "label": label, "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "B": B, "T": T,
@@ -111,8 +113,8 @@ def test_eager_inversion_verdicts_come_from_the_rows():
 def test_eager_inversion_at_the_headline_shape_pairs_rows_of_each_run():
     from synthetic_results import baselines_run, fast
 
-    from ftlib import baselineview as bv
-    from ftlib.suites import baselines
+    from ftlib.harness.suites import baselines
+    from ftlib.views import baselines as bv
 
     rows = []
     for i, gpt2_ms in enumerate((8.0, 9.0, 12.0)):  # FastTransformer eager: 10 ms in every run
@@ -272,7 +274,7 @@ def test_fallback_cost_compares_the_two_layouts_of_one_baselines_run():
 
 def test_profile_of_the_broadcast_layout_on_cpu_shows_the_math_backend():
     """A real (tiny, CPU) profile of the original K/V layout, read back through backend_table."""
-    from ftlib.profiling import profile_suite
+    from ftlib.harness.profiling import profile_suite
 
     small = dict(n_layer=1, n_embd=64, n_head=8, block_size=16)
     rows = profile_suite(["fasttransformer"], ["eager"], ["fp32"], 2, 16, "cpu", steps=1, warmup=1,
@@ -288,7 +290,7 @@ def test_profile_of_the_broadcast_layout_on_cpu_shows_the_math_backend():
 def test_audit_compiler_ceiling_from_the_repeated_baselines_runs():
     from synthetic_results import baselines_run, fast
 
-    from ftlib.suites import baselines
+    from ftlib.harness.suites import baselines
 
     assert _claim(audit.audit_rows(SLUG), "step-time claims")["verdict"] == "cannot test here"
     rows = []

@@ -1,6 +1,6 @@
 """Sphinx extension for the book's HTML site (bash ci/build-html): a site that works offline.
 
-``ftlib.plots.show`` emits each figure's ``text/html`` with plotly's
+``ftlib.views.plots.show`` emits each figure's ``text/html`` with plotly's
 ``to_html(include_plotlyjs="cdn")``: a ``<script src="https://cdn.plot.ly/plotly-X.min.js"
 integrity=...>`` tag before the figure's div. A site read offline (or tested in a browser
 without internet) cannot load that, so this extension

@@ -13,7 +13,7 @@ it two ways:
 
 Every (variant, timing) gives one tidy row (:func:`make_row`): op, variant, shape, dtype,
 median / p20 / p80 in microseconds, the bytes and FLOPs the driver counts, achieved GB/s
-and TFLOP/s, the fraction of the device's datasheet peak (``ftlib.peaks``), the check's
+and TFLOP/s, the fraction of the device's datasheet peak (``ftlib.analysis.peaks``), the check's
 error and tolerance, and provenance. Rows go to a :class:`Recorder` (the ``kernels`` suite
 of ``ci/gpu_bench.py``, or ``--record``): stored in ``kernels.jsonl``, skipped when their
 keys are already stored, and no new variant starts after the recorder's deadline.
@@ -68,7 +68,7 @@ def impl_of(v: Variant) -> str:
 class Recorder:
     """Where rows go: a ResultStore (None: kept in ``rows`` only), a deadline, a callback per row."""
 
-    store: Any = None  # ftlib.results.ResultStore
+    store: Any = None  # ftlib.harness.results.ResultStore
     deadline: float | None = None  # time.monotonic() after which no new variant starts
     on_row: Callable[[dict], None] | None = None
     rows: list[dict] = field(default_factory=list)
@@ -117,8 +117,8 @@ def setup(args: argparse.Namespace) -> torch.device:
         use_interpreter()
         device = torch.device("cpu")
     if getattr(args, "record", False) and getattr(args, "recorder", None) is None:
-        from ftlib.env import device_slug
-        from ftlib.results import ResultStore
+        from ftlib.core.device import device_slug
+        from ftlib.harness.results import ResultStore
 
         args.recorder = Recorder(ResultStore(BENCH, device_slug(device)))
     return device
@@ -139,7 +139,7 @@ def rel_err(got: object, want: object) -> float:
 
 
 def kernel_row_key(op: str, variant: str, shape: dict, dtype: str, timing: str) -> str:
-    """Stable short hash of what a row measured (same format as ftlib.results.row_key)."""
+    """Stable short hash of what a row measured (same format as ftlib.harness.results.row_key)."""
     ident = {"bench": BENCH, "op": op, "variant": variant, "shape": shape, "dtype": dtype, "timing": timing}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
@@ -208,7 +208,7 @@ def _peak(device: torch.device, bound: str, precision: str) -> float | None:
     """Datasheet peak (GB/s, or TFLOP/s at ``precision``) of this GPU by name; None off-GPU or unknown."""
     if device.type != "cuda":
         return None
-    from ftlib.peaks import lookup
+    from ftlib.analysis.peaks import lookup
 
     try:
         d = lookup(torch.cuda.get_device_name(device))
@@ -235,11 +235,12 @@ def make_row(*, op: str, variant: str, impl: str, case: str, shape: dict, dtype:
     saying why, ``median_us`` / ``p20_us`` / ``p80_us`` / ``n_reps`` / ``timer``, ``bytes``
     and ``flops`` (what the driver counts; None where not counted), ``bound`` ('memory' /
     'compute'), ``gb_s`` and ``tflop_s`` (achieved), ``peak`` / ``peak_unit`` /
-    ``frac_peak`` (against the datasheet peak of this GPU by name, ``ftlib.peaks``),
+    ``frac_peak`` (against the datasheet peak of this GPU by name, ``ftlib.analysis.peaks``),
     ``check_err`` / ``check_tol`` / ``check_ok``, ``l2`` ('cold' on a GPU), and the
-    provenance of ``ftlib.env.provenance`` plus ``device_slug``.
+    provenance of ``ftlib.harness.provenance.provenance`` plus ``device_slug``.
     """
-    from ftlib.env import device_slug, provenance
+    from ftlib.core.device import device_slug
+    from ftlib.harness.provenance import provenance
 
     row: dict[str, Any] = {
         "key": kernel_row_key(op, variant, shape, dtype, timing), "bench": BENCH, "op": op, "variant": variant,

@@ -5,7 +5,7 @@ after the same 3 warm steps: v1 torch.optim.AdamW foreach (the default on CUDA),
 v2 fused=True, v3 capturable foreach, v4 the flat-buffer Triton kernel (one launch).
 Bytes (the floor): 28 per parameter (read p, g, m, v; write p, m, v). The check compares
 the update p - p0 after the steps (its error relative to the largest update) with the fp32
-single-tensor reference (ftlib.reference).
+single-tensor reference (ftlib.model.reference).
 
 Tolerances. p is stored in fp32 at |p| up to max|p0| (~5 at the GPU size), so one ulp of p is
 already ~6e-4 of the largest update (3 steps of ~lr), the scale the error is divided by. Each
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     device = setup(args)
     import torch
 
-    from ftlib.reference import adamw_step_ref
+    from ftlib.model.reference import adamw_step_ref
     from kernels.adamw import adamw_step_
 
     if device.type == "cuda":

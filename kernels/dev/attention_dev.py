@@ -21,8 +21,8 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     import torch
     import torch.nn.functional as F
 
-    from ftlib.attention import kv_for_sdpa
-    from ftlib.reference import causal_attention_ref
+    from ftlib.model.attention import kv_for_sdpa
+    from ftlib.model.reference import causal_attention_ref
     from kernels.attention import flash_attention
 
     cuda = device.type == "cuda"

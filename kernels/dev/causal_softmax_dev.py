@@ -20,7 +20,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     device = setup(args)
     import torch
 
-    from ftlib.reference import causal_softmax_ref
+    from ftlib.model.reference import causal_softmax_ref
     from kernels.causal_softmax import causal_softmax
 
     shape = (32, 8, 256, 256) if device.type == "cuda" else (2, 3, 13, 13)

@@ -15,7 +15,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     device = setup(args)
     import torch
 
-    from ftlib.reference import cross_entropy_ref
+    from ftlib.model.reference import cross_entropy_ref
     from kernels.cross_entropy import cross_entropy
 
     N, V = (8192, 65) if device.type == "cuda" else (37, 65)

@@ -3,7 +3,7 @@
     python -m kernels.dev.engine_probe --out DIR     (GPU only; writes DIR/engine_probe.jsonl)
 
 Rows (one per case, ``bench='engine_probe'``) are committed as data/results/<gpu>/engine_probe.jsonl
-and read by chapter 6 (``ftlib.engineview.probe_table``).
+and read by chapter 6 (``ftlib.views.engine.probe_table``).
 
 Per case, the captured engine step is timed (median of 50 replays), then an uncaptured engine
 of the same configuration runs three steps under torch.profiler and the CUDA kernel time is
@@ -45,8 +45,8 @@ def engine_profile(name: str, precision: str, cfg=None, B: int = 32, **engine_kw
     """Profile the engine step of preset ``name`` (or of ``cfg``, labelled ``name``) at (B, 256)."""
     from torch.profiler import ProfilerActivity, profile
 
-    from ftlib.config import preset
-    from ftlib.engine import Engine
+    from ftlib.model.config import preset
+    from ftlib.training.engine import Engine
 
     cfg = preset(name) if cfg is None else cfg
     x = torch.randint(cfg.vocab_size, (B, 256), device="cuda")
@@ -76,7 +76,7 @@ def engine_profile(name: str, precision: str, cfg=None, B: int = 32, **engine_kw
           f"kernel time {total:.0f} us in {sum(t[1] for t in top):.0f} kernels", flush=True)
     for n, c, us in top[:14]:
         print(f"    {us:8.1f} us  x{c:4.0f}  {n[:110]}", flush=True)
-    from ftlib.env import provenance
+    from ftlib.harness.provenance import provenance
 
     label = name + "".join(f" {k}={v}" for k, v in engine_kw.items()) + (f" B={B}" if B != 32 else "")
     return {"key": f"engine_probe|{label}|{precision}|B{B}|T256", "bench": "engine_probe", "label": label,
@@ -107,7 +107,7 @@ def main() -> int:
              ("fasttransformer", "fp32", {"linear_precision": "tf32x3", "attention_precision": "tf32x3"}),
              ("fasttransformer", "fp32", {}), ("gpt2", "fp32", {})]
     # The speedrun's step (chapter 8): 256x6 FT-style, B=64, residual dropout 0.2 (fused), bf16.
-    from ftlib.convergence import SPEEDRUN_PROBE, speedrun_candidates
+    from ftlib.harness.convergence import SPEEDRUN_PROBE, speedrun_candidates
 
     run_cfg, run_rec = speedrun_candidates()[SPEEDRUN_PROBE]
     run_kw = {"cfg": run_cfg, "B": run_rec.batch_size, **dict(run_rec.engine_options)}

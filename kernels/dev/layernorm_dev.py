@@ -14,7 +14,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     device = setup(args)
     import torch
 
-    from ftlib.reference import layer_norm_ref
+    from ftlib.model.reference import layer_norm_ref
     from kernels.layernorm import layer_norm
 
     M, N = (8192, 256) if device.type == "cuda" else (37, 256)

@@ -1,7 +1,7 @@
 """Residual add + the norm after it, forward + backward: check then time.
 ``python -m kernels.dev.residual_norm_dev [--check-only]``.
 
-Variants: v1 eager (``s = x + r`` then ``ftlib.norm``'s RMSNorm / LayerNorm: an add kernel, a
+Variants: v1 eager (``s = x + r`` then ``ftlib.model.norm``'s RMSNorm / LayerNorm: an add kernel, a
 norm kernel, and backward autograd's add of the two gradients reaching s), v2 torch.compile of
 the same, v3 the fused kernel of ``kernels/residual_norm.py`` (one kernel each way; the
 engine's default from round 4, 16 rows per program), v4 the model's row-tile RMSNorm after an
@@ -30,7 +30,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     device = setup(args)
     import torch
 
-    from ftlib.reference import add_layer_norm_ref, add_rms_norm_ref
+    from ftlib.model.reference import add_layer_norm_ref, add_rms_norm_ref
     from kernels.residual_norm import add_layer_norm, add_rms_norm, keep_mask
     from kernels.rmsnorm import rms_norm
 

@@ -1,6 +1,6 @@
 """RMSNorm forward + backward: check then time. ``python -m kernels.dev.rmsnorm_dev [--check-only]``.
 
-Variants: v1 eager reference (ftlib.norm.rms_norm_ref), v2 torch.compile of it, v3 the Triton
+Variants: v1 eager reference (ftlib.model.norm.rms_norm_ref), v2 torch.compile of it, v3 the Triton
 kernels in the model (kernels/rmsnorm.py), v4/v5 the experiment of kernels/dev/rmsnorm_rows.py
 (tiles of 16 / 4 rows per program, fwd and bwd). v5 won on the H200 (25.7 us fwd+bwd in a graph
 against v3's 54, kernels.jsonl, 2026-12-02) and became the model's kernel: v3's stored rows were
@@ -21,7 +21,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     device = setup(args)
     import torch
 
-    from ftlib.reference import rms_norm_ref
+    from ftlib.model.reference import rms_norm_ref
     from kernels.dev.rmsnorm_rows import rms_norm_rows
     from kernels.rmsnorm import rms_norm
 

@@ -38,8 +38,8 @@ def run_suite(
     ``store`` defaults to ``ResultStore('kernels', device_slug(device))``; ``deadline`` is a
     ``time.monotonic()`` value. A driver that fails outright is reported and the next one runs.
     """
-    from ftlib.env import device_slug, pick_device
-    from ftlib.results import ResultStore
+    from ftlib.core.device import device_slug, pick_device
+    from ftlib.harness.results import ResultStore
 
     dev = pick_device(device or "auto") if not isinstance(device, torch.device) else device
     if dev.type != "cuda":

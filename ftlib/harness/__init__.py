@@ -1,0 +1,1 @@
+"""Measuring: benchmarks, profiles, training studies and their result rows, with provenance."""

@@ -1,0 +1,1 @@
+"""Training: the step, the data, the trainer and the engine (kernels, flat buffers, one CUDA graph)."""

@@ -1,0 +1,68 @@
+"""Reading stored benchmark rows for the chapters: filter, pick, compare."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ftlib.harness.results import load_rows
+
+MODE_NAMES = {
+    "eager": "eager",
+    "cudagraph": "whole-step CUDA graph",
+    "compile": "torch.compile (default)",
+    "compile-ro": "torch.compile (reduce-overhead)",
+    "compile-max": "torch.compile (max-autotune-no-cudagraphs)",
+    "engine": "ftlib engine (our kernels, flat buffers, one CUDA graph)",
+}
+
+
+def ok_rows(bench: str | Iterable[str], include_cpu: bool = False) -> list[dict[str, Any]]:
+    """Rows with status 'ok' of one or several benches, from every stored device folder."""
+    benches = [bench] if isinstance(bench, str) else list(bench)
+    return [r for b in benches for r in load_rows(b, include_cpu=include_cpu) if r.get("status") == "ok"]
+
+
+def select(rows: Iterable[dict[str, Any]], **match: Any) -> list[dict[str, Any]]:
+    """Rows whose fields equal every ``match`` value (``label='gpt2', mode='eager'``)."""
+    return [r for r in rows if all(r.get(k) == v for k, v in match.items())]
+
+
+def pick(rows: Iterable[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
+    """The single row matching ``match`` (the latest by date if several), or None."""
+    found = sorted(select(rows, **match), key=lambda r: r.get("date", ""))
+    return found[-1] if found else None
+
+
+def devices(rows: Iterable[dict[str, Any]]) -> list[str]:
+    return sorted({r["device_slug"] for r in rows})
+
+
+def ratio(rows: list[dict[str, Any]], num: dict[str, Any], den: dict[str, Any], field: str = "median_ms"):
+    """den-row median over num-row median (a speed-up of num over den), or None if either is missing."""
+    a, b = pick(rows, **num), pick(rows, **den)
+    if a is None or b is None or not a.get(field) or not b.get(field):
+        return None
+    return b[field] / a[field]
+
+
+def provenance_line(rows: Iterable[dict[str, Any]]) -> str:
+    """'NVIDIA H200, torch 2.11.0, 2026-12-02, commit abc' for each distinct source of ``rows``."""
+    keys = sorted({(r.get("device"), r.get("torch"), str(r.get("date", ""))[:10], r.get("commit")) for r in rows})
+    return "; ".join(f"{d}, torch {t}, {day}, commit {c}" for d, t, day, c in keys)
+
+
+def not_measured(suites: str) -> str:
+    """What a chapter says where a suite's rows are missing: the GPU command that measures them."""
+    return f"not measured yet: bash ci/gpu-run --out OUT --only {suites}"
+
+
+def same_config(row: dict[str, Any], cfg: Any, ignore: tuple[str, ...] = ("init",)) -> bool:
+    """True if ``row`` measured ``cfg`` (a ModelConfig), fields in ``ignore`` aside.
+
+    The init is ignored by default: it changes the weights' values, not the work of a step,
+    so the ladder's last rung (GPT-2's init) and the FastTransformer preset time alike.
+    Matching the whole config keeps smoke runs of smaller models out of the full-size views.
+    """
+    want, got = cfg.to_dict(), row.get("config") or {}
+    return all(got.get(k) == v for k, v in want.items() if k not in ignore)

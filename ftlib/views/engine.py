@@ -1,0 +1,200 @@
+"""Reading the engine's own rows for chapter 6: what each piece buys, the 100-step check, the profile.
+
+Sources (rows of ``ftlib.harness.bench`` or ``ci/gpu_bench.py``, read with :func:`ftlib.views.bench.ok_rows`):
+
+* ``engine``: the engine (``mode='engine'``, label = the preset) and its variants, labelled
+  ``'<preset> <change>'`` (``-rmsnorm``: that kernel off, ``no-kernels``, ``uncaptured``,
+  ``+flash-attn``), all of one run.
+* ``engine_check``: one row per (model, precision), the engine and the reference trained
+  100 steps side by side (``losses_engine``, ``losses_ref``, ``max_rel_err``, ``ok``).
+* ``engine_probe``: the engine's step under the profiler, kernel by kernel.
+
+The engine against the compiler is ``ftlib.views.baselines``'s: it is measured in the baselines suite.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ftlib.views.bench import pick, select
+from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below
+
+MODELS = ("gpt2", "fasttransformer")
+SHAPE = {"B": 32, "T": 256}
+NOT_MEASURED = "not measured yet: run bash ci/gpu-run --only engine_check,engine"
+
+
+def run_of(r: dict[str, Any]) -> tuple:
+    """The run a row belongs to: its ``run_id``, or for rows stored before runs were recorded,
+    its commit and the engine version it was keyed by."""
+    if r.get("run_id"):
+        return ("run", r["run_id"])
+    return ("commit", r.get("commit"), (r.get("extra") or {}).get("round"))
+
+
+def latest_run(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per results file (``bench``) and device, only the rows of its newest complete run.
+
+    A run is complete when it holds as many cases as the largest run of that file (a call cut
+    short by its time limit leaves an incomplete one). Variants are compared with the full
+    engine of their own run, never across runs.
+    """
+    rows = list(rows)
+    groups: dict[tuple, dict[tuple, list[dict[str, Any]]]] = {}
+    for r in rows:
+        groups.setdefault((r.get("bench", ""), r.get("device_slug")), {}).setdefault(run_of(r), []).append(r)
+    out = []
+    for runs in groups.values():
+        size = {k: len({(r.get("label"), r.get("mode"), r.get("precision")) for r in v}) for k, v in runs.items()}
+        full = [k for k in runs if size[k] == max(size.values())]
+        newest = max(full, key=lambda k: max(str(r.get("date", "")) for r in runs[k]))
+        out += runs[newest]
+    return out
+
+
+def _shape(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in latest_run(rows) if r.get("B") == SHAPE["B"] and r.get("T") == SHAPE["T"]]
+
+
+def engine_devices(engine_rows: Iterable[dict[str, Any]]) -> list[str]:
+    """Devices with at least one headline engine row."""
+    return sorted({r["device_slug"] for r in _shape(engine_rows) if r.get("mode") == "engine"
+                   and r.get("label") in MODELS})
+
+
+def variant_name(r: dict[str, Any]) -> str:
+    """'-rmsnorm' for label 'fasttransformer engine -rmsnorm'; 'engine' for a headline row."""
+    label, model = r.get("label", ""), r.get("preset") or ""
+    prefix = f"{model} engine"
+    return label[len(prefix):].strip() if label.startswith(prefix) and label != model else "engine"
+
+
+def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """What each kernel buys: every engine variant against the full engine of the same model and precision.
+
+    ``delta ms`` = variant - full engine (positive: the variant is slower, i.e. what was
+    switched off was worth that much per step).
+    """
+    rows = [r for r in _shape(engine_rows) if r.get("mode") == "engine"]
+    out = []
+    for dev in engine_devices(rows):
+        for prec in ("fp32", "tf32", "bf16"):
+            for model in MODELS:
+                full = pick(rows, device_slug=dev, label=model, precision=prec)
+                if full is None:
+                    continue
+                variants = [r for r in select(rows, device_slug=dev, precision=prec, preset=model)
+                            if r.get("label") != model]
+                for r in sorted(variants, key=lambda r: r["label"]):
+                    out.append({"device": dev, "model": model, "precision": prec, "variant": variant_name(r),
+                                "ms": r["median_ms"], "engine ms": full["median_ms"],
+                                "delta ms": r["median_ms"] - full["median_ms"],
+                                "delta %": 100 * (r["median_ms"] / full["median_ms"] - 1),
+                                "kernels": ", ".join((r.get("engine") or {}).get("kernels", [])) or None,
+                                "check ok": r.get("check_ok")})
+    return out
+
+
+def loss_table(check_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per device, model, precision: the 100-step check's agreement (max relative loss error vs rtol),
+    the newest run only."""
+    out = []
+    order = ("fp32", "tf32", "bf16")
+    for r in sorted(latest_run(check_rows), key=lambda r: (
+            r["device_slug"], order.index(r["precision"]) if r["precision"] in order else 9, r["label"])):
+        ref = r.get("losses_ref") or []
+        out.append({"device": r["device_slug"], "model": r["label"], "precision": r["precision"],
+                    "steps": r.get("steps"), "ref loss first": ref[0] if ref else None,
+                    "ref loss last": ref[-1] if ref else None, "max rel err": r.get("max_rel_err"),
+                    "rtol": r.get("rtol"), "param rel err": r.get("param_rel_err"),
+                    "ok": r.get("ok", r.get("check_ok")), "kernels": ", ".join(r.get("kernels") or []) or None})
+    return out
+
+
+def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
+    """Per precision (columns): engine (solid) and reference (dotted) loss per step, and below it
+    the relative difference |engine - reference| / reference per step (log scale).
+
+    One colour per checked case, the same in every panel; the largest relative error of each
+    case is in :func:`loss_table`.
+    """
+    rows = [r for r in latest_run(check_rows) if r["device_slug"] == device and r.get("losses_engine")]
+    precs = [p for p in ("fp32", "tf32", "bf16") if any(r["precision"] == p for r in rows)]
+    labels = list(dict.fromkeys(r["label"] for r in sorted(rows, key=lambda r: (r["label"] not in MODELS, r["label"]))))
+    others = [c for c in PALETTE if c not in MODEL_COLORS.values()]
+    colors = {lab: MODEL_COLORS.get(lab) or others[i % len(others)] for i, lab in enumerate(labels)}
+    n = max(1, len(precs))
+    fig = make_subplots(rows=2, cols=n, subplot_titles=precs + [""] * n, shared_xaxes=True,
+                        row_heights=[0.6, 0.4], vertical_spacing=0.08, horizontal_spacing=0.06)
+    shown: set[str] = set()
+    for i, p in enumerate(precs, start=1):
+        for r in (r for r in rows if r["precision"] == p):
+            c, first = colors[r["label"]], r["label"] not in shown
+            shown.add(r["label"])
+            steps = list(range(1, len(r["losses_engine"]) + 1))
+            fig.add_trace(go.Scatter(x=steps, y=r["losses_engine"], mode="lines", name=r["label"],
+                                     line=dict(color=c), legendgroup=r["label"], showlegend=first),
+                          row=1, col=i)
+            fig.add_trace(go.Scatter(x=steps, y=r["losses_ref"], mode="lines", name=f"{r['label']} reference",
+                                     line=dict(color=c, dash="dot"), legendgroup=r["label"], showlegend=False),
+                          row=1, col=i)
+            rel = [abs(e - f) / abs(f) if (f and e != f) else None for e, f in zip(r["losses_engine"], r["losses_ref"])]
+            fig.add_trace(go.Scatter(x=steps, y=rel, mode="lines", name=f"{r['label']} |engine - ref| / ref",
+                                     line=dict(color=c, width=1), legendgroup=r["label"], showlegend=False),
+                          row=2, col=i)
+        fig.update_xaxes(title_text="step", row=2, col=i)
+        fig.update_yaxes(type="log", dtick=1, tickformat=".0e", row=2, col=i)
+    for dash, what in (("solid", "engine"), ("dot", "reference (train_step + torch.optim.AdamW)")):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=what, line=dict(color="#555", dash=dash),
+                                 legendgroup="style", legendgrouptitle_text="line"))
+    fig.update_yaxes(title_text="training loss", row=1, col=1)
+    fig.update_yaxes(title_text="|engine − ref| / ref", row=2, col=1)
+    fig.update_layout(height=620, title=f"Engine vs reference training, {device}: loss per step")
+    return legend_below(fig)
+
+
+# Kernel-name patterns -> category, first match wins (kernels/dev/engine_probe.py's names:
+# cuBLAS/CUTLASS GEMMs, our Triton kernels by function name, PyTorch's native kernels).
+PROBE_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
+    ("attention", ("_attn_", "fmha", "softmax", "attention")),
+    ("matmul", ("gemm", "xmma", "nvjet", "_matmul_tile", "splitkreduce")),
+    ("norms", ("_add_norm", "_rms_norm", "_layer_norm", "layer_norm")),
+    ("optimizer", ("_adamw", "adam")),
+    ("loss", ("_cross_entropy", "_ce_", "nll_loss", "log_softmax")),
+    ("embedding", ("_embedding", "index", "gather", "scatter", "embedding")),
+    ("reductions (sums)", ("reduce_kernel",)),
+    ("copies and casts", ("copy", "memcpy", "memset")),
+    ("other elementwise", ("elementwise", "gelu", "functor")),
+)
+
+
+def probe_category(kernel_name: str) -> str:
+    n = kernel_name.lower()
+    return next((cat for cat, pats in PROBE_CATEGORIES if any(p in n for p in pats)), "other")
+
+
+def probe_table(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per profiled engine case: the captured step, the CUDA kernel time by category (µs) and each
+    category's share of the kernel time (``kernels/dev/engine_probe.py``, an uncaptured step
+    under torch.profiler, averaged over 3 steps)."""
+    out = []
+    for r in probe_rows:
+        if r.get("status") != "ok":
+            continue
+        by: dict[str, float] = {}
+        for k in r.get("kernels", []):
+            cat = probe_category(k["name"])
+            by[cat] = by.get(cat, 0.0) + k["us"]
+        total = r.get("kernel_us") or sum(by.values())
+        line = {"device": r.get("device_slug"), "case": r["label"], "precision": r["precision"],
+                "captured step µs": r.get("step_median_us"), "kernel µs": total}
+        for cat, _ in PROBE_CATEGORIES + (("other", ()),):
+            line[cat] = by.get(cat, 0.0)
+        line["largest"] = max(by, key=by.get) if by else None
+        line["largest share"] = (by[line["largest"]] / total) if by and total else None
+        out.append(line)
+    return out

@@ -1,0 +1,233 @@
+"""Reading the kernel micro-benchmark rows (kernels.jsonl) for chapter 6: ceilings, tables, figures.
+
+The rows come from ``kernels/dev`` (``python -m kernels.dev.suite``, or the ``kernels`` suite
+of ``ci/gpu_bench.py``): one row per (op, case, variant, timing), timing 'eager' (the call
+with autograd, as a user makes it) or 'graph' (the same call replayed from a CUDA graph: the
+kernels alone), plus ``op='ceiling'`` rows, the copy bandwidth and matmul rates measured on
+the same card. Here every kernel row is read against those measured ceilings, not the
+datasheet: floor = max(bytes / copy bandwidth, FLOPs / matmul rate at the row's precision),
+and "of ceiling" = floor / measured time (1.0 = as fast as the card's own copy or cuBLAS).
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterable
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ftlib.core.repo import repo_root
+from ftlib.harness.results import load_rows
+from ftlib.views.plots import log_axis
+
+BENCH = "kernels"
+OPS = ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_rmsnorm", "residual_layernorm",
+       "bias_grad")
+OP_NAMES = {"rmsnorm": "RMSNorm fwd+bwd", "layernorm": "LayerNorm fwd+bwd", "cross_entropy": "cross-entropy fwd+bwd",
+            "adamw": "AdamW step", "attention": "causal attention fwd+bwd",
+            "residual_rmsnorm": "residual add + RMSNorm fwd+bwd",
+            "residual_layernorm": "residual add + LayerNorm fwd+bwd", "bias_grad": "bias gradient (column sum)"}
+CEILING_NAMES = {"copy": "bandwidth", "matmul fp32": "fp32", "matmul tf32": "tf32", "matmul bf16": "bf16"}
+KERNELS_DIR = repo_root() / "kernels"
+
+
+def kernel_rows(include_cpu: bool = False) -> list[dict[str, Any]]:
+    """Every stored kernels.jsonl row (all statuses), from every device folder."""
+    return load_rows(BENCH, include_cpu=include_cpu)
+
+
+def _ok(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("status") == "ok" and r.get("median_us")]
+
+
+def ceilings(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
+    """device_slug -> {'bandwidth': GB/s, 'fp32' / 'tf32' / 'bf16': TFLOP/s} from the ceiling rows."""
+    out: dict[str, dict[str, float]] = {}
+    for r in _ok(rows):
+        if r.get("op") != "ceiling" or r.get("variant") not in CEILING_NAMES:
+            continue
+        rate = r["gb_s"] if r["variant"] == "copy" else r["tflop_s"]
+        out.setdefault(r["device_slug"], {})[CEILING_NAMES[r["variant"]]] = rate
+    return out
+
+
+def ceiling_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per measured ceiling: the rate, the datasheet peak and the fraction of it reached."""
+    table = []
+    for r in sorted(_ok(rows), key=lambda r: (r["device_slug"], list(CEILING_NAMES).index(r["variant"])
+                                               if r["variant"] in CEILING_NAMES else 99)):
+        if r.get("op") != "ceiling":
+            continue
+        copy = r["variant"] == "copy"
+        table.append({"device": r["device_slug"], "ceiling": r["case"], "median µs": r["median_us"],
+                      "measured": r["gb_s"] if copy else r["tflop_s"], "unit": "GB/s" if copy else "TFLOP/s",
+                      "datasheet": r.get("peak"), "of datasheet": r.get("frac_peak"),
+                      "check err": r.get("check_err")})
+    return table
+
+
+def case_label(r: dict[str, Any]) -> str:
+    """A short name for a row's case: its shape and dtype."""
+    s, dt = r.get("shape") or {}, r.get("dtype", "")
+    if r.get("op") == "attention":
+        return f"B={s.get('B')} nh={s.get('nh')} nkv={s.get('nkv')} T={s.get('T')} hs={s.get('hs')} {dt}"
+    if r.get("op") == "adamw":
+        return f"{s.get('n_params', 0):,} params x{s.get('steps')} steps {dt}"
+    return f"({', '.join(str(v) for v in s.values())}) {dt}"
+
+
+def floor_us(r: dict[str, Any], ceil: dict[str, float] | None) -> float | None:
+    """The row's floor on its own device: max(bytes / copy bandwidth, FLOPs / matmul rate), in µs."""
+    if not ceil:
+        return None
+    parts = []
+    if r.get("bytes") and ceil.get("bandwidth"):
+        parts.append(r["bytes"] / (ceil["bandwidth"] * 1e9))
+    prec = r.get("precision", "")
+    # 3xTF32 issues three TF32 products per product: a third of the measured TF32 rate
+    rate = ceil.get(prec) or (ceil["tf32"] / 3 if prec == "tf32x3" and ceil.get("tf32") else None)
+    if r.get("flops") and rate:
+        parts.append(r["flops"] / (rate * 1e12))
+    return max(parts) * 1e6 if parts else None
+
+
+def kernel_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per (device, op, case, variant): eager and in-graph median µs, the rate in the graph, the floor
+    from the measured ceilings, the fraction of it reached, and the speed-up over the fastest
+    PyTorch (eager ops) and torch.compile variant of the same case, both in a graph.
+
+    Variants without an in-graph time (not capturable, skipped on the CPU) show their eager
+    numbers where the graph's would be and say so in ``note``.
+    """
+    rows = list(rows)
+    ceil = ceilings(rows)
+    rows = [r for r in rows if r.get("op") in OPS]
+    by: dict[tuple, dict[str, dict[str, Any]]] = {}
+    for r in rows:
+        by.setdefault((r["device_slug"], r["op"], case_label(r), r["variant"]), {})[r["timing"]] = r
+    best: dict[tuple, dict[str, float]] = {}  # (device, op, case) -> impl -> fastest in-graph µs
+    for (dev, op, case, _), t in by.items():
+        g = t.get("graph")
+        if g and g.get("status") == "ok" and g.get("median_us"):
+            b = best.setdefault((dev, op, case), {})
+            b[g["impl"]] = min(b.get(g["impl"], float("inf")), g["median_us"])
+    table = []
+    first = {}  # cases in the order the drivers ran them (fp32 before bf16, nkv=1 before nkv=8)
+    for i, r in enumerate(rows):
+        first.setdefault((r["device_slug"], r["op"], case_label(r)), i)
+    order = lambda k: (k[0], OPS.index(k[1]), first[k[:3]], k[3])
+    for (dev, op, case, variant), t in sorted(by.items(), key=lambda kv: order(kv[0])):
+        e, g = t.get("eager"), t.get("graph")
+        e_us = e["median_us"] if e and e.get("status") == "ok" else None
+        g_us = g["median_us"] if g and g.get("status") == "ok" else None
+        ref = g if g_us else (e if e_us else None)
+        any_row = e or g
+        notes = list(dict.fromkeys(f"{r['status']}: {r['note']}" if r.get("note") else r["status"]
+                                   for r in (e, g) if r and r.get("status") != "ok"))
+        fl = floor_us(any_row, ceil.get(dev))
+        us = g_us or e_us
+        memory = any_row.get("bound") == "memory"
+        b = best.get((dev, op, case), {})
+        table.append({
+            "device": dev, "op": op, "case": case, "variant": variant, "impl": any_row.get("impl"),
+            "eager µs": e_us, "graph µs": g_us,
+            "eager / graph": (e_us / g_us) if (e_us and g_us) else None,
+            "rate": (ref.get("gb_s") if memory else ref.get("tflop_s")) if ref else None,
+            "unit": "GB/s" if memory else "TFLOP/s",
+            "floor µs": fl, "of ceiling": (fl / us) if (fl and us) else None,
+            "vs PyTorch": (b["pytorch"] / g_us) if (g_us and "pytorch" in b) else None,
+            "vs compile": (b["compile"] / g_us) if (g_us and "compile" in b) else None,
+            "check err": any_row.get("check_err"), "note": "; ".join(notes),
+        })
+    return table
+
+
+def verdicts(table: Iterable[dict[str, Any]]) -> list[str]:
+    """Per (device, op, case): the fastest variant in a graph and by how much it beats the others' best."""
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for t in table:
+        if t["graph µs"]:
+            groups.setdefault((t["device"], t["op"], t["case"]), []).append(t)
+    lines = []
+    for (dev, op, case), ts in groups.items():
+        ts = sorted(ts, key=lambda t: t["graph µs"])
+        win = ts[0]
+        rest = {t["impl"]: t for t in reversed(ts[1:]) if t["impl"] != win["impl"]}  # each impl's fastest
+        vs = ", ".join(f"{r['graph µs'] / win['graph µs']:.2f}x faster than {impl} ({r['variant']})"
+                       for impl, r in sorted(rest.items()))
+        share = f"; {win['of ceiling']:.0%} of the measured ceiling" if win.get("of ceiling") else ""
+        lines.append(f"{dev} {OP_NAMES.get(op, op)} {case}: fastest in a graph is {win['variant']} "
+                     f"({win['graph µs']:.1f} µs{share})" + (f", {vs}" if vs else ""))
+    return lines
+
+
+def _common_prefix(cases: list[str]) -> tuple[str, list[str]]:
+    """The words every case label shares, and each label without them (a panel's title and its row names)."""
+    words = [re.findall(r"\([^)]*\)|\S+", c) for c in cases]  # a shape "(8192, 256)" is one word
+    common = [w for w in words[0] if all(w in ws for ws in words)] if words else []
+    short = [" ".join(w for w in ws if w not in common) or "-" for ws in words]
+    return " ".join(common), short
+
+
+def kernel_figure(table: list[dict[str, Any]], device: str) -> go.Figure:
+    """Eager and in-graph time per variant, one panel per op, for one device.
+
+    One row per (case, variant), read left to right on a log time axis: the filled dot is the
+    time inside a CUDA graph (the kernels), the open one the eager call (autograd and launches
+    included). Row names are horizontal; what every case of an op shares is in the panel's title.
+    """
+    rows = [t for t in table if t["device"] == device]
+    ops = [op for op in OPS if any(t["op"] == op for t in rows)]
+    per_op = {op: [t for t in rows if t["op"] == op] for op in ops}
+    row_px, gap_px, top_px = 17, 70, 90
+    heights = [max(2, len(per_op[op])) * row_px for op in ops] or [row_px]
+    total = sum(heights) + gap_px * max(0, len(ops) - 1)
+    titles = []
+    for op in ops:
+        common, _ = _common_prefix([t["case"] for t in per_op[op]])
+        titles.append(f"<b>{OP_NAMES[op]}</b>" + (f"  {common}" if common else ""))
+    fig = make_subplots(rows=max(1, len(ops)), cols=1, subplot_titles=titles or None,
+                        row_heights=[h / sum(heights) for h in heights],
+                        vertical_spacing=gap_px / total if len(ops) > 1 else 0.0)
+    styles = (("graph µs", "in a CUDA graph (kernels)", dict(symbol="circle", size=8, color="#1f77b4")),
+              ("eager µs", "eager (autograd, launches)", dict(symbol="circle-open", size=8, color="#7f7f7f",
+                                                               line=dict(width=1.5))))
+    for i, op in enumerate(ops, start=1):
+        pts = per_op[op]
+        _, cases = _common_prefix([t["case"] for t in pts])
+        labels = [f"{case} · {t['variant']}" if case != "-" else t["variant"] for case, t in zip(cases, pts)]
+        for col, name, marker in styles:
+            fig.add_trace(go.Scatter(x=[t[col] for t in pts], y=labels, mode="markers", name=name, marker=marker,
+                                     legendgroup=name, showlegend=i == 1,
+                                     hovertemplate="%{y}: %{x:.3g} µs<extra>" + name + "</extra>"), row=i, col=1)
+        fig.update_yaxes(autorange="reversed", tickfont_size=10, row=i, col=1)
+        fig.update_xaxes(**log_axis([t[c] for t in pts for c in ("graph µs", "eager µs")]), row=i, col=1)
+    if ops:
+        fig.update_xaxes(title_text="µs per call, median (log scale)", row=len(ops), col=1)
+    fig.update_annotations(font_size=12, xanchor="left", x=0)
+    height = int(total + top_px + 70)
+    # The legend under the title: the figure is tall, and a key at its foot would be out of sight.
+    fig.update_layout(height=height, margin=dict(t=top_px, l=10, b=60),
+                      legend=dict(orientation="h", yref="container", y=1 - 52 / height, yanchor="top", x=0),
+                      title=dict(text=f"Kernel time per variant, in a CUDA graph and eager, {device} (median)",
+                                 yref="container", y=1 - 12 / height, yanchor="top"))
+    return fig
+
+
+def kernel_math(op: str) -> str:
+    """The docstrings of the ``@triton.jit`` kernels in ``kernels/<op>.py``: where the math is stated.
+
+    Read from the source (ast), so nothing imports Triton; the chapter quotes them rather than
+    restating formulas.
+    """
+    path = KERNELS_DIR / f"{op}.py"
+    tree = ast.parse(path.read_text())
+    parts = []
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef) and any(
+                "jit" in ast.unparse(d) for d in node.decorator_list) and ast.get_docstring(node):
+            parts.append(f"`kernels/{op}.py::{node.name}`\n\n```text\n{ast.get_docstring(node)}\n```")
+    return "\n\n".join(parts)
