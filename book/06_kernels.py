@@ -69,14 +69,18 @@ from ftlib.views.plots import show
 from ftlib.views.tables import show_frame, show_table
 
 if MEASURE:
-    from kernels.dev.suite import run_suite
+    import subprocess
+    import sys
+    from pathlib import Path
 
     device = pick_device(DEVICE)
     # On a GPU, SMOKE measures the ceilings and the two cheapest ops at full size (the same rows as
     # the full suite, so nothing is stored at a lower quality); on the CPU every driver runs at tiny
-    # sizes in the Triton interpreter, which exercises the code, not the kernels' speed.
-    smoke_ops = ("ceilings", "rmsnorm", "cross_entropy") if (SMOKE and device.type == "cuda") else None
-    run_suite(device, ops=smoke_ops, cpu_reps=1)
+    # sizes in the Triton interpreter, which exercises the code, not the kernels' speed. The suite
+    # is a program of its own (benchmarks/kernels/suite.py), run from the repository root.
+    smoke_ops = ["--ops", "ceilings,rmsnorm,cross_entropy"] if (SMOKE and device.type == "cuda") else []
+    subprocess.run([sys.executable, "-m", "benchmarks.kernels.suite", "--device", str(device), "--cpu-reps", "1",
+                    *smoke_ops], cwd=Path.cwd().parent, check=True)
 krows = kernelview.kernel_rows(include_cpu=MEASURE)
 runs = bv.load(baselines())  # the engine and every compiled configuration, same runs (chapter 3)
 erows = ok_rows("engine", include_cpu=MEASURE)
@@ -103,7 +107,7 @@ show_frame(bv.headroom(runs))
 # The ops of the training step, after Liger-Kernel's layering (kernel, launcher with
 # argument checks, `autograd.Function`, thin module; `kernels/README.md`). The math each
 # kernel computes is stated in its docstring; the sections below quote those docstrings
-# rather than restate them. Each op has a driver in `kernels/dev/` that checks every variant
+# rather than restate them. Each op has a driver in `benchmarks/kernels/` that checks every variant
 # (PyTorch, `torch.compile` of the same reference, Triton) against an fp64 reference on
 # fresh random inputs, then times it twice:
 #
@@ -128,7 +132,7 @@ else:
 # A tile of rows per program both ways, saving only the inverse RMS; the backward writes one
 # weight-gradient partial per tile and the launcher sums them. The first version took one row
 # per program forward and one program per SM backward: it was latency-bound inside a graph,
-# and the row tiles won (`kernels/dev/rmsnorm_dev.py`'s v3 against v4/v5 in the table below).
+# and the row tiles won (`benchmarks/kernels/rmsnorm_dev.py`'s v3 against v4/v5 in the table below).
 
 # %%
 display(Markdown(kernelview.kernel_math("rmsnorm")))
@@ -310,7 +314,7 @@ else:
 
 # %% [markdown]
 # ### Where the engine's step goes
-# `kernels/dev/engine_probe.py` runs the engine's step uncaptured under `torch.profiler` and
+# `benchmarks/kernels/engine_probe.py` runs the engine's step uncaptured under `torch.profiler` and
 # sums the CUDA kernel time by kernel. Here that time is grouped into categories
 # (`ftlib.views.engine.PROBE_CATEGORIES`), next to the captured step. The graph replays the
 # same kernels without the launch gaps, so the two totals should be close. The largest
@@ -325,8 +329,8 @@ if ptable:
     show_table(ptable, preview=["device", "case", "precision", "captured step µs", "kernel µs", "matmul", "largest",
                                 "largest share"])
 else:
-    print("Not profiled yet: python -m kernels.dev.engine_probe --out DIR on a GPU, then commit DIR/engine_probe.jsonl "
-          "under data/results/<gpu>/.")
+    print("Not profiled yet: python -m benchmarks.kernels.engine_probe --out DIR on a GPU, then commit "
+          "DIR/engine_probe.jsonl under data/results/<gpu>/.")
 
 # %% [markdown]
 # ### 100 steps against reference training

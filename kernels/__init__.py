@@ -18,7 +18,7 @@ import importlib.util
 
 def _has_triton() -> bool:
     # Look Triton up without importing it: TRITON_INTERPRET=1 only takes effect if it is set
-    # before the first `import triton`, and kernels/dev sets it after importing this package.
+    # before the first `import triton`, and benchmarks/kernels sets it after importing this package.
     try:
         return importlib.util.find_spec("triton") is not None
     except (ImportError, ValueError):  # ValueError: sys.modules["triton"] is None (blocked)

@@ -1,17 +1,9 @@
 """Fused causal attention, forward and backward, FlashAttention-2 style, with MQA/GQA K/V.
 
-kernels (``_attn_fwd_kernel``, ``_attn_bwd_dq_kernel``, ``_attn_bwd_dkdv_kernel``) ->
-launchers (``attention_fwd``, ``attention_bwd``) -> ``FlashAttentionFunction`` ->
-``TritonCausalAttention``. Reference: :func:`ftlib.model.reference.causal_attention_ref`.
-
-Algorithm: Dao 2023, "FlashAttention-2" (arXiv:2307.08691). Forward = Algorithm 1 with
-the online softmax (sec. 3.1.1: running max m and sum l, one rescale of the output at the
-end), logsumexp saved per row. Backward = Algorithm 2 (P recomputed from Q, K and the
-logsumexp; D = rowsum(dO * O)), but split into two kernels as in the Triton fused-attention
-tutorial: one program per (batch, kv head, key block) accumulates dK and dV in registers
-over every query block *and every query head of its group*, and one program per (batch,
-query head, query block) accumulates dQ. Neither needs atomics, so the result is
-deterministic; the cost is computing Q K^T twice in the backward.
+kernels (:mod:`kernels.attention_kernels`: ``_attn_fwd_kernel``, ``_attn_bwd_dq_kernel``,
+``_attn_bwd_dkdv_kernel``, where the algorithm is stated) -> launchers (``attention_fwd``,
+``attention_bwd``) -> ``FlashAttentionFunction`` -> ``TritonCausalAttention``. Reference:
+:func:`ftlib.model.reference.causal_attention_ref`.
 
 K/V heads: q is (B, nh, T, hs), k and v are (B, nkv, T, hs) with nkv | nh; query head h
 reads kv head h // (nh // nkv) by pointer arithmetic (Ainslie et al. 2023's grouping), so a
@@ -21,7 +13,7 @@ Tiles: unless the caller fixes them, each kernel takes the first of ``TILE_CANDI
 64 first) whose shared-memory estimate fits the device's opt-in limit per block
 (``kernels/tiles.py``; 64 KB on a T4, where the fp32 dK/dV kernel at head size 64 and 64 x 64
 tiles needs 80 KB), and on a GPU falls back to the next if the compiled kernel still does not
-load. ``kernels/aot.py`` compiles the choices for sm_75/80/90 on the CPU (tests/test_aot.py).
+load. ``benchmarks/benchmarks/kernels/aot.py`` compiles the choices for sm_75/80/90 on the CPU (tests/test_aot.py).
 """
 
 from __future__ import annotations
@@ -31,9 +23,9 @@ import math
 import torch
 import torch.nn as nn
 import triton
-import triton.language as tl
 
 from kernels._common import check_tensor, compute_dtype, interpret_mode, same_device
+from kernels.attention_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_fwd_kernel
 from kernels.tiles import TILE_CANDIDATES, Tiles, launch_tiled, tiles_to_try
 
 LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2 e), exp2 is the fast unit
@@ -41,185 +33,6 @@ LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2 e), exp2
 # products (Triton's F32DotTC pass; CUTLASS's 3xTF32, NVIDIA/cutlass discussion 385): close to
 # fp32 accuracy at tensor-core speed, where 'ieee' runs on the far slower FMA units.
 PRECISIONS = ("ieee", "tf32", "tf32x3")
-
-
-@triton.jit
-def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
-    """tl.dot with fp32 (or fp64) accumulation. UPCAST multiplies in fp32 instead: the Triton
-    3.9 CPU interpreter mis-computes bf16 tl.dot, and bf16 x bf16 products are exact in fp32,
-    so the result is the same as a tensor core's bf16 MMA with fp32 accumulation."""
-    if UPCAST:
-        return tl.dot(a.to(tl.float32), b.to(tl.float32), input_precision="ieee")
-    else:
-        return tl.dot(a, b, input_precision=PREC)
-
-
-@triton.jit
-def _attn_fwd_kernel(
-    Q, K, V, Out, LSE,  # Q, Out: (B, nh, T, HS); K, V: (B, nkv, T, HS); LSE: (B, nh, T) in CD
-    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
-    nh, T, qk_scale, group,  # qk_scale = softmax scale * log2(e); group = nh // nkv
-    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
-):
-    """One program per (query block of BLOCK_M rows, batch * query head). With s = q k^T * scale
-    in base-2 units (s2 = s * log2 e), for each key block j up to the diagonal:
-
-        m_new = max(m, rowmax(s2_j));  p = exp2(s2_j - m_new);  alpha = exp2(m - m_new)
-        l = alpha l + rowsum(p);  acc = alpha acc + p v_j;  m = m_new
-
-    then o = acc / l and lse2 = m + log2(l) (FlashAttention-2 Alg. 1; the division by l is
-    deferred to the end, sec. 3.1.1). Keys beyond the diagonal block are never loaded
-    (causal block skipping); the causal and T masks are applied as -inf before the max.
-    """
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // nh).to(tl.int64)
-    h = bh % nh
-    kvh = (h // group).to(tl.int64)  # the shared K/V head: indexing, no copy
-    h = h.to(tl.int64)
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HS)
-    q_ptrs = Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=offs_m[:, None] < T, other=0.0)  # (BLOCK_M, HS)
-    k_base = K + b * skb + kvh * skh
-    v_base = V + b * svb + kvh * svh
-
-    m_i = tl.full((BLOCK_M,), float("-inf"), CD)
-    l_i = tl.zeros((BLOCK_M,), CD)
-    acc = tl.zeros((BLOCK_M, HS), CD)
-    hi = tl.minimum((start_m + 1) * BLOCK_M, T)  # causal: keys <= the block's last query
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        kt = tl.load(k_base + cols[None, :] * skt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)  # (HS, BN)
-        s = _dot(q, kt, PREC, UPCAST).to(CD) * qk_scale  # (BLOCK_M, BLOCK_N), base-2 units
-        keep = (offs_m[:, None] >= cols[None, :]) & (cols[None, :] < T)
-        s = tl.where(keep, s, float("-inf"))
-        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: key 0 is in the first block for every row
-        p = tl.exp2(s - m_new[:, None])
-        alpha = tl.exp2(m_i - m_new)
-        l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=cols[:, None] < T, other=0.0)  # (BN, HS)
-        acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC, UPCAST).to(CD)
-        m_i = m_new
-    acc = acc / l_i[:, None]
-    row_ok = offs_m < T
-    tl.store(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], acc.to(Out.dtype.element_ty),
-             mask=row_ok[:, None])
-    tl.store(LSE + (b * nh + h) * T + offs_m, m_i + tl.log2(l_i), mask=row_ok)
-
-
-@triton.jit
-def _attn_bwd_dq_kernel(
-    Q, K, V, Out, DO, LSE, DELTA, DQ,  # DELTA: (B, nh, T) written here, read by the dK/dV kernel
-    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sdob, sdoh, sdot, sdqb, sdqh, sdqt,
-    nh, T, qk_scale, sm_scale, group,
-    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
-):
-    """dQ for one (query block, batch * head), FlashAttention-2 Alg. 2 restricted to dQ:
-
-        D = rowsum(dO * O)  (stored for the dK/dV kernel: this kernel is its preprocessing)
-        P = exp2(s2 - lse2),  dP = dO V^T,  dS = P * (dP - D),  dQ = scale * dS K
-    """
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // nh).to(tl.int64)
-    h = bh % nh
-    kvh = (h // group).to(tl.int64)
-    h = h.to(tl.int64)
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HS)
-    row_ok = offs_m < T
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    o = tl.load(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    delta = tl.sum(do.to(CD) * o.to(CD), axis=1)  # (BLOCK_M,)
-    tl.store(DELTA + (b * nh + h) * T + offs_m, delta, mask=row_ok)
-    lse = tl.load(LSE + (b * nh + h) * T + offs_m, mask=row_ok, other=0.0)
-    k_base = K + b * skb + kvh * skh
-    v_base = V + b * svb + kvh * svh
-
-    dq = tl.zeros((BLOCK_M, HS), CD)
-    hi = tl.minimum((start_m + 1) * BLOCK_M, T)
-    for start_n in range(0, hi, BLOCK_N):
-        cols = start_n + offs_n
-        kt = tl.load(k_base + cols[None, :] * skt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)  # (HS, BN)
-        vt = tl.load(v_base + cols[None, :] * svt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)  # (HS, BN)
-        s = _dot(q, kt, PREC, UPCAST).to(CD) * qk_scale
-        keep = (offs_m[:, None] >= cols[None, :]) & (cols[None, :] < T) & row_ok[:, None]
-        p = tl.where(keep, tl.exp2(s - lse[:, None]), 0.0)
-        dp = _dot(do, vt, PREC, UPCAST).to(CD)
-        ds = p * (dp - delta[:, None])
-        dq += _dot(ds.to(kt.dtype), tl.trans(kt), PREC, UPCAST).to(CD)
-    dq = dq * sm_scale
-    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
-             mask=row_ok[:, None])
-
-
-@triton.jit
-def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV,  # DK, DV: (B, nkv * n_split, T, HS) contiguous
-    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
-    nh, nkv, T, qk_scale, sm_scale, group, n_split,
-    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
-):
-    """dK, dV for one (key block, batch * kv head), summed over the group's query heads:
-
-        for h in group, for query blocks i at or after the key block (causal):
-            P^T = exp2(s2^T - lse2),  dV += P^T dO,  dP^T = V dO^T,
-            dS^T = P^T * (dP^T - D),  dK += scale * dS^T Q
-
-    FlashAttention-2 Alg. 2's outer loop over key blocks (sec. 3.1.2 parallelizes the
-    backward over the sequence this way); the extra loop over the group's heads replaces
-    the atomics (or the expanded K/V and a reduction) that MQA/GQA would otherwise need.
-    With ``n_split`` > 1 the group's heads are dealt to n_split programs (group / n_split
-    heads each), each writing its partial dK, dV to its own slice, summed by the launcher:
-    for MQA at B=32, T=256 one program per (key block, batch) is only 128 programs, under
-    one per SM, each looping over 8 heads; splitting restores the parallelism.
-    """
-    start_n = tl.program_id(0)
-    bks = tl.program_id(1)  # (batch, kv head, split)
-    sp = bks % n_split
-    bk = bks // n_split
-    b = (bk // nkv).to(tl.int64)
-    kvh = (bk % nkv).to(tl.int64)
-    heads = group // n_split
-    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    offs_m0 = tl.arange(0, BLOCK_M)
-    offs_d = tl.arange(0, HS)
-    col_ok = offs_n < T
-    k = tl.load(K + b * skb + kvh * skh + offs_n[:, None] * skt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    v = tl.load(V + b * svb + kvh * svh + offs_n[:, None] * svt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
-    dk = tl.zeros((BLOCK_N, HS), CD)
-    dv = tl.zeros((BLOCK_N, HS), CD)
-    lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M  # first query block that sees these keys
-    for g in range(0, heads):
-        h = kvh * group + sp * heads + g
-        q_base = Q + b * sqb + h * sqh
-        do_base = DO + b * sdob + h * sdoh
-        row_base = (b * nh + h) * T
-        for start_m in range(lo, T, BLOCK_M):
-            offs_m = start_m + offs_m0
-            row_ok = offs_m < T
-            q = tl.load(q_base + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-            do = tl.load(do_base + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-            lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=0.0)
-            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
-            st = _dot(k, tl.trans(q), PREC, UPCAST).to(CD) * qk_scale  # (BLOCK_N, BLOCK_M)
-            keep = (offs_m[None, :] >= offs_n[:, None]) & row_ok[None, :] & col_ok[:, None]
-            pt = tl.where(keep, tl.exp2(st - lse[None, :]), 0.0)
-            dv += _dot(pt.to(do.dtype), do, PREC, UPCAST).to(CD)
-            dpt = _dot(v, tl.trans(do), PREC, UPCAST).to(CD)
-            dst = pt * (dpt - delta[None, :])
-            dk += _dot(dst.to(q.dtype), q, PREC, UPCAST).to(CD)
-    dk = dk * sm_scale
-    out = ((b * nkv + kvh) * n_split + sp) * T * HS + offs_n[:, None] * HS + offs_d[None, :]
-    tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
-    tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
 
 
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)

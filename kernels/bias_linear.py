@@ -50,7 +50,8 @@ from kernels._common import FLOAT_DTYPES, check_tensor, compute_dtype, interpret
 _GPU_BLOCKS = (32, 64, 4)
 _CPU_BLOCKS = (8, 16, 1)
 MIN_TILES_PER_SPLIT = 4  # fewer BLOCK_M tiles per split and the partials cost more than they save
-PROGRAMS_PER_SM = 2  # the row splits aim at this many programs per SM (kernels/dev/bias_grad_dev.py times others)
+# The row splits aim at this many programs per SM (benchmarks/kernels/bias_grad_dev.py times others).
+PROGRAMS_PER_SM = 2
 # Wide outputs (N >= WIDE_N) take 128-column tiles and ~4 programs per SM: kernels.jsonl, H200,
 # M = 8192 in a graph, fp32 / bf16: N = 768 19.9 / 17.6 us against 24.6 / 19.1 for the default,
 # N = 1024 21.7 / 18.4 against 29.1 / 20.6; at N = 256 the default stays ahead (10.9 / 12.3

@@ -88,7 +88,7 @@ def _matmul_tile_kernel(
     tl.store(C + s * scs + rm[:, None] * scm + rn[None, :] * scn, acc, mask=(rm[:, None] < M) & (rn[None, :] < N))
 
 
-# The launchers call the autotuned kernel; kernels/dev/matmul_dev.py times the bare one per config.
+# The launchers call the autotuned kernel; benchmarks/kernels/matmul_dev.py times the bare one per config.
 _matmul_kernel = triton.autotune(configs=_CPU_CONFIGS if interpret_mode() else _GPU_CONFIGS,
                                  key=["M", "N", "K", "k_per_split"])(_matmul_tile_kernel)
 

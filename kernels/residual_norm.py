@@ -21,7 +21,7 @@ normalized row:
 where ``ds`` is the gradient reaching ``s`` from the next residual add and ``dh`` the one
 reaching the norm's output. One kernel each way instead of two forward and three backward;
 rows are processed in tiles of ROWS so the loads of a tile are in flight together (the
-row-per-program norm kernels were latency-bound in a graph: kernels/dev/NOTES.md).
+row-per-program norm kernels were latency-bound in a graph: benchmarks/kernels/NOTES.md).
 
 Residual dropout (``p`` > 0): the branch's dropout is fused too, ``s = x + r m / (1 - p)`` with
 ``m`` a keep mask (keep probability 1 - p; inverted dropout, Srivastava et al. 2014, as
@@ -59,7 +59,7 @@ SALTS = 1024
 # The mask's random numbers: one Philox call per 4 columns (v2, True) or per element (v1, False).
 # H200, (8192, 256) fwd+bwd in a graph, fp32 / bf16: v1 46.6 / 42.2 us, v2 37.6 / 32.4 us; the
 # speedrun step (B=64, dropout 0.2, bf16): 2.90 ms with v1, 2.68 ms with v2, 2.82 ms with
-# nn.Dropout (engine_probe.jsonl, kernels/dev/h200-kernels.log).
+# nn.Dropout (engine_probe.jsonl, benchmarks/kernels/h200-kernels.log).
 RNG4 = True
 
 
@@ -236,7 +236,7 @@ def add_norm_fwd(
     x's): under bf16 autocast the next op is a Linear that casts h to bf16 anyway, so writing h
     in bf16 here gives the same values (h is computed in fp32 and rounded once either way) and
     saves the cast kernel forward and the cast of its gradient backward. ``rows``: rows per
-    program, a power of two (kernels/dev/residual_norm_dev.py times others). ``p`` > 0: dropout
+    program, a power of two (benchmarks/kernels/residual_norm_dev.py times others). ``p`` > 0: dropout
     on r first, s = x + r keep / (1 - p), the mask drawn from ``seed`` (int64 device tensor, read
     by the kernel) and ``salt`` (module docstring).
     """

@@ -5,7 +5,7 @@ kernel (``_rms_norm_fwd_kernel``, ``_rms_norm_bwd_kernel``) -> launcher (``rms_n
 :func:`ftlib.model.reference.rms_norm_ref`. Layering after Liger-Kernel's ``rms_norm.py``
 (linkedin/Liger-Kernel, src/liger_kernel/ops/rms_norm.py): rstd saved in the forward,
 per-program partial dweight sums in the backward. Unlike Liger, each program takes a tile of
-ROWS rows both ways: the measured winner of kernels/dev/rmsnorm_dev.py (v5; the first
+ROWS rows both ways: the measured winner of benchmarks/kernels/rmsnorm_dev.py (v5; the first
 version, one row per program forward and a persistent backward grid, was v3).
 """
 
@@ -34,7 +34,7 @@ def _rms_norm_fwd_kernel(
     """Rows [pid ROWS, (pid + 1) ROWS):  rstd = 1 / sqrt(mean_j x_j^2 + eps),  y_j = x_j * rstd * w_j.
 
     A (ROWS, N) tile per program so the loads of several rows are in flight together (one
-    1 KB row per program was latency-bound: kernels/dev/rmsnorm_rows.py). Accumulation is in
+    1 KB row per program was latency-bound: benchmarks/kernels/rmsnorm_rows.py). Accumulation is in
     CD (fp32, or fp64 for fp64 inputs) whatever the storage dtype; the product x * rstd * w
     is formed in CD and rounded once to Y's dtype. rstd is stored for the backward pass so it
     needs no second reduction over x.
@@ -106,7 +106,7 @@ def rms_norm_fwd(
     """y = rms_norm(x) * weight over the last dim; returns (y, rstd) with rstd (M,) fp32 (fp64 for fp64 x).
 
     x: (..., N) with unit last-dim stride; weight: (N,). y has x's dtype and shape. ``rows``: rows
-    per program (a power of two; kernels/dev/rmsnorm_rows.py times other values).
+    per program (a power of two; benchmarks/kernels/rmsnorm_rows.py times other values).
     """
     _check_inputs(x, weight)
     x2 = x.reshape(-1, x.shape[-1])  # (M, N); a view for contiguous x

@@ -4,8 +4,9 @@ A kernel's tiles decide how much shared memory one program needs: the operand ti
 ``tl.dot`` is staged through, times the pipeline stages on sm_80+ (and the wgmma operands on
 sm_90). A block that needs more than the device's opt-in limit cannot load. A T4 (sm_75)
 allows 64 KB; the fp32 dK/dV kernel at head size 64 and 64 x 64 tiles needs 80 KB there
-(Triton 3.9, ``kernels/aot.py``). So each kernel takes the first of ``TILE_CANDIDATES`` whose
-estimate (:func:`smem_estimate`) fits the device (:mod:`ftlib.core.device`), and a GPU launch whose
+(Triton 3.9, ``benchmarks/benchmarks/kernels/aot.py``). So each kernel takes the first of
+``TILE_CANDIDATES`` whose estimate (:func:`smem_estimate`) fits the device's limits
+(:mod:`kernels.limits`: the live GPU's, or a rehearsed capability's), and a GPU launch whose
 compiled kernel still does not load (Triton's ``OutOfResources``, raised before anything runs)
 moves on to the next (:func:`launch_tiled`); nothing fitting is a :class:`SharedMemoryError`
 that names the kernel, its need and the limit.
@@ -13,7 +14,6 @@ that names the kernel, its need and the limit.
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,7 +21,7 @@ from typing import Any
 import torch
 from triton.runtime.errors import OutOfResources
 
-from ftlib.core.device import ENV_CAPABILITY, DeviceInfo
+from kernels.limits import Limits, device_limits
 
 ATTN_KERNELS = ("fwd", "bwd_dq", "bwd_dkdv")
 
@@ -65,7 +65,7 @@ TILE_CANDIDATES = (Tiles(64, 64), Tiles(64, 32), Tiles(32, 64), Tiles(32, 32), T
 # below sm_80 nothing is pipelined (no asynchronous copies; Triton has no MMA there either),
 # sm_80-89 stage the loop's loads for mma.sync, sm_90 feeds wgmma from shared memory. The
 # smallest coefficients that bound every Triton 3.9 compilation of
-# kernels/dev/attention_smem_sweep.py (head sizes 32-128, tiles 32-64, 1-2 stages, ieee and
+# benchmarks/kernels/attention_smem_sweep.py (head sizes 32-128, tiles 32-64, 1-2 stages, ieee and
 # tf32 dots); tests/test_aot.py checks that they still bound what the installed Triton compiles.
 _SMEM_COEF: dict[tuple[str, int, int], tuple[float, float, float]] = {
     ("fwd", 4, 75): (1.25, 1.0, 1.0), ("fwd", 4, 80): (1.0, 2.25, 1.0), ("fwd", 4, 90): (1.0, 3.75, 0.5),
@@ -103,47 +103,34 @@ def candidate_tiles(T: int) -> tuple[Tiles, ...]:
     return tuple(out)
 
 
-def _limit(info: DeviceInfo | None) -> int | None:
-    return None if info is None or info.kind != "cuda" else info.shared_memory_per_block
-
-
-def tile_order(kernel: str, head_size: int, dtype: torch.dtype, T: int, info: DeviceInfo | None) -> list[Tiles]:
-    """:func:`candidate_tiles` in the order a launch tries them on ``info``: those whose estimate
-    fits its shared memory first, then the rest (on a GPU the compiled kernel decides). No
-    limit (the CPU, or None): the preference order."""
+def tile_order(kernel: str, head_size: int, dtype: torch.dtype, T: int, limits: Limits | None) -> list[Tiles]:
+    """:func:`candidate_tiles` in the order a launch tries them under ``limits``: those whose
+    estimate fits its shared memory first, then the rest (on a GPU the compiled kernel decides).
+    No limit (the CPU, None, or an unknown size): the preference order."""
     cands = list(candidate_tiles(T))
-    limit = _limit(info)
-    if limit is None:
+    if limits is None or limits.smem_per_block is None:
         return cands
-    fit = [t for t in cands if smem_estimate(kernel, head_size, dtype, t, info.sm) <= limit]
+    fit = [t for t in cands if smem_estimate(kernel, head_size, dtype, t, limits.sm) <= limits.smem_per_block]
     return fit + [t for t in cands if t not in fit]
 
 
-def choose_tiles(kernel: str, head_size: int, dtype: torch.dtype, T: int, info: DeviceInfo | None) -> Tiles:
-    """The tiles ``kernel`` gets on ``info`` (a GPU description; None or the CPU: no limit): the
-    first candidate whose :func:`smem_estimate` fits its shared memory per block, or a
-    :class:`SharedMemoryError` naming the kernel, the smallest need and the device's limit."""
-    order = tile_order(kernel, head_size, dtype, T, info)
-    limit = _limit(info)
-    if limit is None or smem_estimate(kernel, head_size, dtype, order[0], info.sm) <= limit:
+def choose_tiles(kernel: str, head_size: int, dtype: torch.dtype, T: int, limits: Limits | None) -> Tiles:
+    """The tiles ``kernel`` gets under ``limits`` (None: no limit): the first candidate whose
+    :func:`smem_estimate` fits its shared memory per block, or a :class:`SharedMemoryError`
+    naming the kernel, the smallest need and the device's limit."""
+    order = tile_order(kernel, head_size, dtype, T, limits)
+    if limits is None or limits.smem_per_block is None:
         return order[0]
-    need = min(smem_estimate(kernel, head_size, dtype, t, info.sm) for t in order)
+    limit = limits.smem_per_block
+    if smem_estimate(kernel, head_size, dtype, order[0], limits.sm) <= limit:
+        return order[0]
+    need = min(smem_estimate(kernel, head_size, dtype, t, limits.sm) for t in order)
     raise SharedMemoryError(kernel, need, limit, f"no tiles fit at head size {head_size} in {dtype} on "
-                            f"{info.label()}; keep attention on PyTorch's SDPA there")
+                            f"{limits.label()}; keep attention on PyTorch's SDPA there")
 
 
-def device_info(device: torch.device) -> DeviceInfo:
-    """``ftlib.core.device.DeviceInfo.detect(device)``, cached per device and ``FTLIB_CAPABILITY``
-    value (so that the override rehearses another GPU's tiles)."""
-    key = (str(device), os.environ.get(ENV_CAPABILITY, ""))
-    if key not in _DEVICE_INFO:
-        _DEVICE_INFO[key] = DeviceInfo.detect(device)
-    return _DEVICE_INFO[key]
-
-
-# (kernel, device, head size, dtype, T's tile cap, device description) -> the tiles that loaded.
+# (kernel, device, head size, dtype, T's tile cap, limits) -> the tiles that loaded.
 _CHOSEN: dict[tuple, Tiles] = {}
-_DEVICE_INFO: dict[tuple[str, str], DeviceInfo] = {}
 
 
 def tiles_to_try(kernel: str, head_size: int, dtype: torch.dtype, T: int, device: torch.device,
@@ -152,11 +139,11 @@ def tiles_to_try(kernel: str, head_size: int, dtype: torch.dtype, T: int, device
     :func:`tile_order` for the device."""
     if explicit is not None:
         return None, [explicit]
-    info = device_info(device)
-    key = (kernel, str(device), head_size, dtype, candidate_tiles(T)[0], info)
+    limits = device_limits(device)
+    key = (kernel, str(device), head_size, dtype, candidate_tiles(T)[0], limits)
     if key in _CHOSEN:
         return key, [_CHOSEN[key]]
-    return key, tile_order(kernel, head_size, dtype, T, info)
+    return key, tile_order(kernel, head_size, dtype, T, limits)
 
 
 def launch_tiled(kernel: str, launch: Callable[[Tiles], Any], order: list[Tiles], key: tuple | None) -> Any:

@@ -84,7 +84,7 @@ ALT_GPT2_TF32_MS = 4.2
 
 
 def write_probe_rows(root: Path) -> None:
-    """Two profiled engine steps (kernels/dev/engine_probe.py's rows)."""
+    """Two profiled engine steps (benchmarks/kernels/engine_probe.py's rows)."""
     store = ResultStore("engine_probe", SLUG, root)
     kernels = [{"name": "sm90_xmma_gemm_f32f32_tf32f32", "count": 24, "us": 900.0},
                {"name": "_attn_bwd_dkdv_kernel", "count": 6, "us": 250.0},

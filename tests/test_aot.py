@@ -2,7 +2,7 @@
 on this CPU, at the tiles each launcher picks for that device: does it fit the device's shared
 memory, and do its matmuls use tensor cores where ``ftlib.core.device`` says Triton's do?
 
-The compiler runs in child processes (``python -m kernels.aot --jobs 2``): this process runs
+The compiler runs in child processes (``python -m benchmarks.kernels.aot --jobs 2``): this process runs
 Triton's interpreter (tests/conftest.py), whose jit functions cannot be compiled. About 50 s of
 CPU with an empty Triton cache (the sm_75 attention kernels' FMA code is a third of it), split
 over two worker processes: ~35 s on two cores; ~10 s with a warm cache (TRITON_CACHE_DIR).
@@ -28,11 +28,11 @@ CCS = (75, 80, 90)
 @pytest.fixture(scope="module")
 def rows():
     pytest.importorskip("triton")
-    from kernels.aot import EXIT_NO_TOOLCHAIN
+    from benchmarks.kernels.aot import EXIT_NO_TOOLCHAIN
 
     env = {k: v for k, v in os.environ.items() if k not in ("TRITON_INTERPRET", "FTLIB_CAPABILITY")}
     env.setdefault("TRITON_DEFAULT_FP_FUSION", "1")  # Triton 3.9's default, stated so it does not warn
-    proc = subprocess.run([sys.executable, "-m", "kernels.aot", "--cc", ",".join(map(str, CCS)), "--json",
+    proc = subprocess.run([sys.executable, "-m", "benchmarks.kernels.aot", "--cc", ",".join(map(str, CCS)), "--json",
                            "--jobs", "2"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=900)
     if proc.returncode == EXIT_NO_TOOLCHAIN:
         pytest.skip(proc.stderr.strip())

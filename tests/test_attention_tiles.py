@@ -12,22 +12,23 @@ triton = pytest.importorskip("triton")
 
 from triton.runtime.errors import OutOfResources  # noqa: E402
 
-from ftlib.core.device import ENV_CAPABILITY, DeviceInfo  # noqa: E402
 from ftlib.model.reference import causal_attention_ref  # noqa: E402
 from kernels import attention as A  # noqa: E402
+from kernels import limits as LIM  # noqa: E402
 from kernels import tiles as TL  # noqa: E402
 from kernels._common import interpreter_ready  # noqa: E402
+from kernels.limits import ENV_CAPABILITY, Limits  # noqa: E402
 from kernels.tiles import SharedMemoryError, Tiles, candidate_tiles, choose_tiles, smem_estimate  # noqa: E402
 
 pytestmark = pytest.mark.skipif(not interpreter_ready(), reason="triton imported before TRITON_INTERPRET=1")
-T4, A100, H100 = (DeviceInfo.for_capability(c) for c in ("7.5", "8.0", "9.0"))
+T4, A100, H100 = (Limits.for_capability(c) for c in ("7.5", "8.0", "9.0"))
 
 
 @pytest.fixture(autouse=True)
 def fresh_choices(monkeypatch):
     monkeypatch.delenv(ENV_CAPABILITY, raising=False)
     monkeypatch.setattr(TL, "_CHOSEN", {})
-    monkeypatch.setattr(TL, "_DEVICE_INFO", {})
+    monkeypatch.setattr(LIM, "_CACHE", {})
 
 
 def test_candidates_shrink_to_short_sequences():
@@ -40,7 +41,7 @@ def test_candidates_shrink_to_short_sequences():
 
 def test_no_limit_takes_the_preferred_tiles():
     assert choose_tiles("bwd_dkdv", 128, torch.float32, 4096, None) == Tiles(64, 64)
-    assert choose_tiles("bwd_dkdv", 128, torch.float32, 4096, DeviceInfo.cpu()) == Tiles(64, 64)
+    assert choose_tiles("bwd_dkdv", 128, torch.float32, 4096, Limits("unknown", (9, 0), None)) == Tiles(64, 64)
 
 
 def test_t4_gets_smaller_dkdv_tiles_in_fp32_at_head_size_64():
@@ -48,15 +49,15 @@ def test_t4_gets_smaller_dkdv_tiles_in_fp32_at_head_size_64():
     # a T4 allows 64 KB per block. The forward keeps 64 x 64.
     dkdv = choose_tiles("bwd_dkdv", 64, torch.float32, 256, T4)
     assert (dkdv.block_m, dkdv.block_n) != (64, 64)
-    assert smem_estimate("bwd_dkdv", 64, torch.float32, dkdv, 75) <= T4.shared_memory_per_block
-    assert smem_estimate("bwd_dkdv", 64, torch.float32, Tiles(64, 64), 75) > T4.shared_memory_per_block
+    assert smem_estimate("bwd_dkdv", 64, torch.float32, dkdv, 75) <= T4.smem_per_block
+    assert smem_estimate("bwd_dkdv", 64, torch.float32, Tiles(64, 64), 75) > T4.smem_per_block
     assert choose_tiles("fwd", 64, torch.float32, 256, T4) == Tiles(64, 64)
     for info in (A100, H100):  # bigger cards keep the measured default everywhere
         assert all(choose_tiles(k, 64, torch.float32, 256, info) == Tiles(64, 64) for k in TL.ATTN_KERNELS)
 
 
 def test_nothing_fits_names_the_kernel_its_need_and_the_limit():
-    tiny = DeviceInfo(name="tiny", kind="cuda", capability=(7, 5), shared_memory_per_block=4096)
+    tiny = Limits(name="tiny", capability=(7, 5), smem_per_block=4096)
     with pytest.raises(SharedMemoryError, match=r"'bwd_dkdv' needs \d+ bytes .* the device allows 4096 .*tiny") as e:
         choose_tiles("bwd_dkdv", 128, torch.float32, 256, tiny)
     assert e.value.kernel == "bwd_dkdv" and e.value.limit == 4096 and e.value.needed > 4096

@@ -101,3 +101,17 @@ def test_to_dict_is_json():
     back = json.loads(json.dumps(d))
     assert back["capability"] == "7.5" and back["rehearsal"] and back["sdpa"]["fp16"] == ["efficient", "math"]
     assert back["tensor_cores"] == ["fp16"]
+
+
+def test_the_rehearsed_description_and_the_kernels_limits_agree(monkeypatch):
+    import torch
+
+    from kernels import limits
+
+    monkeypatch.setattr(limits, "_CACHE", {})
+    monkeypatch.setenv(ENV_CAPABILITY, "7.5")
+    info, lim = DeviceInfo.detect("cpu"), limits.device_limits(torch.device("cpu"))
+    assert info.rehearsal and (lim.capability, lim.smem_per_block) == (info.capability, info.shared_memory_per_block)
+    assert info.limits().smem_per_block == 64 * 1024
+    monkeypatch.delenv(ENV_CAPABILITY)
+    assert limits.device_limits(torch.device("cpu")) is None and DeviceInfo.detect("cpu").limits() is None

@@ -38,7 +38,7 @@ def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
 
 # fp32 'ieee' is exact up to fp32 rounding; bf16 rounds P and the inputs to 8 mantissa bits.
 # The interpreter runs 'tf32' dots in full fp32, so its bound here is the fp32 one; on a GPU
-# tf32 (10-bit mantissa) errors are ~1e-3, checked by kernels/dev/attention_dev.py.
+# tf32 (10-bit mantissa) errors are ~1e-3, checked by benchmarks/kernels/attention_dev.py.
 CASES = [
     (torch.float32, "ieee", 1e-5),
     (torch.float32, "tf32", 5e-3),

@@ -83,7 +83,7 @@ def test_bias_grad_sums_every_split(splits, kernel_device):
 
 @pytest.mark.parametrize("blocks,per_sm", [((16, 16, 1), 1), ((8, 64, 2), 4), ((64, 8, 1), 8)])
 def test_bias_grad_other_tiles_and_programs_per_sm(blocks, per_sm, kernel_device):
-    # The tiles the dev driver times (kernels/dev/bias_grad_dev.py): partial column and row
+    # The tiles the dev driver times (benchmarks/kernels/bias_grad_dev.py): partial column and row
     # blocks at 37 x 40 with every tile shape.
     dy = torch.randn(37, 40, generator=torch.Generator().manual_seed(8)) - 0.2
     got = bias_grad(dy.to(kernel_device), torch.float32, blocks=blocks, per_sm=per_sm)

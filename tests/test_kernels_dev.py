@@ -1,4 +1,4 @@
-"""The kernels/dev check-then-time drivers pass their checks in --check-only mode, and the harness's
+"""The benchmarks/kernels check-then-time drivers pass their checks in --check-only mode, and the harness's
 rows, deadline and suite behave.
 
 The driver checks are kernel tests (tests/conftest.py): the drivers pick CUDA when it is there
@@ -17,7 +17,7 @@ pytest.importorskip("triton")
                                 "bias_grad", "causal_softmax"])
 @pytest.mark.kernels
 def test_dev_driver_checks_pass(op, capsys):
-    mod = importlib.import_module(f"kernels.dev.{op}_dev")
+    mod = importlib.import_module(f"benchmarks.kernels.{op}_dev")
     rc = mod.main(["--check-only"])
     out = capsys.readouterr().out
     # The driver's lines (each variant's error and tolerance) are the failure message: a run cut
@@ -40,8 +40,8 @@ def store(tmp_path, cpu_interpreter):
 
 
 def test_driver_rows_are_tidy_and_resumable(store):
-    from kernels.dev._harness import Recorder
-    from kernels.dev.rmsnorm_dev import main
+    from benchmarks.kernels._harness import Recorder
+    from benchmarks.kernels.rmsnorm_dev import main
 
     rec = Recorder(store=store)
     assert main(["--reps", "1"], rec) == 0
@@ -68,8 +68,8 @@ def test_driver_rows_are_tidy_and_resumable(store):
 
 
 def test_no_variant_starts_after_the_deadline(store):
-    from kernels.dev._harness import Recorder
-    from kernels.dev.cross_entropy_dev import main
+    from benchmarks.kernels._harness import Recorder
+    from benchmarks.kernels.cross_entropy_dev import main
 
     rec = Recorder(store=store, deadline=0.0)  # time.monotonic() is already past it
     main(["--reps", "1"], rec)
@@ -79,7 +79,7 @@ def test_no_variant_starts_after_the_deadline(store):
 def test_a_failed_check_is_a_row_without_timing(store):
     import torch
 
-    from kernels.dev._harness import Recorder, Variant, parse_args, run
+    from benchmarks.kernels._harness import Recorder, Variant, parse_args, run
 
     args = parse_args("", ["--reps", "1"], Recorder(store=store))
     x = torch.ones(8)
@@ -95,7 +95,7 @@ def test_a_failed_check_is_a_row_without_timing(store):
 
 
 def test_suite_measures_ceilings_and_drivers(store):
-    from kernels.dev.suite import run_suite
+    from benchmarks.kernels.suite import run_suite
 
     rows = run_suite("cpu", store, ops=["ceilings", "cross_entropy"], cpu_reps=1)
     ceil = {r["variant"]: r for r in rows if r["op"] == "ceiling"}
@@ -105,14 +105,14 @@ def test_suite_measures_ceilings_and_drivers(store):
     n = ceil["matmul fp32"]["shape"]["M"]
     assert ceil["matmul fp32"]["flops"] == 2 * n**3 and ceil["matmul bf16"]["precision"] == "bf16"
     assert {r["op"] for r in rows} == {"ceiling", "cross_entropy"}
-    with pytest.raises(ValueError, match="unknown kernel suite op"):
+    with pytest.raises(ValueError, match="unknown kernel suite driver"):
         run_suite("cpu", store, ops=["nope"])
 
 
 @pytest.mark.kernels
 def test_matmul_driver_checks_every_precision(capsys):
     """The GEMM driver runs kernels/linear.py's tile kernel at a fixed config against fp64."""
-    from kernels.dev.matmul_dev import main
+    from benchmarks.kernels.matmul_dev import main
 
     assert main(["--check-only"]) == 0
     out = capsys.readouterr().out

@@ -62,7 +62,7 @@ def test_outputs_and_every_gradient_match_reference(shape, use_s, kind, kernel_d
 @pytest.mark.parametrize("rows", [1, 4, 8, 32])
 @pytest.mark.parametrize("layer_norm", [False, True], ids=["rms", "ln"])
 def test_every_row_tile_gives_the_same_results(rows, layer_norm, kernel_device):
-    # The tile sizes kernels/dev/residual_norm_dev.py times: 37 rows leave a partial last tile.
+    # The tile sizes benchmarks/kernels/residual_norm_dev.py times: 37 rows leave a partial last tile.
     x, r, w, b, ds, dh = _inputs((37, 48), kernel_device, seed=3)
     b = b if layer_norm else None
     fn = (lambda rows: add_layer_norm(x, r, w, b, 1e-5, rows=rows)) if layer_norm else (

@@ -20,7 +20,9 @@ Three ways to get a description:
 * ``DeviceInfo.cpu()``.
 
 Shared memory per block is the opt-in maximum (``cudaDevAttrMaxSharedMemoryPerBlockOptin``,
-what Triton checks a kernel against when it loads it), not the 48 KB static default.
+what Triton checks a kernel against when it loads it), not the 48 KB static default. The
+capability table and the rehearsal variable are the kernels' own (:mod:`kernels.limits`), so the
+description here and the tiles the kernels choose always agree.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from typing import Any
 import torch
 
 from ftlib.core.precision import PRECISIONS
+from kernels.limits import ENV_CAPABILITY, Limits, parse_capability, smem_per_block_optin
 
 
 def pick_device(name: str = "auto") -> torch.device:
@@ -77,18 +80,6 @@ def device_slug(device: torch.device | str) -> str:
         return "cpu"
     return slug_of_name(device_name(dev))
 
-ENV_CAPABILITY = "FTLIB_CAPABILITY"
-KB = 1024
-
-# Maximum shared memory per thread block (opt-in), bytes, per compute capability: CUDA C++
-# Programming Guide, "Compute Capabilities", technical specifications per compute capability.
-SMEM_PER_BLOCK_OPTIN: dict[tuple[int, int], int] = {
-    (7, 0): 96 * KB, (7, 2): 48 * KB, (7, 5): 64 * KB,
-    (8, 0): 163 * KB, (8, 6): 99 * KB, (8, 7): 163 * KB, (8, 9): 99 * KB,
-    (9, 0): 227 * KB, (10, 0): 227 * KB, (12, 0): 99 * KB,
-}
-
-
 @dataclass(frozen=True)
 class KnownGPU:
     """A GPU the book plans for: datasheet numbers (NVIDIA's product pages)."""
@@ -116,39 +107,10 @@ SDPA_BACKENDS = ("flash", "efficient", "cudnn", "math")
 _DTYPE_NAMES = ("fp32", "fp16", "bf16")
 
 
-def parse_capability(value: str | float | tuple[int, int]) -> tuple[int, int]:
-    """'7.5', '75', 'sm_75', 7.5 or (7, 5) -> (7, 5); a ValueError naming the value otherwise."""
-    if isinstance(value, tuple):
-        if len(value) == 2 and all(isinstance(v, int) and v >= 0 for v in value):
-            return (int(value[0]), int(value[1]))
-        raise ValueError(f"capability {value!r} must be (major, minor) non-negative ints")
-    text = str(value).strip().lower().removeprefix("sm_").removeprefix("sm")
-    try:
-        if "." in text:
-            major, minor = text.split(".")
-            cc = (int(major), int(minor))
-        else:
-            n = int(text)
-            cc = (n // 10, n % 10)
-    except ValueError:
-        raise ValueError(f"capability {value!r} is not like '7.5', '75' or 'sm_75'") from None
-    if not (1 <= cc[0] <= 20 and 0 <= cc[1] <= 9):
-        raise ValueError(f"capability {value!r} is out of range (major 1-20, minor 0-9)")
-    return cc
-
-
 def known_gpu(capability: str | float | tuple[int, int]) -> KnownGPU | None:
     """The first ``KNOWN_GPUS`` entry of that capability, if any."""
     cc = parse_capability(capability)
     return next((g for g in KNOWN_GPUS if g.capability == cc), None)
-
-
-def smem_per_block_optin(capability: tuple[int, int]) -> int | None:
-    """The capability's opt-in shared memory per block from the Programming Guide's table."""
-    if capability in SMEM_PER_BLOCK_OPTIN:
-        return SMEM_PER_BLOCK_OPTIN[capability]
-    older = [cc for cc in SMEM_PER_BLOCK_OPTIN if cc[0] == capability[0] and cc < capability]
-    return SMEM_PER_BLOCK_OPTIN[max(older)] if older else None
 
 
 def _sdpa_backends(capability: tuple[int, int] | None, dtype: str) -> tuple[str, ...]:
@@ -294,6 +256,12 @@ class DeviceInfo:
         if dtype not in _DTYPE_NAMES:
             raise ValueError(f"dtype {dtype!r}; expected one of {_DTYPE_NAMES}")
         return dict(self.sdpa)[dtype]
+
+    def limits(self) -> Limits | None:
+        """What the kernels' tile choices read (:mod:`kernels.limits`); None on the CPU."""
+        if self.capability is None:
+            return None
+        return Limits(self.name, self.capability, self.shared_memory_per_block)
 
     def to_dict(self) -> dict[str, Any]:
         """JSON-able (tuples become lists)."""

@@ -181,7 +181,7 @@ def speedrun_candidates() -> dict[str, tuple[ModelConfig, Recipe]]:
     }
 
 
-# The speedrun step that kernels/dev/engine_probe.py profiles.
+# The speedrun step that benchmarks/kernels/engine_probe.py profiles.
 SPEEDRUN_PROBE = ("256x6 FT-style, engine + bf16 levers + fused dropout, dropout 0.2, attention dropout 0, "
                   "lr 3e-3, cosine to 1,400")
 

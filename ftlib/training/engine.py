@@ -10,7 +10,7 @@
    the fused cross-entropy, the embeddings -> a scatter-add backward, AdamW -> the flat
    AdamW kernel. Each can be switched off (``use_kernels={'attention': False}``), falling
    back to the PyTorch op the model uses, so the book can show what each kernel buys.
-   Options that are off by default until a GPU run shows they win (kernels/dev/NOTES.md):
+   Options that are off by default until a GPU run shows they win (benchmarks/kernels/NOTES.md):
    3xTF32 attention and Linear layers in fp32, attention from the packed qkv, residual adds
    fused into the RMSNorm after them.
 2. **Flat buffers.** Every parameter is a view into one fp32 buffer and every gradient a

@@ -157,7 +157,7 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
     return legend_below(fig)
 
 
-# Kernel-name patterns -> category, first match wins (kernels/dev/engine_probe.py's names:
+# Kernel-name patterns -> category, first match wins (benchmarks/kernels/engine_probe.py's names:
 # cuBLAS/CUTLASS GEMMs, our Triton kernels by function name, PyTorch's native kernels).
 PROBE_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention", ("_attn_", "fmha", "softmax", "attention")),
@@ -179,7 +179,7 @@ def probe_category(kernel_name: str) -> str:
 
 def probe_table(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per profiled engine case: the captured step, the CUDA kernel time by category (µs) and each
-    category's share of the kernel time (``kernels/dev/engine_probe.py``, an uncaptured step
+    category's share of the kernel time (``benchmarks/kernels/engine_probe.py``, an uncaptured step
     under torch.profiler, averaged over 3 steps)."""
     out = []
     for r in probe_rows:

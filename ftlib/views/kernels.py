@@ -1,6 +1,6 @@
 """Reading the kernel micro-benchmark rows (kernels.jsonl) for chapter 6: ceilings, tables, figures.
 
-The rows come from ``kernels/dev`` (``python -m kernels.dev.suite``, or the ``kernels`` suite
+The rows come from ``benchmarks/kernels`` (``python -m benchmarks.kernels.suite``, or the ``kernels`` suite
 of ``ci/gpu_bench.py``): one row per (op, case, variant, timing), timing 'eager' (the call
 with autograd, as a user makes it) or 'graph' (the same call replayed from a CUDA graph: the
 kernels alone), plus ``op='ceiling'`` rows, the copy bandwidth and matmul rates measured on
@@ -218,16 +218,19 @@ def kernel_figure(table: list[dict[str, Any]], device: str) -> go.Figure:
 
 
 def kernel_math(op: str) -> str:
-    """The docstrings of the ``@triton.jit`` kernels in ``kernels/<op>.py``: where the math is stated.
+    """The docstrings of the ``@triton.jit`` kernels of ``kernels/<op>.py`` (and of
+    ``kernels/<op>_kernels.py`` where an op keeps its kernels apart): where the math is stated.
 
     Read from the source (ast), so nothing imports Triton; the chapter quotes them rather than
     restating formulas.
     """
-    path = KERNELS_DIR / f"{op}.py"
-    tree = ast.parse(path.read_text())
     parts = []
-    for node in tree.body:
-        if isinstance(node, ast.FunctionDef) and any(
-                "jit" in ast.unparse(d) for d in node.decorator_list) and ast.get_docstring(node):
-            parts.append(f"`kernels/{op}.py::{node.name}`\n\n```text\n{ast.get_docstring(node)}\n```")
+    for name in (f"{op}.py", f"{op}_kernels.py"):
+        path = KERNELS_DIR / name
+        if not path.exists():
+            continue
+        for node in ast.parse(path.read_text()).body:
+            if isinstance(node, ast.FunctionDef) and any(
+                    "jit" in ast.unparse(d) for d in node.decorator_list) and ast.get_docstring(node):
+                parts.append(f"`kernels/{name}::{node.name}`\n\n```text\n{ast.get_docstring(node)}\n```")
     return "\n\n".join(parts)

@@ -1,8 +1,9 @@
-"""The kernels suite: the measured ceilings, then every dev driver, rows into kernels.jsonl.
+"""The kernels suite: the measured ceilings, then every driver, rows into kernels.jsonl.
 
-    python -m kernels.dev.suite [--ops ceilings,rmsnorm] [--budget-s 500]
+    python -m benchmarks.kernels.suite [--ops ceilings,rmsnorm] [--budget-s 500] [--device cuda]
 
-``ci/gpu_bench.py``'s ``kernels`` suite and chapter 6 call :func:`run_suite`. Resumable:
+Run from the repository root. The GPU runner's ``kernels`` suite (``ci/gpu-run --only kernels``)
+and chapter 6's measuring path run this program; nothing in ftlib imports it. Resumable:
 rows whose keys are stored are skipped (a variant is re-measured only if one of its rows is
 missing or an error); no new variant starts after the deadline. Ceilings run first, because
 every kernel row is read against them. Without CUDA everything runs at tiny sizes in the
@@ -19,9 +20,9 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from kernels.dev._harness import BENCH, Recorder, use_interpreter
+from benchmarks.kernels._harness import BENCH, Recorder, use_interpreter
 
-OPS = ("ceilings", "rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm", "bias_grad",
+DRIVERS = ("ceilings", "rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm", "bias_grad",
        "causal_softmax")
 
 
@@ -46,16 +47,16 @@ def run_suite(
         use_interpreter()
     if store is None:
         store = ResultStore(BENCH, device_slug(dev))
-    names = list(ops or OPS)
-    unknown = [n for n in names if n not in OPS]
+    names = list(ops or DRIVERS)
+    unknown = [n for n in names if n not in DRIVERS]
     if unknown:
-        raise ValueError(f"unknown kernel suite op(s) {unknown}; known: {list(OPS)}")
+        raise ValueError(f"unknown kernel suite driver(s) {unknown}; known: {list(DRIVERS)}")
     rec = Recorder(store=store, deadline=deadline, on_row=on_row)
     for name in names:
         if rec.out_of_time():
             print(f"[kernels] budget spent before {name}", flush=True)
             break
-        module = "kernels.dev.ceilings" if name == "ceilings" else f"kernels.dev.{name}_dev"
+        module = "benchmarks.kernels.ceilings" if name == "ceilings" else f"benchmarks.kernels.{name}_dev"
         try:
             importlib.import_module(module).main(["--reps", str(cpu_reps)], rec)
         except Exception as e:  # one broken driver must not lose the others' rows
@@ -65,11 +66,14 @@ def run_suite(
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--ops", default=",".join(OPS), help="comma-separated, from " + ",".join(OPS))
+    ap.add_argument("--ops", default=",".join(DRIVERS), help="comma-separated, from " + ",".join(DRIVERS))
     ap.add_argument("--budget-s", type=float, default=None, help="no new variant after this many seconds")
+    ap.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu (the Triton interpreter)")
+    ap.add_argument("--cpu-reps", type=int, default=3, help="timed calls per variant on the CPU")
     args = ap.parse_args(argv)
     deadline = None if args.budget_s is None else time.monotonic() + args.budget_s
-    rows = run_suite(ops=[o for o in args.ops.split(",") if o], deadline=deadline)
+    rows = run_suite(args.device, ops=[o for o in args.ops.split(",") if o], deadline=deadline,
+                     cpu_reps=args.cpu_reps)
     print(f"[kernels] {len(rows)} rows measured now")
     return 0
 

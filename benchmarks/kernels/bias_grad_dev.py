@@ -1,8 +1,8 @@
 """Bias gradient (column sum of dy over the rows): check then time.
-``python -m kernels.dev.bias_grad_dev [--check-only]``.
+``python -m benchmarks.kernels.bias_grad_dev [--check-only]``.
 
 Why: in GPT-2's engine step PyTorch's ``dy.sum(0)`` for the 24 Linear biases is ~0.47 ms of
-3.79 ms (``kernels/dev/engine_probe.py``, H200, tf32), ~13-20 us per call for 8192 rows.
+3.79 ms (``benchmarks/kernels/engine_probe.py``, H200, tf32), ~13-20 us per call for 8192 rows.
 Variants: v1 eager ``dy.sum(0)`` (what autograd runs for ``F.linear``'s bias), v2 torch.compile
 of it, v3 ``kernels/bias_linear.py``'s two-stage Triton column sum (32 x 64 tiles, 4 warps, ~2
 programs per SM), v4-v6 the same kernel on other tiles and more programs per SM (v3 streamed
@@ -13,7 +13,7 @@ bf16. Bytes (the floor): dy read once; the (N,) result is left out.
 
 from __future__ import annotations
 
-from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
+from benchmarks.kernels._harness import Recorder, Variant, parse_args, run, setup
 
 
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:

@@ -1,4 +1,4 @@
-"""Causal attention forward + backward: check then time. ``python -m kernels.dev.attention_dev [--check-only]``.
+"""Causal attention forward + backward: check then time. ``python -m benchmarks.kernels.attention_dev [--check-only]``.
 
 Shape: the FastTransformer's attention, B=32, nh=8, T=256, hs=32, with nkv=1 (MQA) and 8.
 Variants: v1 explicit reference (materializes (B, nh, T, T)), v2 SDPA with a stride-0
@@ -12,7 +12,7 @@ and writes dq, dk, dv: 6 q-sized and 6 k-sized tensors (the logsumexp is O(B nh 
 
 from __future__ import annotations
 
-from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
+from benchmarks.kernels._harness import Recorder, Variant, parse_args, run, setup
 
 
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:

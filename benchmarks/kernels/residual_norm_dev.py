@@ -1,5 +1,5 @@
 """Residual add + the norm after it, forward + backward: check then time.
-``python -m kernels.dev.residual_norm_dev [--check-only]``.
+``python -m benchmarks.kernels.residual_norm_dev [--check-only]``.
 
 Variants: v1 eager (``s = x + r`` then ``ftlib.model.norm``'s RMSNorm / LayerNorm: an add kernel, a
 norm kernel, and backward autograd's add of the two gradients reaching s), v2 torch.compile of
@@ -22,7 +22,7 @@ from dx: the mask scales it).
 
 from __future__ import annotations
 
-from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
+from benchmarks.kernels._harness import Recorder, Variant, parse_args, run, setup
 
 
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:

@@ -1,4 +1,4 @@
-"""LayerNorm forward + backward: check then time. ``python -m kernels.dev.layernorm_dev [--check-only]``.
+"""LayerNorm forward + backward: check then time. ``python -m benchmarks.kernels.layernorm_dev [--check-only]``.
 
 Variants: v1 eager (F.layer_norm, PyTorch's own fused kernel), v2 torch.compile, v3 Triton.
 Shape: the GPT-2 baseline's norm input (8192, 256) with bias. Bytes as in rmsnorm_dev.
@@ -6,7 +6,7 @@ Shape: the GPT-2 baseline's norm input (8192, 256) with bias. Bytes as in rmsnor
 
 from __future__ import annotations
 
-from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
+from benchmarks.kernels._harness import Recorder, Variant, parse_args, run, setup
 
 
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:

@@ -1,6 +1,6 @@
 """Linear-layer GEMMs of one training step: cuBLAS vs a Triton GEMM, check then time.
 
-    python -m kernels.dev.matmul_dev [--check-only] [--json OUT.json]
+    python -m benchmarks.kernels.matmul_dev [--check-only] [--json OUT.json]
 
 Why: in strict fp32 the FastTransformer step is matmul-bound (chapter 01's compile-ro
 profile: ~3.1 ms of SIMT SGEMM in a 5.8 ms step, ~39 TFLOP/s of the FMA units' 67), so no
@@ -25,7 +25,7 @@ import sys
 
 import torch
 
-from kernels.dev._harness import parse_args, setup, time_graph
+from benchmarks.kernels._harness import parse_args, setup, time_graph
 
 # (BLOCK_M, BLOCK_N, BLOCK_K, num_warps, num_stages): the configurations tried per shape.
 CONFIGS = ((128, 128, 32, 8, 3), (128, 64, 32, 4, 4), (64, 128, 32, 4, 4), (64, 64, 32, 4, 4))

@@ -1,6 +1,6 @@
 """Where the engine's step goes: its kernels by name, next to the captured step's time.
 
-    python -m kernels.dev.engine_probe --out DIR     (GPU only; writes DIR/engine_probe.jsonl)
+    python -m benchmarks.kernels.engine_probe --out DIR     (GPU only; writes DIR/engine_probe.jsonl)
 
 Rows (one per case, ``bench='engine_probe'``) are committed as data/results/<gpu>/engine_probe.jsonl
 and read by chapter 6 (``ftlib.views.engine.probe_table``).
@@ -9,8 +9,8 @@ Per case, the captured engine step is timed (median of 50 replays), then an unca
 of the same configuration runs three steps under torch.profiler and the CUDA kernel time is
 summed by kernel name: the graph replays exactly these kernels without the launch gaps, so
 the table says which kernels the next engine round should remove or speed up. (The
-ceilings are measured by ``kernels/dev/ceilings.py`` and the attention variants in a graph
-by ``attention_dev.py``, both through ``kernels/dev/suite.py``.)
+ceilings are measured by ``benchmarks/kernels/ceilings.py`` and the attention variants in a graph
+by ``attention_dev.py``, both through ``benchmarks/kernels/suite.py``.)
 
 The first attempt (2026-12-02) ran it after an attention capture in the same process had
 failed, which left the CUDA generator in capture state; it now runs in a process of its own.
@@ -25,20 +25,8 @@ from pathlib import Path
 
 import torch
 
-from kernels.dev._harness import quantiles_us
-
-
-def _events_ms(fn, iters: int = 50) -> list[float]:
-    """Milliseconds of ``iters`` calls of ``fn``, each between two CUDA events."""
-    out = []
-    for _ in range(iters):
-        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        e0.record()
-        fn()
-        e1.record()
-        e1.synchronize()
-        out.append(e0.elapsed_time(e1))
-    return out
+from benchmarks.kernels._harness import quantiles_us
+from ftlib.core.timing import time_once
 
 
 def engine_profile(name: str, precision: str, cfg=None, B: int = 32, **engine_kw) -> dict:
@@ -55,7 +43,7 @@ def engine_profile(name: str, precision: str, cfg=None, B: int = 32, **engine_kw
     for _ in range(5):
         eng.step(x, y)
     torch.cuda.synchronize()
-    st = quantiles_us(_events_ms(lambda: eng.step(x, y)))
+    st = quantiles_us([time_once(lambda: eng.step(x, y), torch.device("cuda")) for _ in range(50)])
     eng_u = Engine(cfg, B, 256, precision, "cuda", capture=False, **engine_kw)
     for _ in range(3):
         eng_u.step(x, y)

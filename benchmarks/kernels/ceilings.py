@@ -1,7 +1,7 @@
-"""Measured ceilings of this GPU: copy bandwidth and matmul rate. ``python -m kernels.dev.ceilings``.
+"""Measured ceilings of this GPU: copy bandwidth and matmul rate. ``python -m benchmarks.kernels.ceilings``.
 
 The kernel rows are judged against what the card reaches, not against its datasheet
-(kernels/dev/NOTES.md used the datasheet until these existed):
+(benchmarks/kernels/NOTES.md used the datasheet until these existed):
 
 * ``copy``: a 1 GiB device-to-device copy (``dst.copy_(src)``); bytes = read + write (2 GiB).
 * ``matmul fp32``, ``matmul tf32``, ``matmul bf16``: an 8192 x 8192 x 8192 ``torch.mm``
@@ -20,7 +20,7 @@ import time
 
 import torch
 
-from kernels.dev._harness import Recorder, kernel_row_key, make_row, parse_args, quantiles_us, setup
+from benchmarks.kernels._harness import Recorder, kernel_row_key, make_row, parse_args, quantiles_us, setup
 
 # (variant, storage dtype, matmul precision, tolerance of max |C - C64| / max |C64|)
 MATMULS = (("matmul fp32", torch.float32, "fp32", 1e-5), ("matmul tf32", torch.float32, "tf32", 5e-3),

@@ -1,5 +1,5 @@
 """GPT-2's materialized attention softmax (scale + causal mask + softmax), forward + backward:
-check then time. ``python -m kernels.dev.causal_softmax_dev [--check-only]``.
+check then time. ``python -m benchmarks.kernels.causal_softmax_dev [--check-only]``.
 
 Variants: v1 eager (``ftlib.attention.causal_softmax_ref``: a scale kernel, a masked_fill, a
 softmax, and their three backwards), v2 torch.compile of the same (one fused kernel each way,
@@ -12,7 +12,7 @@ and writes P, backward reads P and dP and writes dS: 5 passes of B nh T T.
 
 from __future__ import annotations
 
-from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
+from benchmarks.kernels._harness import Recorder, Variant, parse_args, run, setup
 
 
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:

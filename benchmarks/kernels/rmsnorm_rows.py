@@ -8,7 +8,7 @@ latency-bound, not bandwidth-bound. Here every program takes a (ROWS, N) tile, s
 of ROWS rows are in flight together, and the backward's dweight partial is one (N,) row per
 program, summed by the launcher (cdiv(M, ROWS) x N floats: 0.5 MB at ROWS=16).
 
-Prediction (to be measured by ``python -m kernels.dev.rmsnorm_dev``, variants v4/v5): 42 MB
+Prediction (to be measured by ``python -m benchmarks.kernels.rmsnorm_dev``, variants v4/v5): 42 MB
 of traffic fwd+bwd at ~3 TB/s is ~14 us; with launch and the partial sum ~18-25 us, i.e. at
 torch.compile's time, saving ~30 us per norm, 13 norms per FastTransformer step: ~0.4 ms.
 

@@ -1,4 +1,4 @@
-"""Cross-entropy forward + backward: check then time. ``python -m kernels.dev.cross_entropy_dev [--check-only]``.
+"""Cross-entropy forward + backward: check then time. ``python -m benchmarks.kernels.cross_entropy_dev [--check-only]``.
 
 Variants: v1 eager F.cross_entropy, v2 torch.compile of it, v3 the fused Triton kernel (loss
 and dlogits in one pass). Shape: the book's head output, N = B*T = 8192 rows, V = 65.
@@ -7,7 +7,7 @@ Bytes (the floor): read the logits once, write dlogits once (plus the backward's
 
 from __future__ import annotations
 
-from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
+from benchmarks.kernels._harness import Recorder, Variant, parse_args, run, setup
 
 
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:

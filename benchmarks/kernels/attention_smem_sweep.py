@@ -8,7 +8,7 @@ upgrade when tests/test_aot.py finds a compiled kernel over the estimate. The li
 current coefficients (Triton 3.9) are in attention_smem_sweep.jsonl. Needs TRITON_INTERPRET
 unset; takes ~25 minutes on one core.
 
-    python -m kernels.dev.attention_smem_sweep OUT.jsonl [--cc 75,80,90]
+    python -m benchmarks.kernels.attention_smem_sweep OUT.jsonl [--cc 75,80,90]
 """
 
 from __future__ import annotations

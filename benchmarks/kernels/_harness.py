@@ -1,4 +1,4 @@
-"""Shared check-then-time loop for the kernels/dev drivers (after llm.c's dev/cuda/*.cu mains).
+"""Shared check-then-time loop for the benchmarks/kernels drivers (after llm.c's dev/cuda/*.cu mains).
 
 Each driver builds fresh random inputs, runs every variant once and checks it against the
 reference (max relative error against a tolerance), then - unless ``--check-only`` - times
@@ -6,7 +6,7 @@ it two ways:
 
 * ``eager``: the call as a user makes it (autograd, allocations, launches from Python),
   with ``triton.testing.do_bench`` (which zeroes a 256 MB buffer before each call, so the
-  L2 is cold). At these sizes this mostly measures the host (kernels/dev/NOTES.md).
+  L2 is cold). At these sizes this mostly measures the host (benchmarks/kernels/NOTES.md).
 * ``graph``: the same call captured once in a ``torch.cuda.CUDAGraph`` and replayed, each
   replay timed with CUDA events after an untimed L2 flush. One replay launches the captured
   kernels back to back, so this measures the kernels, not the host.
@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import torch
+
+from ftlib.core.timing import summarize_ms
 
 BENCH = "kernels"  # the ResultStore stem: data/results/<gpu>/kernels.jsonl
 L2_FLUSH_BYTES = 256 * 2**20  # what do_bench zeroes too; the H200's L2 is 50 MB
@@ -145,10 +147,10 @@ def kernel_row_key(op: str, variant: str, shape: dict, dtype: str, timing: str) 
 
 
 def quantiles_us(times_ms: list[float]) -> dict[str, float]:
-    xs = sorted(times_ms)
-    q = lambda p: xs[0] if len(xs) == 1 else statistics.quantiles(xs, n=100, method="inclusive")[int(p) - 1]
-    return {"median_us": statistics.median(xs) * 1e3, "p20_us": q(20) * 1e3, "p80_us": q(80) * 1e3,
-            "n_reps": len(xs)}
+    """Median, p20 and p80 in microseconds (``ftlib.core.timing.summarize_ms``), and the count."""
+    s = summarize_ms(times_ms)
+    return {"median_us": s["median_ms"] * 1e3, "p20_us": s["p20_ms"] * 1e3, "p80_us": s["p80_ms"] * 1e3,
+            "n_reps": len(times_ms)}
 
 
 def time_eager(fn: Callable[[], object], device: torch.device, reps: int = 3) -> dict[str, Any]:

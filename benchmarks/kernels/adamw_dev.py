@@ -1,4 +1,4 @@
-"""AdamW step: check then time. ``python -m kernels.dev.adamw_dev [--check-only]``.
+"""AdamW step: check then time. ``python -m benchmarks.kernels.adamw_dev [--check-only]``.
 
 Variants on the FastTransformer's parameters (2,559,744 fp32 values in ~40 tensors), all
 after the same 3 warm steps: v1 torch.optim.AdamW foreach (the default on CUDA),
@@ -22,7 +22,7 @@ the reference's operations in the reference's order (kernels/adamw.py) and keeps
 
 from __future__ import annotations
 
-from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
+from benchmarks.kernels._harness import Recorder, Variant, parse_args, run, setup
 
 
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:

@@ -1,7 +1,7 @@
-"""RMSNorm forward + backward: check then time. ``python -m kernels.dev.rmsnorm_dev [--check-only]``.
+"""RMSNorm forward + backward: check then time. ``python -m benchmarks.kernels.rmsnorm_dev [--check-only]``.
 
 Variants: v1 eager reference (ftlib.model.norm.rms_norm_ref), v2 torch.compile of it, v3 the Triton
-kernels in the model (kernels/rmsnorm.py), v4/v5 the experiment of kernels/dev/rmsnorm_rows.py
+kernels in the model (kernels/rmsnorm.py), v4/v5 the experiment of benchmarks/kernels/rmsnorm_rows.py
 (tiles of 16 / 4 rows per program, fwd and bwd). v5 won on the H200 (25.7 us fwd+bwd in a graph
 against v3's 54, kernels.jsonl, 2026-12-02) and became the model's kernel: v3's stored rows were
 measured on the first version (one row per program forward, a persistent backward grid; commit
@@ -13,7 +13,7 @@ weight, rstd and the partial dweight sums are O(N + M) and left out.
 
 from __future__ import annotations
 
-from kernels.dev._harness import Recorder, Variant, parse_args, run, setup
+from benchmarks.kernels._harness import Recorder, Variant, parse_args, run, setup
 
 
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:
@@ -21,8 +21,8 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     device = setup(args)
     import torch
 
+    from benchmarks.kernels.rmsnorm_rows import rms_norm_rows
     from ftlib.model.reference import rms_norm_ref
-    from kernels.dev.rmsnorm_rows import rms_norm_rows
     from kernels.rmsnorm import rms_norm
 
     M, N = (8192, 256) if device.type == "cuda" else (37, 256)

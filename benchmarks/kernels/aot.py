@@ -12,7 +12,7 @@ when it loads the kernel) and its PTX shows whether ``tl.dot`` became tensor-cor
 (:class:`ftlib.core.device.DeviceInfo`), at the book's shapes; ``compile_spec(spec, cc)`` compiles
 one and reports. CLI (what ``tests/test_aot.py`` runs, in a process without TRITON_INTERPRET):
 
-    python -m kernels.aot --cc 75,80,90 [--json]
+    python -m benchmarks.kernels.aot --cc 75,80,90 [--json]
 
 Needs a process where ``TRITON_INTERPRET`` is unset: under the interpreter ``@triton.jit``
 returns interpreter objects that cannot be compiled.
@@ -90,7 +90,8 @@ def compile_spec(spec: AotSpec, cc: int) -> dict[str, Any]:
     from triton.backends.compiler import GPUTarget
 
     if interpret_mode():
-        raise RuntimeError("kernels.aot needs TRITON_INTERPRET unset (the interpreter's functions cannot compile)")
+        raise RuntimeError("benchmarks.kernels.aot needs TRITON_INTERPRET unset "
+                           "(the interpreter's functions cannot compile)")
     src = triton.compiler.ASTSource(fn=spec.fn, signature=_signature(spec.fn, spec.types, spec.constexprs),
                                     constexprs=spec.constexprs)
     t0 = time.perf_counter()
@@ -110,7 +111,7 @@ def compile_spec(spec: AotSpec, cc: int) -> dict[str, Any]:
 
 def attention_specs(info: DeviceInfo, head_size: int, dtype: torch.dtype, input_precision: str, T: int
                     ) -> list[AotSpec]:
-    """The three attention kernels at the tiles ``kernels.tiles.choose_tiles`` picks on ``info``."""
+    """The three attention kernels at the tiles ``kernels.tiles.choose_tiles`` picks under ``info``'s limits."""
     from kernels import attention as A
     from kernels.tiles import choose_tiles
 
@@ -119,7 +120,7 @@ def attention_specs(info: DeviceInfo, head_size: int, dtype: torch.dtype, input_
     out = []
     for name, fn in (("fwd", A._attn_fwd_kernel), ("bwd_dq", A._attn_bwd_dq_kernel),
                      ("bwd_dkdv", A._attn_bwd_dkdv_kernel)):
-        tiles = choose_tiles(name, head_size, dtype, T, info)
+        tiles = choose_tiles(name, head_size, dtype, T, info.limits())
         out.append(attention_spec(name, fn, head_size, dt, prec, tiles))
     return out
 
@@ -223,7 +224,7 @@ def _linear_specs() -> list[AotSpec]:
 # (nanoGPT's), fp32 storage with the dot precision the engine uses (tf32, or ieee where Triton
 # has no tensor cores) and fp16. Below sm_80 only the fp32 head-size-64 case, the one whose
 # tiles shrink: the engine keeps SDPA there anyway, the dot probes show what fp16 and bf16 dots
-# become, and kernels/dev/attention_smem_sweep.jsonl has the other cases' shared memory.
+# become, and benchmarks/kernels/attention_smem_sweep.jsonl has the other cases' shared memory.
 ATTENTION_CASES = ((32, torch.float32), (64, torch.float32), (64, torch.float16))
 PRE_SM80_ATTENTION_CASES = ((64, torch.float32),)
 
@@ -298,7 +299,7 @@ def main(argv: list[str] | None = None) -> None:
     args = ap.parse_args(argv)
     missing = toolchain_missing()
     if missing:
-        print(f"kernels.aot: cannot compile ahead of time here: {missing}", file=sys.stderr)
+        print(f"benchmarks.kernels.aot: cannot compile ahead of time here: {missing}", file=sys.stderr)
         sys.exit(EXIT_NO_TOOLCHAIN)
     rows = run([int(c) for c in args.cc.split(",")], args.T, args.jobs)
     if args.json:
