@@ -43,7 +43,6 @@ from ftlib.harness.precision_plan import case_why_not, plan_cases  # noqa: E402
 from ftlib.harness.provenance import git_commit, is_clean_commit, run_id  # noqa: E402
 from ftlib.harness.results import ResultStore, results_dir  # noqa: E402
 from ftlib.harness.suites import SUITES, with_run  # noqa: E402
-from ftlib.model.config import preset  # noqa: E402
 
 MAX_OUT_FILES = 8  # what the device tool brings back
 RESERVE_S = 25.0  # left for collecting files and the summary
@@ -83,46 +82,10 @@ def _train(device, deadline: float) -> None:
 
 
 def _engine_check(device, deadline: float) -> None:
-    """The engine vs reference training over 100 steps (ftlib.training.engine.check_against_reference).
+    """The engine vs reference training over 100 steps (ftlib.harness.engine_check)."""
+    from ftlib.harness.engine_check import run_engine_checks
 
-    Both presets at B=32, T=256, fp32 first, then tf32 and bf16, then GPT-2 with the attention
-    kernel in place of its explicit softmax; one row per check in engine_check.jsonl, keyed by
-    this run.
-    """
-    import traceback
-
-    from ftlib.harness.provenance import provenance
-    from ftlib.harness.results import row_key
-    from ftlib.training.engine import check_against_reference
-
-    steps, B, T = 100, 32, 256
-    store = ResultStore("engine_check", device_slug(device))
-    runs = [(prec, name, {}) for prec in ("fp32", "tf32", "bf16") for name in ("gpt2", "fasttransformer")]
-    runs += [(prec, "gpt2", {"attention_for_explicit": True}) for prec in ("tf32", "bf16")]
-    for prec, name, options in runs:
-        cfg = preset(name)
-        extra = {"steps": steps, "run": run_id(), **options}
-        key = row_key("engine_check", cfg.config_hash(), B, T, "engine", prec, extra)
-        if time.monotonic() > deadline - 30:
-            print("[engine_check] budget spent", flush=True)
-            return
-        label = name + (" +flash-attn" if options.get("attention_for_explicit") else "")
-        row = {"key": key, "bench": "engine_check", "label": label, "preset": name, "config": cfg.to_dict(),
-               "config_hash": cfg.config_hash(), "B": B, "T": T, "mode": "engine", "precision": prec,
-               "extra": extra, **provenance(device)}
-        t0 = time.perf_counter()
-        try:
-            r = check_against_reference(cfg, steps, device, prec, B, T, **options)
-            row.update(status="ok", check_ok=r["ok"], **r)
-        except Exception as e:  # a failure is a row, so the other checks still run
-            row.update(status="error", check_ok=False, error=f"{type(e).__name__}: {e}"[:2000],
-                       traceback=traceback.format_exc()[-3000:])
-        row["wall_s"] = time.perf_counter() - t0
-        store.append(row)
-        print(f"  engine_check {label:<28} {prec:<5} {row['status']:<6} ok {row.get('check_ok')} "
-              f"max rel err {row.get('max_rel_err')} param rel err {row.get('param_rel_err')} "
-              f"loss {row.get('losses_ref', [None])[0]} -> {row.get('losses_ref', [None])[-1]} "
-              f"kernels {row.get('kernels')} {row.get('error', '')[:160]}", flush=True)
+    run_engine_checks(device, deadline, log=lambda line: print(line, flush=True))
 
 
 def _kernels(device, deadline: float) -> None:

@@ -14,9 +14,10 @@ import pytest
 import torch
 
 from ftlib.harness.bench import bench_step
+from ftlib.harness.engine_check import check_against_reference, pattern_batches
 from ftlib.model.config import preset
 from ftlib.model.gpt import build_model
-from ftlib.training.engine import OPS, Engine, check_against_reference, pattern_batches, resolve_kernels
+from ftlib.training.engine import KERNEL_OPS, Engine, EngineOptions
 
 B, T = 2, 16
 # hs = 64 / 4 = 16: the smallest head size the attention kernel takes.
@@ -70,9 +71,9 @@ def test_kernels_swapped_where_they_apply(dev):
     assert type(ft.model.wte).__name__ == type(ft.model.wpe).__name__ == "ScatterEmbedding"
     assert type(ft.model.norm_f).__name__ == "TritonRMSNorm"
     assert ft.model.blocks[0].attn.core.input_precision == "tf32"  # tf32 precision -> tf32 dots
-    assert ft.optimizer is None and ft.optimizer_name == "flat-adamw-triton"
+    assert ft.optimizer.torch_adamw is None and ft.optimizer.name == "flat-adamw-triton"
     gpt = Engine(GPT4, B, T, "fp32", dev)
-    assert [op for op in OPS if gpt.kernels[op]] == ["layernorm", "embedding", "cross_entropy", "adamw"]
+    assert [op for op in KERNEL_OPS if gpt.kernels[op]] == ["layernorm", "embedding", "cross_entropy", "adamw"]
     assert "explicit" in gpt.notes["attention"]  # GPT-2's materialized softmax stays by default
     assert type(gpt.model.blocks[0].norm1).__name__ == "TritonLayerNorm"
     flash = Engine(GPT4, B, T, "fp32", dev, attention_for_explicit=True)
@@ -86,17 +87,17 @@ def test_kernels_swapped_where_they_apply(dev):
         Engine(FT1, B, T, "fp32", dev, linear_precision="fp8")
     # The residual add is fused into the next norm by default, LayerNorm too; not without the norm kernel.
     assert ft.fuse_residual_norm and gpt.fuse_residual_norm and "layernorm" in gpt.notes["residual_norm"]
-    assert not Engine(GPT4, B, T, "fp32", dev, {"layernorm": False}).fuse_residual_norm
+    assert not Engine(GPT4, B, T, "fp32", dev, use_kernels={"layernorm": False}).fuse_residual_norm
     assert not Engine(FT1, B, T, "fp32", dev, fuse_residual_norm=False).fuse_residual_norm
-    assert ft.attention_layout == "packed" and ft.describe()["attention_layout"] == "packed"
+    assert ft.options.attention_layout == "packed" and ft.describe()["attention_layout"] == "packed"
     with pytest.raises(ValueError, match="attention_layout"):
         Engine(FT1, B, T, "fp32", dev, attention_layout="bthd")
     hs8 = Engine(FT1_L2_HS8, B, T, "fp32", dev)
     assert not hs8.kernels["attention"] and "head size 8" in hs8.notes["attention"]
-    off = Engine(FT1, B, T, "fp32", dev, {"attention": False, "adamw": False})
+    off = Engine(FT1, B, T, "fp32", dev, use_kernels={"attention": False, "adamw": False})
     assert not off.kernels["attention"] and off.kernels["rmsnorm"] and off.kernels["cross_entropy"]
     torch_adamw = "adamw-fused-capturable" if dev.type == "cuda" else "adamw-default"
-    assert off.optimizer_name == torch_adamw and "switched off" in off.notes["adamw"]
+    assert off.optimizer.name == torch_adamw and "switched off" in off.notes["adamw"]
     # The swaps keep parameter names and order: the reference's optimizer groups line up.
     assert [n for n, _ in ft.model.named_parameters()] == [n for n, _ in build_model(FT1).named_parameters()]
 
@@ -169,8 +170,8 @@ def test_warm_up_is_undone(use_kernels, dev):
     # up once) and check training is still the same as an engine that was not warmed up again.
     cfg = GPT4
     batches = pattern_batches(cfg.vocab_size, B, T, 3, seed=2)
-    plain = Engine(cfg, B, T, "fp32", dev, use_kernels)
-    warmed = Engine(cfg, B, T, "fp32", dev, use_kernels)
+    plain = Engine(cfg, B, T, "fp32", dev, use_kernels=use_kernels)
+    warmed = Engine(cfg, B, T, "fp32", dev, use_kernels=use_kernels)
     warmed._warm_up(2)
     assert torch.equal(warmed.flat_param, plain.flat_param)
     for x, y in batches:
@@ -206,7 +207,9 @@ def test_engine_mode_in_bench_step(dev):
 
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="unknown kernel op"):
-        resolve_kernels({"softmax": False})
+        EngineOptions(use_kernels={"softmax": False})
+    with pytest.raises(ValueError, match="unknown engine option"):
+        Engine(FT1, B, T, "fp32", "cpu", fuse_everything=True)
     with pytest.raises(ValueError, match="CUDA"):
         Engine(FT1, B, T, "fp32", "cpu", capture=True)
     with pytest.raises(ValueError, match="precision"):
@@ -225,7 +228,7 @@ def test_grad_clip_equals_clip_grad_norm(use_kernels, dev):
     ref(x, y)[1].backward()
     norm = float(torch.linalg.vector_norm(torch.cat([p.grad.reshape(-1) for p in ref.parameters()])))
     for clip in (norm / 4, norm * 4):  # active, then a no-op
-        eng = Engine(FT1, B, T, "fp32", dev, use_kernels, seed=1, grad_clip=clip)
+        eng = Engine(FT1, B, T, "fp32", dev, use_kernels=use_kernels, seed=1, grad_clip=clip)
         eng.step(x, y)
         ref = build_model(FT1, seed=1).to(dev)
         ref(x, y)[1].backward()
@@ -351,7 +354,7 @@ def test_fused_softmax_only_for_explicit_attention_left_as_written(dev):
     flash = Engine(GPT4, B, T, "fp32", dev, fused_softmax=True, attention_for_explicit=True)
     assert flash.kernels["attention"] and "softmax" not in flash.notes and not flash.describe()["fused_softmax"]
     assert not Engine(FT1, B, T, "fp32", dev, fused_softmax=True).describe()["fused_softmax"]
-    off = Engine(GPT4, B, T, "fp32", dev, False, fused_softmax=True)
+    off = Engine(GPT4, B, T, "fp32", dev, use_kernels=False, fused_softmax=True)
     assert "switched off" in off.notes["softmax"] and not off.describe()["fused_softmax"]
     assert Engine(GPT4, B, T, "fp32", dev).describe()["fused_softmax"]  # the default from round 6
     assert not Engine(GPT4, B, T, "fp32", dev, fused_softmax=False).describe()["fused_softmax"]

@@ -14,9 +14,10 @@ import torch
 
 from ftlib.core.device import ENV_CAPABILITY, DeviceInfo
 from ftlib.core.precision import precision_region as precision
+from ftlib.harness.engine_check import check_against_reference, pattern_batches
 from ftlib.model.config import preset
 from ftlib.model.gpt import build_model
-from ftlib.training.engine import Engine, check_against_reference, pattern_batches
+from ftlib.training.engine import Engine
 from ftlib.training.loss_scale import LossScaleConfig
 from ftlib.training.step import grad_scaler, make_optimizer, train_step
 
@@ -48,9 +49,10 @@ def test_fp16_engine_trains_like_grad_scaler_reference(cfg, use_kernels):
 
 
 def _flat_moments(eng: Engine) -> list[torch.Tensor]:
-    if eng.optimizer is None:
-        return [eng.exp_avg.clone(), eng.exp_avg_sq.clone(), eng.step_t.clone()]
-    return [v.clone() for s in eng.optimizer.state.values() for v in s.values()]
+    o = eng.optimizer
+    if o.torch_adamw is None:
+        return [o.exp_avg.clone(), o.exp_avg_sq.clone(), o.step_t.clone()]
+    return [v.clone() for s in o.torch_adamw.state.values() for v in s.values()]
 
 
 @pytest.mark.parametrize("use_kernels", [True, False], ids=["flat-adamw-kernel", "torch-adamw"])
@@ -61,7 +63,7 @@ def test_inf_gradient_skips_the_step_and_halves_the_scale_in_both(use_kernels):
     ref = build_model(cfg, seed=0)
     opt = make_optimizer(ref)
     scaler = grad_scaler("fp16", "cpu", cfgs)
-    eng = Engine(cfg, B, T, "fp16", "cpu", use_kernels, seed=0, grad_clip=1.0, loss_scale=cfgs)
+    eng = Engine(cfg, B, T, "fp16", "cpu", use_kernels=use_kernels, seed=0, grad_clip=1.0, loss_scale=cfgs)
     inject = {"on": False}
     for p in (ref.head.weight, eng.model.head.weight):  # an inf gradient of one weight, at bad_step only
         p.register_hook(lambda g: torch.full_like(g, math.inf) if inject["on"] else g)
@@ -95,7 +97,7 @@ def test_warm_up_also_resets_the_loss_scale():
     batches = pattern_batches(FT1.vocab_size, B, T, 2, seed=4)
     plain = Engine(FT1, B, T, "fp16", "cpu")
     warmed = Engine(FT1, B, T, "fp16", "cpu")
-    warmed.loss_scale.scale.fill_(8.0)  # as if the warm-up steps had backed off
+    warmed.optimizer.loss_scale.scale.fill_(8.0)  # as if the warm-up steps had backed off
     warmed._warm_up(1)
     assert warmed.loss_scale_state() == plain.loss_scale_state()
     for x, y in batches:

@@ -17,7 +17,7 @@ Modes:
   so sweeps run it in a subprocess with a time limit (``bench_step_isolated``).
 * ``engine``      - ``ftlib.training.engine.Engine``: the kernels, flat parameter/grad buffers and flat
   AdamW, the whole step in one CUDA graph (uncaptured on CPU). It builds its own model and
-  optimizer; a case's ``extra`` may carry engine options (``ftlib.training.engine.BENCH_OPTIONS``,
+  optimizer; a case's ``extra`` may carry engine options (``ftlib.training.engine.EngineOptions``,
   e.g. ``{"use_kernels": {"attention": False}}``), which then also enter the row's key.
 
 Where the optimizer sits (``optimizer``) matters as much as the mode for a small model, whose
@@ -499,12 +499,13 @@ def bench_step(
             # First step: compile (compile modes), side-stream warm-up + capture (cudagraph, engine).
             t0 = time.perf_counter()
             if mode == "engine":
-                from ftlib.training.engine import BENCH_OPTIONS, Engine
+                from ftlib.training.engine import Engine
+                from ftlib.training.engine.options import option_names
 
-                opts = {k: v for k, v in (extra or {}).items() if k in BENCH_OPTIONS}
+                opts = {k: v for k, v in (extra or {}).items() if k in option_names()}
                 engine = Engine(cfg, B, T, prec, dev, seed=seed, **opts)
                 runner = _engine_runner(engine, pool)
-                row.update(optimizer=engine.optimizer_name, n_params=engine.num_params(), engine=engine.describe())
+                row.update(optimizer=engine.optimizer.name, n_params=engine.num_params(), engine=engine.describe())
             else:
                 runner = _make_runner(mode, model, opt, pool, optimizer, grad_scaler(prec, dev))
             if mode in COMPILE_MODES:

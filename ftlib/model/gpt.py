@@ -8,7 +8,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
-from ftlib.model.block import Block
+from ftlib.model.block import AddNorm, Block
 from ftlib.model.config import ModelConfig
 from ftlib.model.norm import make_norm
 
@@ -27,6 +27,7 @@ class GPT(nn.Module):
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm_f = make_norm(config.norm, config.n_embd, config.bias, config.norm_eps)
         self.head = nn.Linear(config.n_embd, config.vocab_size, bias=False)
+        self.add_norm = AddNorm()  # every residual add with the norm after it (ftlib.model.block)
         if config.tie_weights:
             # Press & Wolf 2017: the output layer shares the input embedding matrix.
             self.head.weight = self.wte.weight
@@ -59,9 +60,11 @@ class GPT(nn.Module):
         self.config.check_sequence(T)
         pos = torch.arange(T, device=idx.device)
         x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
-        for blk in self.blocks:
-            x = blk(x)
-        logits = self.head(self.norm_f(x))  # (B, T, V)
+        h = self.blocks[0].norm1(x)  # (B, T, C), the first attention's input
+        for i, blk in enumerate(self.blocks):
+            after = self.blocks[i + 1].norm1 if i + 1 < len(self.blocks) else self.norm_f
+            x, h = blk(x, h, after, self.add_norm)
+        logits = self.head(h)  # (B, T, V); h = norm_f(x)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))

@@ -30,25 +30,19 @@ from typing import Any
 
 import torch
 
-from ftlib.core.precision import PRECISIONS
-from ftlib.core.precision import precision_region as precision
+from ftlib.core.precision import PRECISIONS, Precision, precision_region
 from ftlib.core.progress import progress_bar
+from ftlib.core.timing import sync
 from ftlib.model.config import ModelConfig
 from ftlib.model.gpt import GPT
 from ftlib.training.data import CharDataset, SequentialBatches, random_batch
+from ftlib.training.engine.options import key_items, option_names
 from ftlib.training.step import grad_scaler, make_optimizer, train_step
 
-# Fields added after results were stored: left out of ``Recipe.key_repr`` while at their
-# default, so the result keys of earlier runs (which hash the repr) stay the same.
-_LATER_FIELDS = ("engine", "engine_options")
-# Engine options that pin what rows stored before the option existed ran: left out of the key, so
-# those runs keep their keys (the fused dropout drew one Philox call per element until session 5
-# made one call per 4 columns the default; the candidates measured before say so explicitly).
-_KEYLESS_ENGINE_OPTIONS = (("dropout_rng4", False),)
-# Engine keyword options a recipe may set (ftlib.training.engine.Engine; capture and the optimizer stay the trainer's).
-ENGINE_RECIPE_OPTIONS = ("use_kernels", "attention_precision", "linear_precision", "attention_layout",
-                         "fuse_residual_norm", "bias_kernel", "bf16_norm_out", "bf16_weights", "fuse_dropout",
-                         "dropout_rng4")
+# The engine's fields enter ``Recipe.key_repr`` only when set: a recipe of plain steps keys as it
+# would without them, and a recipe's engine options enter as ``ftlib.training.engine.options.key_items``
+# says (each option's rule for result keys is stated once, with the option).
+_ENGINE_FIELDS = ("engine", "engine_options")
 
 
 @dataclass(frozen=True)
@@ -74,8 +68,8 @@ class Recipe:
     # instead of train_step; excludes torch.compile. Its attention kernel has no dropout:
     # with config.dropout > 0 attention stays on PyTorch's SDPA (the other kernels still apply).
     engine: bool = False
-    # Extra Engine options as (name, value) pairs (hashable, so the recipe stays frozen), e.g.
-    # (("fuse_residual_norm", True),); names from ENGINE_RECIPE_OPTIONS; engine=True only.
+    # Engine options as (name, value) pairs (hashable, so the recipe stays frozen), e.g.
+    # (("fuse_residual_norm", True),): ftlib.training.engine.EngineOptions but capture; engine=True only.
     engine_options: tuple[tuple[str, Any], ...] = ()
 
     def __post_init__(self) -> None:
@@ -95,9 +89,10 @@ class Recipe:
             bad.append(f"engine=True with compile={self.compile!r}: the engine captures the step itself")
         if self.engine and self.decay_scheme != "matrices":
             bad.append(f"engine=True with decay_scheme={self.decay_scheme!r}: the engine decays matrices only")
-        unknown = sorted({k for k, _ in self.engine_options} - set(ENGINE_RECIPE_OPTIONS))
+        allowed = option_names(recipe=True)
+        unknown = sorted({k for k, _ in self.engine_options} - set(allowed))
         if unknown:
-            bad.append(f"engine_options {unknown} not in {ENGINE_RECIPE_OPTIONS}")
+            bad.append(f"engine_options {unknown} not in {allowed}")
         if self.engine_options and not self.engine:
             bad.append(f"engine_options={self.engine_options!r} need engine=True")
         if bad:
@@ -107,17 +102,14 @@ class Recipe:
         return dataclasses.replace(self, **changes)
 
     def key_repr(self) -> str:
-        """``repr(self)`` without the fields added later (``_LATER_FIELDS``) while at their default.
-
-        Result keys hash this string, so a recipe that leaves the new fields alone keeps the
-        key it had before they existed, and stored runs are still recognized as done.
-        """
+        """``repr(self)`` as result keys hash it: the engine's fields only when set, its options as
+        ``key_items`` keeps them (a run stored under a key is then recognized as done)."""
         shown = []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
             if f.name == "engine_options":
-                value = tuple(o for o in value if tuple(o) not in _KEYLESS_ENGINE_OPTIONS)
-            if f.name in _LATER_FIELDS and value == f.default:
+                value = key_items(tuple(o) for o in value)
+            if f.name in _ENGINE_FIELDS and value == f.default:
                 continue
             shown.append(f"{f.name}={value!r}")
         return f"{type(self).__qualname__}({', '.join(shown)})"
@@ -136,7 +128,7 @@ class Recipe:
 
 
 RECIPES: dict[str, Recipe] = {
-    # The original convergence script (facts.md): constant lr, sequential batches, fp32.
+    # The original repository's convergence script: constant lr, sequential batches, fp32.
     "original": Recipe(steps=200, batch_size=32, block_size=256, lr=3e-4, betas=(0.9, 0.999),
                        weight_decay=0.01, grad_clip=1.0, sampler="sequential", eval_interval=50),
     # nanoGPT config/train_shakespeare_char.py: lr 1e-3 cosine to 1e-4 over 5000, warm-up 100,
@@ -153,11 +145,6 @@ def recipe(name: str, **overrides: Any) -> Recipe:
     return RECIPES[name].replace(**overrides)
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
 @torch.no_grad()
 def estimate_loss(
     model: GPT, data: torch.Tensor, batch_size: int, block_size: int, iters: int,
@@ -168,7 +155,7 @@ def estimate_loss(
     model.eval()
     g = torch.Generator().manual_seed(seed)
     total = 0.0
-    with precision(prec, device):
+    with precision_region(prec, device):
         for _ in range(iters):
             x, y = random_batch(data, batch_size, block_size, generator=g, device=device)
             _, loss = model(x, y)
@@ -187,8 +174,7 @@ class _PlainSteps:
                                   scheme=rec.decay_scheme, fused=device.type == "cuda" or None)
         self.step_model = torch.compile(self.model, mode=rec.compile) if rec.compile else self.model
         self.rec, self.device = rec, device
-        self.autocast = {"bf16": torch.bfloat16, "fp16": torch.float16}.get(rec.precision)
-        self.matmul = "tf32" if rec.precision == "tf32" else "fp32"  # autocast covers bf16/fp16
+        self.precision = Precision.of(rec.precision)  # TF32 flags around the step, autocast in train_step
         self.scaler = grad_scaler(rec.precision, device)  # fp16: dynamic loss scaling; else None
 
     def set_lr(self, lr: float) -> None:
@@ -199,9 +185,9 @@ class _PlainSteps:
         self.x, self.y = x, y
 
     def step(self) -> torch.Tensor:
-        with precision(self.matmul, self.device):
+        with self.precision.matmul_flags():
             return train_step(self.step_model, self.opt, self.x, self.y, grad_clip=self.rec.grad_clip,
-                              autocast_dtype=self.autocast, scaler=self.scaler)
+                              autocast_dtype=self.precision.autocast, scaler=self.scaler)
 
     def trained_model(self) -> GPT:
         return self.model
@@ -220,7 +206,7 @@ class _EngineSteps:
     """``ftlib.training.engine.Engine``: the same step on kernels and flat buffers, one CUDA graph on CUDA."""
 
     def __init__(self, config: ModelConfig, rec: Recipe, device: torch.device) -> None:
-        from ftlib.training.engine import Engine
+        from ftlib.training.engine import Engine  # imported here: plain runs never load the engine
 
         torch.manual_seed(rec.seed)  # dropout's random stream; the weights come from seed=rec.seed below
         # Same initial weights as _PlainSteps (build_model seeds the init like torch.manual_seed + GPT).
@@ -279,10 +265,10 @@ def train(
 
     device = torch.device(device)
     config.check_sequence(rec.block_size)
-    _sync(device)  # CUDA context creation is nobody's build time
+    sync(device)  # CUDA context creation is nobody's build time
     t_build = time.perf_counter()
     runner = _EngineSteps(config, rec, device) if rec.engine else _PlainSteps(config, rec, device)
-    _sync(device)
+    sync(device)
     build_s = time.perf_counter() - t_build
     model = runner.model
     g = torch.Generator().manual_seed(rec.seed)
@@ -296,7 +282,7 @@ def train(
     last_loss = None
     for step in bar:
         if step % rec.eval_interval == 0 or step == rec.steps:
-            _sync(device)
+            sync(device)
             ev = {
                 "step": step, "tokens": step * rec.batch_size * rec.block_size, "time_s": train_time,
                 "train_loss": estimate_loss(model, ds.train, rec.batch_size, rec.block_size, rec.eval_iters,
@@ -321,10 +307,10 @@ def train(
             ds.train, rec.batch_size, rec.block_size, generator=g, device=device)
         runner.load(x, y)
         runner.set_lr(rec.lr_at(step))
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         loss = runner.step()
-        _sync(device)
+        sync(device)
         dt = time.perf_counter() - t0
         if first_step_s is None:
             first_step_s = dt

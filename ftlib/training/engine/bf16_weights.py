@@ -2,9 +2,9 @@
 
 Under bf16 autocast every ``nn.Linear`` casts its fp32 weight to bf16 once per forward
 (autocast's weight cache), one small copy kernel per weight: ~40 launches per step for the
-FastTransformer, part of the 0.32 ms of copies and casts in its bf16 engine step on the H200
-(``benchmarks/kernels/engine_probe.py``). The engine keeps the fp32 master weights in one flat buffer
-(``ftlib.training.engine.flatten_parameters_``), so one copy of that buffer into a bf16 shadow at the
+FastTransformer (its copies and casts are a visible category of the engine's step in
+``benchmarks/kernels/engine_probe.py``'s profile). The engine keeps the fp32 master weights in one flat
+buffer (``ftlib.training.engine.flat.flatten_parameters_``), so one copy of that buffer into a bf16 shadow at the
 start of the step gives every weight its bf16 version in a single kernel; :class:`ShadowLinear`
 then runs on that view.
 

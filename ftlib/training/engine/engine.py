@@ -1,0 +1,304 @@
+"""The engine: the whole training step on kernels and flat buffers, captured in one CUDA graph.
+
+``Engine(config, B, T, precision, device, **options)`` owns a model of ``config`` and trains it
+with ``engine.step(x, y) -> loss``. Against ``ftlib.training.step.train_step`` with
+``torch.optim.AdamW`` (same math, same initial weights) it changes how the step is executed, not
+what it computes:
+
+1. Kernels: where one in ``kernels/`` applies, the model's module is swapped for it
+   (:mod:`ftlib.training.engine.swaps`); each can be switched off (:class:`EngineOptions`).
+2. Flat buffers: parameters and gradients are views into two fp32 buffers, so AdamW is one
+   kernel and zero_grad one memset (:mod:`ftlib.training.engine.flat`).
+3. Static shapes, one graph: inputs live in static (B, T) buffers; on CUDA the whole step (memset,
+   forward, loss, backward, AdamW) is captured once in a ``torch.cuda.CUDAGraph`` and replayed,
+   so no gaps open between the step's kernels while Python queues the next one. The capture
+   follows PyTorch's whole-network capture recipe (CUDA semantics notes): warm up on a side stream
+   first (Triton compiles and loads its kernels, cuBLAS creates workspaces, the optimizer its
+   state: none of that may happen during capture), then capture. Unlike the recipe, the warm-up
+   steps are undone (weights and optimizer state restored, one copy each thanks to the flat
+   buffers), so step k of the engine is step k of reference training. On the CPU the same step
+   runs uncaptured (kernels in Triton's interpreter), which is how CI tests it.
+
+Precision: the TF32 flags and autocast are set only while the step is warmed up, captured or
+(uncaptured) run, and restored after, so the engine changes no global setting; a replay needs no
+flags. A precision the device cannot run as labelled is refused (bf16 and tf32 on a T4), and the
+Triton matmuls go in only where ``tl.dot`` gets tensor cores (:class:`ftlib.core.device.DeviceInfo`,
+detected, passed as ``device_info``, or rehearsed through ``FTLIB_CAPABILITY``).
+
+Importing this module imports neither Triton nor ``kernels``' op modules: they are imported
+when an engine that uses them is built.
+"""
+
+from __future__ import annotations
+
+from functools import partial
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from ftlib.core.device import DeviceInfo, pick_device
+from ftlib.model.config import ModelConfig, preset
+from ftlib.model.gpt import build_model
+from ftlib.training.engine.flat import FlatOptimizer, flatten_parameters_
+from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
+from ftlib.training.engine.swaps import (
+    FusedAddNorm,
+    fuse_residual_dropout_,
+    kernels_runnable,
+    shadow_linears,
+    swap_kernels,
+)
+from ftlib.training.loss_scale import LossScaleConfig
+
+# Side-stream steps before capture; PyTorch's whole-network example uses 3.
+WARMUP_STEPS = 3
+
+
+class Engine:
+    """One model, its flat buffers and optimizer state, and (on CUDA) its captured step.
+
+    ``options``: an :class:`EngineOptions`, a mapping, or the options as keywords. The optimizer is
+    AdamW with ``lr, betas, eps, weight_decay`` on the 'matrices' groups of
+    ``ftlib.training.step.param_groups`` (decay parameters with >= 2 dims only); ``grad_clip``
+    clips the global gradient norm like ``torch.nn.utils.clip_grad_norm_`` (None: no clipping);
+    ``loss_scale`` (fp16 only) sets the dynamic loss scaling's knobs. ``seed`` gives the initial
+    weights of ``build_model(config, seed)``, the reference's.
+
+    Attributes: ``model``, ``flat_param`` / ``flat_grad`` (N,), ``n_decay`` (elements [0, n_decay)
+    are decayed), ``spans`` (name -> (offset, numel)), ``kernels`` (op -> a kernel took it over),
+    ``notes`` (what stayed on PyTorch and why), ``optimizer``, ``captured``, ``static_x`` /
+    ``static_y`` (B, T).
+    """
+
+    def __init__(
+        self,
+        config: ModelConfig | str,
+        B: int,
+        T: int,
+        precision: str = "fp32",
+        device: torch.device | str = "auto",
+        options: EngineOptions | dict[str, Any] | None = None,
+        *,
+        lr: float = 3e-4,
+        betas: tuple[float, float] = (0.9, 0.999),
+        eps: float = 1e-8,
+        weight_decay: float = 0.01,
+        seed: int | None = 0,
+        warmup_steps: int = WARMUP_STEPS,
+        grad_clip: float | None = None,
+        loss_scale: LossScaleConfig | None = None,
+        device_info: DeviceInfo | None = None,
+        **option_values: Any,
+    ) -> None:
+        cfg = preset(config) if isinstance(config, str) else config
+        cfg.check_sequence(T)
+        self.options = EngineOptions.of(options, **option_values)
+        self.prec = StepPrecision.of(precision, self.options)
+        dev = pick_device(device) if isinstance(device, str) else torch.device(device)
+        if dev.type == "cuda" and dev.index is None:
+            dev = torch.device("cuda", torch.cuda.current_device())
+        # No row under a precision label the device cannot run as labelled.
+        self.device_info = device_info or DeviceInfo.detect(dev)
+        if self.device_info.kind == "cuda" and (reason := self.device_info.why_not(precision)) is not None:
+            raise ValueError(f"precision={precision!r} on {self.device_info.label()}: {reason}")
+        if loss_scale is not None and not self.prec.base.loss_scaling:
+            raise ValueError(f"loss_scale is for precision='fp16' (dynamic loss scaling), got precision={precision!r}")
+        if grad_clip is not None and not grad_clip > 0:
+            raise ValueError(f"grad_clip={grad_clip} must be positive (or None for no clipping)")
+        self.capture = dev.type == "cuda" if self.options.capture is None else self.options.capture
+        if self.capture and dev.type != "cuda":
+            raise ValueError(f"capture=True needs a CUDA device, got {dev}")
+        self.config, self.B, self.T, self.precision, self.device = cfg, int(B), int(T), precision, dev
+        self.grad_clip = grad_clip
+        self.requested = self.options.kernels()
+
+        # Same initial weights as build_model(cfg, seed) - the reference's - then the kernels in.
+        self.model = build_model(cfg, seed=seed).to(dev)
+        self.model.train()
+        swaps = swap_kernels(self.model, self.options, self.prec, self.device_info, dev)
+        self.kernels, self.notes = swaps.applied, swaps.notes
+        self.resid_dropout = self._fuse_residual_norm(seed)
+        self._loss_fn = self._loss()
+
+        # Flat buffers, decayed parameters first (ftlib.training.step.param_groups 'matrices').
+        named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
+        decay = [(n, p) for n, p in named if p.dim() >= 2]
+        no_decay = [(n, p) for n, p in named if p.dim() < 2]
+        ordered = decay + no_decay
+        self.flat_param, self.flat_grad, spans = flatten_parameters_([p for _, p in ordered])
+        self.spans = {n: s for (n, _), s in zip(ordered, spans)}
+        self.n_decay = sum(p.numel() for _, p in decay)
+        self.optimizer = FlatOptimizer(
+            self.flat_param, self.flat_grad, self.n_decay, ([p for _, p in decay], [p for _, p in no_decay]),
+            kernel=self.kernels["adamw"], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
+            loss_scaling=self.prec.base.loss_scaling, loss_scale_config=loss_scale or LossScaleConfig(),
+            precision=precision)
+        self.flat_param16 = self._shadow_weights()
+
+        self.static_x = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) tokens
+        self.static_y = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) targets
+        self.graph: torch.cuda.CUDAGraph | None = None
+        self.static_loss: torch.Tensor | None = None
+        self.captured = False
+        if self.capture:
+            self._warm_up_and_capture(warmup_steps)
+
+    # -- what the options make of this model -------------------------------------------------
+
+    def _fuse_residual_norm(self, seed: int | None) -> tuple[float, torch.Tensor, bool] | None:
+        """Put the fused residual-add + norm kernel in the model's ``add_norm`` seam where asked for and
+        possible, with the branches' dropout inside it; returns that dropout (p, seed tensor, rng4) or None."""
+        o, cfg = self.options, self.config
+        self.fuse_residual_norm = False
+        if o.fuse_residual_norm:
+            why_not = kernels_runnable(self.device)
+            if why_not:
+                self.notes["residual_norm"] = why_not
+            elif not self.kernels[cfg.norm]:
+                self.notes["residual_norm"] = f"off: the {cfg.norm} kernel is switched off"
+            else:
+                self.fuse_residual_norm = True
+                self.notes["residual_norm"] = f"residual add fused into the next {cfg.norm} (kernels/residual_norm.py)"
+        # bf16 only, with the fused norms: their outputs feed Linears that autocast casts to bf16.
+        norm_out = self.prec.low_dtype if (o.bf16_norm_out and self.fuse_residual_norm) else None
+        if o.bf16_norm_out and norm_out is None:
+            self.notes["bf16_norm_out"] = "not applied: needs precision='bf16' and the fused residual-norm"
+        self.norm_out_dtype = norm_out
+        dropout = None
+        if o.fuse_dropout and cfg.dropout > 0:
+            if not self.fuse_residual_norm:
+                self.notes["fuse_dropout"] = "not applied: needs the fused residual-norm"
+            else:
+                # The mask is drawn from a seed tensor that every step increments (also on graph replay).
+                gen = torch.Generator().manual_seed(0 if seed is None else seed)
+                start = torch.randint(0, 2**40, (1,), generator=gen, dtype=torch.int64)
+                dropout = (fuse_residual_dropout_(self.model), start.to(self.device), bool(o.dropout_rng4))
+                self.notes["fuse_dropout"] = (f"residual dropout p={cfg.dropout} inside the fused residual-norm "
+                                              "(mask from Philox, redrawn in the backward)")
+        if self.fuse_residual_norm:
+            self.model.add_norm = FusedAddNorm(self.model, norm_out, dropout)
+        return dropout
+
+    def _loss(self):
+        if not self.kernels["cross_entropy"]:
+            return F.cross_entropy  # exactly what GPT.forward computes
+        from kernels.cross_entropy import cross_entropy
+
+        # The kernel's target check is a host sync per call, which an uncaptured CUDA step must not
+        # have (step() queues ahead of the device). The targets are the engine's own static buffer,
+        # filled from the data loader's tokens, so they are in range.
+        return partial(cross_entropy, check_targets=self.device.type != "cuda")
+
+    def _shadow_weights(self) -> torch.Tensor | None:
+        """bf16 only: every plain nn.Linear reads its weight from one bf16 copy of the decayed (matrix)
+        part of the flat buffer, refreshed by one copy per step (``bf16_weights.py``)."""
+        if not self.options.bf16_weights:
+            return None
+        if self.precision != "bf16":
+            self.notes["bf16_weights"] = "not applied: needs precision='bf16'"
+            return None
+        if self.options.linear_precision is not None:
+            self.notes["bf16_weights"] = "not applied: the Linear layers run on the Triton GEMM"
+            return None
+        flat16 = torch.empty(self.n_decay, dtype=torch.bfloat16, device=self.device)
+        n = shadow_linears(self.model, flat16, self.spans)
+        self.notes["bf16_weights"] = f"{n} Linear layers on one bf16 shadow of the flat weights"
+        return flat16
+
+    # -- the step ----------------------------------------------------------------------------
+
+    def _step_body(self) -> torch.Tensor:
+        """zero grad (one memset) + forward + loss + backward + AdamW, on the static buffers."""
+        self.flat_grad.zero_()
+        if self.flat_param16 is not None:  # the step's bf16 weights, one copy
+            self.flat_param16.copy_(self.flat_param[: self.n_decay])
+        if self.resid_dropout is not None:  # a new mask every step, also on graph replay
+            self.resid_dropout[1].add_(1)
+        logits, _ = self.model(self.static_x)  # (B, T, V)
+        loss = self._loss_fn(logits.view(self.B * self.T, -1), self.static_y.view(self.B * self.T))
+        self.optimizer.backward(loss, self.grad_clip)
+        self.optimizer.step()
+        return loss.detach()
+
+    def _warm_up(self, steps: int) -> None:
+        """Run ``steps`` real steps (kernels compile and load, the optimizer creates its state), then
+        undo them, so that engine step 0 starts from the initial weights like the reference."""
+        saved = self.flat_param.clone()  # one copy: the flat buffer holds every weight
+        for _ in range(steps):
+            self._step_body()
+        with torch.no_grad():
+            self.flat_param.copy_(saved)
+        self.optimizer.reset_()
+
+    def _warm_up_and_capture(self, warmup_steps: int) -> None:
+        """PyTorch's whole-network capture: side-stream warm-up, then one graph of the step."""
+        with self.prec.base.region(self.device):
+            side = torch.cuda.Stream(self.device)
+            side.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(side):
+                self._warm_up(max(1, warmup_steps))
+            torch.cuda.current_stream(self.device).wait_stream(side)
+            self.graph = torch.cuda.CUDAGraph()
+            # Nothing runs during capture, it is only recorded; activations come from the graph's
+            # private memory pool and are reused by every replay. The grads exist (views into
+            # flat_grad), so backward accumulates into them in place.
+            with torch.cuda.graph(self.graph):
+                self.static_loss = self._step_body()
+        self.captured = True
+
+    def step(self, x: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+        """One training step on tokens x and targets y (B, T); returns the loss (0-dim, detached).
+
+        On CUDA the returned tensor is the graph's static output: the next step overwrites it, so
+        take ``.item()`` or ``.clone()`` before then. No host sync happens here. Passing
+        ``static_x`` / ``static_y`` themselves (after filling them) skips the copies.
+        """
+        if tuple(x.shape) != (self.B, self.T) or tuple(y.shape) != (self.B, self.T):
+            raise ValueError(f"x and y must be ({self.B}, {self.T}); got {tuple(x.shape)}, {tuple(y.shape)}")
+        if x is not self.static_x:
+            self.static_x.copy_(x)
+        if y is not self.static_y:
+            self.static_y.copy_(y)
+        if self.captured:
+            self.graph.replay()
+            return self.static_loss
+        with self.prec.base.region(self.device):
+            return self._step_body()
+
+    def set_lr(self, lr: float) -> None:
+        """Change the learning rate; a captured graph reads the new value on its next replay."""
+        self.optimizer.set_lr(lr, self.captured)
+
+    def num_params(self) -> int:
+        return self.flat_param.numel()
+
+    def loss_scale_state(self) -> dict[str, Any] | None:
+        """fp16: the loss scaler's scale and clean-step count now (host values: syncs); else None."""
+        return self.optimizer.loss_scale_state()
+
+    def describe(self) -> dict[str, Any]:
+        """What this engine runs, for result rows and the book."""
+        o = self.options
+        return {
+            "kernels": [op for op in KERNEL_OPS if self.kernels[op]],
+            "requested_off": [op for op in KERNEL_OPS if not self.requested[op]],
+            "notes": dict(self.notes),
+            "captured": self.captured,
+            "optimizer": self.optimizer.name,
+            "n_params": self.num_params(),
+            "n_decay": self.n_decay,
+            "grad_clip": self.grad_clip,
+            # Each option as applied (None or False where it did not apply).
+            "linear_precision": o.linear_precision if self.notes.get("linear", "").startswith("Triton") else None,
+            "attention_precision": o.attention_precision,
+            "attention_layout": o.attention_layout if self.kernels["attention"] else None,
+            "fuse_residual_norm": self.fuse_residual_norm,
+            "fuse_dropout": self.resid_dropout is not None,
+            "bias_kernel": self.notes.get("bias", "").startswith("bias gradients"),
+            "bf16_norm_out": self.norm_out_dtype is not None,
+            "bf16_weights": self.flat_param16 is not None,
+            "fused_softmax": self.notes.get("softmax", "").startswith("scale"),
+            "loss_scale": self.optimizer.loss_scale_kind(),
+            "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),
+        }

@@ -1,0 +1,151 @@
+"""The engine's options, in one place: each with its default, its meaning, its check, and how it
+enters a result key; and the precision name resolved once into what the engine's kernels take.
+
+None of the options changes what the step computes, only how it is executed (up to the order of
+float sums; ``fuse_dropout`` also changes the random stream of the dropout masks, not their
+distribution). The defaults are the measured winners (chapter 6 shows the variants against them).
+
+Result keys. An option enters a key only where a benchmark case or a training recipe sets it (a
+case's ``extra``, a recipe's ``engine_options``), exactly as given: a default never does, so a
+new option leaves every stored key as it was. An option whose default changes what was executed
+declares, as ``keyless``, the value that rows stored before it existed ran with: that value is
+left out of keys (:func:`key_items`), so pinning it keeps those rows' keys.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+
+from ftlib.core.precision import Precision
+
+# The ops a kernel can take over, each switchable on its own (``use_kernels``).
+KERNEL_OPS = ("rmsnorm", "layernorm", "attention", "embedding", "cross_entropy", "adamw")
+# tl.dot input precisions of the Triton matmuls for fp32 operands (kernels/linear.py, kernels/attention.py).
+DOT_PRECISIONS = ("ieee", "tf32", "tf32x3")
+# 'heads': q/k/v as (B, h, T, hs) views, the output transposed back with a copy; 'packed': the
+# kernel reads the qkv projection's output and writes (B, T, C), d(qkv) into one buffer.
+ATTENTION_LAYOUTS = ("heads", "packed")
+
+_NO_VALUE = object()
+
+
+def _option(default: Any, doc: str, *, keyless: Any = _NO_VALUE, recipe: bool = True) -> Any:
+    return field(default=default, metadata={"doc": doc, "keyless": keyless, "recipe": recipe})
+
+
+@dataclass(frozen=True)
+class EngineOptions:
+    """How :class:`ftlib.training.engine.Engine` executes the step (module docstring)."""
+
+    use_kernels: bool | Mapping[str, bool] = _option(
+        True, "True: every kernel that applies; False: none (the PyTorch ops, still flat and captured); "
+              "{op: bool} over KERNEL_OPS, the ops not named stay on")
+    capture: bool | None = _option(
+        None, "capture the step in one CUDA graph; None: on CUDA only", recipe=False)
+    attention_for_explicit: bool = _option(
+        False, "also put the attention kernel in place of an explicit materialized softmax (GPT-2): the "
+               "same function, but that is one of the post's four changes, so off by default")
+    linear_precision: str | None = _option(
+        None, "None: the Linear layers on cuBLAS; one of DOT_PRECISIONS: on the Triton GEMM (fp32 storage "
+              "only; 'tf32x3' is fp32-accurate on tensor cores)")
+    attention_precision: str | None = _option(
+        None, "the attention kernel's tl.dot precision for fp32 operands (default 'tf32' under tf32; in strict "
+              "fp32 SDPA stays unless this is set)")
+    attention_layout: str = _option("packed", "one of ATTENTION_LAYOUTS")
+    fuse_residual_norm: bool = _option(
+        True, "every residual add fused into the norm after it (kernels/residual_norm.py), both ways")
+    bias_kernel: bool = _option(
+        True, "Linear layers with a bias compute its gradient on the Triton column sum (GEMMs stay on cuBLAS)")
+    bf16_norm_out: bool = _option(
+        True, "under bf16, the fused norms write bf16: what the next Linear's autocast cast would give")
+    bf16_weights: bool = _option(
+        True, "under bf16, plain Linear layers read one bf16 copy of the flat weights made at the start of the "
+              "step, instead of one autocast cast per weight")
+    fuse_dropout: bool = _option(
+        True, "with dropout > 0 and the fused residual-norm: each branch's residual dropout inside those "
+              "kernels, its mask drawn from Philox and redrawn in the backward")
+    dropout_rng4: bool = _option(
+        True, "the fused dropout draws one Philox call per 4 columns (False: one per element)", keyless=False)
+    fused_softmax: bool = _option(
+        True, "for explicit attention kept as written: scale, causal mask and softmax in one kernel each way")
+
+    def __post_init__(self) -> None:
+        bad = []
+        uk = self.use_kernels
+        if isinstance(uk, Mapping):
+            unknown = sorted(set(uk) - set(KERNEL_OPS))
+            if unknown:
+                bad.append(f"unknown kernel op(s) {unknown} in use_kernels; known ops: {list(KERNEL_OPS)}")
+        elif not isinstance(uk, bool):
+            bad.append(f"use_kernels={uk!r} must be True, False or a dict {{op: bool}}")
+        if self.capture is not None and not isinstance(self.capture, bool):
+            bad.append(f"capture={self.capture!r} must be True, False or None")
+        for name in ("linear_precision", "attention_precision"):
+            v = getattr(self, name)
+            if v is not None and v not in DOT_PRECISIONS:
+                bad.append(f"{name}={v!r}; expected None or one of {DOT_PRECISIONS}")
+        if self.attention_layout not in ATTENTION_LAYOUTS:
+            bad.append(f"attention_layout={self.attention_layout!r}; expected one of {ATTENTION_LAYOUTS}")
+        for f in dataclasses.fields(self):
+            if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
+                bad.append(f"{f.name}={getattr(self, f.name)!r} must be True or False")
+        if bad:
+            raise ValueError("invalid engine options: " + "; ".join(bad))
+
+    @classmethod
+    def of(cls, values: Mapping[str, Any] | EngineOptions | None = None, **more: Any) -> EngineOptions:
+        """Options from a mapping (and keywords), with a ValueError naming any unknown option."""
+        given = dict(dataclasses.asdict(values) if isinstance(values, EngineOptions) else (values or {}), **more)
+        unknown = sorted(set(given) - set(option_names()))
+        if unknown:
+            raise ValueError(f"unknown engine option(s) {unknown}; the options are {list(option_names())}")
+        return cls(**given)
+
+    def kernels(self) -> dict[str, bool]:
+        """op -> requested, for every op of ``KERNEL_OPS``."""
+        if isinstance(self.use_kernels, bool):
+            return {op: self.use_kernels for op in KERNEL_OPS}
+        return {op: bool(self.use_kernels.get(op, True)) for op in KERNEL_OPS}
+
+
+def option_names(recipe: bool = False) -> tuple[str, ...]:
+    """Every option's name, or (``recipe``) those a training recipe may set: capture stays the trainer's."""
+    return tuple(f.name for f in dataclasses.fields(EngineOptions) if not recipe or f.metadata["recipe"])
+
+
+def option_docs() -> dict[str, str]:
+    """Each option's default and meaning, for ``ci/gpu_bench.py`` and the book."""
+    return {f.name: f"{f.default!r}: {f.metadata['doc']}" for f in dataclasses.fields(EngineOptions)}
+
+
+def key_items(given: Iterable[tuple[str, Any]]) -> tuple[tuple[str, Any], ...]:
+    """The (name, value) pairs of ``given`` that enter a result key: all but an option at its
+    ``keyless`` value (what rows stored before the option existed ran with)."""
+    keyless = {f.name: f.metadata["keyless"] for f in dataclasses.fields(EngineOptions)}
+    return tuple((k, v) for k, v in given if keyless.get(k, _NO_VALUE) is _NO_VALUE or v != keyless[k])
+
+
+@dataclass(frozen=True)
+class StepPrecision:
+    """A precision name resolved once for the engine: the step's autocast and TF32
+    (:class:`ftlib.core.precision.Precision`) and what the engine's kernels take from them."""
+
+    base: Precision
+    fp32_dot: str  # the attention kernel's tl.dot precision for fp32 operands
+    attention_dot: str  # what its tl.dot multiplies: the autocast dtype's name, else fp32_dot
+    low_dtype: torch.dtype | None  # bf16 under bf16 autocast: what fused norms and the softmax may write
+    fp32_storage: bool  # fp32 and tf32: the Triton GEMM may take the Linear layers
+
+    @classmethod
+    def of(cls, precision: str, options: EngineOptions) -> StepPrecision:
+        base = Precision.of(precision)
+        # fp32 operands: strict IEEE dots, or TF32 tensor cores when the precision is tf32, unless set;
+        # bf16/fp16 operands (autocast) go to the tensor cores' MMA directly.
+        fp32_dot = options.attention_precision or ("tf32" if base.tf32 else "ieee")
+        return cls(base, fp32_dot, precision if base.autocast is not None else fp32_dot,
+                   torch.bfloat16 if precision == "bf16" else None, base.autocast is None)

@@ -1,0 +1,316 @@
+"""Where a kernel applies, the model's module is swapped for one that runs it, in place.
+
+Every new module takes over the old one's Parameter objects under the same names and in the same
+place of its parent's ordered ``_modules``, so ``model.parameters()`` keeps its order and identity
+(the reference's optimizer groups line up) and the model's own forward runs unchanged: the norms,
+attention, Linear layers and embeddings are modules, and every residual add with the norm after it
+goes through the model's ``add_norm`` (``ftlib.model.block.AddNorm``). :func:`swap_kernels` returns
+which ops a kernel took over and, for every op or fusion that stayed on PyTorch, why.
+
+Triton matmuls (attention, the Linear GEMM) go in only where ``tl.dot`` gets tensor cores for their
+precision on the device: below sm_80 Triton lowers every ``tl.dot`` to FMA arithmetic
+(``ftlib.core.device``), where SDPA's kernels and cuBLAS use the tensor cores.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from ftlib.core.device import DeviceInfo
+from ftlib.model.attention import CausalSelfAttention
+from ftlib.model.gpt import GPT
+from ftlib.model.norm import LayerNorm, RMSNorm
+from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
+
+# Head sizes the attention kernel takes (tl.dot needs a power of two in [16, 128]).
+ATTN_HEAD_SIZES = (16, 32, 64, 128)
+OFF = "switched off: PyTorch reference op"
+
+
+def kernels_runnable(device: torch.device) -> str | None:
+    """None when Triton kernels run here (CUDA tensors, or CPU tensors in the interpreter); else why not."""
+    import kernels
+
+    if not kernels.HAS_TRITON:
+        return "Triton is not installed"
+    if device.type == "cuda":
+        return None
+    if device.type == "cpu" and os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
+        return None
+    return f"no Triton on {device.type} (set TRITON_INTERPRET=1 before importing triton for the CPU)"
+
+
+def triton_dot_blocked(info: DeviceInfo | None, dot: str) -> str | None:
+    """Why a Triton matmul with ``tl.dot`` input ``dot`` stays off on this GPU (None: it may run).
+    'ieee' is FMA by definition and only ever runs when asked for explicitly."""
+    if info is None or info.kind != "cuda" or dot == "ieee" or info.triton_dot_uses_tensor_cores(dot):
+        return None
+    return (f"not applied: Triton's tl.dot has no tensor cores for {dot} on {info.label()} "
+            "(FMA arithmetic below sm_80)")
+
+
+class KernelCausalSelfAttention(nn.Module):
+    """``CausalSelfAttention`` with its attention core on the Triton kernel, taking over its ``qkv``
+    and ``proj`` Linears and dropout. K and V stay (B, nkv, T, hs) strided views of the qkv output:
+    the kernel maps query head h to K/V head h // (nh // nkv) by pointer arithmetic, so MQA/GQA needs
+    no expand and no copy."""
+
+    def __init__(self, attn: CausalSelfAttention, input_precision: str, layout: str = "heads") -> None:
+        super().__init__()
+        from kernels.attention import TritonCausalAttention
+
+        self.n_head, self.n_kv_head, self.head_size = attn.n_head, attn.n_kv_head, attn.head_size
+        self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
+        # Tiles chosen per kernel by the launchers from the device's shared memory (kernels.tiles).
+        self.core = TritonCausalAttention(input_precision)
+        self.layout = layout
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.layout == "packed":
+            from kernels.attention import packed_attention
+
+            y = packed_attention(self.qkv(x), self.n_head, self.n_kv_head, self.head_size,
+                                 self.core.input_precision, self.core.block_m, self.core.block_n)  # (B, T, C)
+            return self.resid_dropout(self.proj(y))
+        B, T, C = x.shape
+        kv_dim = self.n_kv_head * self.head_size
+        q, k, v = self.qkv(x).split([C, kv_dim, kv_dim], dim=-1)
+        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs), a view
+        k = k.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)  # (B, nkv, T, hs), a view
+        v = v.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)  # (B, nkv, T, hs), a view
+        y = self.core(q, k, v)  # (B, nh, T, hs), contiguous
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C), heads side by side
+        return self.resid_dropout(self.proj(y))
+
+
+class FusedSoftmaxSelfAttention(nn.Module):
+    """GPT-2's explicit attention as written (the (B, nh, T, T) probabilities materialized for
+    ``att @ v``) with scale, causal mask and softmax in one Triton kernel each way
+    (``kernels/causal_softmax.py``), the fusion torch.compile makes of the same three ops.
+    ``out_dtype``: the dtype the probabilities are written in (bf16 under bf16 autocast, what the
+    ``att @ v`` matmul would cast them to; None keeps the scores' dtype)."""
+
+    def __init__(self, attn: CausalSelfAttention, out_dtype: torch.dtype | None = None) -> None:
+        super().__init__()
+        from kernels.causal_softmax import CausalSoftmax
+
+        self.n_head, self.n_kv_head, self.head_size = attn.n_head, attn.n_kv_head, attn.head_size
+        self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
+        self.attn_dropout_p = attn.dropout
+        self.softmax = CausalSoftmax(1.0 / math.sqrt(self.head_size))
+        self.out_dtype = out_dtype
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        B, T, C = x.shape
+        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
+        q, k, v = self.qkv(x).split([C, nkv * hs, nkv * hs], dim=-1)
+        q = q.view(B, T, nkv, nh // nkv, hs).permute(0, 2, 3, 1, 4)  # (B, nkv, r, T, hs)
+        k = k.view(B, T, nkv, hs).transpose(1, 2).unsqueeze(2)  # (B, nkv, 1, T, hs)
+        v = v.view(B, T, nkv, hs).transpose(1, 2).unsqueeze(2)  # (B, nkv, 1, T, hs)
+        att = self.softmax(q @ k.transpose(-2, -1), self.out_dtype)  # (B, nkv, r, T, T)
+        if self.training and self.attn_dropout_p > 0:
+            att = F.dropout(att, p=self.attn_dropout_p)
+        y = (att @ v).reshape(B, nh, T, hs)  # (B, nh, T, hs)
+        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C), heads side by side
+        return self.resid_dropout(self.proj(y))
+
+
+class FusedAddNorm(nn.Module):
+    """The model's ``add_norm`` on one kernel each way (:mod:`kernels.residual_norm`): the residual
+    add and the RMSNorm or LayerNorm after it, the norm's output in ``out_dtype`` (bf16 under bf16
+    autocast: what the next Linear would cast it to; None: the stream's dtype).
+
+    ``dropout`` = (p, seed tensor, rng4): each branch's residual dropout runs inside the kernel, for a
+    model whose branch dropout modules are identities (:func:`fuse_residual_dropout_`). Call site k
+    of the forward (k = 1, 2, ... in the order of the adds) draws its mask with salt k; the salt is
+    looked up by the norm that follows the add, each norm following exactly one. In eval mode p is 0.
+    """
+
+    def __init__(self, model: GPT, out_dtype: torch.dtype | None,
+                 dropout: tuple[float, torch.Tensor, bool] | None = None) -> None:
+        super().__init__()
+        self.layernorm = model.config.norm == "layernorm"
+        self.out_dtype, self.dropout = out_dtype, dropout
+        blocks = list(model.blocks)
+        nexts = [blk.norm1 for blk in blocks[1:]] + [model.norm_f]
+        order = [norm for blk, nxt in zip(blocks, nexts) for norm in (blk.norm2, nxt)]  # the adds, in order
+        self._salt = {id(norm): k for k, norm in enumerate(order, start=1)}
+
+    def forward(self, x: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
+        from kernels.residual_norm import add_layer_norm, add_rms_norm
+
+        p, seed, rng4 = self.dropout if (self.dropout is not None and self.training) else (0.0, None, False)
+        kw = dict(p=p, seed=seed, salt=self._salt[id(norm)], rng4=rng4)
+        if self.layernorm:
+            return add_layer_norm(x, branch, norm.weight, norm.bias, norm.eps, self.out_dtype, **kw)
+        return add_rms_norm(x, branch, norm.weight, norm.eps, self.out_dtype, **kw)
+
+
+def fuse_residual_dropout_(model: GPT) -> float:
+    """Replace every block's branch dropout (attention's ``resid_dropout``, the MLP's ``dropout``) by an
+    identity, in place; returns their p, which :class:`FusedAddNorm` then applies inside its kernels.
+    The embedding dropout stays a module."""
+    for blk in model.blocks:
+        blk.attn.resid_dropout = nn.Identity()
+        blk.mlp.dropout = nn.Identity()
+    return model.config.dropout
+
+
+def _replace(model: nn.Module, match: type | tuple[type, ...], make: Callable[[nn.Module], nn.Module],
+             exact: bool = False, when: Callable[[nn.Module], bool] | None = None) -> int:
+    """Every child module of type ``match`` (exactly, with ``exact``; and ``when(child)``) replaced by
+    ``make(child)`` in place; returns how many."""
+    n = 0
+    for parent in list(model.modules()):
+        for name, child in list(parent.named_children()):
+            if ((type(child) is match) if exact else isinstance(child, match)) and (when is None or when(child)):
+                setattr(parent, name, make(child))  # replaces the entry in place: order kept
+                n += 1
+    return n
+
+
+@dataclass
+class Swaps:
+    """What :func:`swap_kernels` did: op -> a kernel took it over, and why not where not."""
+
+    applied: dict[str, bool] = field(default_factory=lambda: {op: False for op in KERNEL_OPS})
+    notes: dict[str, str] = field(default_factory=dict)
+
+
+def swap_kernels(model: GPT, options: EngineOptions, prec: StepPrecision, info: DeviceInfo | None,
+                 device: torch.device) -> Swaps:
+    """Swap the norms, attention, Linear layers (GEMM or bias gradient) and embeddings for their
+    kernels where requested and applicable; the loss and AdamW are the step's (``Swaps.applied``
+    says whether their kernels run)."""
+    cfg, want, why_not = model.config, options.kernels(), kernels_runnable(device)
+    out = Swaps()
+    any_kernel = any(want.values())
+
+    def blocked(op: str, reason: str | None = None) -> bool:
+        if not want[op]:
+            out.notes[op] = OFF
+        elif why_not:
+            out.notes[op] = why_not
+        elif reason:
+            out.notes[op] = reason
+        else:
+            return False
+        return True
+
+    other = "layernorm" if cfg.norm == "rmsnorm" else "rmsnorm"
+    out.notes[other] = f"not applicable: the config uses {cfg.norm}"
+    if not blocked(cfg.norm):
+        from kernels.layernorm import TritonLayerNorm
+        from kernels.rmsnorm import TritonRMSNorm
+
+        def norm_kernel(old: nn.Module) -> nn.Module:
+            if isinstance(old, RMSNorm):
+                new = TritonRMSNorm(old.weight.shape[0], eps=old.eps)
+            else:
+                new = TritonLayerNorm(old.weight.shape[0], bias=old.bias is not None, eps=old.eps)
+                new.bias = old.bias
+            new.weight = old.weight
+            return new
+
+        _replace(model, (RMSNorm, LayerNorm), norm_kernel)
+        out.applied[cfg.norm] = True
+
+    _swap_attention(model, options, prec, info, blocked, out, why_not, any_kernel)
+    _swap_linears(model, options, prec, info, out, why_not, any_kernel)
+
+    if not blocked("embedding"):
+        from kernels.embedding import ScatterEmbedding
+
+        model.wte, model.wpe = ScatterEmbedding(model.wte), ScatterEmbedding(model.wpe)  # same Parameters
+        out.applied["embedding"] = True
+    out.applied["cross_entropy"] = not blocked("cross_entropy")
+    out.applied["adamw"] = not blocked("adamw")
+    return out
+
+
+def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, info: DeviceInfo | None,
+                    blocked, out: Swaps, why_not: str | None, any_kernel: bool) -> None:
+    cfg = model.config
+    reason = None
+    if cfg.attn_impl == "explicit" and not options.attention_for_explicit:
+        reason = ("not applied: attn_impl='explicit' materializes the softmax by design "
+                  "(attention_for_explicit=True swaps it too)")
+    elif cfg.head_size not in ATTN_HEAD_SIZES:
+        reason = f"not applicable: head size {cfg.head_size} not in {ATTN_HEAD_SIZES}"
+    elif cfg.attn_dropout_p > 0:
+        reason = f"not applicable: the kernel has no attention dropout (attention dropout {cfg.attn_dropout_p})"
+    elif triton_dot_blocked(info, prec.attention_dot):
+        reason = triton_dot_blocked(info, prec.attention_dot) + "; SDPA kept"
+    elif prec.base.name == "fp32" and cfg.attn_impl == "sdpa" and options.attention_precision is None:
+        # In a CUDA graph SDPA's memory-efficient kernel beat the kernel's strict-fp32 ('ieee', FMA)
+        # dots (the attention rows of kernels.jsonl); 'tf32x3' or 'ieee' selects the kernel.
+        reason = ("not applied in strict fp32: SDPA's kernel is faster than the 'ieee' one "
+                  "(attention_precision='tf32x3' or 'ieee' selects it)")
+    if not blocked("attention", reason):
+        for blk in model.blocks:
+            blk.attn = KernelCausalSelfAttention(blk.attn, prec.fp32_dot, options.attention_layout)
+        out.applied["attention"] = True
+    elif options.fused_softmax and cfg.attn_impl == "explicit":
+        # The explicit softmax kept, as written, with its three elementwise passes fused.
+        if why_not:
+            out.notes["softmax"] = why_not
+        elif not any_kernel:
+            out.notes["softmax"] = "off: every kernel is switched off (use_kernels=False)"
+        else:
+            for blk in model.blocks:
+                blk.attn = FusedSoftmaxSelfAttention(blk.attn, prec.low_dtype)
+            out.notes["softmax"] = "scale + causal mask + softmax fused (kernels/causal_softmax.py)"
+
+
+def _swap_linears(model: GPT, options: EngineOptions, prec: StepPrecision, info: DeviceInfo | None,
+                  out: Swaps, why_not: str | None, any_kernel: bool) -> None:
+    lp = options.linear_precision
+    if lp is not None:  # every nn.Linear (attention, MLP, head) onto the Triton GEMM, sharing its Parameters
+        reason = None if prec.fp32_storage else f"not applicable: {prec.base.name} stays on cuBLAS"
+        if reason is None and triton_dot_blocked(info, lp):
+            reason = triton_dot_blocked(info, lp) + "; cuBLAS kept"
+        if why_not is None and reason is None:
+            from kernels.linear import TritonLinear
+
+            _replace(model, nn.Linear, lambda lin: TritonLinear(lin, lp))
+            out.notes["linear"] = f"Triton GEMM, input_precision={lp!r}"
+        else:
+            out.notes["linear"] = reason or why_not
+    if not options.bias_kernel:
+        return
+    # Linears with a bias keep their GEMMs on cuBLAS; only the bias gradient moves to a Triton column
+    # sum (kernels/bias_linear.py: PyTorch's dy.sum(0) ran far under the copy bandwidth).
+    if lp is not None:
+        out.notes["bias"] = "not applied: the Linear layers run on the Triton GEMM (linear_precision)"
+    elif why_not:
+        out.notes["bias"] = why_not
+    elif not any_kernel:
+        out.notes["bias"] = "off: every kernel is switched off (use_kernels=False)"
+    elif not model.config.bias:
+        out.notes["bias"] = "not applicable: the config has no biases"
+    else:
+        from kernels.bias_linear import BiasLinear
+
+        _replace(model, nn.Linear, BiasLinear, when=lambda lin: lin.bias is not None)
+        out.notes["bias"] = "bias gradients on the Triton column sum (kernels/bias_linear.py)"
+
+
+def shadow_linears(model: GPT, flat_param16: torch.Tensor, spans: dict[str, tuple[int, int]]) -> int:
+    """Every plain ``nn.Linear`` onto :class:`ShadowLinear`, its weight read from ``flat_param16`` (the
+    bf16 copy of the decayed part of the flat buffer); returns how many."""
+    from ftlib.training.engine.bf16_weights import ShadowLinear
+
+    span_of = {id(p): spans[n] for n, p in model.named_parameters()}
+
+    def shadow(lin: nn.Linear) -> nn.Module:
+        off, size = span_of[id(lin.weight)]
+        return ShadowLinear(lin, flat_param16[off : off + size].view_as(lin.weight))
+
+    return _replace(model, nn.Linear, shadow, exact=True)  # not the Triton GEMM or bias-kernel Linears
