@@ -65,24 +65,19 @@ import textwrap
 import plotly.graph_objects as go
 
 from ftlib.core.device import device_slug, pick_device
-from ftlib.harness.convergence import (
-    FAIR,
-    REFERENCE,
-    REPEATED,
-    SUITE_ORDER,
-    TARGET_LOSS,
+from ftlib.harness.convergence import checkpoint_roundtrip, run_suites
+from ftlib.harness.results import load_rows
+from ftlib.harness.studies import FAIR, REFERENCE, REPEATED, SUITE_ORDER, TARGET_LOSS
+from ftlib.views.bench import provenance_line
+from ftlib.views.convergence import (
     aggregate,
-    checkpoint_roundtrip,
     repeat_table,
-    run_suites,
+    seed_table,
     speedrun_curves,
     speedrun_pooled,
     speedrun_verdict,
     suite_rows,
-    summary,
 )
-from ftlib.harness.results import load_rows
-from ftlib.views.bench import provenance_line
 from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below, show
 from ftlib.views.tables import group_rows, show_table
 
@@ -144,7 +139,7 @@ if not fair:
     print("No stored rows for convergence yet.")
 else:
     print("Measured on:", provenance_line(fair))
-    show_table(summary(fair))
+    show_table(seed_table(fair))
     for dev, dev_rows in group_rows(fair).items():
         agg = aggregate(dev_rows)
         colors = {m: MODEL_COLORS.get(m) or PALETTE[2 + i] for i, m in enumerate(agg)}
@@ -177,7 +172,7 @@ if not nano:
     print("No stored rows for convergence-nanogpt yet.")
 else:
     print("Measured on:", provenance_line(nano))
-    show_table(summary(nano))
+    show_table(seed_table(nano))
     for dev, dev_rows in group_rows(nano).items():
         for name, pts in aggregate(dev_rows).items():
             fig = go.Figure([
@@ -213,8 +208,8 @@ else:
 # like the engine itself.
 #
 # Every candidate runs seed 0 first. The fastest of them (excluding startup), the reference,
-# and the candidates listed in `ftlib.harness.convergence.ALL_SEEDS` then run seeds 1-4. The verdict
-# (`ftlib.harness.convergence.speedrun_verdict`) counts only candidates that reached 1.50 on every
+# and the candidates listed in `ftlib.harness.studies.ALL_SEEDS` then run seeds 1-4. The verdict
+# (`ftlib.views.convergence.speedrun_verdict`) counts only candidates that reached 1.50 on every
 # seed they ran, and at least three seeds. Among those it takes the one with the least mean
 # time excluding startup and compares it with the reference seed by seed, on the seeds both
 # recorded. This rule matters because the small models' validation loss bottoms out close
@@ -231,7 +226,7 @@ if not ok_speed:
 else:
     print("Measured on:", provenance_line(ok_speed))
 for dev, dev_rows in group_rows(ok_speed).items():
-    table = summary(dev_rows)
+    table = seed_table(dev_rows)
     ref = next((r for r in table if r["model"] == REFERENCE), {})
     for r in table:
         for col, name in (("time to target s (mean)", "speed-up vs reference"),
@@ -297,7 +292,7 @@ v = next((verdicts[d] for d in sorted(verdicts) if verdicts[d] is not None), Non
 # shows how far a second run of the same seed lands from it. A speed-up within that spread
 # of the target is not a robust result, so the pooled verdict below treats every run, first
 # or repeat, as one sample of the time to 1.50: the ratio of the pooled means, with a 90%
-# bootstrap interval (`ftlib.harness.convergence.speedrun_pooled`).
+# bootstrap interval (`ftlib.views.convergence.speedrun_pooled`).
 #
 # The two sides are not equally noisy. The candidate's step is one CUDA graph replay, so its
 # time per step hardly moves between machines; what moves is the step at which it crosses

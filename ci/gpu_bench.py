@@ -75,7 +75,8 @@ def _profile(device, deadline: float) -> None:
 
 def _train(device, deadline: float) -> None:
     """Chapter 8: convergence suites (ftlib.harness.convergence), resumable."""
-    from ftlib.harness.convergence import SUITE_ORDER, describe_row, run_suites
+    from ftlib.harness.convergence import describe_row, run_suites
+    from ftlib.harness.studies import SUITE_ORDER
 
     for r in run_suites(SUITE_ORDER, device, budget_s=max(1.0, deadline - time.monotonic())):
         print(f"  train {describe_row(r)}", flush=True)  # failed runs too (stored with status 'error')

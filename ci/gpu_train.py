@@ -2,7 +2,7 @@
 
     python ci/gpu_train.py --suites convergence-original,convergence --budget-s 500 [--smoke]
 
-Each suite (ftlib.harness.convergence.suites) stores rows under data/results/<gpu>/<bench>.jsonl and
+Each suite (ftlib.harness.studies.suites) stores rows under data/results/<gpu>/<bench>.jsonl and
 skips what is already there, so a later call continues where a bounded one stopped.
 """
 
@@ -11,7 +11,8 @@ from __future__ import annotations
 import argparse
 
 from ftlib.core.device import pick_device
-from ftlib.harness.convergence import SUITE_ORDER, describe_row, run_suites
+from ftlib.harness.convergence import describe_row, run_suites
+from ftlib.harness.studies import SUITE_ORDER
 
 
 def main() -> None:

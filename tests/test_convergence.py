@@ -10,20 +10,11 @@ import numpy as np
 import pytest
 
 from ftlib import preset
-from ftlib.harness.convergence import (
-    ALL_SEEDS,
-    FINALIST_SEEDS,
-    REFERENCE,
-    run_key,
-    run_study,
-    speedrun_candidates,
-    speedrun_finalists,
-    suite_rows,
-    suites,
-    summary,
-)
+from ftlib.harness.convergence import run_key, run_study, speedrun_finalists
+from ftlib.harness.studies import ALL_SEEDS, FINALIST_SEEDS, REFERENCE, speedrun_candidates, suites
 from ftlib.training.data import load_tinyshakespeare
 from ftlib.training.trainer import Recipe
+from ftlib.views.convergence import seed_table, suite_rows
 
 STORED = Path(__file__).resolve().parent.parent / "data" / "results" / "h200"
 BENCHES = ("convergence-original", "convergence", "convergence-nanogpt", "speedrun")
@@ -36,37 +27,45 @@ def _suite_keys(bench: str, spec: dict) -> set[str]:
 
 
 def test_stored_rows_keep_their_keys():
-    # Adding Recipe fields or candidates must not orphan committed rows (they would be re-run).
+    # The rows of every run the studies still list are found again by their keys (else they would be
+    # run again); rows of candidates no longer listed keep their keys too (tests/test_keys.py).
     table = suites(smoke=False)
     found = 0
     for bench in BENCHES:
         path = STORED / f"{bench}.jsonl"
         if not path.exists():
             continue
-        stored = {json.loads(line)["key"] for line in path.read_text().splitlines() if line.strip()}
-        assert stored <= _suite_keys(bench, table[bench]), bench
-        found += len(stored)
+        rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        listed = {r["key"] for r in rows if r["model"] in table[bench]["runs"]}
+        assert listed <= _suite_keys(bench, table[bench]), bench
+        found += len(listed)
     if not found:
         pytest.skip("no stored GPU rows in this tree")
-    # The reference's key, literally: the stored seed-0 row of 2026-12-02.
+    # The reference's key, literally: its stored seed-0 row.
     cfg, rec = speedrun_candidates()[REFERENCE]
     assert run_key("speedrun", cfg, rec, 1.50) == "bcbdd6faa70679a7"
 
 
+def test_rows_of_candidates_no_longer_listed_are_still_shown():
+    rows = [json.loads(line) for line in (STORED / "speedrun.jsonl").read_text().splitlines() if line.strip()]
+    shown = suite_rows("speedrun", rows)
+    assert len(shown) == len(rows) and {r["model"] for r in shown} - set(speedrun_candidates())
+    assert suite_rows("speedrun", rows, smoke=True) == []
+
+
 def test_speedrun_candidates_are_well_formed():
     cands = speedrun_candidates()
-    assert next(iter(cands)) == REFERENCE
+    assert list(cands) == [REFERENCE, *ALL_SEEDS]
     engine = {n: (c, r) for n, (c, r) in cands.items() if r.engine}
-    assert len(engine) == 27 and all(r.compile is None and r.precision == "bf16" for _, r in engine.values())
+    assert set(engine) == set(ALL_SEEDS)
+    assert all(r.compile is None and r.precision == "bf16" for _, r in engine.values())
     assert all("engine" in n for n in engine)
     for name, (cfg, rec) in cands.items():
         cfg.check_sequence(rec.block_size)
         if "cosine to" in name:  # a horizon (<= 160k sequences), named in the label; steps capped at twice it
             assert rec.decay_steps * rec.batch_size <= 160_000 and f"{rec.decay_steps:,}" in name
             assert rec.steps == 2 * rec.decay_steps
-    # Engine candidates come before the older compiled ones (the run order is the dict order).
-    names = list(cands)
-    assert max(names.index(n) for n in engine) < names.index("nanogpt-char, MQA + 2x MLP + RMSNorm")
+            assert f"dropout {cfg.dropout}" in name and cfg.attn_dropout == 0.0
 
 
 def _row(model, seed, t=None, startup=None, status="ok"):
@@ -83,7 +82,7 @@ def test_summary_reads_old_and_new_rows_and_finalists():
     rows = [_row(REFERENCE, 0, 40.0), _row(REFERENCE, 1, 44.0, startup=30.0),
             _row("a", 0, 20.0, startup=2.0), _row("b", 0, 9.0, startup=1.0), _row("c", 0, None, startup=1.0),
             _row("old", 0, 5.0), _row("d", 0, status="error")]
-    table = {r["model"]: r for r in summary(rows)}
+    table = {r["model"]: r for r in seed_table(rows)}
     assert set(table) == {REFERENCE, "a", "b", "c", "old"}  # the failed run is left out
     ref = table[REFERENCE]
     assert ref["time to target s (mean)"] == 42.0 and ref["excl. startup s (mean)"] == 14.0
@@ -96,7 +95,7 @@ def test_summary_reads_old_and_new_rows_and_finalists():
     assert speedrun_finalists(rows, always=("c", "b")) == [REFERENCE, "b", "c"]
     assert all(n in speedrun_candidates() for n in ALL_SEEDS)
     # A suite without a target has no timing columns beyond the old ones.
-    plain = summary([{**_row("m", 0), "target": None}])[0]
+    plain = seed_table([{**_row("m", 0), "target": None}])[0]
     assert "excl. startup s (mean)" not in plain and "time to target s (mean)" in plain
 
 
@@ -109,7 +108,7 @@ def test_failed_run_is_stored_and_retried(tmp_path, monkeypatch):
     assert row["status"] == "error" and "block_size=16" in row["error"]
     (again,) = run_study("s", {"too long": (tiny, rec)}, ds, [0], "cpu", progress=False)
     assert again["key"] == row["key"] and again["status"] == "error"  # tried again, not skipped
-    assert summary([row]) == []
+    assert seed_table([row]) == []
 
 
 def test_speedrun_smoke_runs_engine_candidates_and_extra_seeds(tmp_path, monkeypatch):
@@ -137,7 +136,7 @@ def test_speedrun_smoke_runs_engine_candidates_and_extra_seeds(tmp_path, monkeyp
 
 
 def test_speedrun_verdict_matches_seeds_and_picks_the_fastest_steady_candidate():
-    from ftlib.harness.convergence import speedrun_verdict
+    from ftlib.views.convergence import speedrun_verdict
 
     rows = [_row(REFERENCE, 0, 40.0), _row(REFERENCE, 1, 26.0, startup=15.0), _row(REFERENCE, 2, 10.0, startup=0.1),
             # "slow" is faster with startup counted, but slower in steady state
@@ -155,7 +154,7 @@ def test_speedrun_verdict_matches_seeds_and_picks_the_fastest_steady_candidate()
 
 
 def test_speedrun_verdict_needs_every_seed_to_reach_the_target():
-    from ftlib.harness.convergence import speedrun_verdict
+    from ftlib.views.convergence import speedrun_verdict
 
     ref = [_row(REFERENCE, s, 12.0, startup=1.0) for s in range(5)]
     # "flaky" is the fastest where it gets there but misses on seed 3; "steady" reaches on all five.
@@ -177,7 +176,7 @@ def test_speedrun_verdict_needs_every_seed_to_reach_the_target():
 
 
 def test_speedrun_curves_take_the_startup_off_and_skip_runs_without_it():
-    from ftlib.harness.convergence import speedrun_curves
+    from ftlib.views.convergence import speedrun_curves
 
     hist = [{"step": 0, "time_s": 0.0, "val_loss": 4.0}, {"step": 50, "time_s": 12.0, "val_loss": 2.0},
             {"step": 100, "time_s": 13.0, "val_loss": 1.49}]
@@ -201,7 +200,7 @@ def test_keyless_engine_option_keeps_the_keys_of_earlier_runs():
 
 
 def test_repeat_table_pairs_a_repeat_with_its_first_run():
-    from ftlib.harness.convergence import repeat_table
+    from ftlib.views.convergence import repeat_table
 
     first = [dict(_row("m", 0, t=4.0), key="k0", time_to_target_excl_startup_s=3.0),
              dict(_row("m", 1, t=4.0), key="k1", time_to_target_excl_startup_s=3.5)]
@@ -236,7 +235,7 @@ def test_repeat_runs_are_keyed_as_repeats_and_resume(tmp_path, monkeypatch):
 
 
 def test_repeat_suite_repeats_the_reference_and_the_named_candidates():
-    from ftlib.harness.convergence import REPEATED, SUITE_ORDER
+    from ftlib.harness.studies import REPEATED, SUITE_ORDER
 
     table = suites(smoke=False)
     rep = table["speedrun-repeat"]
@@ -247,7 +246,7 @@ def test_repeat_suite_repeats_the_reference_and_the_named_candidates():
 
 
 def test_speedrun_pooled_pools_first_runs_and_repeats():
-    from ftlib.harness.convergence import speedrun_pooled
+    from ftlib.views.convergence import speedrun_pooled
 
     ref = [_row(REFERENCE, s, 10.0 + s, startup=0.0) for s in range(3)] + [_row(REFERENCE, 3, 40.0)]  # no excl.
     cand = [_row("c", s, 3.0, startup=0.0) for s in range(3)]
@@ -276,8 +275,8 @@ def test_checkpoint_roundtrip_reloads_the_trained_model(tmp_path):
 
 
 def _stored_speedrun_runs():
-    from ftlib.harness.convergence import REPEATED
     from ftlib.harness.results import ResultStore
+    from ftlib.harness.studies import REPEATED
 
     root = Path(__file__).resolve().parent.parent / "data" / "results"
     rows, reps = ResultStore("speedrun", "h200", root).rows(), ResultStore("speedrun-repeat", "h200", root).rows()
@@ -298,7 +297,8 @@ def test_speedrun_interval_is_the_90_percent_percentile_bootstrap(rows, repeats,
     # the width at 4,000 resamples); a 50% or 80% interval labelled 90% is 10-30% off.
     from scipy.stats import bootstrap
 
-    from ftlib.harness.convergence import speedrun_pooled, steady_time_to_target
+    from ftlib.harness.convergence import steady_time_to_target
+    from ftlib.views.convergence import speedrun_pooled
 
     p = speedrun_pooled(rows, repeats, candidate)
     pool = [r for r in rows + repeats if r.get("status", "ok") == "ok"]
@@ -324,7 +324,7 @@ def test_convergence_summary_never_pools_devices_or_sizes():
     # The stored GPU runs of the full model, and a CPU smoke run of a tiny one under the same name.
     rs = [_run("h200", 4_837_888, "full", s) for s in (0, 1, 2)] + [_run("cpu", 12_345, "tiny", s) for s in (0, 1, 2)]
     rs += [_run("h200", 12_345, "tiny", 0)]  # a smoke run stored on the GPU
-    lines = {(r["device"], r["params"]): r for r in summary(rs)}
+    lines = {(r["device"], r["params"]): r for r in seed_table(rs)}
     assert set(lines) == {("h200", 4_837_888), ("cpu", 12_345), ("h200", 12_345)}
     assert lines[("h200", 4_837_888)]["seeds"] == 3 and lines[("cpu", 12_345)]["seeds"] == 3
 

@@ -13,11 +13,12 @@ import pytest
 import torch
 
 from ftlib.harness.bench import _key_extra
-from ftlib.harness.convergence import run_key, suites
+from ftlib.harness.convergence import run_key
 from ftlib.harness.distributed import ddp_key
 from ftlib.harness.profiling import MODES as PROFILE_MODES
 from ftlib.harness.profiling import profile_key
 from ftlib.harness.results import row_key
+from ftlib.harness.studies import suites
 from ftlib.harness.suites import SUITES, smoke_cases
 from ftlib.model.config import ModelConfig, preset
 from ftlib.training.trainer import Recipe

@@ -55,7 +55,9 @@ def test_bad_recipe():
 
 
 def test_study_is_resumable_and_aggregates(ds, tmp_path, monkeypatch):
-    from ftlib.harness.convergence import aggregate, run_study, summary
+    from ftlib.harness.convergence import run_study
+    from ftlib.views.convergence import aggregate
+    from ftlib.views.convergence import seed_table as summary
 
     monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path))
     rec = Recipe(steps=10, batch_size=4, block_size=32, eval_interval=5, eval_iters=2)

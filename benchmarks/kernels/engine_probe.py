@@ -95,7 +95,7 @@ def main() -> int:
              ("fasttransformer", "fp32", {"linear_precision": "tf32x3", "attention_precision": "tf32x3"}),
              ("fasttransformer", "fp32", {}), ("gpt2", "fp32", {})]
     # The speedrun's step (chapter 8): 256x6 FT-style, B=64, residual dropout 0.2 (fused), bf16.
-    from ftlib.harness.convergence import SPEEDRUN_PROBE, speedrun_candidates
+    from ftlib.harness.studies import SPEEDRUN_PROBE, speedrun_candidates
 
     run_cfg, run_rec = speedrun_candidates()[SPEEDRUN_PROBE]
     run_kw = {"cfg": run_cfg, "B": run_rec.batch_size, **dict(run_rec.engine_options)}

@@ -15,11 +15,11 @@ from typing import Any
 
 from ftlib.analysis.accounting import POST_CLAIMS, attention_matrix_traffic, attention_mlp_fractions, expected_backend
 from ftlib.analysis.claims import POST_CLAIMED, POST_STEP_MS, POST_TOKENS_PER_STEP
-from ftlib.harness.convergence import suite_rows, summary
 from ftlib.model.config import preset
 from ftlib.model.gpt import GPT
 from ftlib.views.bench import not_measured, ok_rows, pick
 from ftlib.views.codesign import backend_table
+from ftlib.views.convergence import seed_table, suite_rows
 from ftlib.views.sweep import compile_time_table, sweep_rows, sweep_table
 
 # A timing claim was measured once, on another GPU: a book's number within 10% of it agrees. The
@@ -221,7 +221,7 @@ def audit_rows(device: str = "h200") -> list[dict[str, Any]]:
     if cg and cf:
         pg, pf = (math.exp(c["history"][-1]["batch_loss"]) for c in (cg, cf))
         vg, vf = (math.exp(c["history"][-1]["val_loss"]) for c in (cg, cf))
-        fair = {r["model"]: r for r in summary([r for r in suite_rows("convergence", ok_rows("convergence"))
+        fair = {r["model"]: r for r in seed_table([r for r in suite_rows("convergence", ok_rows("convergence"))
                                                 if r["device_slug"] == device])}
         later = ""
         if "gpt2" in fair and "fasttransformer" in fair:

@@ -79,8 +79,9 @@ def additions(device: str = "h200") -> list[str]:
 
 
 def _speedrun(device: str) -> str | None:
-    from ftlib.harness.convergence import REPEATED, TARGET_LOSS, speedrun_pooled
+    from ftlib.harness.studies import REPEATED, TARGET_LOSS
     from ftlib.views.bench import ok_rows
+    from ftlib.views.convergence import speedrun_pooled
 
     rows = [r for r in ok_rows("speedrun") if r["device_slug"] == device]
     reps = [r for r in ok_rows("speedrun-repeat") if r["device_slug"] == device]
