@@ -68,7 +68,7 @@ import plotly.graph_objects as go
 
 from ftlib.analysis.accounting import step_summary
 from ftlib.core.device import device_slug, pick_device
-from ftlib.harness.bench import bench_sweep
+from ftlib.harness.bench.cases import bench_sweep
 from ftlib.model.ablations import grid, kv_head_sweep, ladder, mlp_ratio_sweep
 from ftlib.views.bench import devices, not_measured, ok_rows, provenance_line
 from ftlib.views.codesign import (

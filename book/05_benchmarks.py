@@ -89,7 +89,7 @@ TOKENS, TS = (256, (32, 64)) if (MEASURE and SMOKE) else (8192, SWEEP_T)
 CASES = baselines()
 runs = bv.load(CASES)  # complete runs from committed code, every GPU folder
 if MEASURE:
-    from ftlib.harness.bench import bench_sweep
+    from ftlib.harness.bench.cases import bench_sweep
     from ftlib.model.config import preset
 
     device = pick_device(DEVICE)

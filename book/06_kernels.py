@@ -336,7 +336,7 @@ else:
 # ### 100 steps against reference training
 # The engine and `train_step` with `torch.optim.AdamW` train side by side from the same
 # weights on the same batches (`ftlib.training.engine.check_against_reference`); the check passes when
-# every step's loss agrees within the precision's tolerance (`ftlib.harness.bench.CHECK_RTOL`).
+# every step's loss agrees within the precision's tolerance (`ftlib.harness.bench.step.CHECK_RTOL`).
 
 # %%
 if not crows:

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ftlib.harness.bench import Case
+from ftlib.harness.bench.cases import Case
 from ftlib.harness.results import ResultStore, row_key
 from ftlib.harness.suites import STEP_CONFIGS, with_run
 from ftlib.model.config import preset

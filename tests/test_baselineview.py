@@ -103,7 +103,7 @@ def test_the_findings_are_computed_from_the_rows():
 
 
 def test_a_run_cut_short_keeps_the_precisions_it_completed():
-    from ftlib.harness.bench import Case
+    from ftlib.harness.bench.cases import Case
 
     both = CASES + [Case(c.label, c.config, c.B, c.T, c.mode, "fp16", optimizer=c.optimizer) for c in CASES
                     if c.optimizer != "whole-step"]

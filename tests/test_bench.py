@@ -8,9 +8,13 @@ import os
 import pytest
 import torch
 
-import ftlib.harness.bench as bench
+import ftlib.harness.bench.runners as runners
+import ftlib.harness.bench.step as bench
 from ftlib.core.precision import precision_region as precision
-from ftlib.harness.bench import ROW_FIELDS, bench_step, bench_step_isolated, bench_sweep, summarize_ms
+from ftlib.core.timing import summarize_ms
+from ftlib.harness.bench.cases import bench_sweep
+from ftlib.harness.bench.isolated import bench_step_isolated
+from ftlib.harness.bench.step import ROW_FIELDS, bench_step
 from ftlib.harness.results import ResultStore, load_rows, results_dir, row_key
 from ftlib.model.config import preset
 
@@ -68,7 +72,7 @@ def test_failure_becomes_a_row(tiny_ft, monkeypatch):
     def boom(*a, **k):
         raise RuntimeError("provoked failure for an absurd batch")
 
-    monkeypatch.setattr(bench, "train_step", boom)
+    monkeypatch.setattr(runners, "train_step", boom)
     row = bench_step(tiny_ft, B, T, "eager", "fp32", "cpu", **FAST)
     assert row["status"] == "error" and "provoked failure" in row["error"] and row["median_ms"] is None
     assert "RuntimeError" in row["traceback"]
@@ -83,7 +87,7 @@ def test_oom_is_classified(tiny_ft, monkeypatch):
     def oom(*a, **k):
         raise torch.cuda.OutOfMemoryError("CUDA out of memory. Tried to allocate 1 PiB")
 
-    monkeypatch.setattr(bench, "train_step", oom)
+    monkeypatch.setattr(runners, "train_step", oom)
     assert bench_step(tiny_ft, B, T, "eager", "fp32", "cpu", **FAST)["status"] == "oom"
 
 
@@ -105,11 +109,11 @@ def test_sweep_is_resumable(tiny_ft, tiny_gpt2, results_root):
 
 def test_sweep_retries_errors_only(tiny_ft, monkeypatch):
     store = ResultStore("retry", "cpu")
-    real = bench.train_step
-    monkeypatch.setattr(bench, "train_step", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("flaky")))
+    real = runners.train_step
+    monkeypatch.setattr(runners, "train_step", lambda *a, **k: (_ for _ in ()).throw(RuntimeError("flaky")))
     rows = bench_sweep([tiny_ft], [(B, T)], ["eager"], ["fp32"], store=store, progress=False, device="cpu", **FAST)
     assert rows[0]["status"] == "error"
-    monkeypatch.setattr(bench, "train_step", real)
+    monkeypatch.setattr(runners, "train_step", real)
     rows = bench_sweep([tiny_ft], [(B, T)], ["eager"], ["fp32"], store=store, progress=False, device="cpu", **FAST)
     assert len(rows) == 1 and rows[0]["status"] == "ok"
     assert [r["status"] for r in store.latest().values()] == ["ok"]  # the retry supersedes the error

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from ftlib.harness.bench import bench_step
+from ftlib.harness.bench.step import bench_step
 from ftlib.harness.engine_check import check_against_reference, pattern_batches
 from ftlib.model.config import preset
 from ftlib.model.gpt import build_model
@@ -189,7 +189,7 @@ def test_all_kernels_off_is_the_reference_bit_for_bit():
 
 def test_bf16_autocast_runs_and_stays_close(dev):
     r = check_against_reference(FT1, steps=2, device=dev, precision="bf16", B=B, T=T)
-    assert r["ok"], r["max_rel_err"]  # ftlib.harness.bench.CHECK_RTOL['bf16'] = 3e-2
+    assert r["ok"], r["max_rel_err"]  # ftlib.harness.bench.step.CHECK_RTOL['bf16'] = 3e-2
 
 
 def test_engine_mode_in_bench_step(dev):

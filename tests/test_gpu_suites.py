@@ -1,7 +1,8 @@
-"""The measuring suites (ftlib.harness.suites) and their runner (ci/gpu_bench.py), checked on CPU.
+"""The measuring suites (ftlib.harness.suites) and their runner (ftlib.harness.gpu_runner, whose command line
+is ci/gpu_bench.py), checked on CPU.
 
 Nothing here measures a full-size case: suites are inspected as case lists, the runner is
-driven with a tiny stand-in suite, and the compile-cache handling of ftlib.harness.bench is checked
+driven with a tiny stand-in suite, and the compile-cache handling of ftlib.harness.bench.runners is checked
 with torch.compile replaced by the identity.
 """
 
@@ -15,9 +16,12 @@ from pathlib import Path
 import pytest
 import torch
 
-import ftlib.harness.bench as bench
+import ftlib.harness.bench.runners as runners
+import ftlib.harness.custom_suites as custom_suites
+import ftlib.harness.gpu_runner as gpu_runner
 from ftlib.harness import suites
-from ftlib.harness.bench import Case, bench_step, case_ident
+from ftlib.harness.bench.cases import Case
+from ftlib.harness.bench.step import bench_step, case_ident
 from ftlib.harness.results import ResultStore
 from ftlib.harness.suites import SUITES
 from ftlib.model.ablations import grid
@@ -44,7 +48,7 @@ def cases(name: str) -> list[Case]:
 @pytest.fixture
 def clean_commit(monkeypatch):
     """Rows in these tests come from a clean commit, whatever state this checkout is in."""
-    monkeypatch.setattr(gpu_bench, "git_commit", lambda: "0123456789ab")
+    monkeypatch.setattr(gpu_runner, "git_commit", lambda: "0123456789ab")
 
 
 def test_tsweep_runs_figure5_first_then_tf32_then_eager():
@@ -122,7 +126,7 @@ def test_each_process_is_a_run_of_its_own(tmp_path, monkeypatch, clean_commit):
     """A second process measures the suite again (a repeat) instead of skipping stored keys."""
     tiny = _tiny_baselines(monkeypatch)
     for rid in ("run-a", "run-b"):
-        monkeypatch.setattr(gpu_bench, "run_id", lambda rid=rid: rid)
+        monkeypatch.setattr(gpu_runner, "run_id", lambda rid=rid: rid)
         assert _run(tmp_path / "out") == 0
     stored = ResultStore("baselines", "cpu").rows()
     assert [r["extra"]["run"] for r in stored] == ["run-a", "run-a", "run-b", "run-b"]
@@ -141,11 +145,11 @@ def test_rows_record_their_run_and_machine(tmp_path, monkeypatch, clean_commit):
 
 def test_uncommitted_code_is_refused_or_kept_apart(tmp_path, monkeypatch, results_root, capsys):
     _tiny_baselines(monkeypatch)
-    monkeypatch.setattr(gpu_bench, "git_commit", lambda: "0123456789ab+dirty")
+    monkeypatch.setattr(gpu_runner, "git_commit", lambda: "0123456789ab+dirty")
     assert _run(tmp_path / "out") == 2
     assert "not a clean commit" in capsys.readouterr().err
     assert not (results_root / "cpu" / "baselines.jsonl").exists()
-    monkeypatch.setattr(gpu_bench, "UNCOMMITTED_DIR", tmp_path / "uncommitted")
+    monkeypatch.setattr(gpu_runner, "UNCOMMITTED_DIR", tmp_path / "uncommitted")
     monkeypatch.setenv("FTLIB_RESULTS_DIR", str(results_root))  # run() redirects it; monkeypatch restores it
     assert _run(tmp_path / "out", "--allow-dirty") == 0
     assert not (results_root / "cpu" / "baselines.jsonl").exists()
@@ -172,7 +176,7 @@ def test_bad_choices_end_in_a_clear_error(argv, message, capsys):
     err = capsys.readouterr().err
     assert message in err
     if "known suites" in message:
-        assert all(name in err for name in [*SUITES, *gpu_bench.CUSTOM])
+        assert all(name in err for name in [*SUITES, *custom_suites.CUSTOM])
 
 
 def test_an_unreadable_results_file_skips_its_suite_only(tmp_path, monkeypatch, results_root, clean_commit, capsys):
@@ -191,7 +195,7 @@ def test_profile_suite_traces_the_broadcast_layout_first(monkeypatch):
 
     calls = []
     monkeypatch.setattr(ftlib.harness.profiling, "profile_suite", lambda *a, **k: calls.append((a, k)) or [])
-    gpu_bench._profile(torch.device("cpu"), time.monotonic() + 1000)
+    custom_suites._profile(torch.device("cpu"), time.monotonic() + 1000)
     (names, modes, precs, B, T, _), kw = calls[0]
     assert (names, modes, precs, B, T, kw) == (["fasttransformer"], ["eager"], ["fp32", "tf32"], 32, 256,
                                               {"kv_layout": "broadcast"})
@@ -216,7 +220,7 @@ def test_compile_modes_reset_dynamo_with_or_without_fresh_caches(monkeypatch, co
     assert row["first_step_cache"] == cache and len(resets) >= 2
     eager = bench_step(preset("fasttransformer", **TINY), 2, 8, "eager", "fp32", "cpu", warmup=2, iters=2)
     assert eager["first_step_cache"] == "process"
-    assert bench._shared_compile_cache is not None
+    assert runners.shared_compile_cache is not None
 
 
 @pytest.mark.parametrize("cc,want,absent", [("7.5", {"fp32", "fp16"}, {"tf32", "bf16"}),
@@ -236,7 +240,7 @@ def test_the_runner_skips_cases_the_device_cannot_honour(tmp_path, monkeypatch, 
 
     tiny = [Case("fasttransformer", preset("fasttransformer", **TINY), 2, 8, "eager", p) for p in ("fp32", "tf32")]
     monkeypatch.setitem(SUITES, "baselines", dataclasses.replace(SUITES["baselines"], make=lambda: tiny))
-    monkeypatch.setattr(gpu_bench.DeviceInfo, "detect", classmethod(lambda cls, d=None: DeviceInfo.for_capability(
+    monkeypatch.setattr(gpu_runner.DeviceInfo, "detect", classmethod(lambda cls, d=None: DeviceInfo.for_capability(
         "7.5")))
     assert _run(tmp_path / "out") == 0
     assert [r["precision"] for r in ResultStore("baselines", "cpu").rows()] == ["fp32"]

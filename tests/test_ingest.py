@@ -307,12 +307,11 @@ def test_the_committed_results_pass_every_check(mod, tmp_path, monkeypatch):
 
 
 def test_known_files_come_from_the_runner_and_the_convergence_suites(mod):
-    import gpu_bench
-
     from ftlib.harness.studies import SUITE_ORDER
+    from ftlib.harness.suites import SUITES
 
     assert set(SUITE_ORDER) <= mod.KNOWN_STEMS and "speedrun-repeat" in mod.KNOWN_STEMS
-    assert set(gpu_bench.SUITES) - {"fig5"} <= mod.KNOWN_STEMS and "fig5" not in mod.KNOWN_STEMS  # fig5 -> tsweep
+    assert set(SUITES) - {"fig5"} <= mod.KNOWN_STEMS and "fig5" not in mod.KNOWN_STEMS  # fig5 -> tsweep
     assert {"kernels", "engine_check", "profile", "ddp", "engine_probe"} <= mod.KNOWN_STEMS
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftlib.harness.bench import _key_extra
+from ftlib.harness.bench.step import key_extra as _key_extra
 from ftlib.harness.convergence import run_key
 from ftlib.harness.distributed import ddp_key
 from ftlib.harness.profiling import MODES as PROFILE_MODES

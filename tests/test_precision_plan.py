@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ftlib.core.device import DeviceInfo
-from ftlib.harness.bench import Case, make_cases
+from ftlib.harness.bench.cases import Case, make_cases
 from ftlib.harness.precision_plan import case_why_not, plan, plan_cases
 from ftlib.model.config import preset
 

@@ -8,7 +8,7 @@ Training", VLDB). No communication here is home-made: DDP's reducer does all of 
 
 * :func:`setup` / :func:`teardown` - the process group from torchrun's environment.
 * :func:`allreduce_volume` - bytes of gradient all-reduced per step, from the parameter count.
-* :func:`ddp_bench` - the DDP training step timed (a result row, as ``ftlib.harness.bench`` rows are),
+* :func:`ddp_bench` - the DDP training step timed (a result row, as ``ftlib.harness.bench.step`` rows are),
   with the all-reduce time and volume *measured* with ``torch.profiler`` beside the accounting.
 * :func:`grad_check` / :func:`ddp_train` - correctness: with a global batch split across ranks,
   DDP gradients (and so losses) equal single-process ones on the full batch up to fp32 rounding.
@@ -59,7 +59,9 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from ftlib.analysis.accounting import num_params
 from ftlib.core.device import device_slug, pick_device
 from ftlib.core.precision import precision_region
-from ftlib.harness.bench import COMPILE_MODES, preset_of, summarize_ms
+from ftlib.core.timing import summarize_ms
+from ftlib.harness.bench.runners import COMPILE_MODES
+from ftlib.harness.bench.step import preset_of
 from ftlib.harness.provenance import provenance
 from ftlib.harness.results import ResultStore, row_key
 from ftlib.model.config import ModelConfig, preset

@@ -20,7 +20,7 @@ import torch
 
 from ftlib.core.device import device_slug, pick_device
 from ftlib.core.precision import precision_region
-from ftlib.harness.bench import CHECK_RTOL
+from ftlib.harness.bench.step import CHECK_RTOL
 from ftlib.harness.provenance import provenance, run_id
 from ftlib.harness.results import ResultStore, row_key
 from ftlib.model.config import ModelConfig, preset
@@ -74,7 +74,7 @@ def check_against_reference(
     Returns a dict: both loss curves, ``max_rel_err`` (largest |engine - ref| / |ref| over
     the steps), ``param_rel_err`` (||w_engine - w_ref|| / ||w_ref|| over all weights at the
     end), ``ok`` (max_rel_err <= rtol and all losses finite; rtol defaults to
-    ``ftlib.harness.bench.CHECK_RTOL[precision]``), and the engine's ``describe()``.
+    ``ftlib.harness.bench.step.CHECK_RTOL[precision]``), and the engine's ``describe()``.
     """
     cfg = preset(config) if isinstance(config, str) else config
     dev = pick_device(device) if isinstance(device, str) else torch.device(device)

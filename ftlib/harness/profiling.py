@@ -22,10 +22,10 @@ Chrome trace the profiler exports:
   (``aten::_scaled_dot_product_efficient_attention`` ...) and the kernel names
   (``fmha_cutlassF`` ...): :func:`sdpa_backend_from_ops`.
 
-Modes, named as in :mod:`ftlib.harness.bench`: ``eager``; ``compile`` (``torch.compile`` default);
+Modes, named as in :mod:`ftlib.harness.bench.step`: ``eager``; ``compile`` (``torch.compile`` default);
 ``compile-ro`` (``torch.compile(mode='reduce-overhead')``: Inductor plus CUDA-graph trees,
 one graph for the forward and one for the backward, so the ranges still separate them);
-``cudagraph`` (the whole eager step, with fused capturable AdamW as in ``ftlib.harness.bench``,
+``cudagraph`` (the whole eager step, with fused capturable AdamW as in ``ftlib.harness.bench.step``,
 captured in one ``torch.cuda.CUDAGraph``). Inside one whole-step graph
 there is one launch for every kernel, so ranges cannot split it. Instead three graphs are
 captured -- forward only, forward + backward, the full step -- and replayed under CUDA
@@ -65,7 +65,7 @@ from ftlib.training.data import synthetic_batch
 from ftlib.training.step import make_optimizer
 
 BENCH = "profile"
-MODES = ("eager", "cudagraph", "compile", "compile-ro")  # the names ftlib.harness.bench uses
+MODES = ("eager", "cudagraph", "compile", "compile-ro")  # the names ftlib.harness.bench.runners uses
 PHASES = ("forward", "backward", "optimizer")
 OTHER_PHASE = "other"  # in the step but outside the three ranges (zero_grad, graph bookkeeping)
 STEP_PHASE = "step"  # a whole-step graph whose kernels could not be split into phases
@@ -578,7 +578,7 @@ def _profile_eagerish(model, x, y, dev, mode, dtype, steps, warmup, timing_steps
 
 def _profile_graph(model, x, y, dev, dtype, steps, warmup, timing_steps, notes):
     """The whole eager step in one CUDA graph; phases from three graphs' replay times."""
-    opt = make_optimizer(model, fused=True, capturable=True)  # as ftlib.harness.bench's cudagraph mode
+    opt = make_optimizer(model, fused=True, capturable=True)  # as the benchmark's cudagraph mode
     static: dict[str, torch.Tensor] = {}
 
     # Autocast's weight-cast cache must be off under capture (torch.cuda.graph docs).

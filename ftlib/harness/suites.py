@@ -29,7 +29,7 @@ import torch
 
 from ftlib.core.device import device_slug
 from ftlib.core.repo import repo_root
-from ftlib.harness.bench import Case, bench_cases, make_cases
+from ftlib.harness.bench.cases import Case, bench_cases, make_cases
 from ftlib.harness.provenance import run_id
 from ftlib.harness.results import ResultStore
 from ftlib.model.config import preset
@@ -38,7 +38,7 @@ TOKENS_PER_STEP = 8192  # the original T sweep's fixed tokens per step
 TSWEEP_T = (128, 256, 512, 1024, 2048, 4096)  # the original's 128..1024, then longer contexts
 HEADLINE_B, HEADLINE_T = 32, 256  # the original's benchmark shape
 
-# Where the optimizer runs, per execution mode, in the baselines suite (ftlib.harness.bench's docstring
+# Where the optimizer runs, per execution mode, in the baselines suite (ftlib.harness.bench.step's docstring
 # explains each). The manual CUDA graph always captures the fused, capturable AdamW; the engine
 # brings its own flat AdamW.
 STEP_CONFIGS: tuple[tuple[str, str], ...] = (
@@ -84,7 +84,7 @@ def baselines(models: Mapping | None = None, precisions=HEADLINE_PRECISIONS, sha
     """
     models = dict(models or headline_models())
     B, T = shape
-    # fp16's loss scaler is not compiled into a step (ftlib.harness.bench): no whole-step fp16 case.
+    # fp16's loss scaler is not compiled into a step (ftlib.harness.bench.runners): no whole-step fp16 case.
     cases = [Case(label, cfg, B, T, mode, prec, optimizer=opt)
              for prec in precisions for label, cfg in models.items() for mode, opt in configs
              if not (prec == "fp16" and opt == "whole-step")]
@@ -203,7 +203,7 @@ def engine_variants() -> list[Case]:
 
 
 # Suites whose compile time is not what they measure compile against shared caches
-# (ftlib.harness.bench: cold_compile=False): kernels an earlier case built are not built again.
+# (ftlib.harness.bench.step: cold_compile=False): kernels an earlier case built are not built again.
 SHARED_CACHE = {"cold_compile": False}
 
 SUITES: dict[str, Suite] = {s.name: s for s in (

@@ -23,7 +23,8 @@ from typing import Any
 import pandas as pd
 
 from ftlib.analysis.claims import POST_CLAIMED
-from ftlib.harness.bench import Case, case_ident
+from ftlib.harness.bench.cases import Case
+from ftlib.harness.bench.step import case_ident
 from ftlib.harness.provenance import is_clean_commit
 from ftlib.harness.results import load_rows
 

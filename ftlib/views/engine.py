@@ -1,6 +1,6 @@
 """Reading the engine's own rows for chapter 6: what each piece buys, the 100-step check, the profile.
 
-Sources (rows of ``ftlib.harness.bench`` or ``ci/gpu_bench.py``, read with :func:`ftlib.views.bench.ok_rows`):
+Sources (rows of ``ftlib.harness.bench.step`` or ``ci/gpu_bench.py``, read with :func:`ftlib.views.bench.ok_rows`):
 
 * ``engine``: the engine (``mode='engine'``, label = the preset) and its variants, labelled
   ``'<preset> <change>'`` (``-rmsnorm``: that kernel off, ``no-kernels``, ``uncaptured``,
