@@ -77,13 +77,11 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     os.chdir(os.path.join(root, "book"))
 
 # %% tags=["hide-cell"]
-import plotly.graph_objects as go
-
 from ftlib.core.device import device_slug, pick_device
-from ftlib.harness import profiling as fp
-from ftlib.harness.results import load_rows
+from ftlib.harness.profiling import PROFILE_MODES, profile_suite
+from ftlib.views import profile as pv
 from ftlib.views.plots import show
-from ftlib.views.tables import show_table
+from ftlib.views.tables import show_frame
 
 device = pick_device(DEVICE)
 PRESETS = ["gpt2", "fasttransformer"]
@@ -91,7 +89,7 @@ PRESETS = ["gpt2", "fasttransformer"]
 B, T = (4, 64) if SMOKE else (32, 256)
 OVERRIDES = {"n_layer": 2} if SMOKE else {}
 if device.type == "cuda":
-    MODES = list(fp.MODES)
+    MODES = list(PROFILE_MODES)
     PRECISIONS = ["fp32"] if SMOKE else ["fp32", "tf32", "bf16"]
 else:
     MODES, PRECISIONS = ["eager"], ["fp32"]  # the graph modes need CUDA; Inductor on CPU is slow
@@ -106,14 +104,12 @@ else:
 # %% tags=["nbval-ignore-output", "hide-input"]
 if MEASURE:
     counts = dict(steps=2, warmup=2, timing_steps=5) if SMOKE else dict(steps=5, warmup=5, timing_steps=50)
-    fresh = fp.profile_suite(PRESETS, MODES, PRECISIONS, B, T, device, store=True, **counts, **OVERRIDES)
-    show_table([{"model": r["preset"], "mode": r["mode"], "precision": r["precision"],
-                 "status": r["status"], "error": r.get("error", "")} for r in fresh])
-    rows = fp.select_rows(load_rows(fp.BENCH, devices=[device_slug(device)]), B, T, **OVERRIDES)
+    fresh = profile_suite(PRESETS, MODES, PRECISIONS, B, T, device, store=True, **counts, **OVERRIDES)
+    show_frame(pv.run_status(fresh))
+    rows = pv.stored_profiles(B, T, device_slug(device), **OVERRIDES)
 else:
     # The full models at the post's size, from every GPU that has stored profiles.
-    rows = fp.select_rows(load_rows(fp.BENCH), 32, 256)
-devices = sorted({r["device_slug"] for r in rows})
+    rows = pv.stored_profiles(32, 256)
 if not rows:
     print("No stored profile rows for this selection (data/results/<gpu>/profile.jsonl): "
           "the figures below are skipped. Run with MEASURE=True on a GPU to produce them.")
@@ -127,33 +123,8 @@ if not rows:
 # include the graph's internal gaps.
 
 # %%
-PHASE_ORDER = [*fp.PHASES, fp.OTHER_PHASE, fp.STEP_PHASE, "launch gaps"]
-MODE_ORDER = list(fp.MODES)
-
-
-def _x(r):
-    return (PRESETS.index(r["preset"]) if r["preset"] in PRESETS else 99, MODE_ORDER.index(r["mode"]))
-
-
-for dev_slug in devices:
-    for prec in [p for p in ["fp32", "tf32", "bf16", "fp16"] if any(
-            r["precision"] == p and r["device_slug"] == dev_slug for r in rows)]:
-        sel = sorted((r for r in rows if r["device_slug"] == dev_slug and r["precision"] == prec), key=_x)
-        parts = fp.phase_breakdown(sel)
-        fig = go.Figure()
-        for ph in PHASE_ORDER:
-            pts = [p for p in parts if p["phase"] == ph]
-            if not pts:
-                continue
-            pts.sort(key=_x)
-            fig.add_bar(name=ph, x=[[p["preset"] for p in pts], [p["mode"] for p in pts]],
-                        y=[p["ms"] for p in pts],
-                        customdata=[[p["source"], p["sdpa_backend"]] for p in pts],
-                        hovertemplate="%{y:.3f} ms<br>%{customdata[0]}<br>SDPA: %{customdata[1]}")
-        fig.update_layout(barmode="stack", title=f"Phases of one training step, {dev_slug}, {prec} "
-                          f"(B={sel[0]['B']}, T={sel[0]['T']})", yaxis_title="ms per step",
-                          legend_title="phase")
-        show(fig, f"profile-phases-{dev_slug}-{prec}")
+for name, fig in pv.phase_figures(rows):
+    show(fig, name)
 
 # %% [markdown]
 # ## The same steps by kernel category
@@ -163,20 +134,8 @@ for dev_slug in devices:
 # kernel, which `classify_kernel` recognises by the fused ops in its name.
 
 # %%
-for dev_slug in devices:
-    sel = sorted((r for r in rows if r["device_slug"] == dev_slug and r["precision"] == "fp32"), key=_x)
-    if not sel:
-        continue
-    fig = go.Figure()
-    for cat in fp.CATEGORIES:
-        ys = [sum(k["total_us"] for k in r["kernels"] if k["category"] == cat) / 1e3 for r in sel]
-        if any(ys):
-            fig.add_bar(name=cat, x=[[r["preset"] for r in sel], [r["mode"] for r in sel]], y=ys)
-    fig.add_bar(name="launch gaps", x=[[r["preset"] for r in sel], [r["mode"] for r in sel]],
-                y=[(r.get("gaps_us") or 0.0) / 1e3 for r in sel])
-    fig.update_layout(barmode="stack", title=f"GPU time by kernel category, {dev_slug}, fp32",
-                      yaxis_title="ms per step", legend_title="category")
-    show(fig, f"profile-categories-{dev_slug}")
+for name, fig in pv.category_figures(rows):
+    show(fig, name)
 
 # %% [markdown]
 # ## What ran: attention backend, kernels and launches per step
@@ -190,13 +149,8 @@ for dev_slug in devices:
 
 # %%
 if rows:
-    show_table([{
-        "device": r["device_slug"], "model": r["preset"], "mode": r["mode"], "precision": r["precision"],
-        "step ms": r["step_ms"], "profiled step ms": r["step_ms_profiled"], "busy ms": (r["busy_us"] or 0) / 1e3,
-        "launch gaps ms": (r["gaps_us"] or 0) / 1e3, "kernels": r["kernels_per_step"],
-        "launches": r["launches_per_step"], "SDPA backend": r["sdpa_backend"], "phase split": r["phase_source"],
-    } for r in sorted(rows, key=lambda r: (r["device_slug"], r["precision"], *_x(r)))],
-        preview=["device", "model", "mode", "precision", "step ms", "launch gaps ms", "launches", "SDPA backend"])
+    show_frame(pv.what_ran(rows), preview=["device", "model", "mode", "precision", "step ms", "launch gaps ms",
+                                            "launches", "SDPA backend"])
 
 # %% [markdown]
 # ## The whole-step graph, split two ways
@@ -206,15 +160,9 @@ if rows:
 # either split.
 
 # %%
-graph_rows = sorted((r for r in rows if r["mode"] == "cudagraph"),
-                    key=lambda r: (r["device_slug"], r["precision"], *_x(r)))
-if graph_rows:
-    show_table([{
-        "device": r["device_slug"], "model": r["preset"], "precision": r["precision"], "phase": ph,
-        "trace ms": next((p["total_us"] / 1e3 for p in r["phases"] if p["phase"] == ph), None),
-        "graph difference ms": next((p["total_us"] / 1e3 for p in r["graph_phases"] or [] if p["phase"] == ph),
-                                    None),
-    } for r in graph_rows for ph in fp.PHASES])
+split = pv.graph_split(rows)
+if not split.empty:
+    show_frame(split)
 else:
     print("No cudagraph profiles in this selection.")
 
@@ -226,12 +174,9 @@ else:
 # attention, the memory-efficient (`fmha_cutlass`) or flash kernels when they ran.
 
 # %%
-for r in sorted((r for r in rows if r["mode"] == "eager" and r["precision"] == "fp32"),
-                key=lambda r: (r["device_slug"], *_x(r))):
-    top = sorted(fp.to_rows(r), key=lambda k: (-k["total_us"], k["name"]))[:10]
-    print(f"{r['device_slug']} · {r['preset']}")
-    show_table([{"phase": k["phase"], "category": k["category"], "kernel": k["name"][:90],
-                 "per step": k["count"], "µs per step": k["total_us"]} for k in top])
+for title, table in pv.heaviest_kernels(rows):
+    print(title)
+    show_frame(table)
 
 # %% [markdown]
 # ## Reading the figures against the post

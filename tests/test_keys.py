@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from ftlib.harness.bench.step import key_extra as _key_extra
+from ftlib.harness.bench.step import key_extra
 from ftlib.harness.convergence import run_key
 from ftlib.harness.distributed import ddp_key
-from ftlib.harness.profiling import MODES as PROFILE_MODES
-from ftlib.harness.profiling import profile_key
+from ftlib.harness.profiling import PROFILE_MODES, profile_key
 from ftlib.harness.results import row_key
 from ftlib.harness.studies import suites
 from ftlib.harness.suites import SUITES, smoke_cases
@@ -49,7 +48,7 @@ def recomputed_key(stem: str, r: dict) -> str | None:
     if stem in STEP_BENCHES:
         assert ModelConfig(**r["config"]).config_hash() == r["config_hash"]
         return row_key(r["bench"], r["config_hash"], r["B"], r["T"], r["mode"], r["precision"],
-                       _key_extra(r.get("optimizer_kind") or "default", r.get("extra")))
+                       key_extra(r.get("optimizer_kind") or "default", r.get("extra")))
     if stem == "engine_check":
         return None if "extra" not in r else row_key("engine_check", r["config_hash"], r["B"], r["T"], "engine",
                                                      r["precision"], r["extra"])
