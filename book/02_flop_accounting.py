@@ -71,19 +71,11 @@ import plotly.graph_objects as go
 from IPython.display import Markdown, display
 
 from ftlib import preset
-from ftlib.analysis.accounting import (
-    POST_CLAIMS,
-    attention_matrix_traffic,
-    attention_mlp_fractions,
-    by_component,
-    expected_backend,
-    kaplan_flops,
-    layer_forward_breakdown,
-    megatron_flops,
-    palm_flops,
-    step_summary,
-)
+from ftlib.analysis.backends import attention_matrix_traffic, expected_backend
+from ftlib.analysis.claims import POST_CLAIMED
+from ftlib.analysis.formulas import kaplan_flops, megatron_flops, palm_flops
 from ftlib.analysis.peaks import flops_floor, lookup, roofline, step_floor
+from ftlib.analysis.totals import attention_mlp_fractions, by_component, layer_forward_breakdown, step_summary
 from ftlib.views.plots import show
 from ftlib.views.tables import show_table
 
@@ -133,17 +125,17 @@ fr = {c: attention_mlp_fractions(GPT2, B, T, causal=c) for c in (False, True)}
 show_table([
     {"part of the GPT-2 block": label, "post's share": post,
      "share, full T × T": fr[False][key], "share, causal half": fr[True][key]}
-    for label, key, post in (("attention QKᵀ + A·V", "attention", POST_CLAIMS["attention_share"]),
-                             ("MLP", "mlp", POST_CLAIMS["mlp_share"]),
+    for label, key, post in (("attention QKᵀ + A·V", "attention", POST_CLAIMED["attention_share"]),
+                             ("MLP", "mlp", POST_CLAIMED["mlp_share"]),
                              ("QKV + out-proj", "projections", None))
 ], name="attention-mlp-shares")
 display(Markdown(
     f"Attention is {fr[False]['attention']:.1%} of the block as GPT-2 executes it "
     f"({fr[True]['attention']:.1%} counting only the causal half), not "
-    f"{POST_CLAIMS['attention_share']:.0%}: a QKᵀ + A·V of "
+    f"{POST_CLAIMED['attention_share']:.0%}: a QKᵀ + A·V of "
     f"{fr[False]['attention_gflop']:.2f} GFLOP, four times the post's figure. "
     f"The MLP share is {fr[False]['mlp']:.1%} ({fr[True]['mlp']:.1%} causal), not "
-    f"{POST_CLAIMS['mlp_share']:.0%}."
+    f"{POST_CLAIMED['mlp_share']:.0%}."
 ))
 
 # %% [markdown]
@@ -155,9 +147,9 @@ display(Markdown(
 # %%
 mlp = {m: attention_mlp_fractions(MODELS[m], B, T)["mlp_gflop"] for m in ("GPT-2", "FastTransformer (expanded K/V)")}
 show_table([
-    {"MLP per layer, forward": "GPT-2 (4×)", "post claims GFLOP": POST_CLAIMS["mlp_gflop_gpt2"],
+    {"MLP per layer, forward": "GPT-2 (4×)", "post claims GFLOP": POST_CLAIMED["mlp_gflop_gpt2"],
      "computed GFLOP": mlp["GPT-2"]},
-    {"MLP per layer, forward": "FastTransformer (2×)", "post claims GFLOP": POST_CLAIMS["mlp_gflop_fasttransformer"],
+    {"MLP per layer, forward": "FastTransformer (2×)", "post claims GFLOP": POST_CLAIMED["mlp_gflop_fasttransformer"],
      "computed GFLOP": mlp["FastTransformer (expanded K/V)"]},
 ], digits=4, name="mlp-gflop")
 
@@ -199,7 +191,7 @@ show_table([
     for m, t in tr.items()
 ], digits=4, name="tt-traffic")
 display(Markdown(
-    f"Post's claim: {POST_CLAIMS['attention_matrix_mb_per_step']:.0f} MB. The write-once, read-once "
+    f"Post's claim: {POST_CLAIMED['attention_matrix_mb_per_step']:.0f} MB. The write-once, read-once "
     f"model gives {g['write_once_read_once_per_step'] / 1e6:.0f} MB, so the post's number is that "
     f"lower bound; eager GPT-2 moves {g['bytes_per_step'] / 1e9:.2f} GB, "
     f"{g['bytes_per_step'] / g['write_once_read_once_per_step']:.1f}× more. "

@@ -66,7 +66,7 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["hide-input"]
 import plotly.graph_objects as go
 
-from ftlib.analysis.accounting import step_summary
+from ftlib.analysis.totals import step_summary
 from ftlib.core.device import device_slug, pick_device
 from ftlib.harness.bench.cases import bench_sweep
 from ftlib.model.ablations import grid, kv_head_sweep, ladder, mlp_ratio_sweep

@@ -27,7 +27,7 @@
 # the same gradient reduction). Each GPU runs the whole training step on its own
 # `B_per_rank` sequences, and PyTorch's `DistributedDataParallel` averages the gradients with
 # bucketed NCCL all-reduces that overlap the backward pass (Li et al. 2020, VLDB). The code is
-# `ftlib.harness.distributed`, launched by `torchrun`, one process per GPU; `ci/gpu_ddp.sh` runs it at
+# `ftlib.harness.ddp_bench`, launched by `torchrun`, one process per GPU; `ci/gpu_ddp.sh` runs it at
 # 1, 2, 4 and 8 GPUs for both models, fp32 and bf16.
 #
 # The cost DDP adds is one all-reduce of the fp32 gradients per step. Its volume follows from
@@ -68,9 +68,10 @@ import plotly.graph_objects as go
 import torch
 
 from ftlib import preset
+from ftlib.analysis.allreduce import NVLINK_GBS, allreduce_volume, ring_floor_s
 from ftlib.core.device import pick_device
-from ftlib.harness.distributed import NVLINK_GBS, allreduce_volume, ring_floor_s, scaling
 from ftlib.views.bench import devices, ok_rows, pick, provenance_line
+from ftlib.views.ddp import scaling
 from ftlib.views.plots import MODEL_COLORS, log_ticks, show
 from ftlib.views.tables import show_table
 
@@ -85,7 +86,7 @@ if MEASURE:
     for n in [w for w in WORLD_SIZES if w <= n_max]:
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
-             "-m", "ftlib.harness.distributed", "--preset", *MODELS, "--precision", "fp32", "--device", device.type,
+             "-m", "ftlib.harness.ddp_bench", "--preset", *MODELS, "--precision", "fp32", "--device", device.type,
              *size],
             cwd=Path.cwd().parent, capture_output=True, text=True)
         print("\n".join(ln for ln in proc.stdout.splitlines() if ln.startswith("[ddp]")) or proc.stderr[-2000:])

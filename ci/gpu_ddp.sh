@@ -3,7 +3,7 @@
 #   OUT=/path bash ci/gpu_ddp.sh                       # both presets, fp32 and bf16, eager
 #   MODES="eager compile-ro" OUT=/path bash ci/gpu_ddp.sh
 # For n = 1, 2, 4, 8 up to the GPU count it runs one torchrun per n:
-#   torchrun --standalone --nproc_per_node n -m ftlib.harness.distributed --preset gpt2 fasttransformer ...
+#   torchrun --standalone --nproc_per_node n -m ftlib.harness.ddp_bench --preset gpt2 fasttransformer ...
 # Rows go to data/results/<gpu slug>/ddp.jsonl (rank 0 writes); keys already stored are skipped,
 # so a second call continues where the first stopped. The file is copied to $OUT at the end.
 # Provenance: a copied tree has no .git; pass FTLIB_COMMIT=<commit> (or put it in .ftlib-commit).
@@ -37,7 +37,7 @@ for n in 1 2 4 8; do
   [ "$n" -le "$ngpu" ] || break
   echo "== n=$n" | tee -a "$log"
   # shellcheck disable=SC2086  # MODES is a word list on purpose
-  timeout -k 15 "$PER_RUN_S" torchrun --standalone --nproc_per_node "$n" -m ftlib.harness.distributed \
+  timeout -k 15 "$PER_RUN_S" torchrun --standalone --nproc_per_node "$n" -m ftlib.harness.ddp_bench \
     --preset gpt2 fasttransformer --precision fp32 bf16 --mode $MODES \
     --B "$B" --T "$T" --steps "$STEPS" --warmup "$WARMUP" \
     --out "data/results/$slug/ddp.jsonl" 2>&1 | tee -a "$log"

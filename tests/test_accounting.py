@@ -16,22 +16,12 @@ from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import FlopCounterMode
 
 from ftlib import build_model, preset
-from ftlib.analysis.accounting import (
-    POST_CLAIMS,
-    attention_matrix_traffic,
-    attention_mlp_fractions,
-    expected_backend,
-    flop_counter_flops,
-    kaplan_flops,
-    layer_forward_breakdown,
-    megatron_flops,
-    num_params,
-    palm_flops,
-    rows,
-    step_summary,
-    total_flops,
-)
+from ftlib.analysis.accounting import num_params, rows
+from ftlib.analysis.backends import attention_matrix_traffic, expected_backend
+from ftlib.analysis.claims import POST_CLAIMED
+from ftlib.analysis.formulas import flop_counter_flops, kaplan_flops, megatron_flops, palm_flops
 from ftlib.analysis.peaks import PEAKS, achieved, flops_floor, lookup, roofline, step_floor
+from ftlib.analysis.totals import attention_mlp_fractions, layer_forward_breakdown, step_summary, total_flops
 
 B, T = 2, 48  # small, and T differs from every head size so (T, T) shapes are unambiguous
 SMALL = dict(n_layer=2)
@@ -177,11 +167,11 @@ def test_facts_flop_split():
     assert (round(full["attention"], 3), round(full["mlp"], 3)) == (0.143, 0.571)
     assert (round(causal["attention"], 3), round(causal["mlp"], 3)) == (0.077, 0.615)
     # the post's claims do not hold
-    assert abs(full["attention"] - POST_CLAIMS["attention_share"]) > 0.03
-    assert abs(full["mlp"] - POST_CLAIMS["mlp_share"]) > 0.05
+    assert abs(full["attention"] - POST_CLAIMED["attention_share"]) > 0.03
+    assert abs(full["mlp"] - POST_CLAIMED["mlp_share"]) > 0.05
     # 8.59 -> 4.30 for the 2x MLP does hold
     ft = attention_mlp_fractions(preset("fasttransformer"), 32, 256)
-    assert round(ft["mlp_gflop"], 2) == pytest.approx(POST_CLAIMS["mlp_gflop_fasttransformer"], abs=0.011)
+    assert round(ft["mlp_gflop"], 2) == pytest.approx(POST_CLAIMED["mlp_gflop_fasttransformer"], abs=0.011)
 
 
 def test_facts_step_flops_and_floors():
@@ -251,7 +241,7 @@ def test_expected_backend_rules():
 def test_805_mb_claim():
     g = preset("gpt2")
     tr = attention_matrix_traffic(g, 32, 256, "fp32")
-    assert round(tr["write_once_read_once_per_step"] / 1e6) == round(POST_CLAIMS["attention_matrix_mb_per_step"])
+    assert round(tr["write_once_read_once_per_step"] / 1e6) == round(POST_CLAIMED["attention_matrix_mb_per_step"])
     assert tr["bytes_per_step"] == 19 * tr["tensor_bytes"] * g.n_layer  # 19 passes per layer, eager
     ft = preset("fasttransformer", kv_layout="broadcast")
     assert attention_matrix_traffic(ft, 32, 256, "fp32")["bytes_per_step"] == 13 * tr["tensor_bytes"] * 6
@@ -293,7 +283,7 @@ def test_peaks_and_roofline():
 
 
 def test_attention_dropout_zero_drops_only_the_probability_passes():
-    from ftlib.analysis.accounting import attention_matrix_traffic
+    from ftlib.analysis.backends import attention_matrix_traffic
     from ftlib.model.config import preset as _preset
 
     both = _preset("gpt2", dropout=0.1)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
-
 from ftlib.training.bf16_weights import ShadowLinear
 
 

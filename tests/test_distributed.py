@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from ftlib.harness.distributed import MULTICAST_ENV, allreduce_volume, cli_config, ddp_key
+from ftlib.analysis.allreduce import allreduce_volume
+from ftlib.harness.ddp_bench import cli_config, ddp_key
+from ftlib.harness.distributed import MULTICAST_ENV
 from ftlib.harness.results import ResultStore
 from ftlib.model.config import preset
 
@@ -47,7 +49,7 @@ def test_cli_config_follows_heads_for_multi_head_presets():
 
 def test_cli_writes_a_ddp_row_and_resumes(tmp_path):
     out = tmp_path / "results" / "cpu" / "ddp.jsonl"
-    args = ["-m", "ftlib.harness.distributed", "--preset", "fasttransformer", "--override", TINY, "--B", str(B),
+    args = ["-m", "ftlib.harness.ddp_bench", "--preset", "fasttransformer", "--override", TINY, "--B", str(B),
             "--T", str(T), "--steps", "4", "--warmup", "2", "--profile-steps", "2", "--device", "cpu",
             "--out", str(out)]
     _torchrun(args, tmp_path)

@@ -14,7 +14,7 @@ import torch
 
 from ftlib.harness.bench.step import key_extra
 from ftlib.harness.convergence import run_key
-from ftlib.harness.distributed import ddp_key
+from ftlib.harness.ddp_bench import ddp_key
 from ftlib.harness.profiling import PROFILE_MODES, profile_key
 from ftlib.harness.results import row_key
 from ftlib.harness.studies import suites

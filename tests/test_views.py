@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from ftlib.analysis.accounting import expected_backend
+from ftlib.analysis.backends import expected_backend
 from ftlib.analysis.claims import POST_CLAIMED, POST_GPU, roofline_projection
 from ftlib.harness.results import ResultStore, row_key
 from ftlib.model.ablations import SWITCHES, grid, ladder

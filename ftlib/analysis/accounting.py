@@ -42,14 +42,9 @@ Conventions (read these before quoting a number)
   "Reducing Activation Recomputation in Large Transformer Models", sec. 4.1, for the
   same bookkeeping on GPT-3-style blocks).
 
-What ``torch.utils.flop_counter.FlopCounterMode`` counts (torch 2.13, read from
-``torch/utils/flop_counter.py`` and checked in ``tests/test_accounting.py``): only
-matmuls (``mm``, ``addmm``, ``bmm``...) and the fused SDPA ops. The explicit softmax and
-the math backend decompose into ``bmm``, so they count as full T x T, backward 2x. The
-fused CUDA SDPA ops are counted by ``sdpa_flop_count``, which ignores ``is_causal``
-(full T x T) and counts the backward as 5 matmuls (recomputation included), i.e. 2.5x
-forward. The CPU fused kernel ``_scaled_dot_product_flash_attention_for_cpu`` has no
-formula registered and counts **zero**. :func:`flop_counter_flops` predicts the total.
+Which attention kernel runs and what it moves over (B, nh, T, T) tensors: :mod:`ftlib.analysis.backends`;
+per-step sums and shares: :mod:`ftlib.analysis.totals`; the literature's closed forms:
+:mod:`ftlib.analysis.formulas`.
 """
 
 from __future__ import annotations
@@ -57,9 +52,11 @@ from __future__ import annotations
 import math
 from typing import Any
 
+from ftlib.analysis.backends import BACKENDS, FUSED_BACKENDS, expected_backend, tt_passes
+from ftlib.core.precision import PRECISIONS, Precision
 from ftlib.model.config import ModelConfig
 
-PRECISION_BYTES: dict[str, int] = {"fp32": 4, "tf32": 4, "bf16": 2, "fp16": 2}
+PRECISION_BYTES: dict[str, int] = {p: Precision.of(p).activation_bytes for p in PRECISIONS}
 PARAM_BYTES = 4  # fp32 master weights, gradients and AdamW states (also under autocast)
 INDEX_BYTES = 8  # int64 token ids and targets
 STAT_BYTES = 4  # per-row norm statistics and softmax log-sum-exp are kept in fp32
@@ -94,24 +91,6 @@ EW_FLOPS: dict[str, int] = {
     "grad_clip": 3,  # square+sum for the norm (2), rescale (1)
 }
 
-# The post's claims (shared/seed/fasttransformer-post.txt), typed here so that the book
-# can check them against the computed numbers; none of them is a result of this module.
-POST_CLAIMS: dict[str, float] = {
-    # sec. 3: "QK^T and AV accounts for only 4.0% of total block compute"
-    "attention_share": 0.040,
-    # sec. 3 and 7.1: "The GPU was spending 64% of its life multiplying FFN weights"
-    "mlp_share": 0.64,
-    # sec. 3 and 5.3: "8.59 GFLOPs per layer" for the 4x MLP, "-> 4.30 GFLOPs" for 2x
-    "mlp_gflop_gpt2": 8.59,
-    "mlp_gflop_fasttransformer": 4.30,
-    # sec. 3: "(B, H, T, T) ... 805 MB of memory traffic per step across 6 layers"
-    "attention_matrix_mb_per_step": 805.0,
-    # sec. 5.1 and 7.1: "slashed KV projection weights ... by 58.3%"
-    "qkv_weight_cut": 0.583,
-    # sec. 7.1: "MQA cuts parameter gradients for keys and values by 87.5%"
-    "kv_grad_cut": 0.875,
-}
-
 COMPONENTS_PRE = ("embeddings",)
 COMPONENTS_LAYER = (
     "norm1", "qkv", "scores", "softmax", "attn_v", "out_proj", "residual",
@@ -121,8 +100,6 @@ COMPONENTS_POST = ("final_norm", "head", "loss")
 ATTENTION_COMPONENTS = ("scores", "softmax", "attn_v")
 ATTENTION_GEMMS = ("scores", "attn_v")  # QKᵀ and A·V
 MLP_GEMMS = ("mlp_up", "mlp_down")
-FUSED_BACKENDS = ("flash", "efficient", "cudnn", "cpu_flash")
-BACKENDS = ("explicit", "math", *FUSED_BACKENDS)
 
 
 def act_bytes(precision: str) -> int:
@@ -130,147 +107,6 @@ def act_bytes(precision: str) -> int:
     if precision not in PRECISION_BYTES:
         raise ValueError(f"unknown precision {precision!r}; expected one of {sorted(PRECISION_BYTES)}")
     return PRECISION_BYTES[precision]
-
-
-# ----------------------------------------------------------------------------------------
-# Which attention kernel runs
-# ----------------------------------------------------------------------------------------
-
-
-def expected_backend(
-    cfg: ModelConfig,
-    precision: str = "fp32",
-    capability: tuple[int, int] | None = (9, 0),
-    training: bool = True,
-) -> str:
-    """The attention kernel PyTorch (2.5-2.13) is expected to pick for this config.
-
-    Returns 'explicit' (attn_impl='explicit'), or the SDPA backend: 'flash',
-    'efficient', 'math' on CUDA (``capability`` = (major, minor)), 'cpu_flash' or 'math'
-    on CPU (``capability=None``). The rules are the filters of ``select_sdp_backend`` in
-    aten/src/ATen/native/transformers/cuda/sdp_utils.cpp (and sdp_utils_cpp.cpp):
-
-    * every fused kernel needs q, k and v with the same number of heads
-      (``check_batch_size_and_num_heads_dense``) unless ``enable_gqa`` is passed and
-      the kernel supports GQA (flash and, in torch 2.13, the CPU kernel do; the
-      memory-efficient kernel does not). So the original's (B, 1, T, hs) K/V
-      (kv_layout='broadcast', n_kv_head < n_head) falls back to **math** in every
-      precision; in fp32 this is what facts.md saw on an H200 (softmax_warp + sgemm).
-    * flash: fp16/bf16 only, sm80..sm121, head size <= 256 and a multiple of 8. On sm90 and
-      sm100 with cuDNN >= 9.15.1, recent torch tries cuDNN first; it is fused too and is
-      accounted like flash.
-    * memory-efficient: sm50..sm121, fp32 or fp16 (bf16 from sm80), head size a multiple
-      of the GEMM alignment (8 for 16-bit, 4 for fp32 from sm80). T4 (sm75) has no flash.
-    * CPU flash: no dropout in training (``check_for_dropout``).
-    * 'tf32' is fp32 tensors with TF32 matmuls: same kernel choice as fp32.
-    """
-    act_bytes(precision)
-    if cfg.attn_impl == "explicit":
-        return "explicit"
-    nh, nkv, hs = cfg.n_head, cfg.n_kv_head, cfg.head_size
-    same_heads = nkv == nh or cfg.kv_layout in ("expand", "repeat")
-    gqa = nkv != nh and cfg.kv_layout == "gqa"
-    dropout = training and cfg.attn_dropout_p > 0  # on the probabilities
-    low = precision in ("bf16", "fp16")
-    if capability is None:
-        if dropout or not (same_heads or gqa):
-            return "math"
-        return "cpu_flash"
-    cap = tuple(capability)
-    if low and (8, 0) <= cap <= (12, 1) and hs <= 256 and hs % 8 == 0 and (same_heads or gqa):
-        return "flash"
-    align = 8 if low else (4 if cap >= (8, 0) else 1)
-    dtype_ok = precision != "bf16" or cap >= (8, 0)
-    if (5, 0) <= cap <= (12, 1) and same_heads and hs % align == 0 and dtype_ok:
-        return "efficient"
-    return "math"
-
-
-# ----------------------------------------------------------------------------------------
-# Passes over the (B, nh, T, T) tensor
-# ----------------------------------------------------------------------------------------
-
-# (phase, component, op, reads, writes), in units of one (B, nh, T, T) tensor, as the ATen
-# ops of each implementation run them (ftlib.attention.causal_attention_ref and
-# at::_scaled_dot_product_attention_math; checked op by op in tests/test_accounting.py).
-TT_PASSES: dict[str, tuple[tuple[str, str, str, int, int], ...]] = {
-    "explicit": (
-        ("fwd", "scores", "bmm q@kᵀ -> S", 0, 1),
-        ("fwd", "softmax", "mul S/sqrt(hs)", 1, 1),
-        ("fwd", "softmax", "masked_fill -inf", 1, 1),
-        ("fwd", "softmax", "softmax -> P (saved)", 1, 1),
-        ("fwd", "attn_v", "bmm P@v", 1, 0),
-        ("bwd", "attn_v", "bmm Pᵀ@dO -> dV", 1, 0),
-        ("bwd", "attn_v", "bmm dO@vᵀ -> dP", 0, 1),
-        ("bwd", "softmax", "softmax_backward(dP, P)", 2, 1),
-        ("bwd", "softmax", "masked_fill backward", 1, 1),
-        ("bwd", "softmax", "mul backward", 1, 1),
-        ("bwd", "scores", "bmm dS@k -> dQ", 1, 0),
-        ("bwd", "scores", "bmm dSᵀ@q -> dK", 1, 0),
-    ),
-    "math": (
-        ("fwd", "scores", "bmm q@kᵀ -> S", 0, 1),
-        ("fwd", "softmax", "add float causal mask", 1, 1),
-        ("fwd", "softmax", "_safe_softmax -> P (saved)", 1, 1),
-        ("fwd", "attn_v", "bmm P@v", 1, 0),
-        ("bwd", "attn_v", "bmm Pᵀ@dO -> dV", 1, 0),
-        ("bwd", "attn_v", "bmm dO@vᵀ -> dP", 0, 1),
-        ("bwd", "softmax", "softmax_backward(dP, P)", 2, 1),
-        ("bwd", "scores", "bmm dS@k -> dQ", 1, 0),
-        ("bwd", "scores", "bmm dSᵀ@q -> dK", 1, 0),
-    ),
-}
-# dropout on the probabilities (training, dropout > 0): one more pass each way, plus a
-# 1-byte mask written, saved and read again
-TT_DROPOUT_PASSES = (
-    ("fwd", "dropout", "dropout(P)", 1, 1),
-    ("bwd", "dropout", "dropout backward", 1, 1),
-)
-
-
-def _tt_passes(backend: str, dropout: bool) -> tuple[tuple[str, str, str, int, int], ...]:
-    if backend in FUSED_BACKENDS:
-        return ()  # scores and probabilities stay in registers / shared memory
-    return TT_PASSES[backend] + (TT_DROPOUT_PASSES if dropout else ())
-
-
-def attention_matrix_traffic(
-    cfg: ModelConfig,
-    B: int,
-    T: int,
-    precision: str = "fp32",
-    backend: str | None = None,
-    capability: tuple[int, int] | None = (9, 0),
-    training: bool = True,
-) -> dict[str, Any]:
-    """DRAM bytes spent on (B, nh, T, T) tensors in one training step.
-
-    The post (sec. 3) claims 805 MB per step over 6 layers for GPT-2: that is one
-    (B, H, T, T) fp32 tensor written once in forward and read once in backward,
-    ``2 * B*H*T*T*4 * L``. This function returns that "write once, read once" model
-    next to what the implementation really moves (``TT_PASSES``), per layer and per step.
-    """
-    backend = backend or expected_backend(cfg, precision, capability, training)
-    s = act_bytes(precision)
-    one = B * cfg.n_head * T * T * s  # bytes of one (B, nh, T, T) tensor
-    passes = _tt_passes(backend, training and cfg.attn_dropout_p > 0)
-    reads = sum(p[3] for p in passes)
-    writes = sum(p[4] for p in passes)
-    per_layer = (reads + writes) * one
-    return {
-        "backend": backend,
-        "tensor_bytes": one,
-        "passes": [dict(phase=p[0], component=p[1], op=p[2], reads=p[3], writes=p[4]) for p in passes],
-        "reads_per_layer": reads,
-        "writes_per_layer": writes,
-        "bytes_per_layer": per_layer,
-        "bytes_per_step": per_layer * cfg.n_layer,
-        "fwd_bytes_per_step": sum(p[3] + p[4] for p in passes if p[0] == "fwd") * one * cfg.n_layer,
-        "bwd_bytes_per_step": sum(p[3] + p[4] for p in passes if p[0] == "bwd") * one * cfg.n_layer,
-        # the post's model: P written in forward, read in backward (0 for fused kernels)
-        "write_once_read_once_per_step": (2 * one * cfg.n_layer) if passes else 0,
-        "saved_bytes_per_step": (one * cfg.n_layer) if passes else 0,
-    }
 
 
 # ----------------------------------------------------------------------------------------
@@ -362,7 +198,7 @@ def _attention(
     mm_full = 2 * B * nh * T * T * hs  # one of QKᵀ or A·V, full T x T
     mm_causal = mm_full / 2
     dropout = training and cfg.attn_dropout_p > 0  # on the probabilities
-    passes = _tt_passes(backend, dropout)
+    passes = tt_passes(backend, dropout)
 
     def tt_bytes(phase: str, comp: str) -> float:
         return sum(p[3] + p[4] for p in passes if p[0] == phase and p[1] == comp) * tt * s
@@ -521,11 +357,6 @@ def rows(
     return out
 
 
-# ----------------------------------------------------------------------------------------
-# Summaries
-# ----------------------------------------------------------------------------------------
-
-
 def num_params(cfg: ModelConfig) -> int:
     """Trainable parameters of ftlib.model.gpt.GPT for this config (a tied matrix once)."""
     C, F, V, kv = cfg.n_embd, cfg.d_ff, cfg.vocab_size, cfg.n_kv_head * cfg.head_size
@@ -547,184 +378,3 @@ def matmul_params(cfg: ModelConfig) -> int:
     (embedding lookups, norms and biases excluded)."""
     C, F, V, kv = cfg.n_embd, cfg.d_ff, cfg.vocab_size, cfg.n_kv_head * cfg.head_size
     return cfg.n_layer * (C * (C + 2 * kv) + C * C + 2 * C * F) + C * V
-
-
-def total_flops(
-    cfg: ModelConfig,
-    B: int,
-    T: int,
-    which: str = "flops",
-    phases: tuple[str, ...] = ("fwd", "bwd", "opt"),
-    gemm_only: bool = False,
-    **kw: Any,
-) -> float:
-    """Sum of one FLOP column (``which`` = 'flops', 'flops_causal', 'flops_full') over a
-    step; ``gemm_only`` sums the matmul part (``gemm_flops``, full T x T) instead."""
-    key = "gemm_flops" if gemm_only else which
-    return sum(r[key] for r in rows(cfg, B, T, **kw) if r["phase"] in phases)
-
-
-def total_bytes(cfg: ModelConfig, B: int, T: int, phases: tuple[str, ...] = ("fwd", "bwd", "opt"), **kw: Any) -> float:
-    """DRAM bytes of one step (sum of the rows' ``bytes``)."""
-    return sum(r["bytes"] for r in rows(cfg, B, T, **kw) if r["phase"] in phases)
-
-
-def layer_forward_breakdown(
-    cfg: ModelConfig, B: int, T: int, causal: bool = False, gemm_only: bool = True
-) -> dict[str, float]:
-    """Forward FLOPs of one block by component (layer 0), the post's sec. 2 table.
-
-    With ``gemm_only`` (the default, the convention of the post and facts.md) only the
-    matmuls: qkv, scores (QKᵀ), attn_v (A·V), out_proj, mlp_up, mlp_down; full T x T
-    unless ``causal``. Otherwise every component's ``flops_full`` / ``flops_causal``.
-    """
-    out: dict[str, float] = {}
-    for r in rows(cfg, B, T, backend="math"):
-        if r["layer"] != 0 or r["phase"] != "fwd":
-            continue
-        if gemm_only:
-            if r["kind"] not in ("gemm", "attention"):
-                continue
-            v = r["gemm_flops"] / (2 if causal and r["component"] in ATTENTION_GEMMS else 1)
-        else:
-            v = r["flops_causal" if causal else "flops_full"]
-        out[r["component"]] = out.get(r["component"], 0.0) + v
-    return out
-
-
-def attention_mlp_fractions(cfg: ModelConfig, B: int, T: int, causal: bool = False) -> dict[str, float]:
-    """Shares of one block's forward matmul FLOPs: 'attention' (QKᵀ + A·V), 'mlp'
-    (up + down), 'projections' (qkv + out_proj); plus the GFLOP values."""
-    bd = layer_forward_breakdown(cfg, B, T, causal=causal)
-    total = sum(bd.values())
-    att = sum(bd[c] for c in ATTENTION_GEMMS)
-    mlp = sum(bd[c] for c in MLP_GEMMS)
-    return {
-        "attention": att / total,
-        "mlp": mlp / total,
-        "projections": (bd["qkv"] + bd["out_proj"]) / total,
-        "attention_gflop": att / 1e9,
-        "mlp_gflop": mlp / 1e9,
-        "block_gflop": total / 1e9,
-    }
-
-
-def step_summary(cfg: ModelConfig, B: int, T: int, **kw: Any) -> dict[str, float]:
-    """Per-step totals: FLOPs (executed, causal, full, matmul-only), bytes, memory."""
-    rs = rows(cfg, B, T, **kw)
-    P = num_params(cfg)
-    tot = {k: sum(r[k] for r in rs) for k in ("flops", "flops_causal", "flops_full", "gemm_flops", "bytes")}
-    return {
-        **tot,
-        "fwd_flops": sum(r["flops"] for r in rs if r["phase"] == "fwd"),
-        "bwd_flops": sum(r["flops"] for r in rs if r["phase"] == "bwd"),
-        "opt_flops": sum(r["flops"] for r in rs if r["phase"] == "opt"),
-        "fwd_bytes": sum(r["bytes"] for r in rs if r["phase"] == "fwd"),
-        "bwd_bytes": sum(r["bytes"] for r in rs if r["phase"] == "bwd"),
-        "opt_bytes": sum(r["bytes"] for r in rs if r["phase"] == "opt"),
-        "intensity": tot["flops"] / tot["bytes"],
-        "params": P,
-        "param_bytes": P * PARAM_BYTES,
-        "grad_bytes": P * PARAM_BYTES,
-        "adamw_state_bytes": 2 * P * PARAM_BYTES,
-        "saved_activation_bytes": sum(r["saved_bytes"] for r in rs if r["phase"] == "fwd"),
-    }
-
-
-def by_component(
-    cfg: ModelConfig, B: int, T: int, key: str = "flops", phases: tuple[str, ...] = ("fwd", "bwd", "opt"), **kw: Any
-) -> dict[str, float]:
-    """``key`` summed over layers and the given phases, per component, in step order."""
-    out: dict[str, float] = {}
-    for r in rows(cfg, B, T, **kw):
-        if r["phase"] in phases:
-            out[r["component"]] = out.get(r["component"], 0.0) + r[key]
-    return out
-
-
-# ----------------------------------------------------------------------------------------
-# Closed forms from the literature
-# ----------------------------------------------------------------------------------------
-
-
-def kaplan_flops(cfg: ModelConfig, B: int, T: int, include_context: bool = True) -> float:
-    """Training FLOPs per step by Kaplan et al. 2020, sec. 2.1 and Table 1.
-
-    C_forward = 2N + 2 n_layer n_ctx d_attn per token, N the non-embedding parameters
-    2 d_model n_layer (2 d_attn + d_ff) (biases, norms, embeddings and the de-embedding
-    excluded); training = 3 C_forward per token ("6N"). N is generalized here to fewer K/V
-    heads: n_layer (C (C + 2 kv) + C^2 + 2 C d_ff). The context term, 2 n_layer n_ctx
-    d_attn with n_ctx = T, is half of the full QKᵀ + A·V count (4 n_layer T d_attn), i.e.
-    the causal count. The head (de-embedding, 2 d_model n_vocab) is left out, as in the
-    paper's C_forward.
-    """
-    C, F, kv, L = cfg.n_embd, cfg.d_ff, cfg.n_kv_head * cfg.head_size, cfg.n_layer
-    N = L * (C * (C + 2 * kv) + C * C + 2 * C * F)
-    per_token = 2 * N + (2 * L * T * C if include_context else 0)
-    return 3 * per_token * B * T
-
-
-def megatron_flops(cfg: ModelConfig, B: int, T: int) -> float:
-    """Training FLOPs per step by Narayanan et al. 2021 (SC21, "Efficient Large-Scale
-    Language Model Training on GPU Clusters Using Megatron-LM"), sec. 5.1 / app.:
-    ``72 B s l h^2 (1 + s/(6h) + V/(12 l h))`` without activation recomputation (the paper
-    quotes 96 B s l h^2 (1 + s/6h + V/16lh) with recomputation; 72 = 96 * 3/4).
-
-    It assumes d_ff = 4h, n_kv_head = n_head, full s x s attention and counts only
-    matmuls (logits included): exactly the matmul sum of GPT-2 here, an overestimate for
-    FastTransformer (which it does not describe).
-    """
-    s, h, n_l, V = T, cfg.n_embd, cfg.n_layer, cfg.vocab_size  # the paper's s, h, l, V
-    return 72 * B * s * n_l * h * h * (1 + s / (6 * h) + V / (12 * n_l * h))
-
-
-def palm_flops(cfg: ModelConfig, B: int, T: int, params: str = "matmul") -> float:
-    """Model FLOPs per step by PaLM (Chowdhery et al. 2022, app. B, the definition of MFU):
-    ``(6 N + 12 L H Q T)`` per token: 6N for the dense matmuls (2N forward, 4N backward)
-    and 6 L H (2 Q T) for QKᵀ and A·V, full T x T, H query heads of size Q.
-
-    ``params``: which N. 'matmul' (default): weights of every matmul incl. the head
-    (the dense-matmul rationale of the formula); 'non_embedding': all parameters but the
-    token and position embeddings; 'all': every parameter.
-    """
-    if params == "matmul":
-        N = matmul_params(cfg)
-    elif params == "non_embedding":
-        N = num_params(cfg) - cfg.vocab_size * cfg.n_embd - cfg.block_size * cfg.n_embd
-        if cfg.tie_weights:
-            N += cfg.vocab_size * cfg.n_embd  # the tied matrix still does the head's matmul
-    elif params == "all":
-        N = num_params(cfg)
-    else:
-        raise ValueError(f"params must be 'matmul', 'non_embedding' or 'all', got {params!r}")
-    per_token = 6 * N + 12 * cfg.n_layer * cfg.n_head * cfg.head_size * T
-    return per_token * B * T
-
-
-def flop_counter_flops(
-    cfg: ModelConfig,
-    B: int,
-    T: int,
-    backend: str | None = None,
-    capability: tuple[int, int] | None = None,
-    precision: str = "fp32",
-    backward: bool = True,
-) -> float:
-    """What ``torch.utils.flop_counter.FlopCounterMode`` reports for forward (+ backward).
-
-    Linear layers: 2mnk forward, 2x in backward. Attention: full T x T in forward; in
-    backward 2x forward for 'explicit' / 'math' (bmm) and 2.5x for fused CUDA kernels
-    (``sdpa_backward_flop_count`` counts the recomputation); 'cpu_flash' has no
-    registered formula and counts 0. Default ``capability=None`` (CPU), as in the tests.
-    """
-    backend = backend or expected_backend(cfg, precision, capability)
-    rs = [r for r in rows(cfg, B, T, precision=precision, backend=backend) if r["phase"] == "fwd"]
-    lin = sum(r["gemm_flops"] for r in rs if r["kind"] == "gemm")
-    att = sum(r["gemm_flops"] for r in rs if r["kind"] == "attention")
-    if backend == "cpu_flash":
-        att_mult = 0.0
-    elif backend in FUSED_BACKENDS:
-        att_mult = 1.0 + (2.5 if backward else 0.0)
-    else:
-        att_mult = 1.0 + (2.0 if backward else 0.0)
-    return lin * (3.0 if backward else 1.0) + att * att_mult

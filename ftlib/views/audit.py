@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ftlib.analysis.accounting import POST_CLAIMS, attention_matrix_traffic, attention_mlp_fractions, expected_backend
+from ftlib.analysis.backends import attention_matrix_traffic, expected_backend
 from ftlib.analysis.claims import POST_CLAIMED, POST_STEP_MS, POST_TOKENS_PER_STEP
+from ftlib.analysis.totals import attention_mlp_fractions
 from ftlib.model.config import preset
 from ftlib.model.gpt import GPT
 from ftlib.views.bench import not_measured, ok_rows, pick
@@ -177,10 +178,10 @@ def audit_rows(device: str = "h200") -> list[dict[str, Any]]:
                     "holds" if _close(cut, POST_CLAIMED["param_cut"], 0.02) else "does not hold", "ftlib.model.gpt"))
     qkv = 1 - (f.n_embd + 2 * f.n_kv_head * f.head_size) / (3 * g.n_embd)
     out.append(_row("58.3% fewer QKV projection weights", "58.3%", f"{100 * qkv:.1f}%",
-                    "holds" if _close(qkv, POST_CLAIMS["qkv_weight_cut"], 0.002) else "does not hold", "config"))
+                    "holds" if _close(qkv, POST_CLAIMED["qkv_weight_cut"], 0.002) else "does not hold", "config"))
     kv = 1 - f.n_kv_head / g.n_kv_head
     out.append(_row("87.5% fewer K/V parameter gradients", "87.5%", f"{100 * kv:.1f}%",
-                    "holds" if _close(kv, POST_CLAIMS["kv_grad_cut"], 0.002) else "does not hold", "config"))
+                    "holds" if _close(kv, POST_CLAIMED["kv_grad_cut"], 0.002) else "does not hold", "config"))
     fg, ff = attention_mlp_fractions(g, 32, 256), attention_mlp_fractions(f, 32, 256)
     out.append(_row("MLP FLOPs per layer 8.59 -> 4.30 GFLOP", "8.59 -> 4.30",
                     f"{fg['mlp_gflop']:.2f} -> {ff['mlp_gflop']:.3f}",
@@ -194,7 +195,7 @@ def audit_rows(device: str = "h200") -> list[dict[str, Any]]:
                     f"{100 * fg['mlp']:.1f}% (full), {100 * fc['mlp']:.1f}% (causal)",
                     "holds" if _close(fc["mlp"], 0.64, 0.02) else "does not hold", "ftlib.analysis.accounting"))
     tt = attention_matrix_traffic(g, 32, 256, "fp32")
-    mb_claim = POST_CLAIMS["attention_matrix_mb_per_step"]
+    mb_claim = POST_CLAIMED["attention_matrix_mb_per_step"]
     out.append(_row("(B,H,T,T) traffic is 805 MB per step", "805 MB",
                     f"{tt['write_once_read_once_per_step'] / 1e6:.0f} MB if written once and read once; "
                     f"{tt['bytes_per_step'] / 1e9:.2f} GB as eager GPT-2 really touches it",

@@ -531,7 +531,7 @@ def headroom(df: pd.DataFrame) -> pd.DataFrame:
     ``compiled / floor`` is how far the fastest compiled step stays above the roofline floor: the
     room left for kernels.
     """
-    from ftlib.analysis.accounting import palm_flops
+    from ftlib.analysis.formulas import palm_flops
     from ftlib.analysis.peaks import flops_floor, lookup, step_floor
     from ftlib.harness.suites import headline_models
 

@@ -12,7 +12,9 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
-from ftlib.analysis.accounting import expected_backend, num_params, step_summary
+from ftlib.analysis.accounting import num_params
+from ftlib.analysis.backends import expected_backend
+from ftlib.analysis.totals import step_summary
 from ftlib.model.ablations import SWITCHES, grid, ladder
 from ftlib.model.config import ModelConfig, preset
 from ftlib.views.bench import not_measured, ok_rows, same_config
