@@ -69,6 +69,7 @@ from ftlib import preset
 from ftlib.analysis.claims import POST_GPU, post_step_rows, roofline_projection
 from ftlib.core.device import pick_device
 from ftlib.harness.suites import baselines, measure, smoke_cases
+from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame, show_table
@@ -80,7 +81,7 @@ if MEASURE:  # this machine's own run: small models unless SMOKE=False
     mine = measure(CASES, "baselines", device, smoke=SMOKE)
     runs = bv.combine(runs, bv.load(smoke_cases(CASES, device) if SMOKE else CASES, rows=mine,
                                     tag="this run, small models" if SMOKE else "this run"))
-show_frame(bv.runs_summary(runs), caption="The runs behind this chapter")
+show_frame(bv.runs_table(runs), caption="The runs behind this chapter")
 
 # %% [markdown]
 # ## Step time per configuration (fp32, B = 32, T = 256)
@@ -89,7 +90,7 @@ show_frame(bv.runs_summary(runs), caption="The runs behind this chapter")
 
 # %%
 for dev in sorted(set(runs["device_slug"])):
-    show(bv.config_figure(runs, dev, "fp32"), f"fig1-{dev}")
+    show(br.config_figure(runs, dev, "fp32"), f"fig1-{dev}")
 
 # %% [markdown]
 # ## FastTransformer against GPT-2, configuration by configuration
@@ -99,7 +100,7 @@ for dev in sorted(set(runs["device_slug"])):
 # scatter. The last line compares each model at its own fastest compiled configuration.
 
 # %%
-ft_vs_gpt2 = bv.model_table(runs)
+ft_vs_gpt2 = br.model_table(runs)
 show_frame(ft_vs_gpt2[ft_vs_gpt2["precision"] == "fp32"] if not ft_vs_gpt2.empty else ft_vs_gpt2)
 
 # %% [markdown]
@@ -109,7 +110,7 @@ show_frame(ft_vs_gpt2[ft_vs_gpt2["precision"] == "fp32"] if not ft_vs_gpt2.empty
 
 # %%
 for dev in sorted(set(runs["device_slug"])):
-    display(Markdown("\n".join(f"- {line}" for line in bv.ceiling_findings(runs, dev))))
+    display(Markdown("\n".join(f"- {line}" for line in br.ceiling_findings(runs, dev))))
 
 # %% [markdown]
 # ## The post's T4 numbers, and what a T4 could do at best
@@ -130,4 +131,4 @@ show_table([{"device": POST_GPU, "model": p["model"], "projection: floor ms": p[
 # ## What we found
 
 # %%
-display(Markdown(bv.chapter3_findings(runs)))
+display(Markdown(br.chapter3_findings(runs)))

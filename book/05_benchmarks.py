@@ -64,6 +64,7 @@ from ftlib.analysis.claims import POST_GPU, post_step_rows
 from ftlib.core.device import pick_device
 from ftlib.harness.results import device_folders
 from ftlib.harness.suites import baselines, measure, smoke_cases
+from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views.bench import devices, not_measured, ok_rows, provenance_line
 from ftlib.views.plots import legend_below, log_ticks, show
@@ -101,7 +102,7 @@ if MEASURE:
     for T in TS:
         bench_sweep({m: preset(m, block_size=T, **SMALL) for m in MODELS}, [(TOKENS // T, T)], modes, ["fp32"],
                     bench="tsweep", device=device, progress=False, **it)
-show_frame(bv.runs_summary(runs), caption="The runs behind the step benchmarks")
+show_frame(bv.runs_table(runs), caption="The runs behind the step benchmarks")
 
 # %% [markdown]
 # ## Throughput (the post's Figure 3), B = 32, T = 256
@@ -111,7 +112,7 @@ show_frame(bv.runs_summary(runs), caption="The runs behind the step benchmarks")
 
 # %%
 for dev in sorted(set(runs["device_slug"])):
-    show(bv.throughput_figure(runs, dev), f"fig3-{dev}")
+    show(br.throughput_figure(runs, dev), f"fig3-{dev}")
 post = {(r["label"], r["mode"]): r for r in post_step_rows()}
 show_table([{"source": f"post (claim), {POST_GPU}", "model": m, "mode": "compile-ro",
              "tokens/s": post[(m, "compile-ro")]["tokens_per_s"]} for m in MODELS])
@@ -124,7 +125,7 @@ show_table([{"source": f"post (claim), {POST_GPU}", "model": m, "mode": "compile
 # in its own fastest compiled configuration.
 
 # %%
-show_frame(bv.precision_table(runs))
+show_frame(br.precision_table(runs))
 
 # %% [markdown]
 # ## The eager inversion
@@ -133,7 +134,7 @@ show_frame(bv.precision_table(runs))
 # along the sequence sweep (one run per point).
 
 # %%
-show_frame(bv.eager_inversion(runs))
+show_frame(br.eager_inversion(runs))
 for dev in devices(ok_rows("tsweep", include_cpu=MEASURE)):
     show_table(eager_inversion_table(dev, include_cpu=MEASURE, tokens=TOKENS, **SMALL))
 
@@ -232,4 +233,4 @@ show_table(proj, [c for c in proj[0] if c != "source"], caption=PROJECTION)
 # ## What we found
 
 # %%
-display(Markdown(bv.chapter5_findings(runs)))
+display(Markdown(br.chapter5_findings(runs)))

@@ -61,6 +61,7 @@ from IPython.display import Markdown, display
 
 from ftlib.core.device import pick_device
 from ftlib.harness.suites import baselines
+from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views import engine as engineview
 from ftlib.views import kernels as kernelview
@@ -87,7 +88,7 @@ erows = ok_rows("engine", include_cpu=MEASURE)
 crows = ok_rows("engine_check", include_cpu=MEASURE)
 for name, rows in (("kernels", krows), ("engine variants", erows), ("engine check", crows)):
     print(f"{name}: measured on", provenance_line(rows) or "nothing stored yet")
-show_frame(bv.runs_summary(runs), caption="The runs behind the step comparisons")
+show_frame(bv.runs_table(runs), caption="The runs behind the step comparisons")
 
 # %% [markdown]
 # ## 1. Why write kernels
@@ -255,9 +256,9 @@ else:
 # ratio; the verdict needs every run on one side of 1.
 
 # %%
-show_frame(bv.engine_summary(runs))
+show_frame(br.engine_speedup_table(runs))
 for dev in sorted(set(runs["device_slug"])):
-    show(bv.config_figure(runs, dev, "bf16"), f"engine-configs-bf16-{dev}")
+    show(br.config_figure(runs, dev, "bf16"), f"engine-configs-bf16-{dev}")
 
 # %% [markdown]
 # ### Where the optimizer sits changes the verdict
@@ -267,7 +268,7 @@ for dev in sorted(set(runs["device_slug"])):
 # flatters the engine most where the step is shortest, in bf16.
 
 # %%
-show_frame(bv.placement_effect(runs))
+show_frame(br.placement_effect(runs))
 
 # %% [markdown]
 # ### What each kernel buys
@@ -351,4 +352,4 @@ else:
 # ## What we found
 
 # %%
-display(Markdown(bv.chapter6_findings(runs)))
+display(Markdown(br.chapter6_findings(runs)))

@@ -7,6 +7,7 @@ from synthetic_results import BASELINE_CASES as CASES
 from synthetic_results import baselines_run as run_rows
 from synthetic_results import fast
 
+from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 
 
@@ -67,7 +68,7 @@ def test_engine_summary_names_the_baseline_and_the_spread():
     for i, (eng, base) in enumerate([(2.0, 3.0), (2.0, 2.8), (2.0, 3.2)]):
         rows += run_rows(f"r{i}", f"m{i % 2}", fast(fasttransformer__engine__default=eng,
                                                       fasttransformer__compile_ro__whole_step=base))
-    tab = bv.engine_summary(bv.load(CASES, rows=rows)).set_index("model")
+    tab = br.engine_speedup_table(bv.load(CASES, rows=rows)).set_index("model")
     ft = tab.loc["FastTransformer"]
     assert ft["strongest baseline"] == "compile reduce-overhead, whole step compiled"
     assert ft["engine speed-up (median, min–max)"] == "1.50× (1.40–1.60×)"
@@ -77,7 +78,7 @@ def test_engine_summary_names_the_baseline_and_the_spread():
 def test_the_placement_effect_shows_each_baseline_of_the_same_run():
     rows = run_rows("r1", "m1", fast(gpt2__engine__default=3.0, gpt2__compile_ro__default=6.0,
                                      gpt2__compile_ro__fused=4.0, gpt2__compile_ro__whole_step=3.5))
-    tab = bv.placement_effect(bv.load(CASES, rows=rows))
+    tab = br.placement_effect(bv.load(CASES, rows=rows))
     got = tab[tab["model"] == "GPT-2"].set_index("engine measured against")["engine speed-up (median, min–max)"]
     assert got["compile reduce-overhead, foreach AdamW outside"].startswith("2.00×")
     assert got["compile reduce-overhead, fused AdamW outside"].startswith("1.33×")
@@ -87,7 +88,7 @@ def test_the_placement_effect_shows_each_baseline_of_the_same_run():
 def test_model_ratios_compare_the_two_models_in_the_same_configuration_and_at_their_best():
     rows = run_rows("r1", "m1", fast(gpt2__compile_ro__default=9.0, fasttransformer__compile_ro__default=6.0,
                                      gpt2__compile_ro__whole_step=8.0, fasttransformer__compile_ro__fused=5.0))
-    tab = bv.model_table(bv.load(CASES, rows=rows)).set_index("configuration")
+    tab = br.model_table(bv.load(CASES, rows=rows)).set_index("configuration")
     assert tab.loc["compile reduce-overhead, foreach AdamW outside", "speed-up (median, min–max)"].startswith("1.50×")
     assert tab.loc["strongest baseline of each", "speed-up (median, min–max)"].startswith("1.60×")
 
@@ -97,9 +98,9 @@ def test_the_findings_are_computed_from_the_rows():
     for i in range(3):
         rows += run_rows(f"r{i}", f"m{i % 2}", fast(gpt2__compile_ro__default=9.0 + i / 10,
                                                       fasttransformer__compile_ro__default=6.0))
-    text = bv.chapter3_findings(bv.load(CASES, rows=rows), precision="bf16")
+    text = br.chapter3_findings(bv.load(CASES, rows=rows), precision="bf16")
     assert "1.52× (1.50–1.53× over runs)" in text and "3 runs on 2 machine starts" in text
-    assert bv.chapter3_findings(bv.load(CASES, rows=[])).startswith("No complete run")
+    assert br.chapter3_findings(bv.load(CASES, rows=[])).startswith("No complete run")
 
 
 def test_a_run_cut_short_keeps_the_precisions_it_completed():

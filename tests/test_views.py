@@ -114,13 +114,14 @@ def test_eager_inversion_at_the_headline_shape_pairs_rows_of_each_run():
     from synthetic_results import baselines_run, fast
 
     from ftlib.harness.suites import baselines
+    from ftlib.views import baseline_report as br
     from ftlib.views import baselines as bv
 
     rows = []
     for i, gpt2_ms in enumerate((8.0, 9.0, 12.0)):  # FastTransformer eager: 10 ms in every run
         rows += baselines_run(f"r{i}", f"m{i % 2}", fast(gpt2__compile_ro__default=gpt2_ms,
                                                          fasttransformer__eager__default=10.0), cases=baselines())
-    inv = bv.eager_inversion(bv.load(baselines(), rows=rows))
+    inv = br.eager_inversion(bv.load(baselines(), rows=rows))
     post = inv[(inv["precision"] == "fp32") & (inv["GPT-2 compiled as"] == bv.config_name(*bv.POST_CONFIG))].iloc[0]
     assert post["GPT-2 compiled / FT eager (median, min–max)"] == "0.90× (0.80–1.20×)"
     assert post["inversion"] == "no verdict: the runs disagree"

@@ -61,6 +61,7 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
     slowest and fastest run's ratio; a verdict needs every run on one side.
     """
     from ftlib.harness.suites import baselines
+    from ftlib.views import baseline_report as br
     from ftlib.views import baselines as bv
 
     runs = bv.load(baselines())
@@ -95,7 +96,7 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
     out.append(_row("+44.5% follows from the post's own throughputs (116,080 vs 80,869 tok/s)", "+44.5%",
                     f"+{100 * (own - 1):.1f}%", "holds" if _close(own, claimed, 0.002) else "does not hold",
                     "arithmetic on the post's numbers"))
-    inv = bv.eager_inversion(runs)
+    inv = br.eager_inversion(runs)
     r = None if inv.empty else inv[(inv["precision"] == "fp32")
                                    & (inv["GPT-2 compiled as"] == bv.config_name(*bv.POST_CONFIG))]
     if r is not None and not r.empty:

@@ -137,6 +137,7 @@ def block_of(text: str) -> str:
 def lessons(device: str = "h200") -> str:
     """The closing chapter's lessons, each with the numbers behind it, from the stored rows of ``device``."""
     from ftlib.harness.suites import baselines
+    from ftlib.views import baseline_report as br
     from ftlib.views import baselines as bv
     from ftlib.views import codesign as codesignview
 
@@ -145,11 +146,11 @@ def lessons(device: str = "h200") -> str:
     out = []
     if not runs.empty:
         n = f"{runs['run_id'].nunique()} runs on {runs['machine_id'].nunique()} machine starts"
-        ceiling = bv.ceiling_findings(runs, device, "fp32")
+        ceiling = br.ceiling_findings(runs, device, "fp32")
         out.append("**Launches and fusion, not arithmetic, set the step time at this size.** "
                    + " ".join(ceiling) + " Eager and default-mode steps launch every kernel from Python and "
                    "follow the host: their runs scatter, where a replayed graph repeats to the microsecond.")
-        eff = bv.placement_effect(runs)
+        eff = br.placement_effect(runs)
         ft = eff[(eff["model"] == "FastTransformer") & (eff["precision"] == "bf16")].set_index(
             "engine measured against")["engine speed-up (median, min–max)"]
         if len(ft) == 4:
@@ -164,7 +165,7 @@ def lessons(device: str = "h200") -> str:
         best = tab[tab["config"] == "strongest baseline of each"].set_index("precision")
         if not best.empty:
             per = "; ".join(f"{p} {bv.range_text(best.loc[p, 'median'], best.loc[p, 'min'], best.loc[p, 'max'])}"
-                            for p in bv.HEADLINE_ORDER if p in best.index)
+                            for p in br.HEADLINE_ORDER if p in best.index)
             out.append("**The co-design pays in every precision, by different amounts.** FastTransformer over "
                        f"GPT-2, each at its fastest compiled configuration: {per} (chapter 5 shows how the "
                        "gain moves with the sequence length).")

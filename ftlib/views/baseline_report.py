@@ -1,0 +1,331 @@
+"""Chapters 3, 5 and 6 on the baselines suite: its tables with the spread written out, its figures
+and the chapters' closing paragraphs, from :mod:`ftlib.views.baselines`' per-run computations."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import pandas as pd
+
+from ftlib.analysis.claims import POST_CLAIMED
+from ftlib.views.baselines import (
+    BASELINE_CONFIGS,
+    CONFIG_NAMES,
+    MODEL_NAMES,
+    POST_CONFIG,
+    config_name,
+    engine_table,
+    fmt_range,
+    headroom,
+    lookup_row,
+    model_speedups,
+    placement_table,
+    range_text,
+    runs_note,
+    spread,
+    strongest,
+    valid_rows,
+)
+
+
+def model_table(df: pd.DataFrame, faster: str = "fasttransformer", slower: str = "gpt2") -> pd.DataFrame:
+    """FastTransformer against GPT-2 in each configuration (same run, mode and precision), over runs."""
+    per_run = model_speedups(df, faster, slower)
+    if per_run.empty:
+        return pd.DataFrame()
+    tab = spread(per_run, ["device_slug", "precision", "config"])
+    ms = per_run.groupby(["device_slug", "precision", "config"], sort=False).agg(
+        slow_ms=("median_ms_slow", "median"), fast_ms=("median_ms_fast", "median")).reset_index()
+    tab = ms.merge(tab, on=["device_slug", "precision", "config"])
+    return pd.DataFrame({
+        "device": tab["device_slug"], "precision": tab["precision"], "configuration": tab["config"],
+        f"{MODEL_NAMES[slower]} ms": tab["slow_ms"], f"{MODEL_NAMES[faster]} ms": tab["fast_ms"],
+        "speed-up (median, min–max)": [fmt_range(m, lo, hi) for m, lo, hi in
+                                       zip(tab["median"], tab["min"], tab["max"])],
+        "verdict": tab["verdict"], "runs": [runs_note(r, m) for r, m in zip(tab["runs"], tab["machines"])]})
+
+
+def engine_speedup_table(df: pd.DataFrame) -> pd.DataFrame:
+    """The engine against the strongest baseline of the same run, per device, model and precision."""
+    tab = engine_table(df)
+    if tab.empty:
+        return pd.DataFrame()
+    return pd.DataFrame({
+        "device": tab["device_slug"], "model": tab["label"].map(MODEL_NAMES), "precision": tab["precision"],
+        "engine ms": tab["engine_ms"], "strongest baseline": tab["baseline"], "baseline ms": tab["baseline_ms"],
+        "engine speed-up (median, min–max)": [fmt_range(m, lo, hi) for m, lo, hi in
+                                              zip(tab["median"], tab["min"], tab["max"])],
+        "verdict": tab["verdict"], "runs": [runs_note(r, m) for r, m in zip(tab["runs"], tab["machines"])]})
+
+
+def placement_effect(df: pd.DataFrame) -> pd.DataFrame:
+    """How the baseline's optimizer placement changes the engine's speed-up, per run then over runs.
+
+    Against the post's compiled configuration (reduce-overhead, AdamW left eager), against
+    reduce-overhead with fused AdamW, and against the strongest baseline of the run.
+    """
+    v = valid_rows(df)
+    eng = v[v["mode"] == "engine"][["device_slug", "run_id", "machine_id", "label", "precision", "median_ms"]]
+    parts = []
+    for mode, opt in (POST_CONFIG, ("compile-ro", "fused"), ("compile-ro", "whole-step")):
+        b = v[(v["mode"] == mode) & (v["optimizer_kind"] == opt)]
+        m = eng.merge(b[["device_slug", "run_id", "label", "precision", "median_ms"]],
+                      on=["device_slug", "run_id", "label", "precision"], suffixes=("", "_base"))
+        m["against"] = config_name(mode, opt)
+        parts.append(m)
+    best = strongest(df)
+    m = eng.merge(best, on=["device_slug", "run_id", "machine_id", "label", "precision"])
+    m = m.rename(columns={"baseline_ms": "median_ms_base"})
+    m["against"] = "strongest baseline of the run"
+    parts.append(m[["device_slug", "run_id", "machine_id", "label", "precision", "median_ms", "median_ms_base",
+                    "against"]])
+    per_run = pd.concat(parts, ignore_index=True)
+    if per_run.empty:
+        return pd.DataFrame()
+    per_run["speedup"] = per_run["median_ms_base"] / per_run["median_ms"]
+    tab = spread(per_run, ["device_slug", "label", "precision", "against"])
+    ms = per_run.groupby(["device_slug", "label", "precision", "against"], sort=False)["median_ms_base"].median()
+    tab = tab.merge(ms.rename("baseline ms").reset_index(), on=["device_slug", "label", "precision", "against"])
+    return pd.DataFrame({
+        "device": tab["device_slug"], "model": tab["label"].map(MODEL_NAMES), "precision": tab["precision"],
+        "engine measured against": tab["against"], "baseline ms": tab["baseline ms"],
+        "engine speed-up (median, min–max)": [fmt_range(m, lo, hi) for m, lo, hi in
+                                              zip(tab["median"], tab["min"], tab["max"])],
+        "verdict": tab["verdict"]})
+
+
+def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequence[str] | None = None):
+    """Step time of every configuration, one bar per model: median over runs, min–max as error bars."""
+    import plotly.graph_objects as go
+
+    from ftlib.views.plots import MODEL_COLORS, legend_below
+
+    tab = placement_table(df)
+    tab = tab[(tab["device_slug"] == device) & (tab["precision"] == precision)]
+    order = [CONFIG_NAMES[k] for k in CONFIG_NAMES]
+    fig = go.Figure()
+    for label in labels or [x for x in MODEL_NAMES if x in set(tab["label"])]:
+        t = tab[tab["label"] == label].set_index("config").reindex([c for c in order if c in set(tab["config"])])
+        fig.add_trace(go.Bar(
+            name=MODEL_NAMES.get(label, label), y=list(t.index), x=t["median_ms"], orientation="h",
+            marker_color=MODEL_COLORS.get(label),
+            error_x=dict(type="data", symmetric=False, array=t["max_ms"] - t["median_ms"],
+                         arrayminus=t["median_ms"] - t["min_ms"])))
+    runs = int(tab["runs"].max()) if not tab.empty else 0
+    fig.update_layout(barmode="group", height=120 + 34 * len(order) * max(1, len(fig.data)) // 2,
+                      title=f"Training step time per configuration, {device}, {precision} "
+                            f"(median of {runs} runs, bars span min–max)",
+                      xaxis_title="ms per step (lower is faster)", yaxis=dict(autorange="reversed"),
+                      margin=dict(l=330))
+    return legend_below(fig)
+
+
+def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
+    """Chapter 3's closing paragraph, per device, from the runs in ``df``."""
+    if df.empty:
+        return "No complete run of the baselines suite is stored yet: `bash ci/gpu-run --only baselines` measures it."
+    per_run = model_speedups(df)
+    tab = spread(per_run, ["device_slug", "precision", "config"])
+    eng = engine_table(df)
+    parts = []
+    for dev in sorted(set(df["device_slug"])):
+        post = lookup_row(tab, device_slug=dev, precision=precision, config=config_name(*POST_CONFIG))
+        best = lookup_row(tab, device_slug=dev, precision=precision, config="strongest baseline of each")
+        runs = df[df["device_slug"] == dev]
+        lines = [f"**{dev}** ({runs['run_id'].nunique()} runs on {runs['machine_id'].nunique()} machine starts, "
+                 f"{precision}):"]
+        if post is not None:
+            lines.append(f"- Under the post's configuration ({config_name(*POST_CONFIG)}), FastTransformer steps "
+                         f"{range_text(post['median'], post['min'], post['max'])} faster than GPT-2 "
+                         f"(verdict: {post['verdict']}); the post claims "
+                         f"{POST_CLAIMED['speedup_compiled']:.4g}× on a T4.")
+        if best is not None:
+            lines.append(f"- With each model at its fastest compiled configuration the ratio is "
+                         f"{range_text(best['median'], best['min'], best['max'])} ({best['verdict']}).")
+        lines += [f"- {s}" for s in ceiling_findings(df, dev, precision)]
+        for label in ("gpt2", "fasttransformer"):
+            e = lookup_row(eng, device_slug=dev, label=label, precision=precision)
+            if e is not None:
+                lines.append(f"- The book's engine for {MODEL_NAMES[label]} against that fastest compiled step: "
+                             f"{range_text(e['median'], e['min'], e['max'])} ({e['verdict']}).")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def ceiling_findings(df: pd.DataFrame, device: str, precision: str = "fp32") -> list[str]:
+    """Plain sentences for chapter 3: what each execution mode buys over eager, and the ceiling."""
+    tab = placement_table(df)
+    tab = tab[(tab["device_slug"] == device) & (tab["precision"] == precision)]
+    out = []
+    for label in ("gpt2", "fasttransformer"):
+        t = tab[tab["label"] == label].set_index("config")["median_ms"]
+        eager, graph = t.get(CONFIG_NAMES[("eager", "default")]), t.get(CONFIG_NAMES[("cudagraph", "fused")])
+        base = [c for c in t.index if (c in [CONFIG_NAMES[k] for k in BASELINE_CONFIGS])]
+        if eager is None or graph is None or not base:
+            continue
+        best = min(base, key=lambda c: t[c])
+        out.append(f"{MODEL_NAMES[label]} ({precision}, {device}): eager {eager:.2f} ms; one CUDA graph of the "
+                   f"whole step {graph:.2f} ms ({eager / graph:.2f}× faster, no compiler); the fastest compiled "
+                   f"configuration, {best}, {t[best]:.2f} ms ({graph / t[best]:.2f}× faster again).")
+    return out
+
+
+# Configurations chapter 5 compares the two models in: the post's, the best placements, the
+# manual CUDA graph and the engine, and each model at its own fastest compiled configuration.
+KEY_CONFIGS = (config_name(*POST_CONFIG), config_name("compile-ro", "fused"), config_name("compile-ro", "whole-step"),
+               config_name("cudagraph", "fused"), "strongest baseline of each", config_name("engine", "default"))
+
+
+def precision_table(df: pd.DataFrame) -> pd.DataFrame:
+    """FastTransformer's speed-up over GPT-2 per precision in the key configurations, over runs."""
+    tab = model_table(df)
+    if tab.empty:
+        return tab
+    tab = tab[tab["configuration"].isin(KEY_CONFIGS)].copy()
+    tab["order"] = tab["configuration"].map({c: i for i, c in enumerate(KEY_CONFIGS)})
+    return tab.sort_values(["device", "precision", "order"], kind="stable").drop(columns="order")
+
+
+def eager_inversion(df: pd.DataFrame) -> pd.DataFrame:
+    """The post's "eager inversion": FastTransformer run eagerly against GPT-2 compiled, per run.
+
+    A ratio above 1 (GPT-2's compiled step over FastTransformer's eager step) means the eager
+    FastTransformer is the faster one, as the post claims.
+    """
+    v = valid_rows(df)
+    keys = ["device_slug", "run_id", "machine_id", "precision"]
+    fe = v[(v["label"] == "fasttransformer") & (v["mode"] == "eager") & (v["optimizer_kind"] == "default")]
+    fe = fe[[*keys, "median_ms"]]
+    parts = []
+    gp = v[(v["label"] == "gpt2") & (v["mode"] == POST_CONFIG[0]) & (v["optimizer_kind"] == POST_CONFIG[1])]
+    m = fe.merge(gp[[*keys, "median_ms"]], on=keys, suffixes=("_ft", "_gpt2"))
+    m["GPT-2 compiled as"] = config_name(*POST_CONFIG)
+    parts.append(m)
+    best = strongest(df)
+    b = best[best["label"] == "gpt2"].rename(columns={"baseline_ms": "median_ms_gpt2"})
+    m = fe.rename(columns={"median_ms": "median_ms_ft"}).merge(b[[*keys, "median_ms_gpt2"]], on=keys)
+    m["GPT-2 compiled as"] = "its fastest compiled configuration"
+    parts.append(m)
+    per_run = pd.concat(parts, ignore_index=True)
+    if per_run.empty:
+        return pd.DataFrame()
+    per_run["speedup"] = per_run["median_ms_gpt2"] / per_run["median_ms_ft"]
+    tab = spread(per_run, ["device_slug", "precision", "GPT-2 compiled as"])
+    ms = per_run.groupby(["device_slug", "precision", "GPT-2 compiled as"], sort=False).agg(
+        ft=("median_ms_ft", "median"), gpt2=("median_ms_gpt2", "median")).reset_index()
+    tab = tab.merge(ms, on=["device_slug", "precision", "GPT-2 compiled as"])
+    return pd.DataFrame({
+        "device": tab["device_slug"], "precision": tab["precision"], "GPT-2 compiled as": tab["GPT-2 compiled as"],
+        "FastTransformer eager ms": tab["ft"], "GPT-2 compiled ms": tab["gpt2"],
+        "GPT-2 compiled / FT eager (median, min–max)": [fmt_range(m, lo, hi) for m, lo, hi in
+                                                        zip(tab["median"], tab["min"], tab["max"])],
+        "inversion": ["holds" if v == "faster" else "does not hold" if v in ("slower", "ties") else v
+                      for v in tab["verdict"]]})
+
+
+def throughput_figure(df: pd.DataFrame, device: str):
+    """Tokens per second per precision (the post's Figure 3): the post's configuration, each model's
+    fastest compiled configuration, and the engine; medians over runs, min–max whiskers."""
+    import plotly.graph_objects as go
+
+    from ftlib.views.plots import MODEL_COLORS, legend_below
+
+    tab = placement_table(df)
+    tab = tab[tab["device_slug"] == device]
+    shape = df[df["device_slug"] == device][["B", "T"]].iloc[0] if not tab.empty else None
+    tokens = int(shape["B"] * shape["T"]) if shape is not None else 0
+    best = strongest(df)
+    best = best[best["device_slug"] == device].groupby(["label", "precision"])["baseline_ms"].agg(
+        ["median", "min", "max"])
+    fig = go.Figure()
+    groups = (config_name(*POST_CONFIG), "fastest compiled", config_name("engine", "default"))
+    for label in ("gpt2", "fasttransformer"):
+        xs, ys, up, down = [[], []], [], [], []
+        for prec in HEADLINE_ORDER:
+            for g in groups:
+                if g == "fastest compiled":
+                    if (label, prec) not in best.index:
+                        continue
+                    med, lo, hi = best.loc[(label, prec)]
+                else:
+                    t = lookup_row(tab, label=label, precision=prec, config=g)
+                    if t is None:
+                        continue
+                    med, lo, hi = t["median_ms"], t["min_ms"], t["max_ms"]
+                xs[0].append(prec)
+                xs[1].append(SHORT_GROUPS[g])
+                ys.append(tokens / med * 1e3)
+                up.append(tokens / lo * 1e3 - tokens / med * 1e3)
+                down.append(tokens / med * 1e3 - tokens / hi * 1e3)
+        fig.add_trace(go.Bar(name=MODEL_NAMES[label], x=xs, y=ys, marker_color=MODEL_COLORS.get(label),
+                             error_y=dict(type="data", symmetric=False, array=up, arrayminus=down)))
+    fig.update_layout(barmode="group", height=480, yaxis_title="tokens / s (higher is faster)",
+                      title=f"Training throughput, {device}, {tokens:,} tokens per step<br><sup>post's setup: "
+                            f"{config_name(*POST_CONFIG)}; medians over runs, whiskers min–max</sup>")
+    fig.update_xaxes(tickangle=0)
+    return legend_below(fig)
+
+
+SHORT_GROUPS = {config_name(*POST_CONFIG): "post's setup", "fastest compiled": "fastest<br>compiled",
+                config_name("engine", "default"): "engine"}
+
+
+HEADLINE_ORDER = ("fp32", "tf32", "bf16", "fp16")
+
+
+def chapter5_findings(df: pd.DataFrame) -> str:
+    """Chapter 5's closing paragraph, per device: the gain per precision, the setup's effect, the inversion."""
+    if df.empty:
+        return "No complete run of the baselines suite is stored yet: `bash ci/gpu-run --only baselines` measures it."
+    per_run = model_speedups(df)
+    tab = spread(per_run, ["device_slug", "precision", "config"])
+    inv = eager_inversion(df)
+    parts = []
+    for dev in sorted(set(df["device_slug"])):
+        lines = [f"**{dev}**:"]
+        for prec in HEADLINE_ORDER:
+            post = lookup_row(tab, device_slug=dev, precision=prec, config=config_name(*POST_CONFIG))
+            best = lookup_row(tab, device_slug=dev, precision=prec, config="strongest baseline of each")
+            if post is None or best is None:
+                continue
+            lines.append(f"- {prec}: FastTransformer over GPT-2 is "
+                         f"{range_text(post['median'], post['min'], post['max'])} under the post's setup "
+                         f"({post['verdict']}) and "
+                         f"{range_text(best['median'], best['min'], best['max'])} with each model at its fastest "
+                         f"compiled configuration ({best['verdict']}).")
+        row = lookup_row(inv, device=dev, precision="fp32", **{"GPT-2 compiled as": config_name(*POST_CONFIG)})
+        if row is not None:
+            lines.append(f"- The eager inversion {row['inversion']} here: FastTransformer run eagerly takes "
+                         f"{row['FastTransformer eager ms']:.2f} ms per step in fp32, GPT-2 compiled as the post "
+                         f"compiled it {row['GPT-2 compiled ms']:.2f} ms. Eager steps launch every kernel from "
+                         "Python, and on a GPU as fast as this one the host, not the GPU, sets their pace.")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
+
+
+def chapter6_findings(df: pd.DataFrame) -> str:
+    """Chapter 6's closing paragraph, per device: the engine against the strongest and the post's baseline."""
+    if df.empty:
+        return "No complete run of the baselines suite is stored yet: `bash ci/gpu-run --only baselines` measures it."
+    eng, eff, room = engine_table(df), placement_effect(df), headroom(df)
+    parts = []
+    for dev in sorted(set(df["device_slug"])):
+        lines = [f"**{dev}**:"]
+        for label in ("fasttransformer", "gpt2"):
+            for prec in ("bf16", "tf32", "fp32"):
+                e = lookup_row(eng, device_slug=dev, label=label, precision=prec)
+                if e is None:
+                    continue
+                post = lookup_row(eff, device=dev, model=MODEL_NAMES[label], precision=prec,
+                               **{"engine measured against": config_name(*POST_CONFIG)})
+                r = lookup_row(room, device=dev, model=MODEL_NAMES[label], precision=prec)
+                text = (f"- {MODEL_NAMES[label]}, {prec}: the engine steps in {e['engine_ms']:.2f} ms, "
+                        f"{range_text(e['median'], e['min'], e['max'])} against the strongest compiled step "
+                        f"({e['verdict']})")
+                if post is not None:
+                    text += f"; against the post's setup it would read {post['engine speed-up (median, min–max)']}"
+                if r is not None and r["roofline floor ms"]:
+                    text += f"; the roofline floor is {r['roofline floor ms']:.2f} ms"
+                lines.append(text + ".")
+        parts.append("\n".join(lines))
+    return "\n\n".join(parts)
