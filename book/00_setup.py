@@ -64,11 +64,11 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["nbval-ignore-output"]
 import ftlib
 from ftlib.core.device import pick_device
-from ftlib.harness.provenance import provenance
-from ftlib.views.tables import show_table
+from ftlib.views import setup
+from ftlib.views.tables import show_frame
 
 device = pick_device(DEVICE)
-show_table([{"field": k, "value": v} for k, v in provenance(device).items()])
+show_frame(setup.machine_table(device))
 
 # %% [markdown]
 # ## The data
@@ -76,16 +76,10 @@ show_table([{"field": k, "value": v} for k, v in provenance(device).items()])
 # (or downloads it when online), checks its SHA-256 and splits it 90/10 like nanoGPT.
 
 # %%
-from ftlib.training.data import SHA256, load_tinyshakespeare
+from ftlib.training.data import load_tinyshakespeare
 
 ds = load_tinyshakespeare()
-show_table([
-    {"what": "characters", "value": len(ds.text)},
-    {"what": "vocabulary (sorted set of characters)", "value": ds.vocab_size},
-    {"what": "train tokens (first 90%)", "value": len(ds.train)},
-    {"what": "validation tokens (last 10%)", "value": len(ds.val)},
-    {"what": "SHA-256", "value": SHA256},
-])
+show_frame(setup.data_table(ds))
 print(ds.decode(ds.train[:120]))
 
 # %% [markdown]
@@ -99,10 +93,8 @@ print(ds.decode(ds.train[:120]))
 # recipe for convergence.
 
 # %%
-from ftlib.analysis.params import summary_rows
-
 models = {name: ftlib.build_model(name, seed=0) for name in ftlib.PRESETS}
-show_table(summary_rows(models))
+show_frame(setup.model_table(models))
 
 # %% [markdown]
 # How K/V reach the attention kernel matters (chapter 4): the original FastTransformer hands
@@ -110,7 +102,7 @@ show_table(summary_rows(models))
 # `ftlib` hands it a stride-0 `expand`ed view, which the memory-efficient kernel accepts.
 
 # %%
-show_table([{"model": n, "attention kernel input": m.blocks[0].attn.kv_description()} for n, m in models.items()])
+show_frame(setup.kv_table(models))
 
 # %% [markdown]
 # ## A first training step

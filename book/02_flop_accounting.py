@@ -64,32 +64,15 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # the post's shape, B = 32 and T = 256.
 
 # %% tags=["hide-cell"]
-import math
-
-import pandas as pd
-import plotly.graph_objects as go
 from IPython.display import Markdown, display
 
-from ftlib import preset
-from ftlib.analysis.backends import attention_matrix_traffic, expected_backend
-from ftlib.analysis.claims import POST_CLAIMED
-from ftlib.analysis.formulas import kaplan_flops, megatron_flops, palm_flops
-from ftlib.analysis.peaks import flops_floor, lookup, roofline, step_floor
-from ftlib.analysis.totals import attention_mlp_fractions, by_component, layer_forward_breakdown, step_summary
+from ftlib.views import accounting as av
 from ftlib.views.plots import show
-from ftlib.views.tables import show_table
+from ftlib.views.tables import show_frame
 
-B, T = 32, 256
-# The original FastTransformer hands SDPA a (B, 1, T, d) K/V: kv_layout='broadcast'.
-# ftlib's preset defaults to the stride-0 expand view, which reaches a fused kernel.
-MODELS = {
-    "GPT-2": preset("gpt2"),
-    "FastTransformer (original, broadcast K/V)": preset("fasttransformer", kv_layout="broadcast"),
-    "FastTransformer (expanded K/V)": preset("fasttransformer"),
-}
-# The figures' short names for the same three models.
-SHORT = dict(zip(MODELS, ["GPT-2", "FT, original K/V", "FT, expanded K/V"]))
-GPT2, FT = MODELS["GPT-2"], MODELS["FastTransformer (original, broadcast K/V)"]
+# The three models, at the post's shape B = 32, T = 256 (ftlib.views.accounting.MODELS). The original
+# FastTransformer hands SDPA a (B, 1, T, d) K/V (kv_layout='broadcast'); ftlib's preset defaults to
+# the stride-0 expanded view, which reaches a fused kernel.
 
 # %% [markdown]
 # ## One block, forward: the post's table
@@ -99,20 +82,7 @@ GPT2, FT = MODELS["GPT-2"], MODELS["FastTransformer (original, broadcast K/V)"]
 # kernel skips).
 
 # %%
-names = {"qkv": "QKV projection", "scores": "QKᵀ", "attn_v": "A·V", "out_proj": "out-proj",
-         "mlp_up": "MLP up", "mlp_down": "MLP down"}
-bd = {m: layer_forward_breakdown(MODELS[m], B, T) for m in ("GPT-2", "FastTransformer (expanded K/V)")}
-bdc = {m: layer_forward_breakdown(MODELS[m], B, T, causal=True) for m in bd}
-heads = {"GPT-2": "GPT-2", "FastTransformer (expanded K/V)": "FastTransformer"}
-
-
-def gflop_row(label, pick):
-    return {"component": label, **{f"{heads[m]} GFLOP, {how}": pick(d[m]) / 1e9
-                                   for m in bd for how, d in (("full T × T", bd), ("causal", bdc))}}
-
-
-show_table([gflop_row(names[c], lambda d, c=c: d[c]) for c in names]
-           + [gflop_row("block (sum)", lambda d: sum(d.values()))], name="block-forward-gflop")
+show_frame(av.block_forward_table(), name="block-forward-gflop")
 
 # %% [markdown]
 # ## The 4% / 64% claim
@@ -121,22 +91,8 @@ show_table([gflop_row(names[c], lambda d, c=c: d[c]) for c in names]
 # the block's forward matmul FLOPs, full and causal.
 
 # %%
-fr = {c: attention_mlp_fractions(GPT2, B, T, causal=c) for c in (False, True)}
-show_table([
-    {"part of the GPT-2 block": label, "post's share": post,
-     "share, full T × T": fr[False][key], "share, causal half": fr[True][key]}
-    for label, key, post in (("attention QKᵀ + A·V", "attention", POST_CLAIMED["attention_share"]),
-                             ("MLP", "mlp", POST_CLAIMED["mlp_share"]),
-                             ("QKV + out-proj", "projections", None))
-], name="attention-mlp-shares")
-display(Markdown(
-    f"Attention is {fr[False]['attention']:.1%} of the block as GPT-2 executes it "
-    f"({fr[True]['attention']:.1%} counting only the causal half), not "
-    f"{POST_CLAIMED['attention_share']:.0%}: a QKᵀ + A·V of "
-    f"{fr[False]['attention_gflop']:.2f} GFLOP, four times the post's figure. "
-    f"The MLP share is {fr[False]['mlp']:.1%} ({fr[True]['mlp']:.1%} causal), not "
-    f"{POST_CLAIMED['mlp_share']:.0%}."
-))
+show_frame(av.shares_table(), name="attention-mlp-shares")
+display(Markdown(av.shares_text()))
 
 # %% [markdown]
 # ## The 2× MLP: 8.59 → 4.30 GFLOP
@@ -145,24 +101,14 @@ display(Markdown(
 # matmuls (the exact half rounds to the post's figure or one hundredth below it).
 
 # %%
-mlp = {m: attention_mlp_fractions(MODELS[m], B, T)["mlp_gflop"] for m in ("GPT-2", "FastTransformer (expanded K/V)")}
-show_table([
-    {"MLP per layer, forward": "GPT-2 (4×)", "post claims GFLOP": POST_CLAIMED["mlp_gflop_gpt2"],
-     "computed GFLOP": mlp["GPT-2"]},
-    {"MLP per layer, forward": "FastTransformer (2×)", "post claims GFLOP": POST_CLAIMED["mlp_gflop_fasttransformer"],
-     "computed GFLOP": mlp["FastTransformer (expanded K/V)"]},
-], digits=4, name="mlp-gflop")
+show_frame(av.mlp_table(), digits=4, name="mlp-gflop")
 
 # %% [markdown]
 # The shares move the other way in FastTransformer: with a smaller MLP and projection,
 # the (unchanged) attention matmuls are a larger part of its block.
 
 # %%
-ftfr = attention_mlp_fractions(MODELS["FastTransformer (expanded K/V)"], B, T)
-display(Markdown(
-    f"FastTransformer block: attention {ftfr['attention']:.1%}, MLP {ftfr['mlp']:.1%}, "
-    f"projections {ftfr['projections']:.1%} of {ftfr['block_gflop']:.2f} GFLOP."
-))
+display(Markdown(av.ft_block_text()))
 
 # %% [markdown]
 # ## The 805 MB of attention probabilities
@@ -177,29 +123,9 @@ display(Markdown(
 # materializes the same tensor.
 
 # %%
-tr = {m: attention_matrix_traffic(MODELS[m], B, T, "fp32", capability=lookup("NVIDIA H200").capability)
-      for m in MODELS}
-g = tr["GPT-2"]
-show_table([{"phase": p["phase"], "op": p["op"], "reads": p["reads"], "writes": p["writes"]} for p in g["passes"]],
-           name="tt-passes")
-show_table([
-    {"model (fp32, H200 kernel choice)": m, "backend": t["backend"],
-     "one (B,H,T,T) tensor MB": t["tensor_bytes"] / 1e6,
-     "passes per layer": t["reads_per_layer"] + t["writes_per_layer"],
-     "write-once-read-once MB/step": t["write_once_read_once_per_step"] / 1e6,
-     "actual MB/step": t["bytes_per_step"] / 1e6}
-    for m, t in tr.items()
-], digits=4, name="tt-traffic")
-display(Markdown(
-    f"Post's claim: {POST_CLAIMED['attention_matrix_mb_per_step']:.0f} MB. The write-once, read-once "
-    f"model gives {g['write_once_read_once_per_step'] / 1e6:.0f} MB, so the post's number is that "
-    f"lower bound; eager GPT-2 moves {g['bytes_per_step'] / 1e9:.2f} GB, "
-    f"{g['bytes_per_step'] / g['write_once_read_once_per_step']:.1f}× more. "
-    f"The original FastTransformer does not avoid it: in fp32 its attention runs on the "
-    f"`{tr['FastTransformer (original, broadcast K/V)']['backend']}` backend and moves "
-    f"{tr['FastTransformer (original, broadcast K/V)']['bytes_per_step'] / 1e9:.2f} GB; only the "
-    f"expanded K/V reaches a fused kernel (`{tr['FastTransformer (expanded K/V)']['backend']}`)."
-))
+show_frame(av.tt_passes_table(), name="tt-passes")
+show_frame(av.tt_traffic_table(), digits=4, name="tt-traffic")
+display(Markdown(av.tt_text()))
 
 # %% [markdown]
 # ## A whole training step
@@ -213,28 +139,7 @@ display(Markdown(
 # (6N + 12·L·H·Q·T per token, full T × T), the count behind the FLOP floors below.
 
 # %%
-cap = lookup("NVIDIA H200").capability
-summ = {m: step_summary(c, B, T, precision="fp32", capability=cap) for m, c in MODELS.items()}
-per_step = [
-    ("attention backend (fp32, H200)", lambda c, s: expected_backend(c, "fp32", cap)),
-    ("GFLOP as executed", lambda c, s: s["flops"] / 1e9),
-    ("GFLOP, causal useful work", lambda c, s: s["flops_causal"] / 1e9),
-    ("GFLOP, matmuls only (full T×T)", lambda c, s: s["gemm_flops"] / 1e9),
-    ("Kaplan 2020 GFLOP", lambda c, s: kaplan_flops(c, B, T) / 1e9),
-    ("Megatron-LM 2021 GFLOP", lambda c, s: megatron_flops(c, B, T) / 1e9),
-    ("PaLM 2022 GFLOP", lambda c, s: palm_flops(c, B, T) / 1e9),
-    ("forward GFLOP", lambda c, s: s["fwd_flops"] / 1e9),
-    ("backward GFLOP", lambda c, s: s["bwd_flops"] / 1e9),
-    ("optimizer GFLOP", lambda c, s: s["opt_flops"] / 1e9),
-    ("DRAM GB (eager, op by op)", lambda c, s: s["bytes"] / 1e9),
-    ("FLOP per byte", lambda c, s: s["intensity"]),
-    ("parameters", lambda c, s: s["params"]),
-    ("activations saved for backward MB", lambda c, s: s["saved_activation_bytes"] / 1e6),
-    ("weights + grads + AdamW states MB",
-     lambda c, s: (s["param_bytes"] + s["grad_bytes"] + s["adamw_state_bytes"]) / 1e6),
-]
-show_table([{"per step": what, **{m: f(MODELS[m], summ[m]) for m in MODELS}} for what, f in per_step],
-           digits=4, name="step-summary")
+show_frame(av.step_table(), digits=4, name="step-summary")
 
 # %% [markdown]
 # Megatron's formula is exact for GPT-2 and overcounts FastTransformer, which it does not
@@ -252,31 +157,8 @@ show_table([{"per step": what, **{m: f(MODELS[m], summ[m]) for m in MODELS}} for
 # it, with the (B, 1, T, d) K/V; *FT, expanded K/V* hands SDPA the stride-0 expanded view.
 
 # %%
-# One colour per component, in families, so the 16 components stay apart and related ones read together.
-COMPONENTS = {
-    "embedding and head": {"embeddings": "#4d4d4d", "head": "#8c8c8c", "loss": "#bdbdbd", "optimizer": "#8c564b"},
-    "attention": {"qkv": "#08306b", "scores": "#2171b5", "softmax": "#6baed6", "attn_v": "#9ecae1",
-                  "out_proj": "#6a51a3"},
-    "MLP": {"mlp_up": "#d94801", "gelu": "#fdae6b", "mlp_down": "#a63603"},
-    "norms and residual": {"norm1": "#006d2c", "norm2": "#41ab5d", "final_norm": "#a1d99b", "residual": "#e7298a"},
-}
-# Bottom to top: the components of each family together, in the order a step runs them.
-STACK = ["qkv", "scores", "softmax", "attn_v", "out_proj", "mlp_up", "gelu", "mlp_down",
-         "norm1", "norm2", "final_norm", "residual", "embeddings", "head", "loss", "optimizer"]
-GROUP_OF = {c: g for g, cs in COMPONENTS.items() for c in cs}
-COLOR = {c: col for cs in COMPONENTS.values() for c, col in cs.items()}
-for key, unit, scale in (("flops", "GFLOP", 1e9), ("bytes", "GB", 1e9)):
-    comp = {m: by_component(c, B, T, key=key, precision="fp32", capability=cap) for m, c in MODELS.items()}
-    fig = go.Figure([
-        go.Bar(name=c, x=[SHORT[m] for m in MODELS], y=[comp[m].get(c, 0.0) / scale for m in MODELS],
-               marker_color=COLOR[c], legendgroup=GROUP_OF[c], legendgrouptitle_text=GROUP_OF[c],
-               hovertemplate=f"{c}: %{{y:.3g}} {unit}<extra>%{{x}}</extra>")
-        for c in STACK
-    ])
-    fig.update_layout(barmode="stack", title=f"One training step, B={B}, T={T}, fp32: {unit} by component",
-                      yaxis_title=f"{unit} per step", height=620,
-                      legend=dict(traceorder="reversed+grouped", groupclick="toggleitem", tracegroupgap=8))
-    show(fig, f"02-step-{key}-by-component")
+for name, fig in av.component_figures():
+    show(fig, name)
 
 # %% [markdown]
 # ## Rooflines: T4 and H200
@@ -291,15 +173,7 @@ for key, unit, scale in (("flops", "GFLOP", 1e9), ("bytes", "GB", 1e9)):
 # (`ftlib.analysis.peaks.PEAKS`, with sources), not readings.
 
 # %%
-floors = []
-for dev, precs in (("Tesla T4", ("fp32", "fp16")), ("NVIDIA H200", ("fp32", "tf32", "bf16"))):
-    d = lookup(dev)
-    for prec in precs:
-        for m, c in MODELS.items():
-            floors.append({"device": d.name, "precision": prec, "model": m, "peak TFLOP/s": d.rate(prec) / 1e12,
-                           "GB/s": d.bandwidth_gbs, "FLOP floor ms": flops_floor(palm_flops(c, B, T), d, prec) * 1e3,
-                           "roofline floor ms": step_floor(c, B, T, d, prec)["floor_s"] * 1e3})
-show_table(floors, name="step-floors")
+show_frame(av.floors_table(), name="step-floors")
 
 # %% [markdown]
 # On the H200 in fp32 the FLOP floor and the memory traffic are of the same order; with
@@ -311,38 +185,7 @@ show_table(floors, name="step-floors")
 # bandwidth meet. Colours as above; the symbol tells the model.
 
 # %%
-d = lookup("NVIDIA H200")
-ridge = d.rate("tf32") / d.bandwidth
-per_comp = {m: pd.DataFrame(roofline(MODELS[m], B, T, d, "tf32")).groupby("component", sort=False)[["flops", "bytes"]]
-            .sum() for m in list(MODELS)[:2]}
-symbols = dict(zip(per_comp, ["circle", "diamond-open"]))
-sizes = dict(zip(per_comp, [8, 15]))  # the open diamond around the dot where both models coincide
-fig = go.Figure()
-for c in STACK:
-    pts = [(m, per_comp[m].loc[c]) for m in per_comp if c in per_comp[m].index]
-    fig.add_trace(go.Scatter(
-        x=[p["flops"] / p["bytes"] for _, p in pts], y=[p["flops"] / 1e9 for _, p in pts], mode="markers", name=c,
-        marker=dict(color=COLOR[c], size=[sizes[m] for m, _ in pts], symbol=[symbols[m] for m, _ in pts],
-                    line=dict(width=2, color=COLOR[c])),
-        legendgroup=GROUP_OF[c], legendgrouptitle_text=GROUP_OF[c], customdata=[SHORT[m] for m, _ in pts],
-        hovertemplate=f"{c}, %{{customdata}}<br>%{{x:.3g}} FLOP/B, %{{y:.3g}} GFLOP<extra></extra>"))
-for m, sym in symbols.items():  # the key to the symbols
-    fig.add_trace(go.Scatter(x=[None], y=[None], mode="markers", name=SHORT[m], legendgroup="model",
-                             legendgrouptitle_text="model",
-                             marker=dict(color="#555", size=sizes[m], symbol=sym, line=dict(width=2, color="#555"))))
-# A line shape and a separate annotation: on a log axis an annotation's x is given as log10(x).
-fig.add_shape(type="line", x0=ridge, x1=ridge, y0=0, y1=1, yref="paper", line=dict(dash="dash", color="#333"))
-fig.add_annotation(x=math.log10(ridge), y=1, yref="paper", yanchor="bottom", showarrow=False, xanchor="right",
-                   text=f"H200 TF32 ridge point: {ridge:.0f} FLOP/B")
-xs = [p["flops"] / p["bytes"] for f in per_comp.values() for _, p in f.iterrows()] + [ridge]
-ys = [p["flops"] / 1e9 for f in per_comp.values() for _, p in f.iterrows()]
-fig.update_layout(title="Arithmetic intensity per component (one step, fp32 tensors, H200 TF32 peak)",
-                  xaxis=dict(type="log", title="FLOP per byte (log scale)", dtick=1,
-                             range=[math.log10(min(xs)) - 0.3, math.log10(max(xs)) + 0.3]),
-                  yaxis=dict(type="log", title="GFLOP per step (log scale)", dtick=1,
-                             range=[math.log10(min(ys)) - 0.3, math.log10(max(ys)) + 0.3]),
-                  legend=dict(traceorder="grouped", tracegroupgap=8, font_size=11), height=680)
-show(fig, "02-intensity-h200-tf32")
+show(av.intensity_figure(), "02-intensity-h200-tf32")
 
 # %% [markdown]
 # Every component sits left of the TF32 ridge point: at C = 256 even the matmuls do too

@@ -65,14 +65,12 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
-from ftlib import preset
-from ftlib.analysis.claims import POST_GPU, post_step_rows, roofline_projection
 from ftlib.core.device import pick_device
 from ftlib.harness.suites import baselines, measure, smoke_cases
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views.plots import show
-from ftlib.views.tables import show_frame, show_table
+from ftlib.views.tables import show_frame
 
 CASES = baselines()
 runs = bv.load(CASES)  # complete runs from committed code, every GPU folder
@@ -119,13 +117,8 @@ for dev in sorted(set(runs["device_slug"])):
 # fp32, 320 GB/s): no implementation can run a step faster than it.
 
 # %%
-MODELS = {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
-post = post_step_rows()
-proj = [{"model": n, **roofline_projection(MODELS[n], 32, 256, POST_GPU)} for n in MODELS]
-show_table([{"source": r["source"], "device": r["device"], "model": r["label"], "mode": r["mode"],
-             "ms per step": r["median_ms"], "tokens/s": r["tokens_per_s"]} for r in post])
-show_table([{"device": POST_GPU, "model": p["model"], "projection: floor ms": p["floor_ms"],
-             "compute-bound ms": p["compute_ms"], "memory-bound ms (eager bytes)": p["memory_ms"]} for p in proj])
+show_frame(br.post_step_table())
+show_frame(br.t4_floor_table())
 
 # %% [markdown]
 # ## What we found

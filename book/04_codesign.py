@@ -64,26 +64,13 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     os.chdir(os.path.join(root, "book"))
 
 # %% tags=["hide-input"]
-import plotly.graph_objects as go
-
-from ftlib.analysis.totals import step_summary
 from ftlib.core.device import device_slug, pick_device
 from ftlib.harness.bench.cases import bench_sweep
-from ftlib.model.ablations import grid, kv_head_sweep, ladder, mlp_ratio_sweep
+from ftlib.model.ablations import grid, ladder
+from ftlib.views import codesign as cv
 from ftlib.views.bench import devices, not_measured, ok_rows, provenance_line
-from ftlib.views.codesign import (
-    SOURCES,
-    backend_table,
-    col,
-    fallback_cost,
-    find,
-    grid_table,
-    ladder_table,
-    measured,
-    switch_effects,
-)
-from ftlib.views.plots import legend_below, show
-from ftlib.views.tables import show_table
+from ftlib.views.plots import show
+from ftlib.views.tables import show_frame
 
 # A smoke run measures a small grid at a small shape; the tables then look for those.
 SMALL = dict(n_layer=1, n_embd=64) if (MEASURE and SMOKE) else {}
@@ -97,8 +84,8 @@ if MEASURE:
                 **(dict(warmup=3, iters=10) if SMOKE else {}))
     dev = device_slug(device)
 else:
-    dev = (devices(ok_rows(SOURCES)) or [None])[0]  # the first GPU with stored rows of this chapter's suites
-rows = measured(dev, include_cpu=MEASURE) if dev else []
+    dev = (devices(ok_rows(cv.SOURCES)) or [None])[0]  # the first GPU with stored rows of this chapter's suites
+rows = cv.measured(dev, include_cpu=MEASURE) if dev else []
 print("Measured on:", provenance_line(rows) or "nothing stored yet")
 
 # %% [markdown]
@@ -108,13 +95,10 @@ print("Measured on:", provenance_line(rows) or "nothing stored yet")
 # compiled with reduce-overhead (`grid_compile`; the ladder's rungs also from `ladder`).
 
 # %%
-table = grid_table(rows, GRID, B, T)
+table = cv.grid_table(rows, GRID, B, T)
 # Every table of this chapter holds the rows of one device, named in its caption.
-show_table(table, preview=["cell", "GFLOP / step", *(col(m, p) for m, p in
-                                                    (("eager", "fp32"), ("cudagraph", "fp32"), ("eager", "tf32"),
-                                                     ("cudagraph", "tf32"), ("compile-ro", "fp32")))],
-           caption=f"measured on {dev}")
-missing = [r["cell"] for r in table if r[col("compile-ro", "fp32")] is None]
+show_frame(table, preview=cv.GRID_PREVIEW, caption=f"measured on {dev}")
+missing = cv.unmeasured(table, "compile-ro", "fp32")
 if missing:
     print(f"compile-ro, {len(missing)} of {len(table)} cells:", not_measured("grid_compile"))
 
@@ -125,7 +109,7 @@ if missing:
 # A mode whose 16 cells are not all measured shows "–".
 
 # %%
-show_table(switch_effects(table), caption=f"measured on {dev}")
+show_frame(cv.switch_effects(table), caption=f"measured on {dev}")
 
 # %% [markdown]
 # ## The ladder: GPT-2 → FastTransformer, one change at a time
@@ -136,17 +120,10 @@ show_table(switch_effects(table), caption=f"measured on {dev}")
 # work unchanged).
 
 # %%
-steps = ladder_table(rows, LADDER, B, T)
-fig = go.Figure()
-for mode, prec in (("eager", "fp32"), ("cudagraph", "fp32"), ("eager", "tf32"), ("cudagraph", "tf32"),
-                   ("compile-ro", "fp32")):
-    fig.add_trace(go.Scatter(x=[r["rung"] for r in steps], y=[r[col(mode, prec)] for r in steps],
-                             mode="lines+markers", name=f"{mode} {prec}"))
-fig.update_layout(title=f"Cumulative ladder, {dev} (B={B}, T={T})", yaxis_title="ms per step", height=430)
-show(fig, "ladder")
-show_table(steps, preview=["rung", *(c for c in steps[0] if c.endswith(" ms"))] if steps else None,
-           caption=f"measured on {dev}")
-if not any(r[col("compile-ro", "fp32")] for r in steps):
+steps = cv.ladder_table(rows, LADDER, B, T)
+show(cv.ladder_figure(steps, dev, B, T), "ladder")
+show_frame(steps, preview=cv.LADDER_PREVIEW if len(steps) else None, caption=f"measured on {dev}")
+if len(cv.unmeasured(steps, "compile-ro", "fp32", "rung")) == len(steps):
     print("compile-ro rungs:", not_measured("ladder"))
 
 # %% [markdown]
@@ -154,21 +131,8 @@ if not any(r[col("compile-ro", "fp32")] for r in steps):
 # On the FastTransformer preset: K/V heads 1, 2, 4, 8 (multi-query → multi-head) and MLP ratio 1…4.
 
 # %%
-for title, sweep, xs in (("K/V heads", kv_head_sweep(), [1, 2, 4, 8]),
-                         ("MLP ratio", mlp_ratio_sweep(), [1.0, 1.5, 2.0, 3.0, 4.0])):
-    fig = go.Figure()
-    for prec in ("fp32", "tf32"):
-        for mode in ("eager", "cudagraph"):
-            # By config, not label: n_kv_head=1 and mlp_ratio=2 are both the FastTransformer, one row.
-            ys = [(find(rows, cfg, mode, prec, B, T, ("grid",)) or {}).get("median_ms") for cfg in sweep.values()]
-            fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{mode} {prec}"))
-    fig.add_trace(go.Scatter(x=xs, y=[step_summary(c, 32, 256)["flops"] / 1e9 for c in sweep.values()],
-                             name="GFLOP / step (accounting)", yaxis="y2", line=dict(dash="dot")))
-    fig.update_layout(title=f"{title} sweep on FastTransformer, {dev}", xaxis=dict(title=title, tickvals=xs),
-                      yaxis_title="ms per step", yaxis2=dict(overlaying="y", side="right", title="GFLOP per step",
-                                                             showgrid=False, tickmode="auto", nticks=6),
-                      height=440)
-    show(legend_below(fig), f"sweep-{title}")
+for name, fig in cv.sweep_figures(rows, dev, B, T):
+    show(fig, name)
 
 # %% [markdown]
 # ## The attention kernel that actually runs, and the cost of the math fallback
@@ -179,11 +143,11 @@ for title, sweep, xs in (("K/V heads", kv_head_sweep(), [1, 2, 4, 8]),
 # "expected" is what the kernel rules in `ftlib.analysis.accounting` predict; the trace is what ran.
 
 # %%
-show_table(backend_table(dev, include_cpu=MEASURE) if dev else [], caption=f"profiled on {dev}")
+show_frame(cv.backend_table(dev, include_cpu=MEASURE), caption=f"profiled on {dev}")
 
 # %% [markdown]
 # What the layout costs per mode (fp32, Figure 1's suite, both layouts timed in the same session):
 # the original layout's step time over the expanded view's.
 
 # %%
-show_table(fallback_cost(rows), caption=f"measured on {dev}")
+show_frame(cv.fallback_cost(rows), caption=f"measured on {dev}")

@@ -56,37 +56,22 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     os.chdir(os.path.join(root, "book"))
 
 # %% tags=["hide-input"]
-import plotly.graph_objects as go
 from IPython.display import Markdown, display
-from plotly.subplots import make_subplots
 
-from ftlib.analysis.claims import POST_GPU, post_step_rows
 from ftlib.core.device import pick_device
 from ftlib.harness.results import device_folders
 from ftlib.harness.suites import baselines, measure, smoke_cases
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
+from ftlib.views import sweep as sv
 from ftlib.views.bench import devices, not_measured, ok_rows, provenance_line
-from ftlib.views.plots import legend_below, log_ticks, show
-from ftlib.views.sweep import (
-    PROJECTION,
-    SWEEP_T,
-    compile_time_table,
-    eager_inversion_table,
-    post_sweep_claims,
-    sweep_rows,
-    sweep_table,
-    t4_projection,
-)
-from ftlib.views.tables import show_frame, show_table
+from ftlib.views.plots import show
+from ftlib.views.tables import show_frame
 
 MODELS = ("gpt2", "fasttransformer")
-MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer"}
-# Short legend names; the tables below name the projection and the claim in full.
-SHORT_PROJECTION, SHORT_CLAIM = f"{POST_GPU} roofline projection", f"post's claim ({POST_GPU})"
 # A smoke run measures small models at small shapes; the sweep's views then look for those.
 SMALL = dict(n_layer=1, n_embd=64) if (MEASURE and SMOKE) else {}
-TOKENS, TS = (256, (32, 64)) if (MEASURE and SMOKE) else (8192, SWEEP_T)
+TOKENS, TS = (256, (32, 64)) if (MEASURE and SMOKE) else (8192, sv.SWEEP_T)
 CASES = baselines()
 runs = bv.load(CASES)  # complete runs from committed code, every GPU folder
 if MEASURE:
@@ -113,9 +98,7 @@ show_frame(bv.runs_table(runs), caption="The runs behind the step benchmarks")
 # %%
 for dev in sorted(set(runs["device_slug"])):
     show(br.throughput_figure(runs, dev), f"fig3-{dev}")
-post = {(r["label"], r["mode"]): r for r in post_step_rows()}
-show_table([{"source": f"post (claim), {POST_GPU}", "model": m, "mode": "compile-ro",
-             "tokens/s": post[(m, "compile-ro")]["tokens_per_s"]} for m in MODELS])
+show_frame(br.post_throughput_table())
 
 # %% [markdown]
 # ## Speed-up of FastTransformer over GPT-2, per precision
@@ -136,7 +119,7 @@ show_frame(br.precision_table(runs))
 # %%
 show_frame(br.eager_inversion(runs))
 for dev in devices(ok_rows("tsweep", include_cpu=MEASURE)):
-    show_table(eager_inversion_table(dev, include_cpu=MEASURE, tokens=TOKENS, **SMALL))
+    show_frame(sv.eager_inversion_table(dev, include_cpu=MEASURE, tokens=TOKENS, **SMALL))
 
 # %% [markdown]
 # ## Compile time (first step)
@@ -147,9 +130,9 @@ for dev in devices(ok_rows("tsweep", include_cpu=MEASURE)):
 
 # %%
 for dev in devices(ok_rows("compile_time", include_cpu=MEASURE)) or device_folders():
-    ct = compile_time_table(dev, include_cpu=MEASURE, **SMALL)
-    show_table(ct)
-    if not any(r["source"].startswith("compile_time") for r in ct):
+    ct = sv.compile_time_table(dev, include_cpu=MEASURE, **SMALL)
+    show_frame(ct)
+    if not sv.has_cold_process_rows(ct):
         print("cold-process rows:", not_measured("compile_time"))
 
 # %% [markdown]
@@ -169,65 +152,23 @@ for dev in devices(ok_rows("compile_time", include_cpu=MEASURE)) or device_folde
 # FLOPs grows with it. Chapter 6's attention kernel runs these dots in TF32.
 
 # %%
-sweep_devs = devices(ok_rows("tsweep", include_cpu=MEASURE))
-proj, claims = t4_projection(), post_sweep_claims()
-for dev in sweep_devs or [None]:
-    sweep = sweep_rows(dev, include_cpu=MEASURE, tokens=TOKENS, **SMALL) if dev else []
+for dev in devices(ok_rows("tsweep", include_cpu=MEASURE)) or [None]:
+    sweep = sv.sweep_rows(dev, include_cpu=MEASURE, tokens=TOKENS, **SMALL) if dev else []
     if sweep:
         print("Measured on:", provenance_line(sweep))
     else:
         print(f"T sweep on {dev or 'a GPU'}:", not_measured("tsweep"))
-    # Colour: the precision; line: the mode (solid compile-ro, dashed eager). Claims and projections in grey.
-    prec_color, mode_dash = {"fp32": "#1f77b4", "tf32": "#ff7f0e"}, {"compile-ro": "solid", "eager": "dash"}
-    speed = go.Figure()
-    tput = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
-                         subplot_titles=[MODEL_NAMES[m] for m in MODELS])
-    for prec in ("fp32", "tf32"):
-        for mode in ("compile-ro", "eager"):
-            pts = sweep_table(sweep, prec, mode)
-            if pts:
-                style = dict(color=prec_color[prec], dash=mode_dash[mode])
-                speed.add_trace(go.Scatter(x=[p["T"] for p in pts], y=[p["speed-up"] for p in pts],
-                                           mode="lines+markers", name=f"{prec} {mode}", line=style))
-                for i, m in enumerate(MODELS, start=1):
-                    tput.add_trace(go.Scatter(x=[p["T"] for p in pts], y=[p[f"{m} tokens/s"] for p in pts],
-                                              mode="lines+markers", name=f"{prec} {mode}", line=style,
-                                              legendgroup=f"{prec} {mode}", showlegend=i == 1), row=1, col=i)
-    speed.add_trace(go.Scatter(x=[p["T"] for p in proj], y=[p["floor ratio"] for p in proj], name=SHORT_PROJECTION,
-                               mode="lines", line=dict(dash="dot", color="#7f7f7f")))
-    speed.add_trace(go.Scatter(x=[c["T"] for c in claims], y=[c["speed-up"] for c in claims], name=SHORT_CLAIM,
-                               mode="markers", marker=dict(symbol="star", size=14, color="#333")))
-    speed.add_hline(y=1, line=dict(color="#999", width=1))
+    for name, fig in sv.sweep_figures(sweep, dev, TOKENS):
+        show(fig, name)
     where = dev or "no GPU rows"
-    ts = [p["T"] for p in proj]
-    speed.update_layout(title=f"FastTransformer speed-up over GPT-2 vs T, {TOKENS:,} tokens/step, {where}",
-                        xaxis=dict(title=f"T (B = {TOKENS} / T)", **log_ticks(ts)),
-                        yaxis_title="speed-up (GPT-2 step time / FastTransformer's)", height=460)
-    show(legend_below(speed), f"fig5-speedup-{dev}")
-    for i, m in enumerate(MODELS, start=1):
-        tput.add_trace(go.Scatter(x=[p["T"] for p in proj], y=[p[f"{m} floor tokens/s"] for p in proj],
-                                  name=SHORT_PROJECTION, mode="lines", line=dict(dash="dot", color="#7f7f7f"),
-                                  legendgroup="projection", showlegend=i == 1), row=1, col=i)
-    tput.add_trace(go.Scatter(x=[c["T"] for c in claims], y=[c["fasttransformer tokens/s"] for c in claims],
-                              name=SHORT_CLAIM, mode="markers", marker=dict(symbol="star", size=14, color="#333")),
-                   row=1, col=2)
-    tput.update_xaxes(title_text=f"T (B = {TOKENS} / T)", **log_ticks(ts))
-    tput.update_layout(title=f"Training throughput vs T (the post's Figure 5), {where}", yaxis_title="tokens / s",
-                       height=480)
-    show(legend_below(tput), f"fig5-throughput-{dev}")
-    # The columns a reader compares first; every column is in the collapsed table and its CSV.
-    key_cols = ["T", "B", "gpt2 ms", "fasttransformer ms", "speed-up", "gpt2 tokens/s", "fasttransformer tokens/s"]
-    show_table(sweep_table(sweep, "fp32", "compile-ro") + claims, preview=[*key_cols, "source"],
+    show_frame(sv.sweep_with_claims(sweep, "fp32", "compile-ro"), preview=[*sv.SWEEP_PREVIEW, "source"],
                caption=f"fp32, compile-ro, {where}")
-    show_table(sweep_table(sweep, "tf32", "compile-ro"), preview=key_cols, caption=f"tf32, compile-ro, {where}")
+    show_frame(sv.sweep_table(sweep, "tf32", "compile-ro"), preview=sv.SWEEP_PREVIEW,
+               caption=f"tf32, compile-ro, {where}")
     # Where the co-designed model stops paying: the T at which it is slower than GPT-2.
-    for prec in ("fp32", "tf32"):
-        for mode in ("compile-ro", "eager"):
-            pts = sweep_table(sweep, prec, mode)
-            slower = [p["T"] for p in pts if p["speed-up"] < 1]
-            if pts:
-                print(f"{dev} {prec} {mode}: FastTransformer slower than GPT-2 at T = {slower or 'none'}")
-show_table(proj, [c for c in proj[0] if c != "source"], caption=PROJECTION)
+    for line in sv.slower_at(sweep, dev):
+        print(line)
+show_frame(sv.t4_projection(source=False), caption=sv.PROJECTION)
 
 # %% [markdown]
 # ## What we found

@@ -67,7 +67,7 @@ from ftlib.views import engine as engineview
 from ftlib.views import kernels as kernelview
 from ftlib.views.bench import devices, ok_rows, provenance_line
 from ftlib.views.plots import show
-from ftlib.views.tables import show_frame, show_table
+from ftlib.views.tables import show_frame
 
 if MEASURE:
     import subprocess
@@ -122,9 +122,9 @@ show_frame(bv.headroom(runs))
 # (read + write) and an 8192² matmul in strict fp32, TF32 and bf16.
 
 # %%
-ceil_rows = kernelview.ceiling_table(krows)
-if ceil_rows:
-    show_table(ceil_rows)
+ceilings = kernelview.ceiling_table(krows)
+if len(ceilings):
+    show_frame(ceilings)
 else:
     print("Ceilings not measured yet: run bash ci/gpu-run --only kernels on a GPU (resumable).")
 
@@ -230,15 +230,14 @@ display(Markdown(kernelview.kernel_math("adamw")))
 
 # %%
 ktable = kernelview.kernel_table(krows)
-if not ktable:
+if not len(ktable):
     print("Kernel rows not measured yet: run bash ci/gpu-run --only kernels on a GPU (resumable).")
 else:
-    show_table(ktable, ["device", "op", "case", "variant", "eager µs", "graph µs", "rate", "unit", "floor µs",
-                        "of ceiling", "vs PyTorch", "vs compile", "note"],
+    show_frame(ktable[list(kernelview.KERNEL_TABLE_COLUMNS)],
                preview=["op", "case", "variant", "eager µs", "graph µs", "of ceiling", "vs PyTorch", "vs compile"])
-    for dev in sorted({t["device"] for t in ktable}):
-        show(kernelview.kernel_figure(ktable, dev), f"kernels-{dev}")
-    print("\n".join(kernelview.verdicts(ktable)))
+    for name, fig in kernelview.kernel_figures(ktable):
+        show(fig, name)
+    print("\n".join(kernelview.fastest_variants(ktable)))
 
 # %% [markdown]
 # ## 3. The engine
@@ -282,8 +281,8 @@ show_frame(br.placement_effect(runs))
 
 # %%
 deltas = engineview.kernel_deltas(erows)
-if deltas:
-    show_table(deltas, preview=["device", "model", "precision", "variant", "ms", "engine ms", "delta ms", "delta %"])
+if len(deltas):
+    show_frame(deltas, preview=["device", "model", "precision", "variant", "ms", "engine ms", "delta ms", "delta %"])
 else:
     print(engineview.NOT_MEASURED)
 
@@ -325,9 +324,9 @@ else:
 # %%
 prows = ok_rows("engine_probe", include_cpu=MEASURE)
 ptable = engineview.probe_table(prows)
-if ptable:
+if len(ptable):
     print("Measured on:", provenance_line(prows))
-    show_table(ptable, preview=["device", "case", "precision", "captured step µs", "kernel µs", "matmul", "largest",
+    show_frame(ptable, preview=["device", "case", "precision", "captured step µs", "kernel µs", "matmul", "largest",
                                 "largest share"])
 else:
     print("Not profiled yet: python -m benchmarks.kernels.engine_probe --out DIR on a GPU, then commit "
@@ -343,7 +342,7 @@ else:
 if not crows:
     print(engineview.NOT_MEASURED)
 else:
-    show_table(engineview.loss_table(crows), preview=["device", "model", "precision", "steps", "ref loss last",
+    show_frame(engineview.loss_table(crows), preview=["device", "model", "precision", "steps", "ref loss last",
                                                       "max rel err", "rtol", "ok"])
     for dev in devices(crows):
         show(engineview.loss_figure(crows, dev), f"engine-check-{dev}")

@@ -61,16 +61,15 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 
 # %% tags=["hide-input"]
 from ftlib.harness.results import device_folders
-from ftlib.views.audit import TOL, audit_rows
-from ftlib.views.tables import show_frame, show_table, to_frame
+from ftlib.views.audit import TOL, audit_table, verdict_counts
+from ftlib.views.tables import show_frame
 
 for device in device_folders():  # every GPU with stored results, each audited on its own rows
-    rows = audit_rows(device)
+    table = audit_table(device)
     print(f"{device}: a measured ratio agrees when every run is within {TOL:.0%} of the claim or beyond it "
           "(the post reports one run per number, with no spread)")
-    show_table(rows, ["claim", "post says", "book finds", "verdict", "from"], caption=f"The claims on {device}")
-    show_frame(to_frame(rows)["verdict"].value_counts().rename_axis("verdict").reset_index(name="claims"),
-               caption=f"Verdicts on {device}")
+    show_frame(table, caption=f"The claims on {device}")
+    show_frame(verdict_counts(table), caption=f"Verdicts on {device}")
 
 # %% [markdown]
 # ## What we found
@@ -80,7 +79,9 @@ for device in device_folders():  # every GPU with stored results, each audited o
 # %%
 from IPython.display import Markdown, display
 
-from ftlib.views.findings import markdown
+from ftlib.views.findings import additions_markdown, findings_table, preamble
 
 for device in device_folders():
-    display(Markdown(markdown(device)))
+    display(Markdown(preamble(device)))
+    show_frame(findings_table(device), caption=f"The headline claims on {device}")
+    display(Markdown(additions_markdown(device)))

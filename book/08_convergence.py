@@ -59,27 +59,14 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     os.chdir(os.path.join(root, "book"))
 
 # %% tags=["hide-input"]
-import math
-import textwrap
-
-import plotly.graph_objects as go
-
 from ftlib.core.device import device_slug, pick_device
 from ftlib.harness.convergence import checkpoint_roundtrip, run_suites
-from ftlib.harness.results import load_rows
-from ftlib.harness.studies import FAIR, REFERENCE, REPEATED, SUITE_ORDER, TARGET_LOSS
+from ftlib.harness.studies import FAIR, REFERENCE, REPEATED, SUITE_ORDER
+from ftlib.views import convergence as cv
+from ftlib.views import speedrun as sr
 from ftlib.views.bench import provenance_line
-from ftlib.views.convergence import (
-    aggregate,
-    repeat_table,
-    seed_table,
-    speedrun_curves,
-    speedrun_pooled,
-    speedrun_verdict,
-    suite_rows,
-)
-from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below, show
-from ftlib.views.tables import group_rows, show_table
+from ftlib.views.plots import show
+from ftlib.views.tables import group_rows, show_frame
 
 device = pick_device(DEVICE)
 if MEASURE:
@@ -92,8 +79,7 @@ def stored(bench):
     Tables carry a device column and figures are drawn per device, so runs of different devices
     (or a smoke run's tiny models) are never pooled.
     """
-    rows = load_rows(bench, devices=[device_slug(device)] if MEASURE else None)
-    return suite_rows(bench, rows, smoke=MEASURE and SMOKE)
+    return cv.stored_rows(bench, device_slug(device) if MEASURE else None, smoke=MEASURE and SMOKE)
 
 
 # %% [markdown]
@@ -108,15 +94,7 @@ if not orig:
     print("No stored rows for convergence-original yet: run ci/gpu-run (or this chapter with MEASURE=True).")
 else:
     print("Measured on:", provenance_line(orig))
-    show_table([
-        {"device": r["device_slug"], "model": r["model"], "params": r["params"], "seed": r["seed"],
-         "steps": r["steps_done"],
-         "post's perplexity exp(batch loss)": math.exp(r["history"][-1]["batch_loss"]),
-         "train perplexity exp(train loss)": math.exp(r["history"][-1]["train_loss"]),
-         "validation perplexity exp(val loss)": math.exp(r["history"][-1]["val_loss"])}
-        for r in sorted(orig, key=lambda r: (r["device_slug"], r["seed"], r["model"]))
-    ], preview=["device", "model", "seed", "post's perplexity exp(batch loss)", "train perplexity exp(train loss)",
-                "validation perplexity exp(val loss)"])
+    show_frame(cv.original_table(orig), preview=cv.ORIGINAL_PREVIEW)
 
 # %% [markdown]
 # ## 2. A fair comparison
@@ -125,7 +103,7 @@ else:
 # post's batch shape (B = 32, T = 256). The recipe:
 
 # %%
-show_table([{"field": k, "value": str(v)} for k, v in FAIR.__dict__.items() if k != "seed"])
+show_frame(cv.recipe_table(FAIR))
 
 # %% [markdown]
 # The curves below show the mean over seeds with the min–max range as bars. Their loss axis runs
@@ -139,27 +117,9 @@ if not fair:
     print("No stored rows for convergence yet.")
 else:
     print("Measured on:", provenance_line(fair))
-    show_table(seed_table(fair))
-    for dev, dev_rows in group_rows(fair).items():
-        agg = aggregate(dev_rows)
-        colors = {m: MODEL_COLORS.get(m) or PALETTE[2 + i] for i, m in enumerate(agg)}
-        for axis, label in (("step", "optimizer step"), ("tokens", "tokens seen"), ("time_s", "training time (s)")):
-            fig = go.Figure()
-            for model, pts in agg.items():
-                x = [p[axis] for p in pts]
-                fig.add_trace(go.Scatter(x=x, y=[p["val_mean"] for p in pts], mode="lines", name=model,
-                                         line=dict(color=colors[model]),
-                                         error_y=dict(type="data", symmetric=False, thickness=1,
-                                                      array=[p["val_max"] - p["val_mean"] for p in pts],
-                                                      arrayminus=[p["val_mean"] - p["val_min"] for p in pts])))
-            # The first evaluations (loss ~4) squash the end, where the models differ; the axis starts
-            # at the lowest loss and stops at the loss of the second evaluation.
-            lows = [p["val_min"] for pts in agg.values() for p in pts]
-            second = [pts[1]["val_max"] for pts in agg.values() if len(pts) > 1] or [max(lows)]
-            fig.update_layout(title=f"Validation loss vs {label}, {dev} (mean, min–max over seeds)",
-                              xaxis_title=label, yaxis_title="validation loss", height=440,
-                              yaxis_range=[min(lows) - 0.05, max(second) + 0.05])
-            show(fig, f"convergence-val-{axis}-{dev}")
+    show_frame(cv.seed_table(fair))
+    for name, fig in cv.loss_figures(fair):
+        show(fig, name)
 
 # %% [markdown]
 # ## 3. nanoGPT's recipe, the reference
@@ -172,17 +132,9 @@ if not nano:
     print("No stored rows for convergence-nanogpt yet.")
 else:
     print("Measured on:", provenance_line(nano))
-    show_table(seed_table(nano))
-    for dev, dev_rows in group_rows(nano).items():
-        for name, pts in aggregate(dev_rows).items():
-            fig = go.Figure([
-                go.Scatter(x=[p["step"] for p in pts], y=[p["val_mean"] for p in pts], name="validation"),
-                go.Scatter(x=[p["step"] for p in pts], y=[p["train_mean"] for p in pts], name="train",
-                           line=dict(dash="dash")),
-            ])
-            fig.update_layout(title=f"{name}: train and validation loss, {dev} (mean over seeds)",
-                              xaxis_title="step", yaxis_title="loss", height=400)
-            show(fig, f"convergence-nanogpt-{dev}")
+    show_frame(cv.seed_table(nano))
+    for name, fig in cv.train_val_figures(nano):
+        show(fig, name)
 
 # %% [markdown]
 # ## 4. The speedrun: least time to validation loss 1.50
@@ -209,7 +161,7 @@ else:
 #
 # Every candidate runs seed 0 first. The fastest of them (excluding startup), the reference,
 # and the candidates listed in `ftlib.harness.studies.ALL_SEEDS` then run seeds 1-4. The verdict
-# (`ftlib.views.convergence.speedrun_verdict`) counts only candidates that reached 1.50 on every
+# (`ftlib.views.speedrun.speedrun_verdict`) counts only candidates that reached 1.50 on every
 # seed they ran, and at least three seeds. Among those it takes the one with the least mean
 # time excluding startup and compares it with the reference seed by seed, on the seeds both
 # recorded. This rule matters because the small models' validation loss bottoms out close
@@ -219,65 +171,21 @@ else:
 
 # %%
 speed = stored("speedrun")
-ok_speed = [r for r in speed if r.get("status", "ok") == "ok"]
+ok_speed = cv.ok_runs(speed)
 verdicts = {}  # device -> the speedrun's verdict on that device's runs
 if not ok_speed:
     print("No stored rows for speedrun yet.")
 else:
     print("Measured on:", provenance_line(ok_speed))
 for dev, dev_rows in group_rows(ok_speed).items():
-    table = seed_table(dev_rows)
-    ref = next((r for r in table if r["model"] == REFERENCE), {})
-    for r in table:
-        for col, name in (("time to target s (mean)", "speed-up vs reference"),
-                          ("excl. startup s (mean)", "speed-up excl. startup")):
-            t, t_ref = r.get(col), ref.get(col)
-            r[name] = (t_ref / t) if (t_ref and t) else None
-    table.sort(key=lambda r: (r["time to target s (mean)"] is None, r["time to target s (mean)"] or 0))
-    show_table(table, preview=["device", "model", "seeds", "reached", "best val loss (mean)", "excl. startup s (mean)",
-                               "speed-up excl. startup", "speed-up vs reference"], caption=f"candidates on {dev}")
+    show_frame(sr.candidates_table(dev_rows), preview=sr.CANDIDATES_PREVIEW, caption=f"candidates on {dev}")
     # Per run: how it executed, its startup, and when it got there.
-    show_table([
-        {"device": dev, "model": r["model"], "seed": r["seed"],
-         "execution": r.get("execution", f"compile {r['recipe']['compile']}"),
-         "precision": r["recipe"]["precision"], "B": r["recipe"]["batch_size"], "lr": r["recipe"]["lr"],
-         "dropout": r["config"]["dropout"], "attn dropout": r["config"].get("attn_dropout"),
-         "startup s": r.get("startup_s"),
-         "steps to target": r.get("steps_to_target"), "time to target s": r.get("time_to_target_s"),
-         "excl. startup s": r.get("time_to_target_excl_startup_s"), "best val loss": r["best_val_loss"]}
-        for r in sorted(dev_rows, key=lambda r: (r["model"], r["seed"]))
-    ], digits=4, preview=["model", "seed", "execution", "startup s", "steps to target", "excl. startup s",
-                          "best val loss"], caption=f"every run on {dev}")
-    v = verdicts[dev] = speedrun_verdict(dev_rows)
-    if v is None:
-        print(f"{dev}: no candidate has reached the target yet.")
-        continue
-    print(f"{dev}: the fastest candidate (reached 1.50 on {v['seeds reached']} seeds) is")
-    print(textwrap.fill(v["candidate"], 88, initial_indent="    ", subsequent_indent="    "))
-    for how in ("excl. startup", "incl. startup"):
-        x = v[f"speed-up {how}"]
-        print(f"  {how}: " + (f"{x:.2f}x over the reference on seeds {v[f'seeds {how}']}, target {v['target']:g}x"
-                              f" -> {v[f'verdict {how}']}" if x else "no seeds in common with the reference"))
-    # The two finalists' runs: validation loss against training time without the startup. One colour
-    # per finalist, one line per seed; the candidate's full name is the verdict's, printed above.
-    fig = go.Figure()
-    finalists = {REFERENCE: ("nanoGPT reference (torch.compile)", "#7f7f7f", "dot"),
-                 v["candidate"]: ("fastest candidate (engine)", "#1f77b4", "solid")}
-    curves = speedrun_curves(dev_rows, list(finalists))
-    for c in curves:
-        name, color, dash = finalists[c["model"]]
-        n_seeds = sum(d["model"] == c["model"] for d in curves)
-        fig.add_trace(go.Scatter(x=c["time_s"], y=c["val_loss"], mode="lines+markers", legendgroup=name,
-                                 name=f"{name}, {n_seeds} seeds", showlegend=c is next(d for d in curves
-                                                                                       if d["model"] == c["model"]),
-                                 line=dict(color=color, dash=dash), marker=dict(size=4),
-                                 hovertemplate=f"seed {c['seed']}: %{{y:.3f}} at %{{x:.2f}} s<extra>{name}</extra>"))
-    fig.add_hline(y=TARGET_LOSS, line_dash="dash", annotation_text=f"target {TARGET_LOSS:.2f}",
-                  annotation_position="top right")
-    fig.update_layout(title=f"Speedrun: validation loss vs training time, startup excluded, {dev}",
-                      xaxis_title="training time excluding startup (s)", yaxis_title="validation loss",
-                      yaxis_range=[TARGET_LOSS - 0.15, 2.6], height=500)
-    show(legend_below(fig), f"speedrun-curves-{dev}")
+    show_frame(sr.runs_of(dev_rows, dev), digits=4, preview=sr.RUNS_PREVIEW, caption=f"every run on {dev}")
+    v = verdicts[dev] = sr.speedrun_verdict(dev_rows)
+    print(sr.verdict_text(v, dev))
+    if v is not None:
+        # The two finalists' runs, one colour each, one line per seed; the candidate's full name is above.
+        show(sr.curves_figure(dev_rows, v["candidate"], dev), f"speedrun-curves-{dev}")
 v = next((verdicts[d] for d in sorted(verdicts) if verdicts[d] is not None), None)
 
 # %% [markdown]
@@ -292,7 +200,7 @@ v = next((verdicts[d] for d in sorted(verdicts) if verdicts[d] is not None), Non
 # shows how far a second run of the same seed lands from it. A speed-up within that spread
 # of the target is not a robust result, so the pooled verdict below treats every run, first
 # or repeat, as one sample of the time to 1.50: the ratio of the pooled means, with a 90%
-# bootstrap interval (`ftlib.views.convergence.speedrun_pooled`).
+# bootstrap interval (`ftlib.views.speedrun.speedrun_pooled`).
 #
 # The two sides are not equally noisy. The candidate's step is one CUDA graph replay, so its
 # time per step hardly moves between machines; what moves is the step at which it crosses
@@ -310,31 +218,19 @@ else:
     print("Measured on:", provenance_line(repeats))
 first_runs = group_rows(ok_speed)
 for dev, dev_repeats in group_rows(repeats).items():
-    show_table(repeat_table(first_runs.get(dev, []), dev_repeats), digits=4,
-               preview=["device", "model", "seed", "excl. startup s (first)", "excl. startup s (repeat)",
-                        "repeat / first", "steps to target (first)", "steps to target (repeat)"])
-    pooled = [p for name in REPEATED if (p := speedrun_pooled(first_runs.get(dev, []), dev_repeats, name))]
-    if pooled:
-        show_table([{"device": dev, **p, "90% interval": f"{p['90% interval'][0]:.2f}-{p['90% interval'][1]:.2f}"}
-                    for p in pooled], digits=4)
+    show_frame(sr.repeat_table(first_runs.get(dev, []), dev_repeats), digits=4, preview=sr.REPEATS_PREVIEW)
+    pooled = sr.pooled_table(first_runs.get(dev, []), dev_repeats, REPEATED, dev)
+    if len(pooled):
+        show_frame(pooled, digits=4)
 
 # %% [markdown]
 # ## 5. What the trained models write
 # 300 characters sampled (temperature 0.8, top-k 40) from each model at the end of its run.
 
 # %%
-for r in sorted(fair or [], key=lambda r: (r["device_slug"], r["model"])):
-    if r["seed"] == 0:
-        print(f"--- {r['model']} ({r['device_slug']}, seed 0, best validation loss {r['best_val_loss']:.3f})")
-        print(r["sample"])
-# The speedrun's models, stopped at validation loss 1.50: per device, the fastest and the reference.
-for dev, dev_rows in group_rows(ok_speed).items():
-    reached = sorted((r for r in dev_rows if r["seed"] == 0 and r.get("time_to_target_s") is not None),
-                     key=lambda r: r["time_to_target_s"])
-    for r in reached[:1] + [r for r in reached[1:] if r["model"] == REFERENCE]:
-        print(f"--- speedrun: {r['model']} ({dev}, seed 0, stopped at step {r['steps_to_target']}, "
-              f"best validation loss {r['best_val_loss']:.3f})")
-        print(r["sample"])
+written = sr.samples(fair or [], ok_speed, group_rows(ok_speed))
+if written:
+    print(written)
 
 # %% [markdown]
 # ## 6. A checkpoint, saved and loaded back
@@ -350,7 +246,7 @@ from ftlib.training.data import load_tinyshakespeare
 winner = v["candidate"] if v is not None else REFERENCE
 ck = checkpoint_roundtrip(winner, load_tinyshakespeare(), device, CHECKPOINT, smoke=SMOKE)
 print("saved to", CHECKPOINT)
-show_table([{k: val for k, val in ck.items() if k != "sample"}], digits=3)
+show_frame(cv.checkpoint_table(ck), digits=3)
 assert ck["max |logit difference|"] == 0.0 and ck["same sample"] and ck["config hash matches"]
 
 # %% tags=["nbval-ignore-output"]

@@ -64,29 +64,24 @@ import subprocess
 import sys
 from pathlib import Path
 
-import plotly.graph_objects as go
 import torch
 
-from ftlib import preset
-from ftlib.analysis.allreduce import NVLINK_GBS, allreduce_volume, ring_floor_s
 from ftlib.core.device import pick_device
-from ftlib.views.bench import devices, ok_rows, pick, provenance_line
-from ftlib.views.ddp import scaling
-from ftlib.views.plots import MODEL_COLORS, log_ticks, show
-from ftlib.views.tables import show_table
+from ftlib.views import ddp
+from ftlib.views.bench import ok_rows, provenance_line
+from ftlib.views.plots import show
+from ftlib.views.tables import show_frame
 
-MODELS = {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
-WORLD_SIZES = [1, 2, 4, 8]
 if MEASURE:
     # One torchrun per world size: all local GPUs (NCCL), or 2 gloo processes on a CPU.
     device = pick_device(DEVICE)
     n_max = torch.cuda.device_count() if device.type == "cuda" else 2
     size = (["--override", "n_layer=1,n_embd=64", "--B", "4", "--T", "64", "--steps", "10", "--warmup", "3"]
             if SMOKE else ["--B", "32", "--T", "256", "--steps", "50", "--warmup", "10"])
-    for n in [w for w in WORLD_SIZES if w <= n_max]:
+    for n in [w for w in ddp.WORLD_SIZES if w <= n_max]:
         proc = subprocess.run(
             [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(n),
-             "-m", "ftlib.harness.ddp_bench", "--preset", *MODELS, "--precision", "fp32", "--device", device.type,
+             "-m", "ftlib.harness.ddp_bench", "--preset", *ddp.MODELS, "--precision", "fp32", "--device", device.type,
              *size],
             cwd=Path.cwd().parent, capture_output=True, text=True)
         print("\n".join(ln for ln in proc.stdout.splitlines() if ln.startswith("[ddp]")) or proc.stderr[-2000:])
@@ -103,24 +98,10 @@ print("Measured on:", provenance_line(rows) or "nothing stored yet")
 # bandwidth (900 GB/s both directions, 450 GB/s each way): a lead, not a reading.
 
 # %%
-h200_link = NVLINK_GBS["NVIDIA H200"] / 2  # GB/s per direction
-acct = []
-for name, cfg in MODELS.items():
-    for n in WORLD_SIZES:
-        v = allreduce_volume(cfg, n)
-        acct.append({"model": name, "GPUs": n, "parameters": v["n_params"], "gradient MB": v["grad_bytes"] / 1e6,
-                     "ring factor 2(n-1)/n": v["ring_factor"], "sent per GPU MB": v["ring_bytes_per_rank"] / 1e6,
-                     "NVLink floor µs (H200)": ring_floor_s(cfg, n, h200_link) * 1e6})
-show_table(acct)
+show_frame(ddp.allreduce_table())
 
 # %%
-fig = go.Figure()
-for name, cfg in MODELS.items():
-    fig.add_trace(go.Scatter(name=name, x=WORLD_SIZES, mode="lines+markers", line_color=MODEL_COLORS[name],
-                             y=[allreduce_volume(cfg, n)["ring_bytes_per_rank"] / 1e6 for n in WORLD_SIZES]))
-fig.update_layout(title="Gradient bytes each GPU sends per step (ring all-reduce, fp32 gradients)",
-                  xaxis=dict(title="GPUs", **log_ticks(WORLD_SIZES)), yaxis_title="MB per GPU per step", height=400)
-show(fig, "ddp-allreduce-volume")
+show(ddp.allreduce_figure(), "ddp-allreduce-volume")
 
 # %% [markdown]
 # ## What FastTransformer's smaller parameter count means here
@@ -131,18 +112,8 @@ show(fig, "ddp-allreduce-volume")
 # T = 256), the compute each GPU does between two all-reduces under weak scaling.
 
 # %%
-g2, ft = (allreduce_volume(MODELS[m], 8) for m in ("gpt2", "fasttransformer"))
-print(f"FastTransformer all-reduces {1 - ft['grad_bytes'] / g2['grad_bytes']:.1%} fewer bytes per step than GPT-2 "
-      f"({ft['grad_bytes'] / 1e6:.2f} MB vs {g2['grad_bytes'] / 1e6:.2f} MB), at every GPU count.")
-steps = ok_rows("baselines")
-context = []
-for name, cfg in MODELS.items():
-    step = pick(steps, device_slug="h200", label=name, mode="eager", precision="fp32", optimizer_kind="default")
-    floor_ms = ring_floor_s(cfg, 8, h200_link) * 1e3
-    context.append({"model": name, "H200 1-GPU eager step ms (stored)": step and step["median_ms"],
-                    "8-GPU all-reduce floor ms": floor_ms,
-                    "floor / step": (floor_ms / step["median_ms"]) if step else None})
-show_table(context)
+print(ddp.fewer_bytes_text())
+show_frame(ddp.floor_vs_step(ok_rows("baselines")))
 
 # %% [markdown]
 # Even at eight GPUs the bandwidth floor of the gradient all-reduce is a fraction of a percent
@@ -168,35 +139,16 @@ show_table(context)
 # one GPU is the exposed part.
 
 # %%
-table = scaling(rows)
-if not table:
+if not rows:
     print("No multi-GPU rows stored yet: data/results/*/ddp.jsonl does not exist. Run "
           "`OUT=<dir> bash ci/gpu_ddp.sh` on a machine with 2-8 GPUs and commit its ddp.jsonl into "
           "data/results/<gpu>/ to fill this section. The accounting above does not depend on it.")
 else:
-    show_table([{"device": r["device_slug"], "model": r["label"], "precision": r["precision"], "mode": r["mode"],
-                 "ranks (GPUs)": r["world_size"], "backend": r["backend"], "B per rank": r["B_per_rank"],
-                 "step ms": r["median_ms"], "p20–p80 ms": f"{r['p20_ms']:.2f}–{r['p80_ms']:.2f}",
-                 "tokens/s": r["tokens_per_s"], "speed-up": r["speedup"], "efficiency": r["efficiency"],
-                 "overhead ms": r["step_overhead_ms"], "all-reduce ms (profiled)": r.get("comm_ms"),
-                 "all-reduces/step": r.get("comm_calls_per_step"),
-                 "MB reduced (measured)": (r.get("allreduce_bytes_measured") or 0) / 1e6 or None,
-                 "MB (accounting)": r["grad_bytes"] / 1e6, "grads ok": r.get("check_ok")} for r in table])
+    show_frame(ddp.ddp_table(rows))
 
 # %%
-for dev in devices(table):
-    for field, title, ytitle in (("median_ms", "step time", "ms per step"),
-                                 ("tokens_per_s", "throughput (all GPUs)", "tokens/s"),
-                                 ("efficiency", "weak-scaling efficiency", "tok/s(n) / (n · tok/s(1))")):
-        fig = go.Figure()
-        for r0 in [r for r in table if r["device_slug"] == dev and r["world_size"] == 1]:
-            pts = [r for r in table if r["device_slug"] == dev and r["label"] == r0["label"]
-                   and r["precision"] == r0["precision"] and r["mode"] == r0["mode"]]
-            fig.add_trace(go.Scatter(name=f"{r0['label']} {r0['precision']} {r0['mode']}", mode="lines+markers",
-                                     x=[r["world_size"] for r in pts], y=[r[field] for r in pts]))
-        fig.update_layout(title=f"DDP {title}, {dev}", yaxis_title=ytitle, height=400,
-                          xaxis=dict(title="ranks (one GPU each)", **log_ticks(r["world_size"] for r in table)))
-        show(fig, f"ddp-{field}-{dev}")
+for name, fig in ddp.scaling_figures(rows):
+    show(fig, name)
 
 # %% [markdown]
 # ## Correctness

@@ -53,14 +53,17 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 from IPython.display import Markdown, display
 
 from ftlib.harness.results import device_folders
-from ftlib.views.findings import lessons, markdown
+from ftlib.views.findings import additions_markdown, findings_table, lessons, preamble
+from ftlib.views.tables import show_frame
 
 # %% [markdown]
 # ## The verdicts
 
 # %%
 for device in device_folders():
-    display(Markdown(markdown(device)))
+    display(Markdown(preamble(device)))
+    show_frame(findings_table(device), caption=f"The headline claims on {device}")
+    display(Markdown(additions_markdown(device)))
 
 # %% [markdown]
 # ## What the measurements teach

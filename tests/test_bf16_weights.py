@@ -1,11 +1,11 @@
-"""ftlib.training.bf16_weights: a Linear on a bf16 shadow of its weight computes what autocast computes."""
+"""ftlib.training.engine.bf16_weights: a Linear on a bf16 shadow of its weight computes what autocast computes."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 import torch.nn as nn
-from ftlib.training.bf16_weights import ShadowLinear
+from ftlib.training.engine.bf16_weights import ShadowLinear
 
 
 def _pair(bias: bool, seed: int = 0):

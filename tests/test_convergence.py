@@ -82,7 +82,7 @@ def test_summary_reads_old_and_new_rows_and_finalists():
     rows = [_row(REFERENCE, 0, 40.0), _row(REFERENCE, 1, 44.0, startup=30.0),
             _row("a", 0, 20.0, startup=2.0), _row("b", 0, 9.0, startup=1.0), _row("c", 0, None, startup=1.0),
             _row("old", 0, 5.0), _row("d", 0, status="error")]
-    table = {r["model"]: r for r in seed_table(rows)}
+    table = {r["model"]: r for r in seed_table.rows(rows)}
     assert set(table) == {REFERENCE, "a", "b", "c", "old"}  # the failed run is left out
     ref = table[REFERENCE]
     assert ref["time to target s (mean)"] == 42.0 and ref["excl. startup s (mean)"] == 14.0
@@ -95,7 +95,7 @@ def test_summary_reads_old_and_new_rows_and_finalists():
     assert speedrun_finalists(rows, always=("c", "b")) == [REFERENCE, "b", "c"]
     assert all(n in speedrun_candidates() for n in ALL_SEEDS)
     # A suite without a target has no timing columns beyond the old ones.
-    plain = seed_table([{**_row("m", 0), "target": None}])[0]
+    plain = seed_table.rows([{**_row("m", 0), "target": None}])[0]
     assert "excl. startup s (mean)" not in plain and "time to target s (mean)" in plain
 
 
@@ -108,7 +108,7 @@ def test_failed_run_is_stored_and_retried(tmp_path, monkeypatch):
     assert row["status"] == "error" and "block_size=16" in row["error"]
     (again,) = run_study("s", {"too long": (tiny, rec)}, ds, [0], "cpu", progress=False)
     assert again["key"] == row["key"] and again["status"] == "error"  # tried again, not skipped
-    assert seed_table([row]) == []
+    assert seed_table.rows([row]) == []
 
 
 def test_speedrun_smoke_runs_engine_candidates_and_extra_seeds(tmp_path, monkeypatch):
@@ -136,7 +136,7 @@ def test_speedrun_smoke_runs_engine_candidates_and_extra_seeds(tmp_path, monkeyp
 
 
 def test_speedrun_verdict_matches_seeds_and_picks_the_fastest_steady_candidate():
-    from ftlib.views.convergence import speedrun_verdict
+    from ftlib.views.speedrun import speedrun_verdict
 
     rows = [_row(REFERENCE, 0, 40.0), _row(REFERENCE, 1, 26.0, startup=15.0), _row(REFERENCE, 2, 10.0, startup=0.1),
             # "slow" is faster with startup counted, but slower in steady state
@@ -154,7 +154,7 @@ def test_speedrun_verdict_matches_seeds_and_picks_the_fastest_steady_candidate()
 
 
 def test_speedrun_verdict_needs_every_seed_to_reach_the_target():
-    from ftlib.views.convergence import speedrun_verdict
+    from ftlib.views.speedrun import speedrun_verdict
 
     ref = [_row(REFERENCE, s, 12.0, startup=1.0) for s in range(5)]
     # "flaky" is the fastest where it gets there but misses on seed 3; "steady" reaches on all five.
@@ -176,7 +176,7 @@ def test_speedrun_verdict_needs_every_seed_to_reach_the_target():
 
 
 def test_speedrun_curves_take_the_startup_off_and_skip_runs_without_it():
-    from ftlib.views.convergence import speedrun_curves
+    from ftlib.views.speedrun import speedrun_curves
 
     hist = [{"step": 0, "time_s": 0.0, "val_loss": 4.0}, {"step": 50, "time_s": 12.0, "val_loss": 2.0},
             {"step": 100, "time_s": 13.0, "val_loss": 1.49}]
@@ -200,13 +200,13 @@ def test_keyless_engine_option_keeps_the_keys_of_earlier_runs():
 
 
 def test_repeat_table_pairs_a_repeat_with_its_first_run():
-    from ftlib.views.convergence import repeat_table
+    from ftlib.views.speedrun import repeat_table
 
     first = [dict(_row("m", 0, t=4.0), key="k0", time_to_target_excl_startup_s=3.0),
              dict(_row("m", 1, t=4.0), key="k1", time_to_target_excl_startup_s=3.5)]
     rep = [dict(_row("m", 0, t=5.0), key="k0", repeat_of_key="k0", time_to_target_excl_startup_s=3.6),
            dict(_row("m", 2), key="k9")]  # no first run stored: left out
-    table = repeat_table(first, rep)
+    table = repeat_table.rows(first, rep)
     assert len(table) == 1 and table[0]["seed"] == 0
     assert table[0]["repeat / first"] == pytest.approx(1.2)
 
@@ -246,7 +246,7 @@ def test_repeat_suite_repeats_the_reference_and_the_named_candidates():
 
 
 def test_speedrun_pooled_pools_first_runs_and_repeats():
-    from ftlib.views.convergence import speedrun_pooled
+    from ftlib.views.speedrun import speedrun_pooled
 
     ref = [_row(REFERENCE, s, 10.0 + s, startup=0.0) for s in range(3)] + [_row(REFERENCE, 3, 40.0)]  # no excl.
     cand = [_row("c", s, 3.0, startup=0.0) for s in range(3)]
@@ -298,7 +298,7 @@ def test_speedrun_interval_is_the_90_percent_percentile_bootstrap(rows, repeats,
     from scipy.stats import bootstrap
 
     from ftlib.harness.convergence import steady_time_to_target
-    from ftlib.views.convergence import speedrun_pooled
+    from ftlib.views.speedrun import speedrun_pooled
 
     p = speedrun_pooled(rows, repeats, candidate)
     pool = [r for r in rows + repeats if r.get("status", "ok") == "ok"]
@@ -324,7 +324,7 @@ def test_convergence_summary_never_pools_devices_or_sizes():
     # The stored GPU runs of the full model, and a CPU smoke run of a tiny one under the same name.
     rs = [_run("h200", 4_837_888, "full", s) for s in (0, 1, 2)] + [_run("cpu", 12_345, "tiny", s) for s in (0, 1, 2)]
     rs += [_run("h200", 12_345, "tiny", 0)]  # a smoke run stored on the GPU
-    lines = {(r["device"], r["params"]): r for r in seed_table(rs)}
+    lines = {(r["device"], r["params"]): r for r in seed_table.rows(rs)}
     assert set(lines) == {("h200", 4_837_888), ("cpu", 12_345), ("h200", 12_345)}
     assert lines[("h200", 4_837_888)]["seeds"] == 3 and lines[("cpu", 12_345)]["seeds"] == 3
 

@@ -17,7 +17,7 @@ def rows(tmp_path, monkeypatch):
 
 
 def test_probe_table_groups_kernel_time_by_category(tmp_path, monkeypatch, rows):
-    table = engineview.probe_table(ok_rows("engine_probe"))
+    table = engineview.probe_table.rows(ok_rows("engine_probe"))
     assert [t["precision"] for t in table] == ["tf32", "bf16"]
     t = table[0]
     assert (t["matmul"], t["attention"], t["norms"], t["reductions (sums)"], t["optimizer"], t["other"]) == (
@@ -28,7 +28,7 @@ def test_probe_table_groups_kernel_time_by_category(tmp_path, monkeypatch, rows)
 
 
 def test_kernel_deltas_are_variant_minus_full_engine(rows):
-    d = {(r["model"], r["variant"]): r for r in engineview.kernel_deltas(rows["engine"])}
+    d = {(r["model"], r["variant"]): r for r in engineview.kernel_deltas.rows(rows["engine"])}
     full = ENGINE_MS[("fasttransformer", "fp32")]["engine"]
     assert set(d) == {(m, v) for m, vs in VARIANT_MS.items() for v in vs}
     assert d[("fasttransformer", "-rmsnorm")]["delta ms"] == pytest.approx(VARIANT_MS["fasttransformer"]["-rmsnorm"]
@@ -37,7 +37,7 @@ def test_kernel_deltas_are_variant_minus_full_engine(rows):
 
 
 def test_loss_table_and_figure(rows):
-    t = engineview.loss_table(rows["engine_check"])
+    t = engineview.loss_table.rows(rows["engine_check"])
     assert len(t) == 4 and all(r["ok"] for r in t)
     assert max(r["max rel err"] for r in t if r["precision"] == "fp32") < 1e-5
     fig = engineview.loss_figure(rows["engine_check"], "h200")
@@ -51,7 +51,7 @@ def test_loss_table_and_figure(rows):
 
 
 def test_nothing_stored_gives_empty_tables():
-    assert engineview.kernel_deltas([]) == [] and engineview.loss_table([]) == []
+    assert engineview.kernel_deltas.rows([]) == [] and engineview.loss_table.rows([]) == []
 
 
 def test_latest_run_keeps_each_files_newest_complete_run():

@@ -19,11 +19,11 @@ def test_ceilings_are_read_from_the_ceiling_rows(krows):
     c = kernelview.ceilings(krows)["h200"]
     assert c["bandwidth"] == pytest.approx(CEIL["copy"])
     assert c["fp32"] == pytest.approx(CEIL["matmul fp32"]) and c["tf32"] == pytest.approx(CEIL["matmul tf32"])
-    assert len(kernelview.ceiling_table(krows)) == 4
+    assert len(kernelview.ceiling_table.rows(krows)) == 4
 
 
 def test_table_reads_each_row_against_the_measured_ceiling(krows):
-    t = {(r["op"], r["variant"]): r for r in kernelview.kernel_table(krows)}
+    t = {(r["op"], r["variant"]): r for r in kernelview.kernel_table.rows(krows)}
     tri = t[("rmsnorm", "v3 triton")]
     floor = NORM_BYTES / (CEIL["copy"] * 1e9) * 1e6
     assert tri["floor µs"] == pytest.approx(floor)
@@ -44,7 +44,7 @@ def test_table_reads_each_row_against_the_measured_ceiling(krows):
 
 
 def test_verdicts_name_the_fastest_in_graph(krows):
-    lines = kernelview.verdicts(kernelview.kernel_table(krows))
+    lines = kernelview.fastest_variants(kernelview.kernel_table.rows(krows))
     rms = next(line for line in lines if "RMSNorm" in line)
     assert "fastest in a graph is v3 triton" in rms and "3.00x faster than pytorch (v1 eager)" in rms
     assert "1.25x faster than compile (v2 torch.compile)" in rms
@@ -53,7 +53,7 @@ def test_verdicts_name_the_fastest_in_graph(krows):
 
 
 def test_figure_has_eager_and_graph_bars_per_op(krows):
-    table = kernelview.kernel_table(krows)
+    table = kernelview.kernel_table.rows(krows)
     fig = kernelview.kernel_figure(table, "h200")
     assert len(fig.data) == 2 * 3  # rmsnorm, adamw, attention: two traces each
     assert fig.layout.xaxis.type == "log"

@@ -56,8 +56,7 @@ def test_bad_recipe():
 
 def test_study_is_resumable_and_aggregates(ds, tmp_path, monkeypatch):
     from ftlib.harness.convergence import run_study
-    from ftlib.views.convergence import aggregate
-    from ftlib.views.convergence import seed_table as summary
+    from ftlib.views.convergence import aggregate, seed_table
 
     monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path))
     rec = Recipe(steps=10, batch_size=4, block_size=32, eval_interval=5, eval_iters=2)
@@ -69,7 +68,7 @@ def test_study_is_resumable_and_aggregates(ds, tmp_path, monkeypatch):
     agg = aggregate(rows)["tiny"]
     assert [p["step"] for p in agg] == [0, 5, 10] and all(p["n_seeds"] == 2 for p in agg)
     assert agg[-1]["val_min"] <= agg[-1]["val_mean"] <= agg[-1]["val_max"]
-    (line,) = summary(rows)
+    (line,) = seed_table.rows(rows)
     assert line["seeds"] == 2 and line["reached"] == "0/2"
 
 

@@ -61,17 +61,17 @@ def test_sweep_table_ratios_and_filters():
     write(step_row("tsweep", "fasttransformer", sweepview.sweep_config("fasttransformer", 128, n_layer=1), 64,
                    128, "compile-ro", "fp32", 1.0))
     write(*sweep_pair(128, 1.0, 100.0), slug="a100")
-    table = sweepview.sweep_table(sweepview.sweep_rows(SLUG))
+    table = sweepview.sweep_table.rows(sweepview.sweep_rows(SLUG))
     assert [r["T"] for r in table] == [128, 256, 512]
     assert table[0]["speed-up"] == pytest.approx(1.6) and table[1]["speed-up"] == pytest.approx(1.3)
     assert table[2]["speed-up"] is None and table[2]["gpt2 ms"] == 20.0  # FastTransformer not measured there
     assert table[0]["fasttransformer tokens/s"] == pytest.approx(8192 / 0.010)
-    assert sweepview.sweep_table(sweepview.sweep_rows(SLUG), "tf32")[0]["speed-up"] == pytest.approx(1.0)
-    assert sweepview.sweep_table(sweepview.sweep_rows(SLUG), "fp32", "eager") == []
+    assert sweepview.sweep_table.rows(sweepview.sweep_rows(SLUG), "tf32")[0]["speed-up"] == pytest.approx(1.0)
+    assert sweepview.sweep_table.rows(sweepview.sweep_rows(SLUG), "fp32", "eager") == []
 
 
 def test_t4_projection_is_labelled_and_matches_the_roofline():
-    proj = sweepview.t4_projection((128, 1024))
+    proj = sweepview.t4_projection.rows((128, 1024))
     for p in proj:
         B, T = 8192 // p["T"], p["T"]
         g = roofline_projection(preset("gpt2", block_size=T), B, T, POST_GPU)["floor_ms"]
@@ -89,7 +89,7 @@ def test_compile_time_prefers_the_cold_process_rows():
           step_row("compile_time", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=20.0),
           step_row("compile_time", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=5.0),
           step_row("compile_time", "gpt2", g, 32, 256, "cudagraph", "fp32", 11.0, first_step_s=0.5))
-    table = sweepview.compile_time_table(SLUG)
+    table = sweepview.compile_time_table.rows(SLUG)
     assert table[0]["source"].startswith("compile_time") and table[0]["gpt2 / FT"] == pytest.approx(4.0)
     cudagraph = [r for r in table if r["mode"] == "cudagraph"][0]
     assert cudagraph["gpt2 / FT"] is None and cudagraph["gpt2 first step s"] == 0.5
@@ -104,7 +104,7 @@ def test_eager_inversion_verdicts_come_from_the_rows():
           step_row("fig1", "gpt2", g, 32, 256, "compile-ro", "fp32", 8.9))
     write(*[r for r in sweep_pair(128, 7.0, 5.0, mode="eager") if r["label"] == "fasttransformer"],
           *[r for r in sweep_pair(128, 6.0, 4.0) if r["label"] == "gpt2"])
-    lines = sweepview.eager_inversion_table(SLUG)
+    lines = sweepview.eager_inversion_table.rows(SLUG)
     assert lines[0]["source"].startswith("post") and lines[0]["verdict"] == "holds"  # 98 < 101.3 ms
     measured = {(r["source"].split(",")[0], r["T"]): r["verdict"] for r in lines[1:]}
     assert measured == {("tsweep suite", 128): "holds"}  # B=32, T=256 comes from the repeated runs
@@ -138,12 +138,12 @@ def _claim(rows: list[dict], start: str) -> dict:
 @pytest.mark.parametrize("g_ms,verdict", [(16.0, "holds on H200 only"), (12.0, "does not hold")])
 def test_audit_T128_claim_from_tsweep_rows(g_ms, verdict):
     write(*sweep_pair(128, g_ms, 10.0), *sweep_pair(128, 30.0, 10.0, prec="tf32"))  # tf32 must not count
-    row = _claim(audit.audit_rows(SLUG), "speed-up at T=128")
+    row = _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")
     assert row["verdict"] == verdict and f"{g_ms / 10:.2f}x" in row["book finds"]
 
 
 def test_audit_T128_claim_without_rows_says_how_to_measure():
-    row = _claim(audit.audit_rows(SLUG), "speed-up at T=128")
+    row = _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")
     assert row["verdict"] == "cannot test here" and "not measured yet" in row["book finds"]
     assert "1.58" in row["post says"]
 
@@ -152,12 +152,12 @@ def test_audit_compile_time_claim_uses_compile_time_rows_first():
     g, f = preset("gpt2"), preset("fasttransformer")
     fig1 = [step_row("fig1", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=18.0),
             step_row("fig1", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=8.0)]
-    assert _claim(audit.audit_rows(SLUG), "first step (compile)")["verdict"] == "cannot test here"
+    assert _claim(audit.audit_table.rows(SLUG), "first step (compile)")["verdict"] == "cannot test here"
     write(*fig1)  # a first step inside a warm process is not the compile time a user meets
-    assert _claim(audit.audit_rows(SLUG), "first step (compile)")["verdict"] == "cannot test here"
+    assert _claim(audit.audit_table.rows(SLUG), "first step (compile)")["verdict"] == "cannot test here"
     write(step_row("compile_time", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=20.0),
           step_row("compile_time", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=5.0))
-    row = _claim(audit.audit_rows(SLUG), "first step (compile)")
+    row = _claim(audit.audit_table.rows(SLUG), "first step (compile)")
     assert row["verdict"] == "holds on H200 only" and row["from"].startswith("compile_time")  # 4.0x
     assert "20.0 s -> 5.0 s" in row["book finds"]
 
@@ -176,13 +176,13 @@ def test_audit_sdpa_claim_reads_the_broadcast_trace(seen, verdict):
     # The expanded layout is listed first, so a reader that took the first FastTransformer row would see it.
     write(profile_row("fasttransformer", "fp32", "mem_efficient"), profile_row("fasttransformer-broadcast",
                                                                                 "fp32", seen))
-    row = _claim(audit.audit_rows(SLUG), "SDPA keeps")
+    row = _claim(audit.audit_table.rows(SLUG), "SDPA keeps")
     assert row["verdict"] == verdict and "from its trace" in row["book finds"]
     assert f"-> '{seen}'" in row["book finds"] and "view -> mem_efficient" in row["book finds"]
 
 
 def test_audit_sdpa_claim_without_trace_uses_the_kernel_rules():
-    row = _claim(audit.audit_rows(SLUG), "SDPA keeps")
+    row = _claim(audit.audit_table.rows(SLUG), "SDPA keeps")
     assert expected_backend(preset("fasttransformer", kv_layout="broadcast"), "fp32", (9, 0)) == "math"
     assert row["verdict"] == "does not hold" and "expected by the kernel rules" in row["book finds"]
     assert "not measured yet" in row["book finds"]
@@ -208,10 +208,10 @@ def grid_rows(mode: str, bench: str, skip: tuple[str, ...] = ()) -> list[dict]:
 
 def test_grid_table_compile_column_and_switch_effects():
     write(*grid_rows("eager", "grid"), *grid_rows("compile-ro", "grid_compile"))
-    table = codesignview.grid_table(codesignview.measured(SLUG))
+    table = codesignview.grid_table.rows(codesignview.measured(SLUG))
     assert len(table) == 16 and table[0]["cell"] == "gpt2"
     assert table[0]["compile-ro fp32 ms"] == pytest.approx(10.0) and table[0]["cudagraph fp32 ms"] is None
-    effects = {r["mode"]: r for r in codesignview.switch_effects(table)}
+    effects = {r["mode"]: r for r in codesignview.switch_effects.rows(table)}
     for sw in SWITCHES:
         assert effects["eager fp32"][f"{sw} speed-up"] == pytest.approx(1 / FACTORS["eager"][sw])
         assert effects["compile-ro fp32"][f"{sw} speed-up"] == pytest.approx(1 / FACTORS["compile-ro"][sw])
@@ -220,7 +220,8 @@ def test_grid_table_compile_column_and_switch_effects():
 
 def test_switch_effect_needs_all_eight_pairs(results_root):
     write(*grid_rows("compile-ro", "grid_compile", skip=("MQA+SDPA",)))
-    effects = {r["mode"]: r for r in codesignview.switch_effects(codesignview.grid_table(codesignview.measured(SLUG)))}
+    table = codesignview.grid_table.rows(codesignview.measured(SLUG))
+    effects = {r["mode"]: r for r in codesignview.switch_effects.rows(table)}
     # MQA+SDPA pairs with SDPA (for MQA) and with MQA (for SDPA), and is 'off' for MLP2x and RMS.
     assert all(effects["compile-ro fp32"][f"{sw} speed-up"] is None for sw in SWITCHES)
 
@@ -237,13 +238,13 @@ def test_ladder_takes_its_own_rows_first_and_the_last_rung_from_the_baselines():
           step_row("baselines", "fasttransformer", preset("fasttransformer"), 32, 256, "eager", "fp32", 1.0,
                    optimizer_kind="fused", date="2026-12-04T10:00:00Z"))
     assert rungs["+no bias = fasttransformer"] != preset("fasttransformer")
-    table = {r["rung"]: r for r in codesignview.ladder_table(codesignview.measured(SLUG))}
+    table = {r["rung"]: r for r in codesignview.ladder_table.rows(codesignview.measured(SLUG))}
     assert table["gpt2"]["compile-ro fp32 ms"] == 9.0 and table["gpt2"]["compile-ro fp32 from"] == "ladder"
     last = table["+no bias = fasttransformer"]
     assert last["eager fp32 ms"] == 4.5 and last["eager fp32 from"] == "baselines"
     assert table["+MQA"]["eager fp32 from"] == "grid" and table["+MQA"]["eager fp32 ms"] == pytest.approx(9.0)
     # The grid view prefers the grid's compiled run where both measured a cell.
-    grid_view = {r["cell"]: r for r in codesignview.grid_table(codesignview.measured(SLUG))}
+    grid_view = {r["cell"]: r for r in codesignview.grid_table.rows(codesignview.measured(SLUG))}
     assert grid_view["gpt2"]["compile-ro fp32 ms"] == pytest.approx(10.0)
 
 
@@ -251,7 +252,7 @@ def test_backend_table_reads_each_variant_from_its_trace():
     write(profile_row("fasttransformer", "fp32", "mem_efficient", 17.0),
           profile_row("fasttransformer-broadcast", "fp32", "math", 20.0),
           profile_row("fasttransformer-broadcast", "fp32", "math", 1.0, mode="cudagraph"))
-    lines = {(r["model"], r["precision"]): r for r in codesignview.backend_table(SLUG)}
+    lines = {(r["model"], r["precision"]): r for r in codesignview.backend_table.rows(SLUG)}
     assert lines[("fasttransformer", "fp32")]["SDPA backend (from trace)"] == "mem_efficient"
     b = lines[("fasttransformer-broadcast", "fp32")]
     assert b["SDPA backend (from trace)"] == "math" and b["step ms (profiler run)"] == 20.0
@@ -268,7 +269,7 @@ def test_fallback_cost_compares_the_two_layouts_of_one_baselines_run():
           step_row("baselines", "fasttransformer-broadcast", fb, 32, 256, "eager", "fp32", 30.0, run_id="b",
                    date="2026-12-05T10:00:00Z"),
           step_row("grid", "n_kv_head=1", ft, 32, 256, "eager", "fp32", 3.0))  # same config, other suite
-    cost = {r["mode"]: r for r in codesignview.fallback_cost(codesignview.measured(SLUG))}
+    cost = {r["mode"]: r for r in codesignview.fallback_cost.rows(codesignview.measured(SLUG))}
     assert cost["eager"]["expanded K/V ms"] == 10.0 and cost["eager"]["cost of the layout"] == pytest.approx(1.2)
     assert cost["compile-ro"]["cost of the layout"] is None
 
@@ -281,7 +282,7 @@ def test_profile_of_the_broadcast_layout_on_cpu_shows_the_math_backend():
     rows = profile_suite(["fasttransformer"], ["eager"], ["fp32"], 2, 16, "cpu", steps=1, warmup=1,
                          timing_steps=2, kv_layout="broadcast", **small)
     assert rows[0]["status"] == "ok", rows[0].get("error")
-    lines = {r["model"]: r for r in codesignview.backend_table("cpu", include_cpu=True, precisions=("fp32",),
+    lines = {r["model"]: r for r in codesignview.backend_table.rows("cpu", include_cpu=True, precisions=("fp32",),
                                                                 b=2, t=16, **small)}
     assert lines["fasttransformer-broadcast"]["SDPA backend (from trace)"] == "math"
     assert lines["fasttransformer"]["SDPA backend (from trace)"].startswith("not measured yet")
@@ -293,14 +294,14 @@ def test_audit_compiler_ceiling_from_the_repeated_baselines_runs():
 
     from ftlib.harness.suites import baselines
 
-    assert _claim(audit.audit_rows(SLUG), "step-time claims")["verdict"] == "cannot test here"
+    assert _claim(audit.audit_table.rows(SLUG), "step-time claims")["verdict"] == "cannot test here"
     rows = []
     for i, eng in enumerate((11.0, 10.5, 11.5)):  # GPT-2's engine against its strongest compiled step (9 ms)
         rows += baselines_run(f"r{i}", f"m{i % 2}", fast(gpt2__engine__default=eng, gpt2__compile_ro__fused=9.0),
                               cases=baselines())
     write(*rows)
-    ceiling = [r for r in audit.audit_rows(SLUG) if r["claim"].startswith("compiler ceiling")]
+    ceiling = [r for r in audit.audit_table.rows(SLUG) if r["claim"].startswith("compiler ceiling")]
     assert [r["verdict"] for r in ceiling] == ["holds on H200 only"] * 3  # fp32, tf32, bf16: slower in every run
     assert "0.82× (0.78–0.86× over runs)" in ceiling[0]["book finds"] and "107.21" in ceiling[0]["post says"]
-    speedup = _claim(audit.audit_rows(SLUG), "FastTransformer over GPT-2, compiled, fp32 (the post's setup")
+    speedup = _claim(audit.audit_table.rows(SLUG), "FastTransformer over GPT-2, compiled, fp32 (the post's setup")
     assert speedup["verdict"] == "does not hold" and speedup["book finds"].startswith("1.00×")  # 10 vs 10 ms

@@ -1,4 +1,4 @@
-"""Model summaries: parameter counts by component, and what each preset switches."""
+"""Parameter counts by component, and what each preset switches, in words."""
 
 from __future__ import annotations
 
@@ -55,7 +55,7 @@ def describe(config: ModelConfig) -> dict[str, Any]:
     }
 
 
-def summary_rows(models: dict[str, GPT]) -> list[dict[str, Any]]:
+def param_rows(models: dict[str, GPT]) -> list[dict[str, Any]]:
     """One row per named model: its switches and parameter counts."""
     rows = []
     for name, m in models.items():

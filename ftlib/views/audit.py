@@ -13,6 +13,8 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import pandas as pd
+
 from ftlib.analysis.backends import attention_matrix_traffic, expected_backend
 from ftlib.analysis.claims import POST_CLAIMED, POST_STEP_MS, POST_TOKENS_PER_STEP
 from ftlib.analysis.totals import attention_mlp_fractions
@@ -22,6 +24,7 @@ from ftlib.views.bench import not_measured, ok_rows, pick
 from ftlib.views.codesign import backend_table
 from ftlib.views.convergence import seed_table, suite_rows
 from ftlib.views.sweep import compile_time_table, sweep_rows, sweep_table
+from ftlib.views.tables import table_view
 
 # A timing claim was measured once, on another GPU: a book's number within 10% of it agrees. The
 # post gives no spread, and the eager and default-compile steps of chapter 3 move by more than
@@ -127,7 +130,8 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
     return out
 
 
-def audit_rows(device: str = "h200") -> list[dict[str, Any]]:
+@table_view
+def audit_table(device: str = "h200") -> list[dict[str, Any]]:
     g, f = preset("gpt2"), preset("fasttransformer")
     out: list[dict[str, Any]] = _timing_rows(device)
     from ftlib.harness.suites import baselines
@@ -144,7 +148,7 @@ def audit_rows(device: str = "h200") -> list[dict[str, Any]]:
 
     # Figure 5's caption: the T=128 point of the sweep at 8,192 tokens per step, fp32, reduce-overhead.
     claimed = POST_CLAIMED["speedup_T128"]
-    at128 = next((r for r in sweep_table(sweep_rows(device)) if r["T"] == 128 and r["speed-up"]), None)
+    at128 = next((r for r in sweep_table.rows(sweep_rows(device)) if r["T"] == 128 and r["speed-up"]), None)
     if at128:
         sp = at128["speed-up"]
         out.append(_row("speed-up at T=128 (8,192 tokens/step, fp32, compiled reduce-overhead)",
@@ -158,7 +162,7 @@ def audit_rows(device: str = "h200") -> list[dict[str, Any]]:
     # suite) where measured, else Figure 1's fresh cache dir in a warm process.
     cs = POST_CLAIMED["compile_s"]
     r_post = cs["gpt2"] / cs["fasttransformer"]
-    ct = next((r for r in compile_time_table(device) if r["device"] == device and r["mode"] == "compile-ro"
+    ct = next((r for r in compile_time_table.rows(device) if r["device"] == device and r["mode"] == "compile-ro"
                and r["gpt2 / FT"]), None)
     if ct:
         g_s, f_s, r_book = ct["gpt2 first step s"], ct["fasttransformer first step s"], ct["gpt2 / FT"]
@@ -205,7 +209,7 @@ def audit_rows(device: str = "h200") -> list[dict[str, Any]]:
     # Which SDPA backend the original's (B,1,T,d) K/V gets in fp32: from its profiler trace where
     # stored, else from the kernel rules of ftlib.analysis.accounting. 'math' materializes (B,H,T,T).
     be = expected_backend(f.replace(kv_layout="broadcast"), "fp32", (9, 0))
-    kernels = {r["model"]: r for r in backend_table(device, precisions=("fp32",))}
+    kernels = {r["model"]: r for r in backend_table.rows(device, precisions=("fp32",))}
     traced = kernels["fasttransformer-broadcast"]["step ms (profiler run)"] is not None
     seen = kernels["fasttransformer-broadcast"]["SDPA backend (from trace)"] if traced else be
     seen_x = kernels["fasttransformer"]["SDPA backend (from trace)"]
@@ -223,7 +227,7 @@ def audit_rows(device: str = "h200") -> list[dict[str, Any]]:
     if cg and cf:
         pg, pf = (math.exp(c["history"][-1]["batch_loss"]) for c in (cg, cf))
         vg, vf = (math.exp(c["history"][-1]["val_loss"]) for c in (cg, cf))
-        fair = {r["model"]: r for r in seed_table([r for r in suite_rows("convergence", ok_rows("convergence"))
+        fair = {r["model"]: r for r in seed_table.rows([r for r in suite_rows("convergence", ok_rows("convergence"))
                                                 if r["device_slug"] == device])}
         later = ""
         if "gpt2" in fair and "fasttransformer" in fair:
@@ -234,3 +238,8 @@ def audit_rows(device: str = "h200") -> list[dict[str, Any]]:
                         f"batch {pf:.2f} vs {pg:.2f}; validation {vf:.2f} vs {vg:.2f} (seed 42){later}",
                         "holds" if pf < pg and vf < vg else "does not hold", "convergence-original suite"))
     return out
+
+
+def verdict_counts(table: pd.DataFrame) -> pd.DataFrame:
+    """How many claims got each verdict, most first."""
+    return table["verdict"].value_counts().rename_axis("verdict").reset_index(name="claims")

@@ -4,10 +4,12 @@ and the chapters' closing paragraphs, from :mod:`ftlib.views.baselines`' per-run
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 import pandas as pd
 
-from ftlib.analysis.claims import POST_CLAIMED
+from ftlib.analysis.claims import POST_CLAIMED, POST_GPU, post_step_rows, roofline_projection
+from ftlib.model.config import preset
 from ftlib.views.baselines import (
     BASELINE_CONFIGS,
     CONFIG_NAMES,
@@ -26,6 +28,7 @@ from ftlib.views.baselines import (
     strongest,
     valid_rows,
 )
+from ftlib.views.tables import table_view
 
 
 def model_table(df: pd.DataFrame, faster: str = "fasttransformer", slower: str = "gpt2") -> pd.DataFrame:
@@ -329,3 +332,29 @@ def chapter6_findings(df: pd.DataFrame) -> str:
                 lines.append(text + ".")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+@table_view
+def post_step_table() -> list[dict[str, Any]]:
+    """The post's step times (Figure 1, a T4), labelled as claims."""
+    return [{"source": r["source"], "device": r["device"], "model": r["label"], "mode": r["mode"],
+             "ms per step": r["median_ms"], "tokens/s": r["tokens_per_s"]} for r in post_step_rows()]
+
+
+@table_view
+def t4_floor_table(B: int = 32, T: int = 256) -> list[dict[str, Any]]:
+    """A projection, not a measurement: each model's roofline floor on the post's T4."""
+    out = []
+    for name in ("gpt2", "fasttransformer"):
+        p = roofline_projection(preset(name), B, T, POST_GPU)
+        out.append({"device": POST_GPU, "model": name, "projection: floor ms": p["floor_ms"],
+                    "compute-bound ms": p["compute_ms"], "memory-bound ms (eager bytes)": p["memory_ms"]})
+    return out
+
+
+@table_view
+def post_throughput_table() -> list[dict[str, Any]]:
+    """The post's compiled throughput per model (Figure 3, a T4), labelled as claims."""
+    post = {(r["label"], r["mode"]): r for r in post_step_rows()}
+    return [{"source": f"post (claim), {POST_GPU}", "model": m, "mode": "compile-ro",
+             "tokens/s": post[(m, "compile-ro")]["tokens_per_s"]} for m in ("gpt2", "fasttransformer")]

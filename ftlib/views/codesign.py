@@ -12,12 +12,17 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping
 from typing import Any
 
+import pandas as pd
+import plotly.graph_objects as go
+
 from ftlib.analysis.accounting import num_params
 from ftlib.analysis.backends import expected_backend
 from ftlib.analysis.totals import step_summary
-from ftlib.model.ablations import SWITCHES, grid, ladder
+from ftlib.model.ablations import SWITCHES, grid, kv_head_sweep, ladder, mlp_ratio_sweep
 from ftlib.model.config import ModelConfig, preset
 from ftlib.views.bench import not_measured, ok_rows, same_config
+from ftlib.views.plots import legend_below
+from ftlib.views.tables import records, table_view
 
 B, T = 32, 256  # the post's shape, at which every chapter-4 suite measures
 # (mode, precision) columns of the grid and the ladder, in the order shown.
@@ -71,6 +76,7 @@ def _ms(rows: Iterable[dict], cfg: ModelConfig, mode: str, precision: str, b: in
     return r["median_ms"] if r else None
 
 
+@table_view
 def grid_table(rows: list[dict], configs: Mapping[str, ModelConfig] | None = None, b: int = B, t: int = T
                ) -> list[dict[str, Any]]:
     """One line per grid cell: parameters, accounting (fp32, H200 kernel rules), measured ms per column.
@@ -93,13 +99,15 @@ def _names(label: str) -> tuple[str, ...]:
     return () if label == "gpt2" else tuple(label.split("+"))
 
 
-def switch_effects(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
+@table_view
+def switch_effects(table: pd.DataFrame | list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per measured column: each switch's mean speed-up over the 8 cells where it is off.
 
     For a switch, every cell without it is paired with the cell that adds it, so each
     combination of the other three counts once; the speed-up is off-time over on-time. A
     switch whose 8 pairs are not all measured gets None, not an average of fewer pairs.
     """
+    table = records(table) if isinstance(table, pd.DataFrame) else table
     by_names = {frozenset(_names(r["cell"])): r for r in table}
     out = []
     for mode, prec in COLUMNS:
@@ -116,6 +124,7 @@ def switch_effects(table: list[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+@table_view
 def ladder_table(rows: list[dict], configs: Mapping[str, ModelConfig] | None = None, b: int = B, t: int = T
                  ) -> list[dict[str, Any]]:
     """The cumulative ladder: one line per rung, ms per column and the suite each came from."""
@@ -135,7 +144,8 @@ def _capability(row: dict) -> tuple[int, int] | None:
     return tuple(int(x) for x in str(cap).split(".")[:2]) if cap else None  # type: ignore[return-value]
 
 
-def backend_table(device: str, include_cpu: bool = False, precisions: tuple[str, ...] = ("fp32", "tf32"),
+@table_view
+def backend_table(device: str | None, include_cpu: bool = False, precisions: tuple[str, ...] = ("fp32", "tf32"),
                   b: int = B, t: int = T, **overrides: Any) -> list[dict[str, Any]]:
     """Eager profiles at b x t (default the post's 32 x 256): the SDPA backend each variant ran, from its trace.
 
@@ -143,6 +153,8 @@ def backend_table(device: str, include_cpu: bool = False, precisions: tuple[str,
     run's step time. A variant not profiled yet gets a line saying how to measure it.
     ``overrides`` (config fields) with ``b``, ``t`` select smoke-run profiles of smaller models.
     """
+    if device is None:  # no GPU has stored rows of this chapter's suites
+        return []
     prof = [r for r in ok_rows("profile", include_cpu=include_cpu)
             if r["device_slug"] == device and r["mode"] == "eager" and (r["B"], r["T"]) == (b, t)]
     out = []
@@ -160,6 +172,7 @@ def backend_table(device: str, include_cpu: bool = False, precisions: tuple[str,
     return out
 
 
+@table_view
 def fallback_cost(rows: list[dict]) -> list[dict[str, Any]]:
     """Per mode (fp32, B=32, T=256): FastTransformer with expanded K/V vs the original (B,1,T,d) layout.
 
@@ -180,4 +193,49 @@ def fallback_cost(rows: list[dict]) -> list[dict[str, Any]]:
                 break
         out.append({"mode": mode, "expanded K/V ms": e, "original (B,1,T,d) ms": b,
                     "cost of the layout": b / e if e and b else None})
+    return out
+
+
+# ---------------------------------------------------------------------------------------
+# Chapter 4's previews and figures.
+
+GRID_PREVIEW = ("cell", "GFLOP / step", *(col(m, p) for m, p in COLUMNS))
+LADDER_PREVIEW = ("rung", *(col(m, p) for m, p in COLUMNS))
+
+
+def unmeasured(table: pd.DataFrame, mode: str, precision: str, name: str = "cell") -> list[str]:
+    """The lines of a grid or ladder table without a time in ``mode`` and ``precision``."""
+    return [r[name] for r in records(table) if r.get(col(mode, precision)) is None]
+
+
+def ladder_figure(steps: pd.DataFrame, device: str | None, b: int = B, t: int = T) -> go.Figure:
+    """Each rung's step time in every measured column: GPT-2 -> FastTransformer, one change at a time."""
+    rows = records(steps)
+    fig = go.Figure()
+    for mode, prec in COLUMNS:
+        fig.add_trace(go.Scatter(x=[r["rung"] for r in rows], y=[r[col(mode, prec)] for r in rows],
+                                 mode="lines+markers", name=f"{mode} {prec}"))
+    fig.update_layout(title=f"Cumulative ladder, {device} (B={b}, T={t})", yaxis_title="ms per step", height=430)
+    return fig
+
+
+def sweep_figures(rows: list[dict], device: str | None, b: int = B, t: int = T) -> list[tuple[str, go.Figure]]:
+    """(name, figure) for the K/V-head and the MLP-ratio sweeps on the FastTransformer: step time per mode
+    and precision (the grid suite's rows), and the accounting's GFLOP per step on a second axis."""
+    out = []
+    for title, sweep, xs in (("K/V heads", kv_head_sweep(), [1, 2, 4, 8]),
+                             ("MLP ratio", mlp_ratio_sweep(), [1.0, 1.5, 2.0, 3.0, 4.0])):
+        fig = go.Figure()
+        for prec in ("fp32", "tf32"):
+            for mode in ("eager", "cudagraph"):
+                # By config, not label: n_kv_head=1 and mlp_ratio=2 are both the FastTransformer, one row.
+                ys = [(find(rows, cfg, mode, prec, b, t, ("grid",)) or {}).get("median_ms") for cfg in sweep.values()]
+                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{mode} {prec}"))
+        fig.add_trace(go.Scatter(x=xs, y=[step_summary(c, B, T)["flops"] / 1e9 for c in sweep.values()],
+                                 name="GFLOP / step (accounting)", yaxis="y2", line=dict(dash="dot")))
+        fig.update_layout(title=f"{title} sweep on FastTransformer, {device}", xaxis=dict(title=title, tickvals=xs),
+                          yaxis_title="ms per step", yaxis2=dict(overlaying="y", side="right", title="GFLOP per step",
+                                                                 showgrid=False, tickmode="auto", nticks=6),
+                          height=440)
+        out.append((f"sweep-{title}", legend_below(fig)))
     return out

@@ -1,5 +1,5 @@
-"""The training studies' rows read back (chapter 8): losses over seeds, the speedrun's verdicts,
-curves and repeats.
+"""The training studies' rows read back (chapter 8): losses over seeds, per model and device
+(the speedrun's verdicts, curves and repeats: :mod:`ftlib.views.speedrun`).
 
 Seeds are pooled only within one device and one model config, so a smoke run's tiny model stored
 under a full-size name never mixes with it, and nor do two GPUs.
@@ -7,21 +7,26 @@ under a full-size name never mixes with it, and nor do two GPUs.
 
 from __future__ import annotations
 
-import random
+import math
 from collections.abc import Iterable
 from typing import Any
 
+import plotly.graph_objects as go
+
 from ftlib.harness.convergence import steady_time_to_target
-from ftlib.harness.studies import REFERENCE, TARGET_SPEEDUP, is_smoke, suites
-from ftlib.views.tables import group_rows
+from ftlib.harness.results import load_rows
+from ftlib.harness.studies import is_smoke, suites
+from ftlib.training.trainer import Recipe
+from ftlib.views.plots import MODEL_COLORS, PALETTE
+from ftlib.views.tables import group_rows, table_view
 
 
-def _ok(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+def ok_runs(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Rows of finished runs (failed runs are stored too, with status 'error' and no history)."""
     return [r for r in rows if r.get("status", "ok") == "ok"]
 
 
-def _mean(values: list[float | None]) -> float | None:
+def mean_of(values: list[float | None]) -> float | None:
     vals = [v for v in values if v is not None]
     return sum(vals) / len(vals) if vals else None
 
@@ -29,7 +34,7 @@ def _mean(values: list[float | None]) -> float | None:
 def _runs_of_one_config(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
     """Finished runs grouped by (device, model, config hash): the seeds of one model at one size on
     one device, never pooled with another device's runs or a smoke run's smaller model."""
-    return group_rows(_ok(rows), "device_slug", "model", "config_hash")
+    return group_rows(ok_runs(rows), "device_slug", "model", "config_hash")
 
 
 def aggregate(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
@@ -62,6 +67,7 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     return out
 
 
+@table_view
 def seed_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """One line per device, model and config: seeds, best validation loss (mean, min, max), time to target.
 
@@ -82,9 +88,9 @@ def seed_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
             "time to target s (mean)": sum(ttt) / len(ttt) if ttt else None,
         }
         if speedrun:
-            line["excl. startup s (mean)"] = _mean([steady_time_to_target(r) for r in rs])
-            line["startup s (mean)"] = _mean([r.get("startup_s") for r in rs])
-            line["steps to target (mean)"] = _mean([r.get("steps_to_target") for r in rs])
+            line["excl. startup s (mean)"] = mean_of([steady_time_to_target(r) for r in rs])
+            line["startup s (mean)"] = mean_of([r.get("startup_s") for r in rs])
+            line["steps to target (mean)"] = mean_of([r.get("steps_to_target") for r in rs])
         line["reached"] = f"{len(ttt)}/{len(rs)}"
         line["train time s (mean)"] = sum(r["train_time_s"] for r in rs) / len(rs)
         table.append(line)
@@ -107,134 +113,76 @@ def suite_rows(bench: str, rows: Iterable[dict[str, Any]], smoke: bool = False) 
                                 else bench.startswith("speedrun") and is_smoke(r.get("config") or {}) == smoke)]
 
 
-def speedrun_verdict(rows: list[dict[str, Any]], target: float = TARGET_SPEEDUP,
-                     min_seeds: int = 3) -> dict[str, Any] | None:
-    """The fastest candidate that reached the target on every seed it ran (at least ``min_seeds``),
-    against the reference on the seeds both recorded: the speed-up with and without startup.
-
-    A candidate that missed 1.50 on one seed has not met the target however fast its other
-    seeds were, so only candidates that reached it on all of their (>= ``min_seeds``) seeds
-    can get 'met'. When none qualifies, the fastest candidate by mean time excluding startup
-    over the seeds that reached it is reported, with 'not met' and how many seeds reached.
-    Seeds are matched because a seed's batches and the state of the compile cache change a
-    run's time; the ratio is of the sums over the common seeds (a ratio of means). ``None``
-    without a reference or a candidate that reached the target.
-    """
-    by: dict[str, dict[int, dict]] = {}
-    for r in _ok(rows):
-        by.setdefault(r["model"], {})[r["seed"]] = r
-    ref = {s: r for s, r in by.pop(REFERENCE, {}).items() if r.get("time_to_target_s") is not None}
-    steady = {m: _mean([steady_time_to_target(r) for r in rs.values()]) for m, rs in by.items()}
-    steady = {m: t for m, t in steady.items() if t is not None}
-    if not ref or not steady:
-        return None
-
-    def reached(rs: dict[int, dict]) -> int:
-        return sum(r.get("time_to_target_s") is not None for r in rs.values())
-
-    qualified = [m for m in steady if len(by[m]) >= min_seeds and reached(by[m]) == len(by[m])]
-    best = min(qualified or steady, key=steady.get)
-    cand = {s: r for s, r in by[best].items() if r.get("time_to_target_s") is not None}
-
-    def ratio(key) -> tuple[float | None, list[int]]:
-        seeds = sorted(s for s in set(ref) & set(cand) if key(ref[s]) is not None and key(cand[s]) is not None)
-        if not seeds:
-            return None, []
-        return sum(key(ref[s]) for s in seeds) / sum(key(cand[s]) for s in seeds), seeds
-
-    def verdict(x: float | None) -> str | None:
-        if x is None:
-            return None
-        return "met" if x >= target and best in qualified else "not met"
-
-    x_steady, seeds_steady = ratio(steady_time_to_target)
-    x_all, seeds_all = ratio(lambda r: r["time_to_target_s"])
-    return {"candidate": best, "target": target, "seeds reached": f"{reached(by[best])}/{len(by[best])}",
-            "qualified": best in qualified,
-            "speed-up excl. startup": x_steady, "seeds excl. startup": seeds_steady,
-            "speed-up incl. startup": x_all, "seeds incl. startup": seeds_all,
-            "verdict excl. startup": verdict(x_steady), "verdict incl. startup": verdict(x_all)}
+def stored_rows(bench: str, device: str | None = None, smoke: bool = False) -> list[dict[str, Any]]:
+    """A study's rows at its size (:func:`suite_rows`): one device folder's, or (None) every GPU's."""
+    rows = load_rows(bench, devices=None if device is None else [device])
+    return suite_rows(bench, rows, smoke=smoke)
 
 
-def speedrun_pooled(rows: list[dict[str, Any]], repeats: list[dict[str, Any]], candidate: str,
-                    target: float = TARGET_SPEEDUP, n_boot: int = 4000) -> dict[str, Any] | None:
-    """The reference against ``candidate`` over every run: first runs and repeats pooled.
-
-    Two runs of one seed differ on the GPU as much as two seeds do, so each run is one sample
-    of the time to 1.50 (excluding startup). The speed-up is the ratio of the pooled means; its
-    90% interval is a percentile bootstrap (runs resampled within each side, fixed generator so
-    the book prints the same interval every time). 'met' needs every candidate run to have
-    reached the target and the pooled ratio at or above ``target``; ``interval clears target``
-    says whether the interval's lower end does too. The reference (``torch.compile``'s default
-    mode, a kernel launch per op) depends on the host's CPU, the captured engine hardly: a
-    floor against the reference's fastest run is returned too. ``None`` without timed runs on
-    both sides.
-    """
-    pool = _ok(rows) + _ok(repeats)
-    ref = [t for r in pool if r["model"] == REFERENCE if (t := steady_time_to_target(r)) is not None]
-    cand = [r for r in pool if r["model"] == candidate]
-    times = [t for r in cand if (t := steady_time_to_target(r)) is not None]
-    if not ref or not times:
-        return None
-    x = (sum(ref) / len(ref)) / (sum(times) / len(times))
-    rng = random.Random(0)
-    boot = sorted((sum(a) / len(a)) / (sum(b) / len(b)) for a, b in
-                  ((rng.choices(ref, k=len(ref)), rng.choices(times, k=len(times))) for _ in range(n_boot)))
-    lo, hi = boot[int(0.05 * n_boot)], boot[int(0.95 * n_boot) - 1]
-    reached_all = len(times) == len(cand)
-    return {"candidate": candidate, "target": target,
-            "reference runs": len(ref), "candidate runs": len(cand), "reached": f"{len(times)}/{len(cand)}",
-            "reference s (mean)": sum(ref) / len(ref), "candidate s (mean)": sum(times) / len(times),
-            "candidate s (min)": min(times), "candidate s (max)": max(times),
-            "speed-up excl. startup (pooled)": x, "90% interval": (lo, hi),
-            # A floor: the reference's single fastest run against the candidate's mean.
-            "speed-up vs fastest reference run": min(ref) / (sum(times) / len(times)),
-            "verdict": "met" if reached_all and x >= target else "not met",
-            "interval clears target": reached_all and lo >= target}
+@table_view
+def original_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The post's experiment per run: the post's perplexity (exp of the last training batch's loss) beside
+    the training and held-out perplexities."""
+    return [{"device": r["device_slug"], "model": r["model"], "params": r["params"], "seed": r["seed"],
+             "steps": r["steps_done"],
+             "post's perplexity exp(batch loss)": math.exp(r["history"][-1]["batch_loss"]),
+             "train perplexity exp(train loss)": math.exp(r["history"][-1]["train_loss"]),
+             "validation perplexity exp(val loss)": math.exp(r["history"][-1]["val_loss"])}
+            for r in sorted(rows, key=lambda r: (r["device_slug"], r["seed"], r["model"]))]
 
 
-def speedrun_curves(rows: list[dict[str, Any]], models: Iterable[str],
-                    exclude_startup: bool = True) -> list[dict[str, Any]]:
-    """Validation loss against training wall time for each run of ``models``, one entry per
-    (model, seed): ``time_s`` and ``val_loss`` lists from the run's evaluation history.
+ORIGINAL_PREVIEW = ("device", "model", "seed", "post's perplexity exp(batch loss)", "train perplexity exp(train loss)",
+                    "validation perplexity exp(val loss)")
 
-    With ``exclude_startup`` the one-off startup (compilation or the engine's JIT and capture)
-    is taken off every point after step 0; runs stored before the startup was recorded are left out.
-    """
+
+@table_view
+def recipe_table(rec: Recipe) -> list[dict[str, Any]]:
+    """A recipe's fields (the seed aside: each run has its own)."""
+    return [{"field": k, "value": str(v)} for k, v in rec.__dict__.items() if k != "seed"]
+
+
+def loss_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
+    """(name, figure) per device and x axis (step, tokens, training time): validation loss, the mean over
+    seeds with the min–max range as bars, the axis from the lowest loss to the second evaluation's."""
     out = []
-    for r in sorted(_ok(rows), key=lambda r: (r["model"], r["seed"])):
-        if r["model"] not in models:
-            continue
-        startup = r.get("startup_s")
-        if exclude_startup and startup is None:
-            continue
-        shift = startup if exclude_startup else 0.0
-        hist = r.get("history") or []
-        out.append({"model": r["model"], "seed": r["seed"],
-                    "time_s": [max(0.0, h["time_s"] - shift) if h["step"] > 0 else 0.0 for h in hist],
-                    "val_loss": [h["val_loss"] for h in hist]})
+    for dev, dev_rows in group_rows(rows).items():
+        agg = aggregate(dev_rows)
+        colors = {m: MODEL_COLORS.get(m) or PALETTE[2 + i] for i, m in enumerate(agg)}
+        for axis, label in (("step", "optimizer step"), ("tokens", "tokens seen"), ("time_s", "training time (s)")):
+            fig = go.Figure()
+            for model, pts in agg.items():
+                fig.add_trace(go.Scatter(x=[p[axis] for p in pts], y=[p["val_mean"] for p in pts], mode="lines",
+                                         name=model, line=dict(color=colors[model]),
+                                         error_y=dict(type="data", symmetric=False, thickness=1,
+                                                      array=[p["val_max"] - p["val_mean"] for p in pts],
+                                                      arrayminus=[p["val_mean"] - p["val_min"] for p in pts])))
+            # The first evaluations (loss ~4) squash the end, where the models differ.
+            lows = [p["val_min"] for pts in agg.values() for p in pts]
+            second = [pts[1]["val_max"] for pts in agg.values() if len(pts) > 1] or [max(lows)]
+            fig.update_layout(title=f"Validation loss vs {label}, {dev} (mean, min–max over seeds)",
+                              xaxis_title=label, yaxis_title="validation loss", height=440,
+                              yaxis_range=[min(lows) - 0.05, max(second) + 0.05])
+            out.append((f"convergence-val-{axis}-{dev}", fig))
     return out
 
 
-def repeat_table(rows: list[dict[str, Any]], repeats: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Each repeated run (``speedrun-repeat.jsonl``: the same key, i.e. candidate, recipe and seed,
-    run again on a fresh machine from the same commit) next to its stored first run.
-
-    The GPU's run-to-run nondeterminism (atomic adds in the embedding backward, reduction orders)
-    makes two runs of one seed part ways within steps; near a loss floor that moves the step at
-    which 1.50 is first reached. The spread between the two is the noise the speed-up sits in.
-    """
-    first = {r["key"]: r for r in rows}
+def train_val_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
+    """(name, figure) per device and model: training and validation loss per step, mean over seeds."""
     out = []
-    for rep in repeats:
-        a = first.get(rep.get("repeat_of_key", rep["key"]))
-        if a is None:
-            continue
-        ta, tb = steady_time_to_target(a), steady_time_to_target(rep)
-        out.append({"device": rep.get("device_slug"), "model": rep["model"], "seed": rep["seed"],
-                    "steps to target (first)": a.get("steps_to_target"),
-                    "steps to target (repeat)": rep.get("steps_to_target"),
-                    "excl. startup s (first)": ta, "excl. startup s (repeat)": tb,
-                    "repeat / first": (tb / ta) if (ta and tb) else None,
-                    "best val loss (first)": a["best_val_loss"], "best val loss (repeat)": rep["best_val_loss"]})
+    for dev, dev_rows in group_rows(rows).items():
+        for name, pts in aggregate(dev_rows).items():
+            fig = go.Figure([
+                go.Scatter(x=[p["step"] for p in pts], y=[p["val_mean"] for p in pts], name="validation"),
+                go.Scatter(x=[p["step"] for p in pts], y=[p["train_mean"] for p in pts], name="train",
+                           line=dict(dash="dash")),
+            ])
+            fig.update_layout(title=f"{name}: train and validation loss, {dev} (mean over seeds)",
+                              xaxis_title="step", yaxis_title="loss", height=400)
+            out.append((f"convergence-nanogpt-{dev}", fig))
     return out
+
+
+@table_view
+def checkpoint_table(check: dict[str, Any]) -> list[dict[str, Any]]:
+    """A checkpoint round trip's result (``ftlib.harness.convergence.checkpoint_roundtrip``), its sample aside."""
+    return [{k: v for k, v in check.items() if k != "sample"}]

@@ -5,8 +5,17 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import plotly.graph_objects as go
 
-def scaling(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
+from ftlib.analysis.allreduce import NVLINK_GBS, allreduce_volume, ring_floor_s
+from ftlib.model.config import preset
+from ftlib.views.bench import pick
+from ftlib.views.plots import MODEL_COLORS, log_ticks
+from ftlib.views.tables import table_view
+
+
+@table_view
+def scaling_table(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     """Stored DDP rows with their scaling over the same case at one rank (weak scaling: fixed
     ``B_per_rank``): ``speedup = tok/s(n) / tok/s(1)``, ``efficiency = speedup / n``."""
     def case(r: dict[str, Any]) -> tuple:
@@ -24,3 +33,91 @@ def scaling(rows: Sequence[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+
+
+# ---------------------------------------------------------------------------------------
+# Chapter 9: the all-reduce on paper, beside the stored single-GPU step, and the stored DDP rows.
+
+MODELS = {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
+WORLD_SIZES = (1, 2, 4, 8)
+H200_LINK_GBS = NVLINK_GBS["NVIDIA H200"] / 2  # GB/s per direction
+
+
+@table_view
+def allreduce_table() -> list[dict[str, Any]]:
+    """Per model and GPU count: the gradient bytes, the ring factor, what each GPU sends, and the floor
+    of that at the H200's NVLink bandwidth (a lead, not a reading)."""
+    out = []
+    for name, cfg in MODELS.items():
+        for n in WORLD_SIZES:
+            v = allreduce_volume(cfg, n)
+            out.append({"model": name, "GPUs": n, "parameters": v["n_params"], "gradient MB": v["grad_bytes"] / 1e6,
+                        "ring factor 2(n-1)/n": v["ring_factor"], "sent per GPU MB": v["ring_bytes_per_rank"] / 1e6,
+                        "NVLink floor µs (H200)": ring_floor_s(cfg, n, H200_LINK_GBS) * 1e6})
+    return out
+
+
+def allreduce_figure() -> go.Figure:
+    """Gradient bytes each GPU sends per step against the GPU count, per model."""
+    fig = go.Figure()
+    for name, cfg in MODELS.items():
+        fig.add_trace(go.Scatter(name=name, x=list(WORLD_SIZES), mode="lines+markers", line_color=MODEL_COLORS[name],
+                                 y=[allreduce_volume(cfg, n)["ring_bytes_per_rank"] / 1e6 for n in WORLD_SIZES]))
+    fig.update_layout(title="Gradient bytes each GPU sends per step (ring all-reduce, fp32 gradients)",
+                      xaxis=dict(title="GPUs", **log_ticks(WORLD_SIZES)), yaxis_title="MB per GPU per step",
+                      height=400)
+    return fig
+
+
+def fewer_bytes_text(n: int = 8) -> str:
+    """How many fewer bytes FastTransformer all-reduces than GPT-2."""
+    g2, ft = (allreduce_volume(MODELS[m], n) for m in ("gpt2", "fasttransformer"))
+    return (f"FastTransformer all-reduces {1 - ft['grad_bytes'] / g2['grad_bytes']:.1%} fewer bytes per step than "
+            f"GPT-2 ({ft['grad_bytes'] / 1e6:.2f} MB vs {g2['grad_bytes'] / 1e6:.2f} MB), at every GPU count.")
+
+
+@table_view
+def floor_vs_step(step_rows: list[dict[str, Any]], device: str = "h200", n: int = 8) -> list[dict[str, Any]]:
+    """The ``n``-GPU all-reduce floor beside the stored single-GPU eager fp32 step of ``device``."""
+    out = []
+    for name, cfg in MODELS.items():
+        step = pick(step_rows, device_slug=device, label=name, mode="eager", precision="fp32", optimizer_kind="default")
+        floor_ms = ring_floor_s(cfg, n, H200_LINK_GBS) * 1e3
+        out.append({"model": name, "H200 1-GPU eager step ms (stored)": step and step["median_ms"],
+                    f"{n}-GPU all-reduce floor ms": floor_ms,
+                    "floor / step": (floor_ms / step["median_ms"]) if step else None})
+    return out
+
+
+@table_view
+def ddp_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The stored DDP rows with their scaling (:func:`scaling_table`) and all-reduce, as chapter 9 shows them."""
+    return [{"device": r["device_slug"], "model": r["label"], "precision": r["precision"], "mode": r["mode"],
+             "ranks (GPUs)": r["world_size"], "backend": r["backend"], "B per rank": r["B_per_rank"],
+             "step ms": r["median_ms"], "p20–p80 ms": f"{r['p20_ms']:.2f}–{r['p80_ms']:.2f}",
+             "tokens/s": r["tokens_per_s"], "speed-up": r["speedup"], "efficiency": r["efficiency"],
+             "overhead ms": r["step_overhead_ms"], "all-reduce ms (profiled)": r.get("comm_ms"),
+             "all-reduces/step": r.get("comm_calls_per_step"),
+             "MB reduced (measured)": (r.get("allreduce_bytes_measured") or 0) / 1e6 or None,
+             "MB (accounting)": r["grad_bytes"] / 1e6, "grads ok": r.get("check_ok")}
+            for r in scaling_table.rows(rows)]
+
+
+def scaling_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
+    """(name, figure) per device and measure (step time, throughput, weak-scaling efficiency) against ranks."""
+    table = scaling_table.rows(rows)
+    out = []
+    for dev in sorted({r["device_slug"] for r in table}):
+        for field, title, ytitle in (("median_ms", "step time", "ms per step"),
+                                     ("tokens_per_s", "throughput (all GPUs)", "tokens/s"),
+                                     ("efficiency", "weak-scaling efficiency", "tok/s(n) / (n · tok/s(1))")):
+            fig = go.Figure()
+            for r0 in [r for r in table if r["device_slug"] == dev and r["world_size"] == 1]:
+                pts = [r for r in table if r["device_slug"] == dev and r["label"] == r0["label"]
+                       and r["precision"] == r0["precision"] and r["mode"] == r0["mode"]]
+                fig.add_trace(go.Scatter(name=f"{r0['label']} {r0['precision']} {r0['mode']}", mode="lines+markers",
+                                         x=[r["world_size"] for r in pts], y=[r[field] for r in pts]))
+            fig.update_layout(title=f"DDP {title}, {dev}", yaxis_title=ytitle, height=400,
+                              xaxis=dict(title="ranks (one GPU each)", **log_ticks(r["world_size"] for r in table)))
+            out.append((f"ddp-{field}-{dev}", fig))
+    return out

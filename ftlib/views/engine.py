@@ -22,6 +22,7 @@ from plotly.subplots import make_subplots
 
 from ftlib.views.bench import pick, select
 from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below
+from ftlib.views.tables import table_view
 
 MODELS = ("gpt2", "fasttransformer")
 SHAPE = {"B": 32, "T": 256}
@@ -73,6 +74,7 @@ def variant_name(r: dict[str, Any]) -> str:
     return label[len(prefix):].strip() if label.startswith(prefix) and label != model else "engine"
 
 
+@table_view
 def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """What each kernel buys: every engine variant against the full engine of the same model and precision.
 
@@ -99,6 +101,7 @@ def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
     return out
 
 
+@table_view
 def loss_table(check_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per device, model, precision: the 100-step check's agreement (max relative loss error vs rtol),
     the newest run only."""
@@ -177,6 +180,7 @@ def probe_category(kernel_name: str) -> str:
     return next((cat for cat, pats in PROBE_CATEGORIES if any(p in n for p in pats)), "other")
 
 
+@table_view
 def probe_table(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per profiled engine case: the captured step, the CUDA kernel time by category (µs) and each
     category's share of the kernel time (``benchmarks/kernels/engine_probe.py``, an uncaptured step

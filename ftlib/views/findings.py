@@ -38,9 +38,9 @@ HEADLINE_CLAIMS: tuple[tuple[str, str], ...] = (
 
 def findings_table(device: str = "h200") -> pd.DataFrame:
     """The headline claims: the post's words, the post's number, the book's number, the verdict."""
-    from ftlib.views.audit import audit_rows
+    from ftlib.views.audit import audit_table
 
-    rows = audit_rows(device)
+    rows = audit_table.rows(device)
     out = []
     for start, name in HEADLINE_CLAIMS:
         hit = next((r for r in rows if r["claim"].startswith(start)), None)
@@ -81,7 +81,7 @@ def additions(device: str = "h200") -> list[str]:
 def _speedrun(device: str) -> str | None:
     from ftlib.harness.studies import REPEATED, TARGET_LOSS
     from ftlib.views.bench import ok_rows
-    from ftlib.views.convergence import speedrun_pooled
+    from ftlib.views.speedrun import speedrun_pooled
 
     rows = [r for r in ok_rows("speedrun") if r["device_slug"] == device]
     reps = [r for r in ok_rows("speedrun-repeat") if r["device_slug"] == device]
@@ -105,16 +105,27 @@ def _md_cell(v: Any) -> str:
     return str(v).replace("|", "\\|").replace("\n", " ")
 
 
-def markdown(device: str = "h200") -> str:
-    """The findings as Markdown: a table of the headline claims, then what the book adds."""
-    tab = findings_table(device)
-    lines = [f"Measured on an NVIDIA {device.upper()}; the post's numbers are from a Tesla T4. "
-             "\"holds on H200 only\": the claim holds on the H200, the T4 itself is untested.", "",
-             "| " + " | ".join(tab.columns) + " |", "|" + "---|" * len(tab.columns)]
-    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in tab.itertuples(index=False)]
+def preamble(device: str = "h200") -> str:
+    """The sentence before the findings: where the book measured, where the post did."""
+    return (f"Measured on an NVIDIA {device.upper()}; the post's numbers are from a Tesla T4. "
+            "\"holds on H200 only\": the claim holds on the H200, the T4 itself is untested.")
+
+
+def additions_markdown(device: str = "h200") -> str:
+    """What the book adds, as a Markdown list under its heading ('' when nothing is stored)."""
     adds = additions(device)
+    return "\n".join(["Beyond the post:", ""] + [f"- {a}" for a in adds]) if adds else ""
+
+
+def markdown(device: str = "h200") -> str:
+    """The findings as Markdown (README.md, book/intro.md): the preamble, a table of the headline
+    claims, then what the book adds. A chapter shows the same as the table itself (``findings_table``)."""
+    tab = findings_table(device)
+    lines = [preamble(device), "", "| " + " | ".join(tab.columns) + " |", "|" + "---|" * len(tab.columns)]
+    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in tab.itertuples(index=False)]
+    adds = additions_markdown(device)
     if adds:
-        lines += ["", "Beyond the post:", ""] + [f"- {a}" for a in adds]
+        lines += ["", adds]
     return "\n".join(lines)
 
 
@@ -169,7 +180,7 @@ def lessons(device: str = "h200") -> str:
             out.append("**The co-design pays in every precision, by different amounts.** FastTransformer over "
                        f"GPT-2, each at its fastest compiled configuration: {per} (chapter 5 shows how the "
                        "gain moves with the sequence length).")
-    ladder = [r for r in codesignview.ladder_table(codesignview.measured(device))
+    ladder = [r for r in codesignview.ladder_table.rows(codesignview.measured(device))
               if r.get("compile-ro fp32 ms") is not None]
     if len(ladder) > 1:
         steps = [(b["rung"], a["compile-ro fp32 ms"] - b["compile-ro fp32 ms"]) for a, b in zip(ladder, ladder[1:])]

@@ -16,12 +16,14 @@ import re
 from collections.abc import Iterable
 from typing import Any
 
+import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ftlib.core.repo import repo_root
 from ftlib.harness.results import load_rows
 from ftlib.views.plots import log_axis
+from ftlib.views.tables import records, table_view
 
 BENCH = "kernels"
 OPS = ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_rmsnorm", "residual_layernorm",
@@ -32,6 +34,11 @@ OP_NAMES = {"rmsnorm": "RMSNorm fwd+bwd", "layernorm": "LayerNorm fwd+bwd", "cro
             "residual_layernorm": "residual add + LayerNorm fwd+bwd", "bias_grad": "bias gradient (column sum)"}
 CEILING_NAMES = {"copy": "bandwidth", "matmul fp32": "fp32", "matmul tf32": "tf32", "matmul bf16": "bf16"}
 KERNELS_DIR = repo_root() / "kernels"
+
+
+# The kernel table's columns as chapter 6 shows them (the rest are in its CSV).
+KERNEL_TABLE_COLUMNS = ("device", "op", "case", "variant", "eager µs", "graph µs", "rate", "unit", "floor µs",
+                        "of ceiling", "vs PyTorch", "vs compile", "note")
 
 
 def kernel_rows(include_cpu: bool = False) -> list[dict[str, Any]]:
@@ -54,6 +61,7 @@ def ceilings(rows: Iterable[dict[str, Any]]) -> dict[str, dict[str, float]]:
     return out
 
 
+@table_view
 def ceiling_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """One line per measured ceiling: the rate, the datasheet peak and the fraction of it reached."""
     table = []
@@ -94,6 +102,7 @@ def floor_us(r: dict[str, Any], ceil: dict[str, float] | None) -> float | None:
     return max(parts) * 1e6 if parts else None
 
 
+@table_view
 def kernel_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per (device, op, case, variant): eager and in-graph median µs, the rate in the graph, the floor
     from the measured ceilings, the fraction of it reached, and the speed-up over the fastest
@@ -145,8 +154,9 @@ def kernel_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
-def verdicts(table: Iterable[dict[str, Any]]) -> list[str]:
+def fastest_variants(table: pd.DataFrame | Iterable[dict[str, Any]]) -> list[str]:
     """Per (device, op, case): the fastest variant in a graph and by how much it beats the others' best."""
+    table = records(table) if isinstance(table, pd.DataFrame) else table
     groups: dict[tuple, list[dict[str, Any]]] = {}
     for t in table:
         if t["graph µs"]:
@@ -172,13 +182,14 @@ def _common_prefix(cases: list[str]) -> tuple[str, list[str]]:
     return " ".join(common), short
 
 
-def kernel_figure(table: list[dict[str, Any]], device: str) -> go.Figure:
+def kernel_figure(table: pd.DataFrame | list[dict[str, Any]], device: str) -> go.Figure:
     """Eager and in-graph time per variant, one panel per op, for one device.
 
     One row per (case, variant), read left to right on a log time axis: the filled dot is the
     time inside a CUDA graph (the kernels), the open one the eager call (autograd and launches
     included). Row names are horizontal; what every case of an op shares is in the panel's title.
     """
+    table = records(table) if isinstance(table, pd.DataFrame) else table
     rows = [t for t in table if t["device"] == device]
     ops = [op for op in OPS if any(t["op"] == op for t in rows)]
     per_op = {op: [t for t in rows if t["op"] == op] for op in ops}
@@ -215,6 +226,12 @@ def kernel_figure(table: list[dict[str, Any]], device: str) -> go.Figure:
                       title=dict(text=f"Kernel time per variant, in a CUDA graph and eager, {device} (median)",
                                  yref="container", y=1 - 12 / height, yanchor="top"))
     return fig
+
+
+def kernel_figures(table: pd.DataFrame | list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
+    """(name, figure) per device of the table: :func:`kernel_figure`."""
+    table = records(table) if isinstance(table, pd.DataFrame) else table
+    return [(f"kernels-{dev}", kernel_figure(table, dev)) for dev in sorted({t["device"] for t in table})]
 
 
 def kernel_math(op: str) -> str:

@@ -1,10 +1,9 @@
 """Chapter 5's views of stored rows: the sequence sweep (Figure 5), compile time, the eager inversion.
 
-Each function returns plain rows (dicts) for ``ftlib.views.tables.show_table`` or a figure; the
-post's T4 numbers come from ``ftlib.analysis.claims`` and are labelled as claims, the T4 roofline as a
-projection. Rows are matched on their whole model config (``benchview.same_config``), so a
-smoke run of a smaller model never lands in a full-size table; pass the smoke run's
-``overrides`` to see it.
+Each function returns a table (a DataFrame) or figures; the post's T4 numbers come from
+``ftlib.analysis.claims`` and are labelled as claims, the T4 roofline as a projection. Rows are
+matched on their whole model config (``ftlib.views.bench.same_config``), so a smoke run of a
+smaller model never lands in a full-size table; pass the smoke run's ``overrides`` to see it.
 """
 
 from __future__ import annotations
@@ -12,9 +11,15 @@ from __future__ import annotations
 from collections.abc import Iterable, Sequence
 from typing import Any
 
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
 from ftlib.analysis.claims import POST_CLAIMED, POST_GPU, POST_STEP_MS, roofline_projection
 from ftlib.model.config import ModelConfig, preset
 from ftlib.views.bench import ok_rows, pick, same_config
+from ftlib.views.plots import legend_below, log_ticks
+from ftlib.views.tables import records, table_view
 
 MODELS = ("gpt2", "fasttransformer")
 TOKENS = 8192  # the original T sweep's tokens per step (B = TOKENS // T)
@@ -35,6 +40,7 @@ def sweep_rows(device: str, include_cpu: bool = False, tokens: int = TOKENS, **o
             and same_config(r, sweep_config(r["label"], r["T"], **overrides), ignore=())]
 
 
+@table_view
 def sweep_table(rows: Iterable[dict], precision: str = "fp32", mode: str = "compile-ro") -> list[dict[str, Any]]:
     """Per T (ascending): each model's median step, tokens/s and peak memory, and the speed-up.
 
@@ -55,7 +61,8 @@ def sweep_table(rows: Iterable[dict], precision: str = "fp32", mode: str = "comp
     return out
 
 
-def t4_projection(Ts: Sequence[int] = SWEEP_T, tokens: int = TOKENS) -> list[dict[str, Any]]:
+@table_view
+def t4_projection(Ts: Sequence[int] = SWEEP_T, tokens: int = TOKENS, source: bool = True) -> list[dict[str, Any]]:
     """Per T: the roofline floor of each model's step on the post's T4 and their ratio (a projection)."""
     out = []
     for T in Ts:
@@ -65,9 +72,12 @@ def t4_projection(Ts: Sequence[int] = SWEEP_T, tokens: int = TOKENS) -> list[dic
                     "floor ratio": g["floor_ms"] / f["floor_ms"],
                     "gpt2 floor tokens/s": B * T / (g["floor_ms"] / 1e3),
                     "fasttransformer floor tokens/s": B * T / (f["floor_ms"] / 1e3), "source": PROJECTION})
+    if not source:  # a table whose caption says what it is
+        out = [{k: v for k, v in r.items() if k != "source"} for r in out]
     return out
 
 
+@table_view
 def post_sweep_claims() -> list[dict[str, Any]]:
     """What the post states about Figure 5 in numbers: only T=128 (sec. 7's caption)."""
     return [{"T": 128, "B": TOKENS // 128, "speed-up": POST_CLAIMED["speedup_T128"],
@@ -79,6 +89,7 @@ COMPILE_SOURCES = (
 )
 
 
+@table_view
 def compile_time_table(device: str, include_cpu: bool = False, **overrides: Any) -> list[dict[str, Any]]:
     """First-step seconds per mode and model (fp32, B=32, T=256), from each source that has them.
 
@@ -104,6 +115,7 @@ def compile_time_table(device: str, include_cpu: bool = False, **overrides: Any)
     return out
 
 
+@table_view
 def eager_inversion_table(device: str, include_cpu: bool = False, tokens: int = TOKENS,
                           **overrides: Any) -> list[dict[str, Any]]:
     """FastTransformer in eager mode against GPT-2 compiled (reduce-overhead) along the T sweep.
@@ -125,3 +137,77 @@ def eager_inversion_table(device: str, include_cpu: bool = False, tokens: int = 
                             "FT eager ms": f["median_ms"], "GPT-2 compile-ro ms": g["median_ms"],
                             "verdict": "holds" if f["median_ms"] < g["median_ms"] else "does not hold"})
     return out
+
+
+# ---------------------------------------------------------------------------------------
+# Chapter 5's sweep figures and the lines under them.
+
+# The columns a reader compares first; every column is in the collapsed table and its CSV.
+SWEEP_PREVIEW = ("T", "B", "gpt2 ms", "fasttransformer ms", "speed-up", "gpt2 tokens/s", "fasttransformer tokens/s")
+SHORT_PROJECTION, SHORT_CLAIM = f"{POST_GPU} roofline projection", f"post's claim ({POST_GPU})"
+MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer"}
+PREC_COLOR, MODE_DASH = {"fp32": "#1f77b4", "tf32": "#ff7f0e"}, {"compile-ro": "solid", "eager": "dash"}
+
+
+@table_view
+def sweep_with_claims(rows: Iterable[dict], precision: str = "fp32", mode: str = "compile-ro") -> list[dict[str, Any]]:
+    """:func:`sweep_table` with the post's Figure 5 claim as a last line."""
+    return sweep_table.rows(rows, precision, mode) + post_sweep_claims.rows()
+
+
+def has_cold_process_rows(table: pd.DataFrame) -> bool:
+    """Whether a :func:`compile_time_table` holds rows of the cold-process suite (not only the claim)."""
+    return any(r["source"].startswith("compile_time") for r in records(table))
+
+
+def sweep_figures(rows: list[dict], device: str | None, tokens: int = TOKENS) -> list[tuple[str, go.Figure]]:
+    """(name, figure): the speed-up of FastTransformer over GPT-2 against T, and each model's throughput,
+    per precision (colour) and mode (line), beside the post's claim and the T4 roofline projection."""
+    proj, claims = t4_projection.rows(), post_sweep_claims.rows()
+    speed = go.Figure()
+    tput = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.04,
+                         subplot_titles=[MODEL_NAMES[m] for m in MODELS])
+    for prec in ("fp32", "tf32"):
+        for mode in ("compile-ro", "eager"):
+            pts = sweep_table.rows(rows, prec, mode)
+            if pts:
+                style = dict(color=PREC_COLOR[prec], dash=MODE_DASH[mode])
+                speed.add_trace(go.Scatter(x=[p["T"] for p in pts], y=[p["speed-up"] for p in pts],
+                                           mode="lines+markers", name=f"{prec} {mode}", line=style))
+                for i, m in enumerate(MODELS, start=1):
+                    tput.add_trace(go.Scatter(x=[p["T"] for p in pts], y=[p[f"{m} tokens/s"] for p in pts],
+                                              mode="lines+markers", name=f"{prec} {mode}", line=style,
+                                              legendgroup=f"{prec} {mode}", showlegend=i == 1), row=1, col=i)
+    speed.add_trace(go.Scatter(x=[p["T"] for p in proj], y=[p["floor ratio"] for p in proj], name=SHORT_PROJECTION,
+                               mode="lines", line=dict(dash="dot", color="#7f7f7f")))
+    speed.add_trace(go.Scatter(x=[c["T"] for c in claims], y=[c["speed-up"] for c in claims], name=SHORT_CLAIM,
+                               mode="markers", marker=dict(symbol="star", size=14, color="#333")))
+    speed.add_hline(y=1, line=dict(color="#999", width=1))
+    where = device or "no GPU rows"
+    ts = [p["T"] for p in proj]
+    speed.update_layout(title=f"FastTransformer speed-up over GPT-2 vs T, {tokens:,} tokens/step, {where}",
+                        xaxis=dict(title=f"T (B = {tokens} / T)", **log_ticks(ts)),
+                        yaxis_title="speed-up (GPT-2 step time / FastTransformer's)", height=460)
+    for i, m in enumerate(MODELS, start=1):
+        tput.add_trace(go.Scatter(x=[p["T"] for p in proj], y=[p[f"{m} floor tokens/s"] for p in proj],
+                                  name=SHORT_PROJECTION, mode="lines", line=dict(dash="dot", color="#7f7f7f"),
+                                  legendgroup="projection", showlegend=i == 1), row=1, col=i)
+    tput.add_trace(go.Scatter(x=[c["T"] for c in claims], y=[c["fasttransformer tokens/s"] for c in claims],
+                              name=SHORT_CLAIM, mode="markers", marker=dict(symbol="star", size=14, color="#333")),
+                   row=1, col=2)
+    tput.update_xaxes(title_text=f"T (B = {tokens} / T)", **log_ticks(ts))
+    tput.update_layout(title=f"Training throughput vs T (the post's Figure 5), {where}", yaxis_title="tokens / s",
+                       height=480)
+    return [(f"fig5-speedup-{device}", legend_below(speed)), (f"fig5-throughput-{device}", legend_below(tput))]
+
+
+def slower_at(rows: list[dict], device: str | None) -> list[str]:
+    """One line per precision and mode: the T at which FastTransformer steps slower than GPT-2."""
+    lines = []
+    for prec in ("fp32", "tf32"):
+        for mode in ("compile-ro", "eager"):
+            pts = sweep_table.rows(rows, prec, mode)
+            slower = [p["T"] for p in pts if p["speed-up"] < 1]
+            if pts:
+                lines.append(f"{device} {prec} {mode}: FastTransformer slower than GPT-2 at T = {slower or 'none'}")
+    return lines

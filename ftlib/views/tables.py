@@ -19,12 +19,13 @@ a wide table of a few rows is shown transposed instead, one line per column.
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import html
 import math
 import numbers
 import re
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
 import numpy as np
@@ -106,6 +107,25 @@ def to_frame(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = Non
     cols = _columns(rows, columns)
     frame = pd.DataFrame.from_records([{c: r.get(c) for c in cols} for r in rows], columns=cols)
     return frame.convert_dtypes()
+
+
+def table_view(build: Callable[..., list[dict[str, Any]]]) -> Callable[..., pd.DataFrame]:
+    """The one shape of a view: it builds its table as rows (dicts) and returns it as a DataFrame.
+
+    The undecorated builder stays reachable as ``.rows``, for a view that composes another's rows
+    and for tests that read them as dicts.
+    """
+    @functools.wraps(build)
+    def view(*args: Any, **kwargs: Any) -> pd.DataFrame:
+        return to_frame(build(*args, **kwargs))
+
+    view.rows = build  # type: ignore[attr-defined]
+    return view
+
+
+def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
+    """A table's rows as dicts, a missing value as None (a view that takes another's table)."""
+    return [{k: (None if _is_missing(v) else v) for k, v in r.items()} for r in frame.to_dict("records")]
 
 
 def _text_frame(frame: pd.DataFrame, digits: int) -> pd.DataFrame:
