@@ -146,7 +146,7 @@ for name, fig in cv.sweep_figures(rows, dev, B, T):
 show_frame(cv.backend_table(dev, include_cpu=MEASURE), caption=f"profiled on {dev}")
 
 # %% [markdown]
-# What the layout costs per mode (fp32, Figure 1's suite, both layouts timed in the same session):
+# What the layout costs per mode (fp32, Figure 1's suite, both layouts timed in the same run):
 # the original layout's step time over the expanded view's.
 
 # %%

@@ -143,13 +143,14 @@ display(Markdown(kernelview.kernel_math("rmsnorm")))
 # In a pre-norm block every residual add `s = x + r` is followed by a norm of `s`. One kernel
 # forward writes both `s` and the norm's output, and one kernel backward adds the two
 # gradients that reach `s` while it computes the norm's backward. The same kernel covers
-# RMSNorm and LayerNorm. The engine applies it by default from round 4
-# (`ftlib.training.engine.forward_fused_residual_norm`). Since round 5 it takes tiles of 4 rows:
+# RMSNorm and LayerNorm. The engine applies it by default: the model's blocks compute
+# `x, h = add_norm(x, branch, norm)` through one seam (`ftlib.model.block.AddNorm`), which the engine
+# fills with the fused kernel (`ftlib.training.engine.swaps.FusedAddNorm`). It takes tiles of 4 rows:
 # `residual_norm_dev`'s v5 against the 16-row v3 in the table below.
 #
 # Training with dropout (the speedrun of chapter 8 keeps nanoGPT's residual dropout) adds
 # two kernels per branch: `nn.Dropout` forward draws and stores a mask, and its backward
-# reads it. Since round 5 the same kernel applies the branch's dropout, `s = x + r·m/(1-p)`.
+# reads it. The same kernel also applies the branch's dropout, `s = x + r·m/(1-p)`.
 # It draws the keep mask `m` from Philox (`tl.rand`) keyed by the element's index and a seed
 # that it reads from a device tensor. The backward draws the same mask again, so it is never
 # stored. Reading the seed from memory is what makes this work inside a CUDA graph: a seed
@@ -188,9 +189,8 @@ display(Markdown(kernelview.kernel_math("bias_linear")))
 # keeps the materialized probabilities but fuses the three into one kernel each way
 # (chapter 1's profile of compile-ro GPT-2 names it `triton_per_fused__softmax_exp_masked_fill_mul...`).
 # This kernel is that fusion: the same function and the same materialized probabilities,
-# with one read and one write per element forward, two reads and one write backward. Round 5
-# measured it as the engine variant "+fused-softmax"; from round 6 it is the engine's default
-# for explicit attention.
+# with one read and one write per element forward, two reads and one write backward. The engine
+# variant "+fused-softmax" measured it; it is now the engine's default for explicit attention.
 
 # %%
 display(Markdown(kernelview.kernel_math("causal_softmax")))
@@ -318,7 +318,7 @@ else:
 # sums the CUDA kernel time by kernel. Here that time is grouped into categories
 # (`ftlib.views.engine.PROBE_CATEGORIES`), next to the captured step. The graph replays the
 # same kernels without the launch gaps, so the two totals should be close. The largest
-# categories are the next round's targets: the matrix products, which are cuBLAS's own,
+# categories are where a faster step would come from next: the matrix products, which are cuBLAS's own,
 # then the column sums behind weight and bias gradients.
 
 # %%

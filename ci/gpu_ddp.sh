@@ -15,7 +15,7 @@ mkdir -p "$out"
 log="$out/ddp.log"
 : > "$log"
 
-# NVLink multicast (NVLS) is forbidden on the shared machines: keep it off in NCCL, PyTorch's
+# NVLink multicast (NVLS) is not allowed on the GPU hosts the book measures on: keep it off in NCCL, PyTorch's
 # symmetric memory and NVSHMEM (ftlib.harness.distributed.setup sets the same defaults).
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1

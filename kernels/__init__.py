@@ -1,4 +1,4 @@
-"""Hand-written Triton kernels for the FastTransformer book (issue 6).
+"""Hand-written Triton kernels for the FastTransformer book.
 
 Every op follows the Liger-Kernel layering (Hsu et al. 2024, "Liger Kernel: Efficient
 Triton Kernels for LLM Training", sec. 3): a ``@triton.jit`` kernel whose docstring states

@@ -6,7 +6,7 @@ itself checked against ``torch.optim.AdamW``.
 
 Why flat buffers: the model has ~50 parameter tensors; a per-tensor optimizer launches
 ~50 x (several) kernels per step, which at B=32, T=256 is a visible share of a step that
-is launch-bound (facts.md: the step is far from its FLOP floor). With every parameter a
+is launch-bound (far from its FLOP floor). With every parameter a
 view into one fp32 buffer (and every grad a view into another) the whole update is one
 launch, reading 16 and writing 12 bytes per parameter (p, g, m, v in; p, m, v out).
 

@@ -3,8 +3,8 @@
 kernels (``_add_norm_fwd_kernel``, ``_add_norm_bwd_kernel``) -> launchers (``add_norm_fwd``,
 ``add_norm_bwd``) -> ``AddNormFunction`` -> :func:`add_rms_norm`, :func:`add_layer_norm`.
 References: :func:`ftlib.model.reference.add_rms_norm_ref`, :func:`ftlib.model.reference.add_layer_norm_ref`.
-Used by ``ftlib.training.engine`` (``fuse_residual_norm``; measured on the H200 in engine round 3: FT tf32
-2.83 -> 2.44 ms per step with the packed attention, data/results/h200/engine.jsonl).
+Used by ``ftlib.training.engine`` (option ``fuse_residual_norm``, through the model's
+``AddNorm`` seam); its effect on the step is in data/results/h200/engine.jsonl.
 
 In a pre-norm block every residual add is followed by a norm: ``s = x + r; h = norm(s)``,
 and ``s`` feeds both the norm and the next residual add. Unfused that is an add kernel and
@@ -48,9 +48,10 @@ import triton.language as tl
 
 from kernels._common import check_tensor, compute_dtype, row_tile_warps, same_device
 
-# Rows per program, with one warp per 1,024 elements (kernels.jsonl, H200, 8192 x 256 fwd+bwd in a
-# graph, residual + RMSNorm fp32 / bf16: 4 rows 31.9 / 26.3 us, 8 rows 36.6 / 27.1, 16 rows 34.5 /
-# 32.3; + LayerNorm: 4 rows 41.5 / 37.3, 16 rows 47.6 / 48.5). 16 rows was the round-3/4 default.
+# Rows per program, with one warp per 1,024 elements (H200, 8192 x 256 fwd+bwd in a graph,
+# residual + RMSNorm fp32 / bf16: 4 rows 31.9 / 26.3 us, 8 rows 36.6 / 27.1, 16 rows 34.5 / 32.3;
+# + LayerNorm: 4 rows 41.5 / 37.3, 16 rows 47.6 / 48.5; data/results/h200/kernels.jsonl,
+# ops residual_rmsnorm and residual_layernorm).
 ROWS = 4
 
 

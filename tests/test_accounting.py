@@ -1,4 +1,5 @@
-"""Checks of ftlib.analysis.accounting and ftlib.analysis.peaks against PyTorch and against facts.md.
+"""Checks of ftlib.analysis.accounting and ftlib.analysis.peaks against PyTorch and against
+hand-derived figures (the closed forms worked out on paper for the two presets).
 
 FlopCounterMode counts matmuls and fused SDPA ops only (see the accounting module
 docstring), so the comparisons are on that subset: exact integer equality, no tolerance.
@@ -155,7 +156,7 @@ def test_attention_matrix_passes(key):
     assert (log.reads, log.writes) == (tr["reads_per_layer"] * cfg.n_layer, tr["writes_per_layer"] * cfg.n_layer)
 
 
-def test_facts_flop_split():
+def test_hand_derived_flop_split():
     g = preset("gpt2")
     bd = layer_forward_breakdown(g, 32, 256)
     assert round(bd["mlp_up"] + bd["mlp_down"], -7) == 8.59e9
@@ -174,7 +175,7 @@ def test_facts_flop_split():
     assert round(ft["mlp_gflop"], 2) == pytest.approx(POST_CLAIMED["mlp_gflop_fasttransformer"], abs=0.011)
 
 
-def test_facts_step_flops_and_floors():
+def test_hand_derived_step_flops_and_floors():
     g, f = preset("gpt2"), preset("fasttransformer")
     assert round(palm_flops(f, 32, 256) / 1e9) == 160
     assert round(palm_flops(g, 32, 256) / 1e9) == 271
@@ -227,7 +228,7 @@ def test_fused_attention_is_causal_with_recompute():
 def test_expected_backend_rules():
     ft = preset("fasttransformer")
     orig = preset("fasttransformer", kv_layout="broadcast")  # the original's (B, 1, T, d) K/V
-    assert expected_backend(orig, "fp32", (9, 0)) == "math"  # facts.md: math on H200 in fp32
+    assert expected_backend(orig, "fp32", (9, 0)) == "math"  # no fused kernel takes the broadcast K/V in fp32: math
     assert expected_backend(orig, "fp32", (7, 5)) == "math"
     assert expected_backend(ft, "fp32", (9, 0)) == "efficient"  # .expand view -> fmha_cutlass
     assert expected_backend(ft, "bf16", (9, 0)) == "flash"

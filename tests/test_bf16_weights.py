@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 import torch.nn as nn
+
 from ftlib.training.engine.bf16_weights import ShadowLinear
 
 

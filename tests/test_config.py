@@ -11,7 +11,7 @@ from ftlib.model.config import PRESETS
     [("gpt2", 4_837_888), ("fasttransformer", 2_559_744), ("nanogpt-char", 10_745_088)],
 )
 def test_preset_parameter_counts(name, count):
-    # gpt2 / fasttransformer: shared/reference/facts.md; nanogpt-char: nanoGPT prints 10.65M,
+    # gpt2 / fasttransformer: the post's 4.84M and 2.56M (ftlib.analysis.claims); nanogpt-char: nanoGPT prints 10.65M,
     # which excludes the 256*384 position embedding: 10,745,088 - 98,304 = 10,646,784.
     assert build_model(name).num_params() == count
 

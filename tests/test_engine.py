@@ -252,7 +252,7 @@ def test_bias_kernel_swaps_only_linears_with_a_bias(dev):
     assert "no biases" in ft.notes["bias"] and not ft.describe()["bias_kernel"]
     x3 = Engine(GPT4, B, T, "fp32", dev, bias_kernel=True, linear_precision="tf32x3")
     assert "Triton GEMM" in x3.notes["bias"]
-    # On by default (engine round 5); off with every kernel off, and on request.
+    # On by default; off with every kernel off, and on request.
     assert Engine(GPT4, B, T, "fp32", dev).describe()["bias_kernel"]
     none = Engine(GPT4, B, T, "fp32", dev, use_kernels=False)
     assert not none.describe()["bias_kernel"] and "use_kernels=False" in none.notes["bias"]
@@ -320,7 +320,7 @@ def test_fused_dropout_needs_the_fused_norm_and_dropout(dev):
 
 def test_bf16_norm_out_only_under_bf16_and_trains_like_the_default(dev):
     (x, y), = pattern_batches(FT1.vocab_size, B, T, 1, seed=4)
-    on = Engine(FT1, B, T, "bf16", dev, seed=2)  # on by default from engine round 5
+    on = Engine(FT1, B, T, "bf16", dev, seed=2)  # on by default
     off = Engine(FT1, B, T, "bf16", dev, seed=2, bf16_norm_out=False)
     assert on.describe()["bf16_norm_out"] and not off.describe()["bf16_norm_out"]
     for _ in range(2):
@@ -356,7 +356,7 @@ def test_fused_softmax_only_for_explicit_attention_left_as_written(dev):
     assert not Engine(FT1, B, T, "fp32", dev, fused_softmax=True).describe()["fused_softmax"]
     off = Engine(GPT4, B, T, "fp32", dev, use_kernels=False, fused_softmax=True)
     assert "switched off" in off.notes["softmax"] and not off.describe()["fused_softmax"]
-    assert Engine(GPT4, B, T, "fp32", dev).describe()["fused_softmax"]  # the default from round 6
+    assert Engine(GPT4, B, T, "fp32", dev).describe()["fused_softmax"]  # on by default
     assert not Engine(GPT4, B, T, "fp32", dev, fused_softmax=False).describe()["fused_softmax"]
 
 

@@ -2,7 +2,7 @@
 
 Shape: the FastTransformer's attention, B=32, nh=8, T=256, hs=32, with nkv=1 (MQA) and 8.
 Variants: v1 explicit reference (materializes (B, nh, T, T)), v2 SDPA with a stride-0
-expanded K/V (memory-efficient kernel in fp32, facts.md), v3 Triton 'ieee' fp32, v4 Triton
+expanded K/V (memory-efficient kernel in fp32), v3 Triton 'ieee' fp32, v4 Triton
 'tf32', v7 Triton 'tf32x3', and in bf16 v5 SDPA and v6 Triton. FLOPs: the causal half of the 4 matmuls'
 worth forward (4 B nh T^2 hs / 2) and 2.5x that backward (FlashAttention-2 paper's
 convention, sec. 4.1: 5 matmuls vs 2); the Triton backward actually does 7 (QK^T twice).

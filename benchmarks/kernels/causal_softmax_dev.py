@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             Variant("v3 triton fused", fwd_bwd(lambda t: causal_softmax(t, scale, dtype)), tol),
         ]
         # v4, v5: fewer rows per program (more programs; warps follow the tile: 4 x 256 -> 1 warp,
-        # the RMSNorm winner's shape), after v3 lost to Inductor by ~15% (kernels.jsonl, session 6).
+        # the RMSNorm winner's shape), after v3 lost to Inductor by ~15% (kernels.jsonl).
         for v, rows in (("v4", 4), ("v5", 8)):
             variants.append(Variant(f"{v} triton fused, {rows} rows", fwd_bwd(
                 lambda t, n=rows: causal_softmax(t, scale, dtype, n)), tol))

@@ -8,12 +8,12 @@ and read by chapter 6 (``ftlib.views.engine.probe_table``).
 Per case, the captured engine step is timed (median of 50 replays), then an uncaptured engine
 of the same configuration runs three steps under torch.profiler and the CUDA kernel time is
 summed by kernel name: the graph replays exactly these kernels without the launch gaps, so
-the table says which kernels the next engine round should remove or speed up. (The
+the table says which kernels are worth removing or speeding up next. (The
 ceilings are measured by ``benchmarks/kernels/ceilings.py`` and the attention variants in a graph
 by ``attention_dev.py``, both through ``benchmarks/kernels/suite.py``.)
 
-The first attempt (2026-12-02) ran it after an attention capture in the same process had
-failed, which left the CUDA generator in capture state; it now runs in a process of its own.
+It runs in a process of its own: a failed capture earlier in the same process (e.g. the
+attention's) leaves the CUDA generator in capture state.
 """
 
 from __future__ import annotations
@@ -88,10 +88,10 @@ def main() -> int:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     t0 = time.time()
-    # Engine round 4's defaults (packed attention, fused residual-norm): the headline cases first.
+    # The engine's defaults (packed attention, fused residual-norm): the headline cases first.
     cases = [("fasttransformer", "tf32", {}), ("fasttransformer", "bf16", {}),
              ("gpt2", "tf32", {"attention_for_explicit": True}),
-             ("gpt2", "tf32", {}),  # as written: explicit softmax, fused from round 6
+             ("gpt2", "tf32", {}),  # as written: explicit softmax (fused by default)
              ("fasttransformer", "fp32", {"linear_precision": "tf32x3", "attention_precision": "tf32x3"}),
              ("fasttransformer", "fp32", {}), ("gpt2", "fp32", {})]
     # The speedrun's step (chapter 8): 256x6 FT-style, B=64, residual dropout 0.2 (fused), bf16.

@@ -4,7 +4,7 @@
 
 Why: in strict fp32 the FastTransformer step is matmul-bound (chapter 01's compile-ro
 profile: ~3.1 ms of SIMT SGEMM in a 5.8 ms step, ~39 TFLOP/s of the FMA units' 67), so no
-elementwise fusion reaches the issue's 1.5x. The lever left is the tensor cores at fp32
+elementwise fusion reaches a 1.5x speed-up. What is left is the tensor cores at fp32
 accuracy: 3xTF32 (Triton's ``input_precision='tf32x3'``; each fp32 operand = TF32 head +
 TF32 tail, three MMAs, NVIDIA/cutlass discussion 385) has ~fp32 error at up to a third of
 the TF32 rate. This driver measures it on the step's own shapes before anything enters the

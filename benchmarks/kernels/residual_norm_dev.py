@@ -3,15 +3,15 @@
 
 Variants: v1 eager (``s = x + r`` then ``ftlib.model.norm``'s RMSNorm / LayerNorm: an add kernel, a
 norm kernel, and backward autograd's add of the two gradients reaching s), v2 torch.compile of
-the same, v3 the fused kernel of ``kernels/residual_norm.py`` (one kernel each way; the
-engine's default from round 4, 16 rows per program), v4 the model's row-tile RMSNorm after an
+the same, v3 the fused kernel of ``kernels/residual_norm.py`` (one kernel each way, 16 rows
+per program), v4 the model's row-tile RMSNorm after an
 eager add (the unfused engine, RMSNorm only), v5 and v6 the fused kernel on 4- and 8-row
 tiles. Shape: one FastTransformer / GPT-2 norm input, (B*T, C) =
 (8192, 256), fp32 and bf16; both outputs s and h receive gradients, as in a block.
 Bytes (the floor): forward reads x and r, writes s and h; backward reads ds, dh and s and
 writes one gradient (dx = dr): 8 passes of M x N; weight, rstd and partials left out.
 
-Residual dropout (p = 0.2, RMSNorm, added in session 5): v1 eager with the mask as a tensor
+Residual dropout (p = 0.2, RMSNorm): v1 eager with the mask as a tensor
 (``nn.Dropout``'s traffic: the masked multiply forward, its mask read backward, on top of
 the add and the norm), v2 torch.compile of it, v3 the fused kernel drawing the mask itself
 (Philox per element, redrawn in the backward), v4 the same kernel drawing one Philox4x32 call

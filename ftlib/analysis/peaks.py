@@ -202,7 +202,7 @@ def step_floor(
 
 
 def flops_floor(flops: float, device: str | DevicePeaks, precision: str = "fp32") -> float:
-    """Seconds to do ``flops`` at the device's matmul peak for ``precision`` (facts.md's floors)."""
+    """Seconds to do ``flops`` at the device's matmul peak for ``precision``."""
     return flops / _device(device).rate(precision)
 
 

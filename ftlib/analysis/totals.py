@@ -34,7 +34,7 @@ def layer_forward_breakdown(
 ) -> dict[str, float]:
     """Forward FLOPs of one block by component (layer 0), the post's sec. 2 table.
 
-    With ``gemm_only`` (the default, the convention of the post and facts.md) only the
+    With ``gemm_only`` (the default, the convention of the post) only the
     matmuls: qkv, scores (QKᵀ), attn_v (A·V), out_proj, mlp_up, mlp_down; full T x T
     unless ``causal``. Otherwise every component's ``flops_full`` / ``flops_causal``.
     """

@@ -112,7 +112,7 @@ def run_study(
     """Train every (run, seed) not yet stored under ``bench``; return the new rows.
 
     ``deadline`` (a ``time.time()`` value) stops starting new runs when passed, so a
-    bounded GPU session ends cleanly; what is left is measured by the next call.
+    run with a time limit ends cleanly; what is left is measured by the next call.
     ``repeat_of`` names the bench whose runs these repeat: each row then gets the key of
     the first run plus ``-repeat1`` and ``repeat_of_key`` (one repeat per run; a row marked as a
     repeat of that key counts, whatever its own key).

@@ -43,7 +43,7 @@ from ftlib.training.step import make_optimizer, train_step
 # Relative gradient difference DDP vs one process on the full batch: the two halves' sums are
 # added in another order than one GEMM over the whole batch; fp32 rounding stays ~1e-7.
 GRAD_RTOL = 1e-5
-# NVLink multicast (NVLS) is forbidden on the shared machines; these switch it off in NCCL,
+# NVLink multicast (NVLS) is not allowed on the GPU hosts the book measures on; these switch it off in NCCL,
 # PyTorch's symmetric memory and NVSHMEM. setdefault: a caller's explicit value wins.
 MULTICAST_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 # Datasheet NVLink bandwidth per GPU, both directions together (a lead, not a reading):
