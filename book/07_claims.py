@@ -80,7 +80,9 @@ for device in device_folders():  # every GPU with stored results, each audited o
 # %%
 from IPython.display import Markdown, display
 
-from ftlib.findings import markdown
+from ftlib.findings import additions_markdown, findings_table, preamble
 
-for device in device_folders():
-    display(Markdown(markdown(device)))
+for device in device_folders():  # a notebook shows tables as HTML, so the table and the text go apart
+    display(Markdown(preamble(device)))
+    show_frame(findings_table(device), caption=f"The post's headline claims on {device}")
+    display(Markdown(additions_markdown(device)))

@@ -52,15 +52,18 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
-from ftlib.findings import lessons, markdown
+from ftlib.findings import additions_markdown, findings_table, lessons, preamble
 from ftlib.results import device_folders
+from ftlib.tables import show_frame
 
 # %% [markdown]
 # ## The verdicts
 
 # %%
-for device in device_folders():
-    display(Markdown(markdown(device)))
+for device in device_folders():  # a notebook shows tables as HTML, so the table and the text go apart
+    display(Markdown(preamble(device)))
+    show_frame(findings_table(device), caption=f"The post's headline claims on {device}")
+    display(Markdown(additions_markdown(device)))
 
 # %% [markdown]
 # ## What the measurements teach
