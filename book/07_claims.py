@@ -81,7 +81,7 @@ from IPython.display import Markdown, display
 
 from ftlib.views.findings import additions_markdown, findings_table, preamble
 
-for device in device_folders():
+for device in device_folders():  # a notebook shows tables as HTML, so the table and the text go apart
     display(Markdown(preamble(device)))
-    show_frame(findings_table(device), caption=f"The headline claims on {device}")
+    show_frame(findings_table(device), caption=f"The post's headline claims on {device}")
     display(Markdown(additions_markdown(device)))
