@@ -235,7 +235,7 @@ class FlatAdamW:
         with torch.no_grad():
             for p in params_all:
                 n = p.numel()
-                self.param[off : off + n].copy_(p.reshape(-1))
+                self.param[off : off + n].copy_(p.reshape(-1))  # any shape -> (n,)
                 p.data = self.param[off : off + n].view_as(p)
                 p.grad = self.grad[off : off + n].view_as(p)
                 off += n

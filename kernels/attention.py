@@ -192,6 +192,7 @@ def attention_bwd(
     key, order = tiles_to_try("bwd_dkdv", hs, q.dtype, T, q.device, explicit)
     dk, dv, n_split = launch_tiled("bwd_dkdv", launch_dkdv, order, key)
     if n_split > 1:
+        # (B, nkv * n_split, T, hs) partial sums over the query heads' split -> (B, nkv, T, hs)
         dk = dk.view(B, nkv, n_split, T, hs).sum(2).to(k.dtype)
         dv = dv.view(B, nkv, n_split, T, hs).sum(2).to(v.dtype)
     if dk_out is not None:
@@ -205,14 +206,15 @@ class FlashAttentionFunction(torch.autograd.Function):
     """Saves q, k, v, o and the (B, nh, T) logsumexp; never the (T, T) probabilities."""
 
     @staticmethod
-    def forward(ctx, q, k, v, sm_scale=None, input_precision="ieee", block_m=None, block_n=None):
+    def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
+                input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
         o, lse = attention_fwd(q, k, v, sm_scale, input_precision, block_m, block_n)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.cfg = (sm_scale, input_precision, block_m, block_n)
         return o
 
     @staticmethod
-    def backward(ctx, do):
+    def backward(ctx, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = attention_bwd(do, q, k, v, o, lse, *ctx.cfg)
         return dq, dk, dv, None, None, None, None
@@ -248,7 +250,8 @@ class PackedAttentionFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, qkv, n_head, n_kv_head, head_size, input_precision="ieee", block_m=None, block_n=None):
+    def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
+                block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
         y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
@@ -259,12 +262,12 @@ class PackedAttentionFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qkv, y, lse = ctx.saved_tensors
         nh, nkv, hs, prec, bm, bn = ctx.cfg
         B, T, C = y.shape
         q, k, v = _packed_views(qkv, nh, nkv, hs)
-        o = y.view(B, T, nh, hs).transpose(1, 2)
+        o = y.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view
         do = dy.contiguous().view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view
         dqkv = torch.empty_like(qkv)
         dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)

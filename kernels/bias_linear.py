@@ -162,7 +162,7 @@ class BiasLinearFunction(torch.autograd.Function):
     """
 
     @staticmethod
-    def forward(ctx, x, weight, bias):
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None) -> torch.Tensor:
         _check(x, weight, bias)
         dev = x.device.type
         ctx.dev = dev
@@ -179,7 +179,7 @@ class BiasLinearFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable  # db comes from a Triton kernel autograd cannot see through
-    def backward(ctx, dy):
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight = ctx.saved_tensors
         x_dtype, w_dtype, b_dtype = ctx.dtypes
         N, K = weight.shape

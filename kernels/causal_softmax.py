@@ -136,7 +136,7 @@ class CausalSoftmaxFunction(torch.autograd.Function):
 
     @staticmethod
     @once_differentiable
-    def backward(ctx, dp: torch.Tensor):
+    def backward(ctx, dp: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (p,) = ctx.saved_tensors
         return causal_softmax_backward(p, dp.contiguous(), ctx.scale, ctx.s_dtype, ctx.rows), None, None, None
 

@@ -133,7 +133,7 @@ class CrossEntropyFunction(torch.autograd.Function):
         return loss
 
     @staticmethod
-    def backward(ctx, grad_output: torch.Tensor):
+    def backward(ctx, grad_output: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (dlogits,) = ctx.saved_tensors
         # Liger skips this when grad_output == 1, but testing that needs a host sync; at
         # N x V = 8192 x 65 the multiply is one small elementwise kernel.

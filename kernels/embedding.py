@@ -27,7 +27,7 @@ class EmbeddingFunction(torch.autograd.Function):
         return F.embedding(idx, weight)
 
     @staticmethod
-    def backward(ctx, dy: torch.Tensor):
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         (idx,) = ctx.saved_tensors
         C = dy.shape[-1]
         # Accumulate in fp32 whatever dy's dtype: a bf16 sum of ~100 rows per symbol would round

@@ -105,7 +105,7 @@ def _check_inputs(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | No
 
 
 def _rows(t: torch.Tensor) -> torch.Tensor:
-    t2 = t.reshape(-1, t.shape[-1])
+    t2 = t.reshape(-1, t.shape[-1])  # (..., N) -> (M, N)
     return t2 if t2.stride(-1) == 1 else t2.contiguous()
 
 
@@ -127,7 +127,7 @@ def layer_norm_fwd(
             BLOCK_N=BLOCK_N, HAS_BIAS=bias is not None, CD=compute_dtype(x.dtype),
             num_warps=min(max(BLOCK_N // 256, 1), 8),
         )
-    return y.view(x.shape), mean, rstd
+    return y.view(x.shape), mean, rstd  # (M, N) -> x's (..., N)
 
 
 def layer_norm_bwd(
@@ -154,7 +154,7 @@ def layer_norm_bwd(
         )
     dw = dw_partial.sum(0).to(weight.dtype)
     db = db_partial.sum(0).to(weight.dtype) if has_bias else None
-    return dx.view(x.shape), dw, db
+    return dx.view(x.shape), dw, db  # (M, N) -> x's (..., N)
 
 
 class LayerNormFunction(torch.autograd.Function):
@@ -168,13 +168,14 @@ class LayerNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, dy: torch.Tensor):
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight, mean, rstd = ctx.saved_tensors
         dx, dw, db = layer_norm_bwd(dy, x, weight, ctx.has_bias, mean, rstd)
         return dx, dw, db, None
 
 
-def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None, eps: float = 1e-5):
+def layer_norm(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None = None,
+               eps: float = 1e-5) -> torch.Tensor:
     """Functional LayerNorm through the Triton kernels (differentiable in x, weight, bias)."""
     return LayerNormFunction.apply(x, weight, bias, eps)
 

@@ -152,17 +152,18 @@ class LinearFunction(torch.autograd.Function):
     """y = x W^T + b with all three GEMMs on :func:`matmul`; saves x and W (as F.linear does)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, input_precision):
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                input_precision: str) -> torch.Tensor:
         x2 = x.reshape(-1, x.shape[-1])  # (M, K), a view for contiguous activations
         y = matmul(x2, weight.t(), bias, input_precision)  # (M, N)
         ctx.save_for_backward(x2, weight)
         ctx.has_bias = bias is not None
         ctx.prec = input_precision
         ctx.x_shape = x.shape
-        return y.view(*x.shape[:-1], weight.shape[0])
+        return y.view(*x.shape[:-1], weight.shape[0])  # (M, N) -> (..., N)
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x2, weight = ctx.saved_tensors
         dy2 = dy.reshape(-1, dy.shape[-1])  # (M, N)
         dx = dw = db = None

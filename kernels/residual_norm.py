@@ -216,7 +216,7 @@ def keep_mask(
     out = torch.empty(M, N, dtype=torch.int8, device=seed.device)
     if M * N:
         _keep_mask_kernel[(M,)](seed, out, M, N, salt, p, ROWS=1, BLOCK_N=_block_n(N), RNG4=rng4)
-    return out.view(shape).bool()
+    return out.view(shape).bool()  # (M, N) -> shape
 
 
 def _block_n(N: int) -> int:
@@ -294,7 +294,10 @@ class AddNormFunction(torch.autograd.Function):
     """Two outputs, (s, h); autograd hands the backward both gradients, so their sum is fused."""
 
     @staticmethod
-    def forward(ctx, x, r, w, b, eps, layer_norm, out_dtype=None, rows=ROWS, p=0.0, seed=None, salt=0, rng4=RNG4):
+    def forward(ctx, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float,
+                layer_norm: bool, out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0,
+                seed: torch.Tensor | None = None, salt: int = 0,
+                rng4: bool = RNG4) -> tuple[torch.Tensor, torch.Tensor]:
         s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm, out_dtype, rows,
                                   p, seed, salt, rng4)
         ctx.save_for_backward(s, w, rstd)
@@ -304,7 +307,7 @@ class AddNormFunction(torch.autograd.Function):
         return s, h
 
     @staticmethod
-    def backward(ctx, ds, dh):
+    def backward(ctx, ds: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         s, w, rstd = ctx.saved_tensors
         none = (None,) * 10
         if dh is None:  # h unused: s's gradient passes through to x, and to r through the mask

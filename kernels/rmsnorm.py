@@ -121,7 +121,7 @@ def rms_norm_fwd(
             x2, weight, y, rstd, x2.stride(0), y.stride(0), M, N, eps,
             ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=row_tile_warps(rows, BLOCK_N),
         )
-    return y.view(x.shape), rstd
+    return y.view(x.shape), rstd  # (M, N) -> x's (..., N)
 
 
 def rms_norm_bwd(
@@ -133,7 +133,7 @@ def rms_norm_bwd(
     if dy.shape != x.shape:
         raise ValueError(f"dy shape {tuple(dy.shape)} != x shape {tuple(x.shape)}")
     N = x.shape[-1]
-    x2 = x.reshape(-1, N)
+    x2 = x.reshape(-1, N)  # (..., N) -> (M, N)
     dy2 = dy.reshape(-1, N)
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     dy2 = dy2 if dy2.stride(-1) == 1 else dy2.contiguous()
@@ -151,7 +151,7 @@ def rms_norm_bwd(
         dw = dw_partial.sum(0).to(weight.dtype)
     else:
         dw = torch.zeros_like(weight)
-    return dx.view(x.shape), dw
+    return dx.view(x.shape), dw  # (M, N) -> x's (..., N)
 
 
 class RMSNormFunction(torch.autograd.Function):
@@ -164,7 +164,7 @@ class RMSNormFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, dy: torch.Tensor):
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight, rstd = ctx.saved_tensors
         dx, dw = rms_norm_bwd(dy, x, weight, rstd)
         return dx, dw, None

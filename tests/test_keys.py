@@ -15,6 +15,7 @@ import torch
 from ftlib.harness.bench.step import key_extra
 from ftlib.harness.convergence import run_key
 from ftlib.harness.ddp_bench import ddp_key
+from ftlib.harness.engine_check import CHECKS, check_key
 from ftlib.harness.profiling import PROFILE_MODES, profile_key
 from ftlib.harness.results import row_key
 from ftlib.harness.studies import suites
@@ -106,7 +107,6 @@ def test_profile_ddp_and_engine_check_keys():
         for ws in (1, 2, 4, 8):
             for mode in ("eager", "compile", "compile-ro"):
                 assert ddp_key(preset(name), 32, 256, mode, "fp32", ws) == SNAPSHOT["ddp"][f"{name} {ws} {mode}"]
-    for ident, key in SNAPSHOT["engine_check"].items():
-        name, prec, opts = ident.split(" ", 2)
-        assert row_key("engine_check", preset(name).config_hash(), 32, 256, "engine", prec,
-                       {"steps": 100, "run": "RUN", **json.loads(opts)}) == key
+    checks = {f"{name} {prec} {json.dumps(opts, sort_keys=True)}": check_key(name, prec, opts, "RUN")
+              for prec, name, opts in CHECKS}
+    assert checks == SNAPSHOT["engine_check"]

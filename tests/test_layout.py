@@ -9,10 +9,10 @@ from __future__ import annotations
 import ast
 import subprocess
 import sys
-import tomllib
 from pathlib import Path
 
 import pytest
+import tomllib
 
 ROOT = Path(__file__).resolve().parent.parent
 MAX_LINES = 400
@@ -60,13 +60,14 @@ def test_import_ftlib_is_quiet() -> None:
     """``import ftlib`` prints nothing and changes no global torch setting."""
     code = (
         "import torch\n"
-        "before = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,\n"
-        "          torch.get_float32_matmul_precision(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())\n"
+        "def flags():\n"
+        "    return (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,\n"
+        "            torch.get_float32_matmul_precision(), torch.get_default_dtype(),\n"
+        "            torch.are_deterministic_algorithms_enabled())\n"
+        "before = flags()\n"
         "import ftlib\n"
         "from ftlib import ModelConfig, preset, build_model, GPT, PRESETS\n"
-        "after = (torch.backends.cuda.matmul.allow_tf32, torch.backends.cudnn.allow_tf32,\n"
-        "         torch.get_float32_matmul_precision(), torch.get_default_dtype(), torch.are_deterministic_algorithms_enabled())\n"
-        "assert before == after, (before, after)\n"
+        "assert flags() == before, (before, flags())\n"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=False)
     assert out.returncode == 0, out.stderr

@@ -45,7 +45,7 @@ def speedrun_finalists(rows: list[dict[str, Any]], always: Iterable[str] = ()) -
     return list(dict.fromkeys([REFERENCE] + ([best["model"]] if best is not None else []) + list(always)))
 
 
-def run_suites(names: Iterable[str], device, smoke: bool = False, budget_s: float | None = None,
+def run_suites(names: Iterable[str], device: torch.device | str, smoke: bool = False, budget_s: float | None = None,
                ds: CharDataset | None = None, progress: bool = False) -> list[dict[str, Any]]:
     """Run the named studies (``ftlib.harness.studies.suites``) until done or ``budget_s`` seconds have
     passed; then the speedrun's extra seeds for its finalists (the reference, the fastest seed-0
@@ -166,7 +166,8 @@ def describe_row(r: dict[str, Any]) -> str:
             f"(excl. startup {s(r.get('time_to_target_excl_startup_s'))})")
 
 
-def sample_text(model, ds: CharDataset, device, n: int = 300, seed: int = 0, prompt: str = "\n") -> str:
+def sample_text(model: torch.nn.Module, ds: CharDataset, device: torch.device | str,
+                n: int = 300, seed: int = 0, prompt: str = "\n") -> str:
     """``n`` characters sampled (temperature 0.8, top-k 40) after ``prompt``, reproducibly."""
     model.eval()
     g = torch.Generator(device=torch.device(device)).manual_seed(seed)
@@ -175,7 +176,7 @@ def sample_text(model, ds: CharDataset, device, n: int = 300, seed: int = 0, pro
     return ds.decode(out[0, len(prompt):].tolist())
 
 
-def checkpoint_roundtrip(name: str, ds: CharDataset, device: torch.device | str, path,
+def checkpoint_roundtrip(name: str, ds: CharDataset, device: torch.device | str, path: str | Path,
                          smoke: bool = True) -> dict[str, Any]:
     """Train speedrun candidate ``name`` to 1.50 (at smoke size: 20 steps of a tiny model, on
     PyTorch ops), save it with :func:`ftlib.training.trainer.save_checkpoint`, load it back, and check

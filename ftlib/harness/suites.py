@@ -24,6 +24,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -75,8 +76,9 @@ def headline_models() -> dict:
     return {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
 
 
-def baselines(models: Mapping | None = None, precisions=HEADLINE_PRECISIONS, shape=(HEADLINE_B, HEADLINE_T),
-              configs=STEP_CONFIGS, broadcast: bool = True) -> list[Case]:
+def baselines(models: Mapping | None = None, precisions: Sequence[str] = HEADLINE_PRECISIONS,
+              shape: tuple[int, int] = (HEADLINE_B, HEADLINE_T),
+              configs: Sequence[tuple[str, str]] = STEP_CONFIGS, broadcast: bool = True) -> list[Case]:
     """Every model x precision in every (mode, optimizer) of ``configs``, one (model, precision) at a time.
 
     bf16 first, the precision the book's headline is about; within a (model, precision) the
@@ -256,7 +258,7 @@ def smoke_cases(cases: Sequence[Case], device: torch.device) -> list[Case]:
 
 
 def measure(cases: Sequence[Case], bench: str, device: torch.device, smoke: bool, progress: bool = False,
-            **bench_kwargs) -> list[dict]:
+            **bench_kwargs: Any) -> list[dict]:
     """Measure ``cases`` here as one run and return its rows.
 
     A full-size run on a GPU adds its rows to that GPU's results folder, beside the stored

@@ -15,6 +15,7 @@ FastTransformer preset itself.
 from __future__ import annotations
 
 from itertools import product
+from typing import Any
 
 from ftlib.model.config import ModelConfig, preset
 
@@ -26,7 +27,7 @@ SWITCHES: dict[str, dict] = {
 }
 
 
-def with_switches(names: tuple[str, ...], base: str = "gpt2", **overrides) -> ModelConfig:
+def with_switches(names: tuple[str, ...], base: str = "gpt2", **overrides: Any) -> ModelConfig:
     fields: dict = {}
     for n in names:
         fields.update(SWITCHES[n])
@@ -37,7 +38,7 @@ def grid_label(names: tuple[str, ...]) -> str:
     return "+".join(names) if names else "gpt2"
 
 
-def grid(**overrides) -> dict[str, ModelConfig]:
+def grid(**overrides: Any) -> dict[str, ModelConfig]:
     """All 16 combinations of the four switches on GPT-2, labelled like 'MQA+SDPA'."""
     out = {}
     for bits in product((False, True), repeat=len(SWITCHES)):
@@ -46,7 +47,7 @@ def grid(**overrides) -> dict[str, ModelConfig]:
     return out
 
 
-def ladder(**overrides) -> dict[str, ModelConfig]:
+def ladder(**overrides: Any) -> dict[str, ModelConfig]:
     """GPT-2 -> FastTransformer one change at a time, in the post's order, then no biases."""
     steps, names = {}, ()
     steps["gpt2"] = with_switches((), **overrides)
@@ -57,10 +58,10 @@ def ladder(**overrides) -> dict[str, ModelConfig]:
     return steps
 
 
-def kv_head_sweep(base: str = "fasttransformer", **overrides) -> dict[str, ModelConfig]:
+def kv_head_sweep(base: str = "fasttransformer", **overrides: Any) -> dict[str, ModelConfig]:
     """Grouped-query attention from multi-query (1 K/V head) to multi-head (8)."""
     return {f"n_kv_head={k}": preset(base, n_kv_head=k, **overrides) for k in (1, 2, 4, 8)}
 
 
-def mlp_ratio_sweep(base: str = "fasttransformer", **overrides) -> dict[str, ModelConfig]:
+def mlp_ratio_sweep(base: str = "fasttransformer", **overrides: Any) -> dict[str, ModelConfig]:
     return {f"mlp_ratio={r:g}": preset(base, mlp_ratio=r, **overrides) for r in (1.0, 1.5, 2.0, 3.0, 4.0)}

@@ -55,7 +55,7 @@ def causal_attention_ref(
     if training and dropout_p > 0:
         att = F.dropout(att, p=dropout_p)
     y = att @ vg  # (B, nkv, r, T, hs)
-    return y.reshape(B, nh, T, hs)
+    return y.reshape(B, nh, T, hs)  # (B, nkv, r, T, hs) -> (B, nh, T, hs): head h = g * r + i
 
 
 def kv_for_sdpa(k: torch.Tensor, n_head: int, layout: str) -> tuple[torch.Tensor, bool]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import torch
 import torch.nn as nn
@@ -67,7 +68,7 @@ class GPT(nn.Module):
         logits = self.head(h)  # (B, T, V); h = norm_f(x)
         loss = None
         if targets is not None:
-            loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))
+            loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))  # (B*T, V), (B*T,)
         return logits, loss
 
     @torch.no_grad()
@@ -93,7 +94,7 @@ class GPT(nn.Module):
         return idx
 
 
-def build_model(config: ModelConfig | str, seed: int | None = None, **overrides) -> GPT:
+def build_model(config: ModelConfig | str, seed: int | None = None, **overrides: Any) -> GPT:
     """A model from a config or preset name; ``seed`` makes the initialization reproducible."""
     from ftlib.model.config import PRESETS, preset
 

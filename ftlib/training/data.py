@@ -12,6 +12,7 @@ import hashlib
 import os
 import shutil
 import urllib.request
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,7 +102,7 @@ class CharDataset:
         stoi = {c: i for i, c in enumerate(self.chars)}
         return [stoi[c] for c in s]
 
-    def decode(self, ids) -> str:
+    def decode(self, ids: Iterable[int] | torch.Tensor) -> str:
         return "".join(self.chars[int(i)] for i in ids)
 
 
@@ -136,7 +137,8 @@ class SequentialBatches:
     starting where step i-1 stopped.
     """
 
-    def __init__(self, data: torch.Tensor, batch_size: int, block_size: int, device="cpu") -> None:
+    def __init__(self, data: torch.Tensor, batch_size: int, block_size: int,
+                 device: torch.device | str = "cpu") -> None:
         need = batch_size * block_size + 1
         if len(data) < need:
             raise ValueError(f"data of {len(data)} tokens is shorter than one batch of B*T+1={need}")
@@ -152,7 +154,7 @@ class SequentialBatches:
             self.pos = 0
         chunk = self.data[self.pos : self.pos + n + 1]
         self.pos += n
-        x = chunk[:-1].view(self.B, self.T)
+        x = chunk[:-1].view(self.B, self.T)  # (B*T,) -> (B, T); y is x shifted by one token
         y = chunk[1:].view(self.B, self.T)
         return x.to(self.device), y.to(self.device)
 

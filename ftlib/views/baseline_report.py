@@ -7,6 +7,7 @@ from collections.abc import Sequence
 from typing import Any
 
 import pandas as pd
+import plotly.graph_objects as go
 
 from ftlib.analysis.claims import POST_CLAIMED, POST_GPU, post_step_rows, roofline_projection
 from ftlib.model.config import preset
@@ -97,10 +98,8 @@ def placement_effect(df: pd.DataFrame) -> pd.DataFrame:
         "verdict": tab["verdict"]})
 
 
-def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequence[str] | None = None):
+def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequence[str] | None = None) -> go.Figure:
     """Step time of every configuration, one bar per model: median over runs, min–max as error bars."""
-    import plotly.graph_objects as go
-
     from ftlib.views.plots import MODEL_COLORS, legend_below
 
     tab = placement_table(df)
@@ -226,11 +225,9 @@ def eager_inversion(df: pd.DataFrame) -> pd.DataFrame:
                       for v in tab["verdict"]]})
 
 
-def throughput_figure(df: pd.DataFrame, device: str):
+def throughput_figure(df: pd.DataFrame, device: str) -> go.Figure:
     """Tokens per second per precision (the post's Figure 3): the post's configuration, each model's
     fastest compiled configuration, and the engine; medians over runs, min–max whiskers."""
-    import plotly.graph_objects as go
-
     from ftlib.views.plots import MODEL_COLORS, legend_below
 
     tab = placement_table(df)

@@ -38,7 +38,9 @@ def devices(rows: Iterable[dict[str, Any]]) -> list[str]:
     return sorted({r["device_slug"] for r in rows})
 
 
-def ratio(rows: list[dict[str, Any]], num: dict[str, Any], den: dict[str, Any], field: str = "median_ms"):
+def ratio(
+    rows: list[dict[str, Any]], num: dict[str, Any], den: dict[str, Any], field: str = "median_ms"
+) -> float | None:
     """den-row median over num-row median (a speed-up of num over den), or None if either is missing."""
     a, b = pick(rows, **num), pick(rows, **den)
     if a is None or b is None or not a.get(field) or not b.get(field):

@@ -17,6 +17,7 @@ import math
 import os
 import re
 import warnings
+from collections.abc import Iterable
 
 import plotly.graph_objects as go
 
@@ -37,13 +38,13 @@ def legend_below(fig: go.Figure) -> go.Figure:
     return fig
 
 
-def log_ticks(values) -> dict:
+def log_ticks(values: Iterable[float]) -> dict:
     """Axis settings that label a log axis at the data's own values (e.g. T = 128 ... 4096), not at 2, 5, 10."""
     vals = sorted({v for v in values if v})
     return dict(type="log", tickvals=vals, ticktext=[f"{v:g}" for v in vals])
 
 
-def log_axis(values) -> dict:
+def log_axis(values: Iterable[float | None]) -> dict:
     """A log axis labelled at 1, 2, 5 x 10^k over the span of ``values`` (plain numbers, no minor-digit clutter)."""
     vals = [v for v in values if v is not None and v > 0]
     if not vals:

@@ -9,12 +9,19 @@ described in :mod:`ftlib.harness.bench.step`.
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import torch
 
 from ftlib.training.step import make_optimizer, train_step
+
+if TYPE_CHECKING:
+    from ftlib.training.engine import Engine
+
+# A pool of (x, y) batches the timed calls cycle through.
+BatchPool = Sequence[tuple[torch.Tensor, torch.Tensor]]
 
 STEP_MODES = ("eager", "cudagraph", "compile", "compile-ro", "compile-max", "engine")
 COMPILE_MODES: dict[str, str | None] = {
@@ -83,7 +90,7 @@ def check_optimizer(mode: str, kind: str) -> None:
                          f"({', '.join(COMPILE_MODES)}), not {mode!r}")
 
 
-def make_step_optimizer(model: torch.nn.Module, kind: str, mode: str, device: torch.device):
+def make_step_optimizer(model: torch.nn.Module, kind: str, mode: str, device: torch.device) -> torch.optim.Optimizer:
     check_optimizer(mode, kind)
     if mode == "cudagraph":
         # Capture needs the step count on the device (capturable); fused is one kernel per group.
@@ -193,7 +200,7 @@ def _cudagraph_runner(model, opt, pool, scaler=None) -> Runner:
     return Runner(prepare, run, first_k=GRAPH_WARMUP)
 
 
-def engine_runner(engine, pool) -> Runner:
+def engine_runner(engine: Engine, pool: BatchPool) -> Runner:
     """Like the cudagraph mode: copy the batch into the engine's static buffers untimed, replay timed."""
     n = len(pool)
 
@@ -205,7 +212,9 @@ def engine_runner(engine, pool) -> Runner:
     return Runner(prepare, lambda k: engine.step(engine.static_x, engine.static_y))
 
 
-def make_runner(mode: str, model, opt, pool, optimizer: str = "default", scaler=None) -> Runner:
+def make_runner(mode: str, model: torch.nn.Module, opt: torch.optim.Optimizer, pool: BatchPool,
+                optimizer: str = "default", scaler: Any = None) -> Runner:
+    """The timed step of ``mode`` (one of :data:`STEP_MODES` but the engine), cycling through ``pool``."""
     if mode == "eager":
         return _eager_runner(model, opt, pool, scaler)
     if mode == "cudagraph":
@@ -213,7 +222,8 @@ def make_runner(mode: str, model, opt, pool, optimizer: str = "default", scaler=
     return _compile_runner(model, opt, pool, mode, whole_step=optimizer == "whole-step", scaler=scaler)
 
 
-def compile_counters():
+def compile_counters() -> dict[str, Any]:
+    """Dynamo's counters (graph breaks, recompiles, ...), read by :func:`compile_report`."""
     import torch._dynamo.utils
 
     return torch._dynamo.utils.counters

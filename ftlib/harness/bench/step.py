@@ -144,7 +144,8 @@ def _reference_losses(cfg, seed, pool, n_steps, opt_kind, mode, device, precisio
 
 
 def base_row(
-    bench, label, cfg, preset_name, B, T, mode, prec, opt_kind, device, extra
+    bench: str, label: str, cfg: ModelConfig, preset_name: str | None, B: int, T: int, mode: str, prec: str,
+    opt_kind: str, device: torch.device, extra: Mapping[str, Any] | None,
 ) -> dict[str, Any]:
     row: dict[str, Any] = {f: None for f in ROW_FIELDS}
     row.update(provenance(device))

@@ -28,7 +28,8 @@ class ShadowLinearFunction(torch.autograd.Function):
     its ``.grad`` (autograd casts the bf16 dW to the weight's fp32, as it does under autocast)."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, w16):
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None,
+                w16: torch.Tensor) -> torch.Tensor:
         x16 = x.to(torch.bfloat16)  # a no-op when the producer already wrote bf16
         b16 = bias.to(torch.bfloat16) if bias is not None else None
         with torch.autocast(x.device.type, enabled=False):
@@ -39,7 +40,7 @@ class ShadowLinearFunction(torch.autograd.Function):
         return y
 
     @staticmethod
-    def backward(ctx, dy):
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x16, w16 = ctx.saved_tensors
         dy16 = dy.to(torch.bfloat16)
         dy2 = dy16.reshape(-1, dy16.shape[-1])  # (M, N)

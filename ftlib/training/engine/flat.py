@@ -40,7 +40,7 @@ def flatten_parameters_(
     with torch.no_grad():
         for p in params:
             n = p.numel()
-            flat_param[off : off + n].copy_(p.reshape(-1))
+            flat_param[off : off + n].copy_(p.reshape(-1))  # any shape -> (n,)
             p.data = flat_param[off : off + n].view_as(p)
             p.grad = flat_grad[off : off + n].view_as(p)
             spans.append((off, n))
