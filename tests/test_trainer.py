@@ -132,7 +132,12 @@ def test_recipe_engine_validation_and_key():
     # The key string leaves out fields added later while at their default (stored keys stay valid).
     r = recipe("nanogpt-char")
     assert "engine" not in r.key_repr()
-    assert r.key_repr() == repr(r).replace(", engine=False", "").replace(", engine_options=()", "")
+    unset = (", engine=False", ", engine_options=()", ", optimizer='adamw'", ", muon_lr=0.02", ", schedule='cosine'",
+             ", cooldown=None")
+    want = repr(r)
+    for field in unset:  # fields at their default stay out of the key, as before they existed
+        want = want.replace(field, "")
+    assert r.key_repr() == want
     with pytest.raises(ValueError, match="engine_options"):
         Recipe(engine_options=(("fuse_residual_norm", True),))  # needs engine=True
     with pytest.raises(ValueError, match="not in"):
@@ -152,3 +157,32 @@ def test_progress_bar_is_quiet_without_importing_tqdm_auto():
             "t = progress_bar(range(3), True, disable=True); assert list(t) == [0, 1, 2]; "
             "assert 'tqdm.auto' in sys.modules")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+
+def test_the_trapezoid_holds_then_cools_down_linearly():
+    r = Recipe(steps=100, lr=1e-3, min_lr=1e-4, warmup=10, decay_steps=100, schedule="trapezoid", cooldown=40)
+    assert r.lr_at(0) == pytest.approx(1e-3 / 11) and r.lr_at(10) == r.lr_at(59) == 1e-3
+    assert r.lr_at(60) == 1e-3 and r.lr_at(80) == pytest.approx(5.5e-4) and r.lr_at(100) == pytest.approx(1e-4)
+    assert "schedule='trapezoid'" in r.key_repr() and "cooldown=40" in r.key_repr()
+    with pytest.raises(ValueError, match="needs cooldown"):
+        Recipe(min_lr=1e-4, schedule="trapezoid")
+    with pytest.raises(ValueError, match="applies to schedule='trapezoid' only"):
+        Recipe(cooldown=10)
+    with pytest.raises(ValueError, match="optimizer='sgd' is not one of"):
+        Recipe(optimizer="sgd")
+
+
+def test_a_muon_recipe_trains_both_ways(tmp_path):
+    """optimizer='muon' through plain steps and through the engine, on the CPU: both lower the loss."""
+    ds = load_tinyshakespeare()
+    cfg = preset("fasttransformer", n_layer=1, n_embd=32, n_head=2, n_kv_head=1, block_size=16)
+    rec = Recipe(steps=20, batch_size=4, block_size=16, lr=3e-3, min_lr=3e-4, warmup=2, decay_steps=20,
+                 schedule="trapezoid", cooldown=10, optimizer="muon", muon_lr=0.02, eval_interval=20, eval_iters=2)
+    plain = train(cfg, rec, ds, "cpu", progress=False)
+    engine = train(cfg, rec.replace(engine=True, engine_options=(("use_kernels", False),)), ds, "cpu",
+                   progress=False)
+    for r in (plain, engine):
+        first, last = r["history"][0]["val_loss"], r["history"][-1]["val_loss"]
+        assert last < first - 0.3, (first, last)
+    assert engine["engine"]["optimizer"].startswith("muon + ")

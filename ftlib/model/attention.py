@@ -87,6 +87,8 @@ class CausalSelfAttention(nn.Module):
         self.head_size = config.n_embd // config.n_head
         self.attn_impl = config.attn_impl
         self.kv_layout = config.kv_layout
+        self.qk_norm = config.qk_norm
+        self.norm_eps = config.norm_eps
         self.dropout = config.attn_dropout_p  # on the attention probabilities
         # One fused projection to [q | k | v]: C + 2 * nkv * hs outputs
         # (256 -> 768 for GPT-2, 256 -> 320 for FastTransformer).
@@ -117,6 +119,9 @@ class CausalSelfAttention(nn.Module):
         q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs)
         k = k.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)  # (B, nkv, T, hs)
         v = v.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)  # (B, nkv, T, hs)
+        if self.qk_norm:  # each head's query and key vectors to unit RMS (no gain)
+            q = F.rms_norm(q, (self.head_size,), eps=self.norm_eps)
+            k = F.rms_norm(k, (self.head_size,), eps=self.norm_eps)
         p = self.dropout if self.training else 0.0
         if self.attn_impl == "explicit":
             y = causal_attention_ref(q, k, v, dropout_p=p, training=self.training)

@@ -22,15 +22,19 @@ from typing import Any
 
 NORMS = ("layernorm", "rmsnorm")
 INT_FIELDS = ("vocab_size", "block_size", "n_layer", "n_head", "n_kv_head", "n_embd")
-BOOL_FIELDS = ("bias", "tie_weights")
-REAL_FIELDS = ("mlp_ratio", "norm_eps", "dropout", "attn_dropout")
-OPTIONAL_FIELDS = ("attn_dropout",)
+BOOL_FIELDS = ("bias", "tie_weights", "qk_norm")
+REAL_FIELDS = ("mlp_ratio", "norm_eps", "dropout", "attn_dropout", "logit_softcap")
+OPTIONAL_FIELDS = ("attn_dropout", "logit_softcap")
+# Fields whose neutral value is left out of to_dict(), so configs from before they existed keep
+# their config_hash() (stored results are keyed by it).
+NEUTRAL = {"attn_dropout": None, "qk_norm": False, "logit_softcap": None}
 STR_FIELDS = ("attn_impl", "kv_layout", "norm", "activation", "init")
 ATTN_IMPLS = ("explicit", "sdpa")
 # How K/V with fewer heads than Q reach SDPA (ftlib.model.attention.kv_for_sdpa says what each does).
 KV_LAYOUTS = ("expand", "broadcast", "repeat", "gqa")
 INITS = ("torch", "normal", "gpt2")
-ACTIVATIONS = ("gelu_tanh", "gelu")
+# 'relu2': ReLU(x)^2 (So et al. 2021, "Primer", sec. 4; the public nanoGPT speedruns' MLP).
+ACTIVATIONS = ("gelu_tanh", "gelu", "relu2")
 
 
 @dataclass(frozen=True)
@@ -58,6 +62,12 @@ class ModelConfig:
     # 'gpt2': 'normal' plus residual projections N(0, 0.02/sqrt(2 n_layer)) (GPT-2 paper sec. 2.3, nanoGPT).
     init: str = "torch"
     tie_weights: bool = False
+    # RMS-normalize each head's queries and keys before attention (Dehghani et al. 2023, "Scaling
+    # Vision Transformers to 22B", sec. 3.1: it keeps attention logits bounded at high learning rates).
+    qk_norm: bool = False
+    # Soft-cap the output logits: cap * tanh(logits / cap) (Gemma 2 report, sec. 2; the nanoGPT
+    # speedruns), None for none.
+    logit_softcap: float | None = None
 
     def __post_init__(self) -> None:
         # Types first: a wrong type would otherwise slip through (bias='False' is truthy and
@@ -116,6 +126,8 @@ class ModelConfig:
             bad.append(f"attn_dropout={self.attn_dropout} must be None or in [0, 1)")
         if not self.norm_eps > 0:
             bad.append(f"norm_eps={self.norm_eps} must be positive")
+        if self.logit_softcap is not None and not self.logit_softcap > 0:
+            bad.append(f"logit_softcap={self.logit_softcap} must be None or positive")
         if bad:
             raise ValueError("invalid ModelConfig: " + "; ".join(bad))
 
@@ -139,8 +151,9 @@ class ModelConfig:
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
-        if d["attn_dropout"] is None:  # None (the same as dropout) is left out: config_hash() keys stored rows
-            del d["attn_dropout"]
+        for name, neutral in NEUTRAL.items():  # left out at their neutral value: config_hash() keys stored rows
+            if d[name] is neutral:  # None and False are singletons
+                del d[name]
         return d
 
     def config_hash(self) -> str:

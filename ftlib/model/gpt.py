@@ -66,6 +66,9 @@ class GPT(nn.Module):
             after = self.blocks[i + 1].norm1 if i + 1 < len(self.blocks) else self.norm_f
             x, h = blk(x, h, after, self.add_norm)
         logits = self.head(h)  # (B, T, V); h = norm_f(x)
+        cap = self.config.logit_softcap
+        if cap is not None:
+            logits = cap * torch.tanh(logits / cap)
         loss = None
         if targets is not None:
             loss = F.cross_entropy(logits.view(B * T, -1), targets.reshape(B * T))  # (B*T, V), (B*T,)

@@ -39,10 +39,12 @@ from ftlib.training.data import CharDataset, SequentialBatches, random_batch
 from ftlib.training.engine.options import key_items, option_names
 from ftlib.training.step import grad_scaler, make_optimizer, train_step
 
-# The engine's fields enter ``Recipe.key_repr`` only when set: a recipe of plain steps keys as it
-# would without them, and a recipe's engine options enter as ``ftlib.training.engine.options.key_items``
-# says (each option's rule for result keys is stated once, with the option).
-_ENGINE_FIELDS = ("engine", "engine_options")
+# These fields enter ``Recipe.key_repr`` only when set: a recipe that does not use them keys as it
+# did before they existed, and a recipe's engine options enter as
+# ``ftlib.training.engine.options.key_items`` says (each option's rule is stated once, with the option).
+_KEYED_WHEN_SET = ("engine", "engine_options", "optimizer", "muon_lr", "schedule", "cooldown")
+OPTIMIZERS = ("adamw", "muon")
+SCHEDULES = ("cosine", "trapezoid")
 
 
 @dataclass(frozen=True)
@@ -71,6 +73,16 @@ class Recipe:
     # Engine options as (name, value) pairs (hashable, so the recipe stays frozen), e.g.
     # (("fuse_residual_norm", True),): ftlib.training.engine.EngineOptions but capture; engine=True only.
     engine_options: tuple[tuple[str, Any], ...] = ()
+    # 'muon': Muon for the 2-D weights inside the blocks at ``muon_lr``, AdamW (``lr``) for the
+    # rest (ftlib.training.muon); 'adamw': AdamW for everything.
+    optimizer: str = "adamw"
+    muon_lr: float = 0.02
+    # 'cosine': warm-up, cosine from lr to min_lr at decay_steps (nanoGPT). 'trapezoid': warm-up,
+    # lr held, then a linear cool-down to min_lr over the ``cooldown`` steps ending at decay_steps
+    # (the schedule of the public speedruns; Hägele et al. 2024, "Scaling Laws and Compute-Optimal
+    # Training Beyond Fixed Training Durations").
+    schedule: str = "cosine"
+    cooldown: int | None = None
 
     def __post_init__(self) -> None:
         bad = []
@@ -95,6 +107,16 @@ class Recipe:
             bad.append(f"engine_options {unknown} not in {allowed}")
         if self.engine_options and not self.engine:
             bad.append(f"engine_options={self.engine_options!r} need engine=True")
+        if self.optimizer not in OPTIMIZERS:
+            bad.append(f"optimizer={self.optimizer!r} is not one of {OPTIMIZERS}")
+        if not self.muon_lr > 0:
+            bad.append(f"muon_lr={self.muon_lr} must be positive")
+        if self.schedule not in SCHEDULES:
+            bad.append(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
+        if self.schedule == "trapezoid" and (self.cooldown is None or self.cooldown < 1 or self.min_lr is None):
+            bad.append("schedule='trapezoid' needs cooldown >= 1 (steps) and a min_lr to cool down to")
+        if self.cooldown is not None and self.schedule != "trapezoid":
+            bad.append(f"cooldown={self.cooldown} applies to schedule='trapezoid' only")
         if bad:
             raise ValueError("invalid Recipe: " + "; ".join(bad))
 
@@ -109,13 +131,15 @@ class Recipe:
             value = getattr(self, f.name)
             if f.name == "engine_options":
                 value = key_items(tuple(o) for o in value)
-            if f.name in _ENGINE_FIELDS and value == f.default:
+            if f.name in _KEYED_WHEN_SET and value == f.default:
                 continue
             shown.append(f"{f.name}={value!r}")
         return f"{type(self).__qualname__}({', '.join(shown)})"
 
     def lr_at(self, step: int) -> float:
-        """Linear warm-up then cosine decay to ``min_lr`` (nanoGPT's get_lr; Loshchilov & Hutter 2017)."""
+        """AdamW's learning rate at ``step``: linear warm-up, then cosine decay to ``min_lr``
+        (nanoGPT's get_lr; Loshchilov & Hutter 2017) or the trapezoid's plateau and linear cool-down.
+        Muon's rate follows the same factor (``lr_factor``)."""
         if step < self.warmup:
             return self.lr * (step + 1) / (self.warmup + 1)
         if self.min_lr is None:
@@ -123,6 +147,11 @@ class Recipe:
         horizon = self.decay_steps or self.steps
         if step > horizon:
             return self.min_lr
+        if self.schedule == "trapezoid":
+            start = horizon - self.cooldown
+            if step < start:
+                return self.lr
+            return self.lr + (self.min_lr - self.lr) * (step - start) / self.cooldown
         ratio = (step - self.warmup) / max(1, horizon - self.warmup)
         return self.min_lr + 0.5 * (1.0 + math.cos(math.pi * ratio)) * (self.lr - self.min_lr)
 
@@ -143,6 +172,23 @@ def recipe(name: str, **overrides: Any) -> Recipe:
     if name not in RECIPES:
         raise ValueError(f"unknown recipe {name!r}; known recipes: {sorted(RECIPES)}")
     return RECIPES[name].replace(**overrides)
+
+
+def make_recipe_optimizer(model: GPT, rec: Recipe, device: torch.device):
+    """The recipe's optimizer for plain steps: AdamW on ``param_groups`` (fused on CUDA), or Muon for
+    the block matrices with AdamW for the rest (``ftlib.training.muon``). Every group carries its
+    base rate as ``initial_lr``, which :meth:`_PlainSteps.set_lr` scales by the schedule's factor."""
+    fused = device.type == "cuda" or None
+    if rec.optimizer == "muon":
+        from ftlib.training.muon import make_muon_adamw
+
+        return make_muon_adamw(model, muon_lr=rec.muon_lr, adamw_lr=rec.lr, betas=rec.betas,
+                               weight_decay=rec.weight_decay, fused=fused)
+    opt = make_optimizer(model, lr=rec.lr, betas=rec.betas, weight_decay=rec.weight_decay,
+                         scheme=rec.decay_scheme, fused=fused)
+    for group in opt.param_groups:
+        group.setdefault("initial_lr", rec.lr)
+    return opt
 
 
 @torch.no_grad()
@@ -170,16 +216,16 @@ class _PlainSteps:
     def __init__(self, config: ModelConfig, rec: Recipe, device: torch.device) -> None:
         torch.manual_seed(rec.seed)
         self.model = GPT(config).to(device)
-        self.opt = make_optimizer(self.model, lr=rec.lr, betas=rec.betas, weight_decay=rec.weight_decay,
-                                  scheme=rec.decay_scheme, fused=device.type == "cuda" or None)
+        self.opt = make_recipe_optimizer(self.model, rec, device)
         self.step_model = torch.compile(self.model, mode=rec.compile) if rec.compile else self.model
         self.rec, self.device = rec, device
         self.precision = Precision.of(rec.precision)  # TF32 flags around the step, autocast in train_step
         self.scaler = grad_scaler(rec.precision, device)  # fp16: dynamic loss scaling; else None
 
     def set_lr(self, lr: float) -> None:
+        factor = lr / self.rec.lr  # the schedule's factor, applied to every group's base rate
         for group in self.opt.param_groups:
-            group["lr"] = lr
+            group["lr"] = group["initial_lr"] * factor
 
     def load(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.x, self.y = x, y
@@ -210,14 +256,17 @@ class _EngineSteps:
 
         torch.manual_seed(rec.seed)  # dropout's random stream; the weights come from seed=rec.seed below
         # Same initial weights as _PlainSteps (build_model seeds the init like torch.manual_seed + GPT).
+        self.muon = rec.optimizer == "muon"
+        muon = {"muon_lr": rec.muon_lr * rec.lr_at(0) / rec.lr} if self.muon else {}
         self.engine = Engine(config, rec.batch_size, rec.block_size, rec.precision, device, seed=rec.seed,
                              lr=rec.lr_at(0), betas=rec.betas, weight_decay=rec.weight_decay,
-                             grad_clip=rec.grad_clip, **dict(rec.engine_options))
+                             grad_clip=rec.grad_clip, **muon, **dict(rec.engine_options))
         self.model = self.engine.model  # its parameters are views into the engine's flat buffer
-        self.config, self.device = config, device
+        self.config, self.device, self.rec = config, device, rec
 
     def set_lr(self, lr: float) -> None:
-        self.engine.set_lr(lr)  # a device scalar the captured graph reads on every replay
+        # Device scalars the captured graph reads on every replay; Muon's rate follows the same factor.
+        self.engine.set_lr(lr, self.rec.muon_lr * lr / self.rec.lr if self.muon else None)
 
     def load(self, x: torch.Tensor, y: torch.Tensor) -> None:
         self.engine.static_x.copy_(x)

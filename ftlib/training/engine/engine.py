@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from ftlib.core.device import DeviceInfo, pick_device
 from ftlib.model.config import ModelConfig, preset
 from ftlib.model.gpt import build_model
-from ftlib.training.engine.flat import FlatOptimizer, flatten_parameters_
+from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import (
     FusedAddNorm,
@@ -50,6 +50,7 @@ from ftlib.training.engine.swaps import (
     swap_kernels,
 )
 from ftlib.training.loss_scale import LossScaleConfig
+from ftlib.training.muon import is_muon_param
 
 # Side-stream steps before capture; PyTorch's whole-network example uses 3.
 WARMUP_STEPS = 3
@@ -89,6 +90,8 @@ class Engine:
         grad_clip: float | None = None,
         loss_scale: LossScaleConfig | None = None,
         device_info: DeviceInfo | None = None,
+        muon_lr: float | None = None,
+        muon_momentum: float = 0.95,
         **option_values: Any,
     ) -> None:
         cfg = preset(config) if isinstance(config, str) else config
@@ -121,19 +124,24 @@ class Engine:
         self.resid_dropout = self._fuse_residual_norm(seed)
         self._loss_fn = self._loss()
 
-        # Flat buffers, decayed parameters first (ftlib.training.step.param_groups 'matrices').
+        # Flat buffers, decayed parameters first (ftlib.training.step.param_groups 'matrices'); with
+        # Muon its block matrices lead, so that AdamW's range [n_muon, N) is one contiguous slice.
         named = [(n, p) for n, p in self.model.named_parameters() if p.requires_grad]
-        decay = [(n, p) for n, p in named if p.dim() >= 2]
+        muon = [(n, p) for n, p in named if muon_lr is not None and is_muon_param(n, p)]
+        muon_names = {n for n, _ in muon}
+        decay = [(n, p) for n, p in named if p.dim() >= 2 and n not in muon_names]
         no_decay = [(n, p) for n, p in named if p.dim() < 2]
-        ordered = decay + no_decay
+        ordered = muon + decay + no_decay
         self.flat_param, self.flat_grad, spans = flatten_parameters_([p for _, p in ordered])
         self.spans = {n: s for (n, _), s in zip(ordered, spans)}
-        self.n_decay = sum(p.numel() for _, p in decay)
+        self.n_decay = sum(p.numel() for _, p in muon + decay)
+        n_muon = sum(p.numel() for _, p in muon)
         self.optimizer = FlatOptimizer(
             self.flat_param, self.flat_grad, self.n_decay, ([p for _, p in decay], [p for _, p in no_decay]),
             kernel=self.kernels["adamw"], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
             loss_scaling=self.prec.base.loss_scaling, loss_scale_config=loss_scale or LossScaleConfig(),
-            precision=precision)
+            precision=precision, skip=n_muon)
+        self.muon = FlatMuon([p for _, p in muon], muon_lr, muon_momentum) if muon else None
         self.flat_param16 = self._shadow_weights()
 
         self.static_x = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) tokens
@@ -220,6 +228,8 @@ class Engine:
         loss = self._loss_fn(logits.view(self.B * self.T, -1), self.static_y.view(self.B * self.T))
         self.optimizer.backward(loss, self.grad_clip)
         self.optimizer.step()
+        if self.muon is not None:
+            self.muon.step()
         return loss.detach()
 
     def _warm_up(self, steps: int) -> None:
@@ -231,6 +241,8 @@ class Engine:
         with torch.no_grad():
             self.flat_param.copy_(saved)
         self.optimizer.reset_()
+        if self.muon is not None:
+            self.muon.reset_()
 
     def _warm_up_and_capture(self, warmup_steps: int) -> None:
         """PyTorch's whole-network capture: side-stream warm-up, then one graph of the step."""
@@ -267,9 +279,14 @@ class Engine:
         with self.prec.base.region(self.device):
             return self._step_body()
 
-    def set_lr(self, lr: float) -> None:
-        """Change the learning rate; a captured graph reads the new value on its next replay."""
+    def set_lr(self, lr: float, muon_lr: float | None = None) -> None:
+        """Change the learning rates (AdamW's, and Muon's where it runs); a captured graph reads the
+        new values on its next replay."""
         self.optimizer.set_lr(lr, self.captured)
+        if muon_lr is not None:
+            if self.muon is None:
+                raise ValueError("muon_lr given, but this engine runs AdamW only (Engine(..., muon_lr=...))")
+            self.muon.set_lr(muon_lr)
 
     def num_params(self) -> int:
         return self.flat_param.numel()
@@ -286,7 +303,7 @@ class Engine:
             "requested_off": [op for op in KERNEL_OPS if not self.requested[op]],
             "notes": dict(self.notes),
             "captured": self.captured,
-            "optimizer": self.optimizer.name,
+            "optimizer": self.optimizer.name if self.muon is None else f"muon + {self.optimizer.name}",
             "n_params": self.num_params(),
             "n_decay": self.n_decay,
             "grad_clip": self.grad_clip,

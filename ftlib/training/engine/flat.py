@@ -59,8 +59,12 @@ class FlatOptimizer:
     def __init__(self, flat_param: torch.Tensor, flat_grad: torch.Tensor, n_decay: int,
                  groups: tuple[list[nn.Parameter], list[nn.Parameter]], *, kernel: bool, lr: float,
                  betas: tuple[float, float], eps: float, weight_decay: float, loss_scaling: bool,
-                 loss_scale_config: LossScaleConfig, precision: str) -> None:
-        self.flat_param, self.flat_grad, self.n_decay = flat_param, flat_grad, n_decay
+                 loss_scale_config: LossScaleConfig, precision: str, skip: int = 0) -> None:
+        # AdamW updates elements [skip, N): the first ``skip`` belong to another optimizer (Muon),
+        # but clipping and loss scaling see the whole gradient.
+        if skip and loss_scaling:
+            raise ValueError("fp16 loss scaling with a second optimizer on the flat buffer is not supported")
+        self.flat_param, self.flat_grad, self.n_decay, self.skip = flat_param, flat_grad, n_decay, skip
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
         device = flat_param.device
         self.loss_scale: DeviceLossScale | None = None
@@ -74,8 +78,8 @@ class FlatOptimizer:
         if kernel:
             # State as flat as the parameters; step and lr are device scalars, read by the kernel on
             # every replay (torch's capturable=True keeps them on the device too).
-            self.exp_avg = torch.zeros_like(flat_param)
-            self.exp_avg_sq = torch.zeros_like(flat_param)
+            self.exp_avg = torch.zeros_like(flat_param[skip:])
+            self.exp_avg_sq = torch.zeros_like(flat_param[skip:])
             self.step_t = torch.zeros((), dtype=torch.float32, device=device)
             self.lr_t = torch.tensor(lr, dtype=torch.float32, device=device)
             self.name = "flat-adamw-triton"
@@ -124,8 +128,9 @@ class FlatOptimizer:
         # Its own launch: incrementing inside the kernel would race with its readers. A step the
         # loss scaler skips leaves the count where it was, as torch's GradScaler does.
         self.step_t += 1 if ls is None else ls.step_increment()
-        adamw_step_(self.flat_param, self.flat_grad, self.exp_avg, self.exp_avg_sq, self.step_t, self.lr_t,
-                    betas=self.betas, eps=self.eps, weight_decay=self.weight_decay, n_decay=self.n_decay,
+        k = self.skip
+        adamw_step_(self.flat_param[k:], self.flat_grad[k:], self.exp_avg, self.exp_avg_sq, self.step_t, self.lr_t,
+                    betas=self.betas, eps=self.eps, weight_decay=self.weight_decay, n_decay=self.n_decay - k,
                     grad_scaling=None if ls is None else (ls.grad_mul, ls.found_inf))
         if ls is not None:
             ls.update_()
@@ -169,3 +174,31 @@ class FlatOptimizer:
 
     def loss_scale_kind(self) -> str | None:
         return "device" if self.loss_scale is not None else "torch.amp.GradScaler" if self.scaler is not None else None
+
+
+class FlatMuon:
+    """Muon on the block matrices at the front of the flat buffer (``ftlib.training.muon``): views of
+    the parameters and gradients, momentum buffers at fixed addresses, and the learning rate as a
+    device scalar, so a captured step replays it with the rate of the current step."""
+
+    def __init__(self, params: list[nn.Parameter], lr: float, momentum: float = 0.95,
+                 weight_decay: float = 0.0) -> None:
+        self.params = params
+        self.bufs = [torch.zeros_like(p) for p in params]
+        self.lr_t = torch.tensor(lr, dtype=torch.float32, device=params[0].device)
+        self.momentum, self.weight_decay = momentum, weight_decay
+
+    @torch.no_grad()
+    def step(self) -> None:
+        from ftlib.training.muon import muon_update_
+
+        muon_update_(self.params, [p.grad for p in self.params], self.bufs, self.lr_t,
+                     weight_decay=self.weight_decay, momentum=self.momentum)
+
+    @torch.no_grad()
+    def reset_(self) -> None:
+        for b in self.bufs:
+            b.zero_()
+
+    def set_lr(self, lr: float) -> None:
+        self.lr_t.fill_(lr)

@@ -244,6 +244,8 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
                   "(attention_for_explicit=True swaps it too)")
     elif cfg.head_size not in ATTN_HEAD_SIZES:
         reason = f"not applicable: head size {cfg.head_size} not in {ATTN_HEAD_SIZES}"
+    elif cfg.qk_norm:
+        reason = "not applicable: qk_norm normalizes q and k between the projection and the kernel"
     elif cfg.attn_dropout_p > 0:
         reason = f"not applicable: the kernel has no attention dropout (attention dropout {cfg.attn_dropout_p})"
     elif triton_dot_blocked(info, prec.attention_dot):
@@ -257,7 +259,7 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
         for blk in model.blocks:
             blk.attn = KernelCausalSelfAttention(blk.attn, prec.fp32_dot, options.attention_layout)
         out.applied["attention"] = True
-    elif options.fused_softmax and cfg.attn_impl == "explicit":
+    elif options.fused_softmax and cfg.attn_impl == "explicit" and not cfg.qk_norm:
         # The explicit softmax kept, as written, with its three elementwise passes fused.
         if why_not:
             out.notes["softmax"] = why_not
