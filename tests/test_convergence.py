@@ -11,7 +11,7 @@ import pytest
 
 from ftlib import preset
 from ftlib.harness.convergence import run_key, run_study, speedrun_finalists
-from ftlib.harness.studies import ALL_SEEDS, FINALIST_SEEDS, REFERENCE, speedrun_candidates, suites
+from ftlib.harness.studies import ALL_SEEDS, EXPLORING, FINALIST_SEEDS, REFERENCE, speedrun_candidates, suites
 from ftlib.training.data import load_tinyshakespeare
 from ftlib.training.trainer import Recipe
 from ftlib.views.convergence import seed_table, suite_rows
@@ -55,9 +55,10 @@ def test_rows_of_candidates_no_longer_listed_are_still_shown():
 
 def test_speedrun_candidates_are_well_formed():
     cands = speedrun_candidates()
-    assert list(cands) == [REFERENCE, *ALL_SEEDS]
+    exploring = [name for name, *_ in EXPLORING]
+    assert list(cands) == [REFERENCE, *ALL_SEEDS, *exploring]
     engine = {n: (c, r) for n, (c, r) in cands.items() if r.engine}
-    assert set(engine) == set(ALL_SEEDS)
+    assert set(engine) == set(ALL_SEEDS) | set(exploring)
     assert all(r.compile is None and r.precision == "bf16" for _, r in engine.values())
     assert all("engine" in n for n in engine)
     for name, (cfg, rec) in cands.items():
@@ -66,6 +67,10 @@ def test_speedrun_candidates_are_well_formed():
             assert rec.decay_steps * rec.batch_size <= 160_000 and f"{rec.decay_steps:,}" in name
             assert rec.steps == 2 * rec.decay_steps
             assert f"dropout {cfg.dropout}" in name and cfg.attn_dropout == 0.0
+        if "trapezoid to" in name:  # the held-then-cooled schedule, its horizon and cool-down in the label
+            assert rec.schedule == "trapezoid" and f"{rec.decay_steps:,}" in name and f"{rec.cooldown}" in name
+            assert rec.steps == 2 * rec.decay_steps and rec.optimizer == "muon" and f"Muon {rec.muon_lr:g}" in name
+            assert ("ReLU²" in name) == (cfg.activation == "relu2") and ("QK-norm" in name) == cfg.qk_norm
 
 
 def _row(model, seed, t=None, startup=None, status="ok"):

@@ -74,6 +74,24 @@ FINALISTS: tuple[tuple[str, float, int, float, tuple[tuple[str, Any], ...]], ...
     ("256x6 FT-style, engine + bf16 levers + fused dropout per 4 columns, dropout 0.1, attention dropout 0, "
      "weight decay 0.3, lr 3e-3, cosine to 1,400", 0.1, 1400, 0.3, FUSED_DROPOUT_RNG4),
 )
+# What the public speedruns taught (Jordan et al., modded-nanogpt: Muon for the hidden matrices,
+# ReLU², QK-norm, logit soft-capping, a held learning rate then a linear cool-down), tried on the
+# finalists' model and step: each candidate runs seed 0 first, like every candidate, and earns more
+# seeds by its time to the target. (name, model changes, recipe changes.)
+EXPLORING: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
+    ("256x6 FT-style, engine + bf16 levers + fused dropout per 4 columns, dropout 0.1, Muon 0.02 for the "
+     "block matrices, AdamW 3e-3 for the rest, trapezoid to 1,000 (cool-down 400)",
+     {}, dict(optimizer="muon", muon_lr=0.02, schedule="trapezoid", decay_steps=1000, cooldown=400)),
+    ("256x6 FT-style + ReLU² + QK-norm, engine + bf16 levers + fused dropout per 4 columns, dropout 0.1, Muon 0.02, "
+     "AdamW 3e-3, trapezoid to 1,000 (cool-down 400)",
+     dict(activation="relu2", qk_norm=True),
+     dict(optimizer="muon", muon_lr=0.02, schedule="trapezoid", decay_steps=1000, cooldown=400)),
+    ("256x6 FT-style + ReLU² + QK-norm + logit soft-cap 15, engine + bf16 levers + fused dropout per 4 columns, "
+     "dropout 0.1, Muon 0.03, AdamW 4e-3, trapezoid to 800 (cool-down 300)",
+     dict(activation="relu2", qk_norm=True, logit_softcap=15.0),
+     dict(optimizer="muon", muon_lr=0.03, lr=4e-3, min_lr=4e-4, schedule="trapezoid", decay_steps=800,
+          cooldown=300)),
+)
 # Every finalist runs every seed (FINALIST_SEEDS too); these also run each seed a second time
 # (``speedrun-repeat``), since the verdict sits within the GPU's run-to-run noise.
 ALL_SEEDS = tuple(name for name, *_ in FINALISTS)
@@ -91,6 +109,11 @@ def speedrun_candidates() -> dict[str, tuple[ModelConfig, Recipe]]:
         out[name] = (ft.replace(dropout=dropout),
                      engine.replace(lr=3e-3, min_lr=3e-4, decay_steps=horizon, steps=2 * horizon, weight_decay=wd,
                                     engine_options=options))
+    # The explorations start from the last finalist (weight decay 0.3, Philox per 4 columns).
+    base_cfg, base_rec = out[ALL_SEEDS[5]]
+    for name, model, rec in EXPLORING:
+        r = base_rec.replace(**rec)
+        out[name] = (base_cfg.replace(**model), r.replace(steps=2 * r.decay_steps))
     return out
 
 
@@ -118,8 +141,8 @@ def suites(smoke: bool) -> dict[str, dict]:
         "speedrun": dict(
             # Smoke: horizons scaled down (not all set to 20), so candidates that differ only in their
             # horizon keep distinct keys.
-            runs={n: (c.replace(**tiny), r.replace(**{**shrink, "decay_steps": min(20, max(3, r.decay_steps // 70))})
-                      if smoke else r) for n, (c, r) in speedrun_candidates().items()},
+            runs={n: (c.replace(**tiny), _smoke_recipe(r, shrink) if smoke else r)
+                  for n, (c, r) in speedrun_candidates().items()},
             seeds=SEEDS[:1], target=TARGET_LOSS, more_seeds=FINALIST_SEEDS, always=ALL_SEEDS),
     }
     # Every seed of the reference and of REPEATED once more, keyed as repeats of the speedrun's runs.
@@ -128,6 +151,14 @@ def suites(smoke: bool) -> dict[str, dict]:
                                     seeds=SEEDS[:1] if smoke else SEEDS[:1] + FINALIST_SEEDS,
                                     target=TARGET_LOSS, repeat_of="speedrun")
     return table
+
+
+def _smoke_recipe(r: Recipe, shrink: dict[str, Any]) -> Recipe:
+    """A candidate's recipe for a smoke run: shrunk, with its horizon (and cool-down) scaled down rather
+    than all set to the same 20 steps, so candidates that differ only there keep distinct keys."""
+    decay = min(20, max(3, r.decay_steps // 70))
+    scaled = {"decay_steps": decay} | ({"cooldown": max(1, r.cooldown * decay // r.decay_steps)} if r.cooldown else {})
+    return r.replace(**{**shrink, **scaled})
 
 
 def is_smoke(config: dict[str, Any]) -> bool:

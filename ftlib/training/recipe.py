@@ -95,6 +95,9 @@ class Recipe:
             bad.append(f"schedule={self.schedule!r} is not one of {SCHEDULES}")
         if self.schedule == "trapezoid" and (self.cooldown is None or self.cooldown < 1 or self.min_lr is None):
             bad.append("schedule='trapezoid' needs cooldown >= 1 (steps) and a min_lr to cool down to")
+        elif self.schedule == "trapezoid" and self.cooldown > (self.decay_steps or self.steps) - self.warmup:
+            bad.append(f"cooldown={self.cooldown} is longer than the steps between warm-up ({self.warmup}) and "
+                       f"the end of the schedule ({self.decay_steps or self.steps})")
         if self.cooldown is not None and self.schedule != "trapezoid":
             bad.append(f"cooldown={self.cooldown} applies to schedule='trapezoid' only")
         if bad:
