@@ -319,15 +319,19 @@ else:
 # (`ftlib.views.engine.PROBE_CATEGORIES`), next to the captured step. The graph replays the
 # same kernels without the launch gaps, so the two totals should be close. The largest
 # categories are where a faster step would come from next: the matrix products, which are cuBLAS's own,
-# then the column sums behind weight and bias gradients.
+# then the column sums behind weight and bias gradients. The figure counts the kernels a step
+# launches: each boundary between two kernels costs time even inside a graph, so fewer, larger
+# kernels are the other way down.
 
 # %%
 prows = ok_rows("engine_probe", include_cpu=MEASURE)
 ptable = engineview.probe_table(prows)
 if len(ptable):
     print("Measured on:", provenance_line(prows))
-    show_frame(ptable, preview=["device", "case", "precision", "captured step µs", "kernel µs", "matmul", "largest",
-                                "largest share"])
+    show_frame(ptable, preview=["device", "case", "precision", "captured step µs", "kernel µs", "kernels per step",
+                                "matmul", "largest", "largest share"])
+    for dev in sorted(set(ptable["device"])):
+        show(engineview.probe_launch_figure(prows, dev), f"engine-launches-{dev}")
 else:
     print("Not profiled yet: python -m benchmarks.kernels.engine_probe --out DIR on a GPU, then commit "
           "DIR/engine_probe.jsonl under data/results/<gpu>/.")

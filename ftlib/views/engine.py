@@ -14,6 +14,7 @@ The engine against the compiler is ``ftlib.views.baselines``'s: it is measured i
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Iterable
 from typing import Any
 
@@ -195,10 +196,35 @@ def probe_table(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             by[cat] = by.get(cat, 0.0) + k["us"]
         total = r.get("kernel_us") or sum(by.values())
         line = {"device": r.get("device_slug"), "case": r["label"], "precision": r["precision"],
-                "captured step µs": r.get("step_median_us"), "kernel µs": total}
+                "captured step µs": r.get("step_median_us"), "kernel µs": total,
+                "kernels per step": round(sum(k.get("count", 0) for k in r.get("kernels", [])))}
         for cat, _ in PROBE_CATEGORIES + (("other", ()),):
             line[cat] = by.get(cat, 0.0)
         line["largest"] = max(by, key=by.get) if by else None
         line["largest share"] = (by[line["largest"]] / total) if by and total else None
         out.append(line)
     return out
+
+
+def _case_label(r: dict[str, Any]) -> str:
+    """A profiled case's name, shortened where the options repeat and wrapped for an axis."""
+    text = f"{r['label']} ({r['precision']})".replace("bf16_norm_out=True bf16_weights=True", "bf16 levers")
+    return "<br>".join(textwrap.wrap(text, 44))
+
+
+def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
+    """Kernels launched per step by category, one bar per profiled case of ``device``: inside a CUDA
+    graph each kernel boundary still costs its own start and drain, so the count is a cost of its own."""
+    rows = [r for r in probe_rows if r.get("status") == "ok" and r.get("device_slug") == device]
+    cats = [c for c, _ in PROBE_CATEGORIES] + ["other"]
+    fig = go.Figure()
+    labels = [_case_label(r) for r in rows]
+    for i, cat in enumerate(cats):
+        counts = [sum(k.get("count", 0) for k in r.get("kernels", []) if probe_category(k["name"]) == cat)
+                  for r in rows]
+        if any(counts):
+            fig.add_trace(go.Bar(name=cat, y=labels, x=counts, orientation="h", marker_color=PALETTE[i % len(PALETTE)]))
+    fig.update_layout(barmode="stack", height=160 + 52 * len(rows), margin=dict(l=330),
+                      title=f"Kernels per training step, by category, {device} (engine step, profiled uncaptured)",
+                      xaxis_title="kernels launched per step", yaxis=dict(autorange="reversed"))
+    return legend_below(fig)
