@@ -42,19 +42,29 @@ MEASURE = False
 
 # %% tags=["remove-cell"]
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
-# install ftlib without dependencies (Colab's torch stays) and work from book/.
+# install ftlib without dependencies (Colab's torch stays), work from book/, and measure on this
+# GPU with the T4 profile (the post's models at full size, about ten minutes a chapter on a T4).
 import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     import os
     import subprocess
 
-    root, url = "/content/fasttransformer-book", "https://github.com/fasttransformer-book/fasttransformer-book"
+    # A folder for the rows you measure, e.g. "/content/drive/MyDrive/fasttransformer-rows": the
+    # runtime's disk is gone when it ends, Google Drive is not. Empty: rows stay on the runtime.
+    KEEP_ROWS_IN = ""  # @param {type:"string"}
+    root = os.environ.get("FTLIB_COLAB_ROOT", "/content/fasttransformer-book")
+    url = os.environ.get("FTLIB_REPO", "https://github.com/fasttransformer-book/fasttransformer-book")
     if not os.path.exists(root):
         subprocess.run(["git", "clone", "--depth", "1", url, root], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", root], check=True)
+    if os.environ.get("FTLIB_COLAB_PIP", "1") == "1":
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", root], check=True)
     sys.path.insert(0, root)
     os.chdir(os.path.join(root, "book"))
+    from ftlib.harness.colab import keep_results
+
+    keep_results(KEEP_ROWS_IN)
+    MEASURE, SMOKE = True, "t4"
 
 # %% [markdown]
 # ## The machine
@@ -121,3 +131,12 @@ x, y = random_batch(ds.train, 4 if SMOKE else 32, 64 if SMOKE else 256,
                     generator=torch.Generator().manual_seed(0), device=device)
 loss = train_step(model, opt, x, y, grad_clip=1.0)
 print(f"loss after one step: finite = {bool(torch.isfinite(loss))}")
+
+# %% tags=["remove-cell"]
+# Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;
+# from a checkout of the book, python ci/ingest-results <unzipped folder> --gpu <gpu> adds them.
+if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
+    from ftlib.core.device import device_slug, pick_device
+    from ftlib.harness.colab import pack_results
+
+    print(pack_results("/content/fasttransformer-rows.zip", device_slug(pick_device("auto"))))

@@ -41,26 +41,36 @@ MEASURE = False
 
 # %% tags=["remove-cell"]
 # Colab set-up: only on Colab. Clone the book (its stored results are in data/results/),
-# install ftlib without dependencies (Colab's torch stays) and work from book/.
+# install ftlib without dependencies (Colab's torch stays), work from book/, and measure on this
+# GPU with the T4 profile (the post's models at full size, about ten minutes a chapter on a T4).
 import sys
 
 if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     import os
     import subprocess
 
-    root, url = "/content/fasttransformer-book", "https://github.com/fasttransformer-book/fasttransformer-book"
+    # A folder for the rows you measure, e.g. "/content/drive/MyDrive/fasttransformer-rows": the
+    # runtime's disk is gone when it ends, Google Drive is not. Empty: rows stay on the runtime.
+    KEEP_ROWS_IN = ""  # @param {type:"string"}
+    root = os.environ.get("FTLIB_COLAB_ROOT", "/content/fasttransformer-book")
+    url = os.environ.get("FTLIB_REPO", "https://github.com/fasttransformer-book/fasttransformer-book")
     if not os.path.exists(root):
         subprocess.run(["git", "clone", "--depth", "1", url, root], check=True)
-    subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", root], check=True)
+    if os.environ.get("FTLIB_COLAB_PIP", "1") == "1":
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "-e", root], check=True)
     sys.path.insert(0, root)
     os.chdir(os.path.join(root, "book"))
+    from ftlib.harness.colab import keep_results
+
+    keep_results(KEEP_ROWS_IN)
+    MEASURE, SMOKE = True, "t4"
 
 # %% tags=["hide-input"]
 from IPython.display import Markdown, display
 
 from ftlib.core.device import pick_device
 from ftlib.harness.results import device_folders
-from ftlib.harness.suites import baselines, measure, smoke_cases
+from ftlib.harness.suites import baselines, chapter_cases, measure
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views import sweep as sv
@@ -79,9 +89,9 @@ if MEASURE:
     from ftlib.model.config import preset
 
     device = pick_device(DEVICE)
-    mine = measure(CASES, "baselines", device, smoke=SMOKE)
-    runs = bv.combine(runs, bv.load(smoke_cases(CASES, device) if SMOKE else CASES, rows=mine,
-                                    tag="this run, small models" if SMOKE else "this run"))
+    todo = chapter_cases("05", SMOKE, device)  # small models, the T4 profile, or the whole suite
+    mine = measure(todo, "baselines", device, smoke=SMOKE)
+    runs = bv.combine(runs, bv.load(todo, rows=mine, tag="this run, small models" if SMOKE is True else "this run"))
     modes = ["eager", "compile-ro"] if device.type == "cuda" else ["eager"]
     it = dict(warmup=3, iters=10) if SMOKE else {}
     for T in TS:
@@ -175,3 +185,12 @@ show_frame(sv.t4_projection(source=False), caption=sv.PROJECTION)
 
 # %%
 display(Markdown(br.chapter5_findings(runs)))
+
+# %% tags=["remove-cell"]
+# Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;
+# from a checkout of the book, python ci/ingest-results <unzipped folder> --gpu <gpu> adds them.
+if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
+    from ftlib.core.device import device_slug, pick_device
+    from ftlib.harness.colab import pack_results
+
+    print(pack_results("/content/fasttransformer-rows.zip", device_slug(pick_device("auto"))))

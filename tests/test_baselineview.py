@@ -46,7 +46,10 @@ def test_incomplete_runs_and_uncommitted_code_are_left_out():
     dirty = run_rows("dirty", "m2", {}, commit="0123456789ab+dirty")
     legacy = [{k: v for k, v in r.items() if k != "run_id"} for r in run_rows("legacy", "m3", {})]
     df = bv.load(CASES, rows=full + partial + dirty + legacy)
-    assert set(df["run_id"]) == {"full"}
+    assert set(df["run_id"]) == {"full", "partial"}
+    kept = df[df["run_id"] == "partial"]
+    assert set(kept["label"]) == {"fasttransformer"}  # GPT-2 lacks a configuration in that run: none of it
+    assert bv.model_speedups(df)["run_id"].unique().tolist() == ["full"]  # a ratio needs both models
     mine = bv.load(CASES, rows=dirty, tag="this run")  # a reader's own run is shown, under its own name
     assert set(mine["device_slug"]) == {"h200 (this run)"}
 
@@ -111,4 +114,7 @@ def test_a_run_cut_short_keeps_the_precisions_it_completed():
     rows = run_rows("r1", "m1", {}, cases=both, skip=(("gpt2", "engine", "default"),))  # skips it in both
     rows += run_rows("r1", "m1", {}, cases=[c for c in CASES if (c.label, c.mode) == ("gpt2", "engine")])
     df = bv.load(both, rows=rows)
-    assert set(df["precision"]) == {"bf16"}  # fp16 lacks GPT-2's engine row: that precision is incomplete
+    assert set(df["precision"]) == {"bf16", "fp16"}
+    # fp16 lacks GPT-2's engine row: GPT-2's fp16 rows go, FastTransformer's stay
+    assert set(df[df["precision"] == "fp16"]["label"]) == {"fasttransformer"}
+    assert set(df[df["precision"] == "bf16"]["label"]) == {"gpt2", "fasttransformer"}

@@ -170,3 +170,23 @@ def test_a_writer_killed_mid_write_leaves_a_readable_file_and_the_lock_free(tmp_
         assert killed == list(range(len(killed))) and len(killed) >= 1  # a prefix, no gap
         assert [r["i"] for r in rows if r["writer"] == f"o{attempt}"] == list(range(10))
     assert keys[-1] == "after"
+
+
+def test_my_results_are_added_to_the_stored_ones(tmp_path, monkeypatch):
+    """FTLIB_MY_RESULTS receives new rows and the views read it beside the stored results; a key in
+    both counts once. FTLIB_RESULTS_DIR still replaces the stored results."""
+    from ftlib.harness.results import ResultStore, device_folders, load_rows
+
+    stored, mine = tmp_path / "stored", tmp_path / "mine"
+    ResultStore("baselines", "h200", stored).append({"key": "a", "v": 1})
+    ResultStore("baselines", "h200", stored).append({"key": "b", "v": 1})
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(stored))
+    monkeypatch.setenv("FTLIB_MY_RESULTS", str(mine))
+    ResultStore("baselines", "t4").append({"key": "c", "v": 2})  # a new row goes to the reader's folder
+    ResultStore("baselines", "h200").append({"key": "b", "v": 3})
+    assert (mine / "t4" / "baselines.jsonl").exists() and not (stored / "t4").exists()
+    got = {(r["device_slug"], r["key"]): r["v"] for r in load_rows("baselines")}
+    assert got == {("h200", "a"): 1, ("h200", "b"): 3, ("t4", "c"): 2}
+    assert device_folders() == ["h200", "t4"]
+    monkeypatch.delenv("FTLIB_MY_RESULTS")
+    assert {r["key"] for r in load_rows("baselines")} == {"a", "b"}

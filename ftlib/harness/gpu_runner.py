@@ -67,6 +67,7 @@ def check_provenance(names: list[str], allow_dirty: bool) -> str:
             "from the checkout (or, on a machine without .git, `bash ci/stamp-tree` here and carry "
             ".ftlib-commit and .ftlib-tree); or pass --allow-dirty to measure into build/uncommitted-results/")
     os.environ["FTLIB_RESULTS_DIR"] = str(UNCOMMITTED_DIR)
+    os.environ.pop("FTLIB_MY_RESULTS", None)  # nor into a reader's own folder, which the views read
     print(f"[provenance] {commit}: measuring into {UNCOMMITTED_DIR}/, which no chapter reads", flush=True)
     return commit
 

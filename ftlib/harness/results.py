@@ -4,6 +4,11 @@ Layout: ``results_dir()/<device_slug>/<bench>.jsonl``, where ``results_dir()`` i
 ``$FTLIB_RESULTS_DIR`` or ``data/results`` of the repository. GPU folders (``h200/``,
 ``t4/``) are committed and read by the chapters; ``cpu/`` holds local smoke runs only.
 
+A reader's own measurements can live elsewhere and be *added* to the stored ones:
+``$FTLIB_MY_RESULTS`` (say a Google Drive folder on Colab, which outlasts the runtime) receives
+every row measured here, and the views read it beside ``results_dir()``. ``$FTLIB_RESULTS_DIR``
+instead *replaces* the stored results (the tests use it to read synthetic rows only).
+
 Every row carries a ``key``: a hash of what was measured (bench, config hash, B, T,
 mode, precision, extras), so a rerun can measure only what is missing. Writes hold the
 file's lock and replace the whole file atomically (temporary file + ``os.replace``), so
@@ -42,6 +47,21 @@ def results_dir() -> Path:
     from ftlib.core.repo import repo_root  # here, so that loading this module needs only the standard library
 
     return repo_root() / "data" / "results"
+
+
+def my_results_dir() -> Path | None:
+    """``$FTLIB_MY_RESULTS``: where this machine's rows go, read beside the stored ones (None: unset)."""
+    env = os.environ.get("FTLIB_MY_RESULTS")
+    return Path(env) if env else None
+
+
+def read_roots() -> list[Path]:
+    """The folders the views read: the stored results, then the reader's own where set and different."""
+    roots = [results_dir()]
+    mine = my_results_dir()
+    if mine is not None and mine.resolve() != roots[0].resolve():
+        roots.append(mine)
+    return roots
 
 
 def row_key(
@@ -109,7 +129,7 @@ class ResultStore:
             raise ValueError(f"bench name {bench!r} must be a plain file stem")
         self.bench = bench
         self.device_slug = device_slug
-        self.root = Path(root) if root is not None else results_dir()
+        self.root = Path(root) if root is not None else (my_results_dir() or results_dir())
         self.path = self.root / device_slug / f"{bench}.jsonl"
 
     def rows(self) -> list[dict]:
@@ -174,9 +194,9 @@ class ResultStore:
 
 
 def device_folders(root: Path | str | None = None) -> list[str]:
-    """Device folders that hold results, sorted."""
-    base = Path(root) if root is not None else results_dir()
-    return sorted(p.name for p in base.iterdir() if p.is_dir()) if base.exists() else []
+    """Device folders that hold results, sorted (of ``root``, or of every folder the views read)."""
+    bases = [Path(root)] if root is not None else read_roots()
+    return sorted({p.name for base in bases if base.exists() for p in base.iterdir() if p.is_dir()})
 
 
 def load_rows(
@@ -186,20 +206,24 @@ def load_rows(
     root: Path | str | None = None,
     latest_only: bool = True,
 ) -> list[dict]:
-    """Rows of ``bench`` from every device folder (or the named ones).
+    """Rows of ``bench`` from every device folder (or the named ones), of ``root`` or of every
+    folder the views read (:func:`read_roots`: the stored results and the reader's own).
 
     CPU rows (local smoke runs) are left out unless ``include_cpu`` or 'cpu' is named.
     With ``latest_only``, only the last row of each (device, key) is kept.
     """
-    base = Path(root) if root is not None else results_dir()
-    names = list(devices) if devices is not None else device_folders(base)
-    if devices is None and not include_cpu:
-        names = [n for n in names if n != CPU_SLUG]
+    bases = [Path(root)] if root is not None else read_roots()
     out: list[dict] = []
-    for name in names:
-        store = ResultStore(bench, name, base)
-        rows = list(store.latest().values()) if latest_only else store.rows()
-        for r in rows:
-            r.setdefault("device_slug", name)
-        out.extend(rows)
+    for base in bases:
+        names = list(devices) if devices is not None else device_folders(base)
+        if devices is None and not include_cpu:
+            names = [n for n in names if n != CPU_SLUG]
+        for name in names:
+            store = ResultStore(bench, name, base)
+            rows = list(store.latest().values()) if latest_only else store.rows()
+            for r in rows:
+                r.setdefault("device_slug", name)
+            out.extend(rows)
+    if latest_only and len(bases) > 1:  # a key stored in both folders counts once (the reader's copy)
+        out = list({(r["device_slug"], r.get("key")): r for r in out}.values())
     return out

@@ -75,20 +75,24 @@ def complete_runs(df: pd.DataFrame, cases: Sequence[Case], bench: str = SUITE,
                   require_clean: bool = True) -> pd.DataFrame:
     """Only the rows of runs that hold every case of ``cases`` and come from one clean commit.
 
-    Completeness is judged per precision: a run that measured every case of bf16, tf32 and
-    fp32 but was cut short in fp16 keeps its first three precisions.
+    Completeness is judged per precision and model: every configuration of a model in a
+    precision, or none of its rows. A run cut short in fp16 keeps the precisions it finished, and
+    a run that measured one precision only (a T4 chapter's profile) counts for that precision.
+    A comparison of two models then needs both to be complete in the run (``model_speedups``
+    pairs within a run only).
     """
     if df.empty:
         return df
-    want: dict[str, set[str]] = {}
+    want: dict[tuple[str, str], set[str]] = {}
     for c in cases:
-        want.setdefault(c.precision, set()).add(c.ident(bench))
+        want.setdefault((c.precision, c.label), set()).add(c.ident(bench))
     keep = []
-    for (_, _, prec), g in df.groupby(["device_slug", "run_id", "precision"], sort=False):
+    for (_, _, prec, label), g in df.groupby(["device_slug", "run_id", "precision", "label"], sort=False):
         commits = set(g["commit"])
         clean = len(commits) == 1 and is_clean_commit(next(iter(commits)))
-        if prec in want and want[prec] <= set(g["ident"]) and (clean or not require_clean):
-            keep.append(g[g["ident"].isin(want[prec])])
+        need = want.get((prec, label))
+        if need and need <= set(g["ident"]) and (clean or not require_clean):
+            keep.append(g[g["ident"].isin(need)])
     return pd.concat(keep, ignore_index=True) if keep else df.iloc[0:0]
 
 
