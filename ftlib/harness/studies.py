@@ -50,7 +50,7 @@ def fair_models() -> dict[str, ModelConfig]:
 
 
 # The engine options of the finalists. Their names (as stored in the rows) call bf16 norm outputs
-# plus bf16 weights the "bf16 levers".
+# plus bf16 weights "bf16 weights and norms".
 BF16 = (("bf16_norm_out", True), ("bf16_weights", True))
 FUSED_DROPOUT = BF16 + (("fuse_dropout", True), ("dropout_rng4", False))  # one Philox call per element
 FUSED_DROPOUT_RNG4 = BF16 + (("fuse_dropout", True), ("dropout_rng4", True))  # one per 4 columns
@@ -61,17 +61,17 @@ NN_DROPOUT = BF16 + (("fuse_dropout", False),)  # nn.Dropout modules
 # engine in bf16 at nanoGPT's B = 64, lr 3e-3 cosine to a tenth of it, steps capped at twice the horizon:
 # (name as the rows store it, residual dropout, cosine horizon, weight decay, engine options).
 FINALISTS: tuple[tuple[str, float, int, float, tuple[tuple[str, Any], ...]], ...] = (
-    ("256x6 FT-style, engine + bf16 levers + fused dropout, dropout 0.2, attention dropout 0, lr 3e-3, "
+    ("256x6 FT-style, engine + bf16 weights and norms + fused dropout, dropout 0.2, attention dropout 0, lr 3e-3, "
      "cosine to 1,400", 0.2, 1400, 0.1, FUSED_DROPOUT),
-    ("256x6 FT-style, engine + bf16 levers + fused dropout, dropout 0.2, attention dropout 0, lr 3e-3, "
+    ("256x6 FT-style, engine + bf16 weights and norms + fused dropout, dropout 0.2, attention dropout 0, lr 3e-3, "
      "cosine to 1,200", 0.2, 1200, 0.1, FUSED_DROPOUT),
-    ("256x6 FT-style, engine + bf16 levers + fused dropout, dropout 0.1, attention dropout 0, lr 3e-3, "
+    ("256x6 FT-style, engine + bf16 weights and norms + fused dropout, dropout 0.1, attention dropout 0, lr 3e-3, "
      "cosine to 1,400", 0.1, 1400, 0.1, FUSED_DROPOUT),
-    ("256x6 FT-style, engine + bf16 levers + fused dropout, dropout 0.1, attention dropout 0, weight decay 0.3, "
+    ("256x6 FT-style, engine + bf16 weights and norms + fused dropout, dropout 0.1, attention dropout 0, weight decay 0.3, "
      "lr 3e-3, cosine to 1,400", 0.1, 1400, 0.3, FUSED_DROPOUT),
-    ("256x6 FT-style, engine + bf16 levers, dropout 0.1, attention dropout 0, weight decay 0.3, lr 3e-3, "
+    ("256x6 FT-style, engine + bf16 weights and norms, dropout 0.1, attention dropout 0, weight decay 0.3, lr 3e-3, "
      "cosine to 1,400", 0.1, 1400, 0.3, NN_DROPOUT),
-    ("256x6 FT-style, engine + bf16 levers + fused dropout per 4 columns, dropout 0.1, attention dropout 0, "
+    ("256x6 FT-style, engine + bf16 weights and norms + fused dropout per 4 columns, dropout 0.1, attention dropout 0, "
      "weight decay 0.3, lr 3e-3, cosine to 1,400", 0.1, 1400, 0.3, FUSED_DROPOUT_RNG4),
 )
 # What the public speedruns taught (Jordan et al., modded-nanogpt: Muon for the hidden matrices,
@@ -79,14 +79,14 @@ FINALISTS: tuple[tuple[str, float, int, float, tuple[tuple[str, Any], ...]], ...
 # finalists' model and step: each candidate runs seed 0 first, like every candidate, and earns more
 # seeds by its time to the target. (name, model changes, recipe changes.)
 EXPLORING: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
-    ("256x6 FT-style, engine + bf16 levers + fused dropout per 4 columns, dropout 0.1, Muon 0.02 for the "
+    ("256x6 FT-style, engine + bf16 weights and norms + fused dropout per 4 columns, dropout 0.1, Muon 0.02 for the "
      "block matrices, AdamW 3e-3 for the rest, trapezoid to 1,000 (cool-down 400)",
      {}, dict(optimizer="muon", muon_lr=0.02, schedule="trapezoid", decay_steps=1000, cooldown=400)),
-    ("256x6 FT-style + ReLU² + QK-norm, engine + bf16 levers + fused dropout per 4 columns, dropout 0.1, Muon 0.02, "
+    ("256x6 FT-style + ReLU² + QK-norm, engine + bf16 weights and norms + fused dropout per 4 columns, dropout 0.1, Muon 0.02, "
      "AdamW 3e-3, trapezoid to 1,000 (cool-down 400)",
      dict(activation="relu2", qk_norm=True),
      dict(optimizer="muon", muon_lr=0.02, schedule="trapezoid", decay_steps=1000, cooldown=400)),
-    ("256x6 FT-style + ReLU² + QK-norm + logit soft-cap 15, engine + bf16 levers + fused dropout per 4 columns, "
+    ("256x6 FT-style + ReLU² + QK-norm + logit soft-cap 15, engine + bf16 weights and norms + fused dropout per 4 columns, "
      "dropout 0.1, Muon 0.03, AdamW 4e-3, trapezoid to 800 (cool-down 300)",
      dict(activation="relu2", qk_norm=True, logit_softcap=15.0),
      dict(optimizer="muon", muon_lr=0.03, lr=4e-3, min_lr=4e-4, schedule="trapezoid", decay_steps=800,

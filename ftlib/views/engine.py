@@ -208,7 +208,7 @@ def probe_table(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def _case_label(r: dict[str, Any]) -> str:
     """A profiled case's name, shortened where the options repeat and wrapped for an axis."""
-    text = f"{r['label']} ({r['precision']})".replace("bf16_norm_out=True bf16_weights=True", "bf16 levers")
+    text = f"{r['label']} ({r['precision']})".replace("bf16_norm_out=True bf16_weights=True", "bf16 weights and norms")
     return "<br>".join(textwrap.wrap(text, 44))
 
 
