@@ -67,8 +67,8 @@ FINALISTS: tuple[tuple[str, float, int, float, tuple[tuple[str, Any], ...]], ...
      "cosine to 1,200", 0.2, 1200, 0.1, FUSED_DROPOUT),
     ("256x6 FT-style, engine + bf16 weights and norms + fused dropout, dropout 0.1, attention dropout 0, lr 3e-3, "
      "cosine to 1,400", 0.1, 1400, 0.1, FUSED_DROPOUT),
-    ("256x6 FT-style, engine + bf16 weights and norms + fused dropout, dropout 0.1, attention dropout 0, weight decay 0.3, "
-     "lr 3e-3, cosine to 1,400", 0.1, 1400, 0.3, FUSED_DROPOUT),
+    ("256x6 FT-style, engine + bf16 weights and norms + fused dropout, dropout 0.1, attention dropout 0, "
+     "weight decay 0.3, lr 3e-3, cosine to 1,400", 0.1, 1400, 0.3, FUSED_DROPOUT),
     ("256x6 FT-style, engine + bf16 weights and norms, dropout 0.1, attention dropout 0, weight decay 0.3, lr 3e-3, "
      "cosine to 1,400", 0.1, 1400, 0.3, NN_DROPOUT),
     ("256x6 FT-style, engine + bf16 weights and norms + fused dropout per 4 columns, dropout 0.1, attention dropout 0, "
@@ -82,12 +82,12 @@ EXPLORING: tuple[tuple[str, dict[str, Any], dict[str, Any]], ...] = (
     ("256x6 FT-style, engine + bf16 weights and norms + fused dropout per 4 columns, dropout 0.1, Muon 0.02 for the "
      "block matrices, AdamW 3e-3 for the rest, trapezoid to 1,000 (cool-down 400)",
      {}, dict(optimizer="muon", muon_lr=0.02, schedule="trapezoid", decay_steps=1000, cooldown=400)),
-    ("256x6 FT-style + ReLU² + QK-norm, engine + bf16 weights and norms + fused dropout per 4 columns, dropout 0.1, Muon 0.02, "
-     "AdamW 3e-3, trapezoid to 1,000 (cool-down 400)",
+    ("256x6 FT-style + ReLU² + QK-norm, engine + bf16 weights and norms + fused dropout per 4 columns, "
+     "dropout 0.1, Muon 0.02, AdamW 3e-3, trapezoid to 1,000 (cool-down 400)",
      dict(activation="relu2", qk_norm=True),
      dict(optimizer="muon", muon_lr=0.02, schedule="trapezoid", decay_steps=1000, cooldown=400)),
-    ("256x6 FT-style + ReLU² + QK-norm + logit soft-cap 15, engine + bf16 weights and norms + fused dropout per 4 columns, "
-     "dropout 0.1, Muon 0.03, AdamW 4e-3, trapezoid to 800 (cool-down 300)",
+    ("256x6 FT-style + ReLU² + QK-norm + logit soft-cap 15, engine + bf16 weights and norms + fused dropout "
+     "per 4 columns, dropout 0.1, Muon 0.03, AdamW 4e-3, trapezoid to 800 (cool-down 300)",
      dict(activation="relu2", qk_norm=True, logit_softcap=15.0),
      dict(optimizer="muon", muon_lr=0.03, lr=4e-3, min_lr=4e-4, schedule="trapezoid", decay_steps=800,
           cooldown=300)),
