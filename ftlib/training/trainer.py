@@ -16,7 +16,9 @@ speed. The startup is also recorded on its own as ``startup_s``: building the mo
 optimizer plus the first step, which holds ``torch.compile``'s compilation (tens of seconds
 on the H200); for the engine, building it (kernel JIT, warm-up steps, CUDA-graph capture)
 plus its first replay. A one-off cost like that can dominate a short run, so results
-report the time with it and without it (the steps after the first).
+report the time with it and without it (the steps after the first). When a target is
+reached, the loss on the whole validation split (:func:`full_split_loss`) is computed at
+that step, after the clock has stopped.
 """
 
 from __future__ import annotations
@@ -38,7 +40,8 @@ from ftlib.training.data import CharDataset, SequentialBatches, random_batch
 from ftlib.training.recipe import RECIPES, Recipe, make_recipe_optimizer, recipe
 from ftlib.training.step import grad_scaler, train_step
 
-__all__ = ["RECIPES", "Recipe", "estimate_loss", "load_checkpoint", "recipe", "save_checkpoint", "train"]
+__all__ = ["RECIPES", "Recipe", "estimate_loss", "full_split_loss", "load_checkpoint", "recipe", "save_checkpoint",
+           "train"]
 
 @torch.no_grad()
 def estimate_loss(
@@ -57,6 +60,39 @@ def estimate_loss(
             total += float(loss)
     model.train(was_training)
     return total / iters
+
+
+@torch.no_grad()
+def full_split_loss(
+    model: GPT, data: torch.Tensor, block_size: int, device: torch.device, prec: str = "fp32",
+    windows_per_batch: int = 64,
+) -> tuple[float, int]:
+    """Mean loss over every position of ``data`` once, and how many positions that is (``len(data) - 1``).
+
+    The inputs ``data[:-1]`` are cut into non-overlapping windows of ``block_size`` (the last one
+    shorter where the length is not a multiple), each predicting the next token at every position;
+    the mean is over positions, so the short window counts by its length. Unlike
+    :func:`estimate_loss` (random windows, a sample), this is the split's loss itself.
+    """
+    was_training = model.training
+    model.eval()
+    x_all, y_all = data[:-1], data[1:]
+    n = len(x_all)
+    full = n // block_size * block_size
+    # (windows, T) blocks of whole windows, then the remainder as one (1, r) window
+    parts = [(x_all[:full].view(-1, block_size), y_all[:full].view(-1, block_size))]
+    if full < n:
+        parts.append((x_all[full:].view(1, -1), y_all[full:].view(1, -1)))
+    total = torch.zeros((), dtype=torch.float64, device=device)
+    with precision_region(prec, device):
+        for xs, ys in parts:
+            for i in range(0, len(xs), windows_per_batch):
+                x, y = xs[i:i + windows_per_batch].to(device), ys[i:i + windows_per_batch].to(device)
+                logits, _ = model(x)  # (b, t, V)
+                total += torch.nn.functional.cross_entropy(logits.float().flatten(0, 1), y.flatten(),
+                                                           reduction="sum").double()
+    model.train(was_training)
+    return float(total) / n, n
 
 
 class _PlainSteps:
@@ -158,7 +194,11 @@ def train(
     Timing: ``build_s`` (model, optimizer, and for the engine its kernels, warm-up and
     capture), ``first_step_s`` (for ``torch.compile``, the compilation), ``startup_s`` (their
     sum) and ``train_time_s`` (startup plus every later step). History ``time_s`` values
-    include the startup from step 1 on.
+    include the startup from step 1 on. Evaluation is never timed.
+
+    At a reached target, ``full_val_loss`` is :func:`full_split_loss` on the validation split at
+    that step (over ``full_val_positions`` positions, taking ``full_val_s`` seconds, untimed);
+    all three are None when no target was reached.
     """
 
     device = torch.device(device)
@@ -182,6 +222,7 @@ def train(
         if step % rec.eval_interval == 0 or step == rec.steps:
             sync(device)
             ev = {
+                # one batch per step (the recipe has no gradient accumulation)
                 "step": step, "tokens": step * rec.batch_size * rec.block_size, "time_s": train_time,
                 "train_loss": estimate_loss(model, ds.train, rec.batch_size, rec.block_size, rec.eval_iters,
                                             device, prec=rec.precision),
@@ -218,15 +259,23 @@ def train(
         if not torch.isfinite(loss):
             raise FloatingPointError(f"loss became {float(loss)} at step {step}")
     startup_s = build_s + (first_step_s or 0.0)
+    model = runner.trained_model()  # a plain GPT (the engine's weights copied out): any window length runs
+    full_val, full_val_n, full_val_s = None, None, None
+    if reached_at is not None:  # the model as it was at the stopping evaluation: no step followed it
+        sync(device)
+        t0 = time.perf_counter()
+        full_val, full_val_n = full_split_loss(model, ds.val, rec.block_size, device, prec=rec.precision)
+        sync(device)
+        full_val_s = time.perf_counter() - t0
     result = {
         "config": config.to_dict(), "config_hash": config.config_hash(), "recipe": dataclasses.asdict(rec),
         "history": history, "best_val_loss": best, "train_time_s": train_time,
         "build_s": build_s, "first_step_s": first_step_s, "startup_s": startup_s,
         "steps_done": history[-1]["step"], "reached": reached_at,
+        "full_val_loss": full_val, "full_val_positions": full_val_n, "full_val_s": full_val_s,
         "engine": runner.describe(),
         "loss_scale": runner.loss_scale(),
     }
-    model = runner.trained_model()
     if checkpoint is not None:
         save_checkpoint(checkpoint, model, config, rec, result)
     result["model"] = model

@@ -1,5 +1,5 @@
 """The speedrun's rows read back (chapter 8): the verdict, the pooled verdict over repeats, the
-loss curves against training time, and the tables of candidates, runs and repeats."""
+loss curves, and the tables of runs and repeats (the leaderboard: :mod:`ftlib.views.leaderboard`)."""
 
 from __future__ import annotations
 
@@ -8,12 +8,9 @@ import textwrap
 from collections.abc import Iterable
 from typing import Any
 
-import plotly.graph_objects as go
-
 from ftlib.harness.convergence import steady_time_to_target
-from ftlib.harness.studies import REFERENCE, TARGET_LOSS, TARGET_SPEEDUP
-from ftlib.views.convergence import mean_of, ok_runs, seed_table
-from ftlib.views.plots import legend_below
+from ftlib.harness.studies import REFERENCE, TARGET_SPEEDUP
+from ftlib.views.convergence import mean_of, ok_runs
 from ftlib.views.tables import table_view
 
 
@@ -106,7 +103,7 @@ def speedrun_pooled(rows: list[dict[str, Any]], repeats: list[dict[str, Any]], c
 def speedrun_curves(rows: list[dict[str, Any]], models: Iterable[str],
                     exclude_startup: bool = True) -> list[dict[str, Any]]:
     """Validation loss against training wall time for each run of ``models``, one entry per
-    (model, seed): ``time_s`` and ``val_loss`` lists from the run's evaluation history.
+    (model, seed): ``time_s``, ``tokens`` and ``val_loss`` lists from the run's evaluation history.
 
     With ``exclude_startup`` the one-off startup (compilation or the engine's JIT and capture)
     is taken off every point after step 0; runs stored before the startup was recorded are left out.
@@ -122,7 +119,7 @@ def speedrun_curves(rows: list[dict[str, Any]], models: Iterable[str],
         hist = r.get("history") or []
         out.append({"model": r["model"], "seed": r["seed"],
                     "time_s": [max(0.0, h["time_s"] - shift) if h["step"] > 0 else 0.0 for h in hist],
-                    "val_loss": [h["val_loss"] for h in hist]})
+                    "tokens": [h.get("tokens") for h in hist], "val_loss": [h["val_loss"] for h in hist]})
     return out
 
 
@@ -154,26 +151,9 @@ def repeat_table(rows: list[dict[str, Any]], repeats: list[dict[str, Any]]) -> l
 # ---------------------------------------------------------------------------------------
 # Chapter 8's speedrun tables, lines and figure, per device (``rows``: one device's ok runs).
 
-CANDIDATES_PREVIEW = ("device", "model", "seeds", "reached", "best val loss (mean)", "excl. startup s (mean)",
-                      "speed-up excl. startup", "speed-up vs reference")
 RUNS_PREVIEW = ("model", "seed", "execution", "startup s", "steps to target", "excl. startup s", "best val loss")
 REPEATS_PREVIEW = ("device", "model", "seed", "excl. startup s (first)", "excl. startup s (repeat)", "repeat / first",
                    "steps to target (first)", "steps to target (repeat)")
-
-
-@table_view
-def candidates_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Every candidate of one device (:func:`ftlib.views.convergence.seed_table`) with its speed-up over
-    the reference, with and without startup; fastest to the target first."""
-    table = seed_table.rows(rows)
-    ref = next((r for r in table if r["model"] == REFERENCE), {})
-    for r in table:
-        for col, name in (("time to target s (mean)", "speed-up vs reference"),
-                          ("excl. startup s (mean)", "speed-up excl. startup")):
-            t, t_ref = r.get(col), ref.get(col)
-            r[name] = (t_ref / t) if (t_ref and t) else None
-    table.sort(key=lambda r: (r["time to target s (mean)"] is None, r["time to target s (mean)"] or 0))
-    return table
 
 
 @table_view
@@ -201,29 +181,6 @@ def verdict_text(verdict: dict[str, Any] | None, device: str) -> str:
                                      f"{verdict['target']:g}x -> {verdict[f'verdict {how}']}" if x
                                      else "no seeds in common with the reference"))
     return "\n".join(lines)
-
-
-def curves_figure(rows: list[dict[str, Any]], candidate: str, device: str) -> go.Figure:
-    """The reference's and ``candidate``'s runs: validation loss against training time without the startup,
-    one colour per model, one line per seed."""
-    finalists = {REFERENCE: ("nanoGPT reference (torch.compile)", "#7f7f7f", "dot"),
-                 candidate: ("fastest candidate (engine)", "#1f77b4", "solid")}
-    curves = speedrun_curves(rows, list(finalists))
-    fig = go.Figure()
-    for c in curves:
-        name, color, dash = finalists[c["model"]]
-        n_seeds = sum(d["model"] == c["model"] for d in curves)
-        fig.add_trace(go.Scatter(x=c["time_s"], y=c["val_loss"], mode="lines+markers", legendgroup=name,
-                                 name=f"{name}, {n_seeds} seeds",
-                                 showlegend=c is next(d for d in curves if d["model"] == c["model"]),
-                                 line=dict(color=color, dash=dash), marker=dict(size=4),
-                                 hovertemplate=f"seed {c['seed']}: %{{y:.3f}} at %{{x:.2f}} s<extra>{name}</extra>"))
-    fig.add_hline(y=TARGET_LOSS, line_dash="dash", annotation_text=f"target {TARGET_LOSS:.2f}",
-                  annotation_position="top right")
-    fig.update_layout(title=f"Speedrun: validation loss vs training time, startup excluded, {device}",
-                      xaxis_title="training time excluding startup (s)", yaxis_title="validation loss",
-                      yaxis_range=[TARGET_LOSS - 0.15, 2.6], height=500)
-    return legend_below(fig)
 
 
 @table_view

@@ -1,0 +1,289 @@
+"""The speedrun's leaderboard (chapter 8): the rules of the public speedruns applied to the rows.
+
+The rules follow the public NanoGPT speedrun (modded-nanogpt) README: the claimed time is training-step
+time only (compilation, kernel JIT and warm-up are untimed and reported apart), averaged over seeds;
+a claim needs p < 0.01 that the seeds' mean validation loss at the stop is at or below the target
+(a one-sided one-sample t-test); and only the model and the recipe may change. Here the claimed time
+of a run is ``time_to_target_excl_startup_s``: the training steps up to the first evaluation at or
+below the target, the startup excluded. A candidate enters the board only if every seed it ran
+reached the target. Rows of different devices are never pooled.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import pandas as pd
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+from scipy import stats
+
+from ftlib.harness.studies import NANOGPT_BEST_LOSS, REFERENCE, SIGNIFICANCE, TARGET_LOSS, speedrun_candidates
+from ftlib.model.config import ModelConfig
+from ftlib.training.trainer import Recipe
+from ftlib.views.plots import PALETTE, legend_below
+from ftlib.views.speedrun import speedrun_curves
+from ftlib.views.tables import table_view
+
+TARGETS = (TARGET_LOSS, NANOGPT_BEST_LOSS)
+DID_NOT_REACH = "did not reach"
+SIGNIFICANT = f"p < {SIGNIFICANCE:g}"
+
+
+def stop_of(row: dict[str, Any], target: float) -> dict[str, Any] | None:
+    """Where a run aimed at ``target`` stops: its first evaluation at or below it, else its last one.
+
+    Gives ``reached``, ``step``, ``tokens``, ``time_s`` (training-step time excluding the startup,
+    :func:`ftlib.harness.convergence.steady_time_to_target` where the row stopped there; None where
+    the row records no startup), ``val_loss`` (the sampled estimate) and ``full_val_loss`` (the whole
+    validation split, recorded only at the row's own stop). None for a failed run (no history).
+    """
+    hist = row.get("history") or []
+    if row.get("status", "ok") != "ok" or not hist:
+        return None
+    h = next((h for h in hist if h["val_loss"] <= target), None)
+    if h is None:
+        return {"reached": False, "step": None, "tokens": None, "time_s": None, "val_loss": hist[-1]["val_loss"],
+                "full_val_loss": None}
+    at_stop = row.get("steps_to_target") == h["step"]  # the row's own stop: its stored fields apply
+    startup = row.get("startup_s")
+    if at_stop and row.get("time_to_target_excl_startup_s") is not None:
+        time_s = row["time_to_target_excl_startup_s"]
+    elif startup is None:
+        time_s = None
+    else:  # the rule of ftlib.harness.convergence._row: the steps after the first
+        time_s = max(0.0, h["time_s"] - startup) if h["step"] > 0 else 0.0
+    tokens = row.get("tokens_to_target") if at_stop and row.get("tokens_to_target") is not None else h["tokens"]
+    return {"reached": True, "step": h["step"], "tokens": tokens, "time_s": time_s, "val_loss": h["val_loss"],
+            "full_val_loss": row.get("full_val_loss_at_target") if at_stop else None}
+
+
+def aims_at(row: dict[str, Any], target: float) -> bool:
+    """Whether a run says something about ``target``: one stopped at a higher loss never had the chance."""
+    own = row.get("target")
+    return own is None or own <= target + 1e-12
+
+
+def p_value(losses: Sequence[float] | pd.Series, target: float) -> float | None:
+    """p of a one-sided one-sample t-test that the mean of ``losses`` is below ``target`` (scipy);
+    None with fewer than two losses, or where the test is undefined (no spread)."""
+    losses = list(losses)
+    if len(losses) < 2 or len(set(losses)) == 1:
+        return None
+    p = float(stats.ttest_1samp(losses, target, alternative="less").pvalue)
+    return None if math.isnan(p) else p
+
+
+def seed_stops(rows: list[dict[str, Any]], target: float) -> pd.DataFrame:
+    """One line per run that aims at ``target`` (:func:`aims_at`): its candidate and seed and
+    :func:`stop_of`; a failed run counts as a seed that did not reach. Names shared by runs of
+    different configs get the parameter count added, so different sizes are never pooled."""
+    runs = [r for r in rows if aims_at(r, target)]
+    hashes = pd.DataFrame({"model": [r.get("model") for r in runs], "h": [r.get("config_hash") for r in runs]})
+    shared = set(hashes.groupby("model")["h"].nunique().loc[lambda n: n > 1].index) if runs else set()
+    out = []
+    for r in runs:
+        s = stop_of(r, target) or {"reached": False}
+        name = r["model"] + (f" ({r.get('params', 0):,} params)" if r["model"] in shared else "")
+        out.append({"candidate": name, "model": r["model"], "seed": r.get("seed"), **s})
+    cols = ["candidate", "model", "seed", "reached", "step", "tokens", "time_s", "val_loss", "full_val_loss"]
+    return pd.DataFrame(out, columns=cols).astype({"reached": bool})
+
+
+def _every(values: pd.Series) -> float | None:
+    """The mean where every seed has a value, else None (a claim over some of the seeds is no claim)."""
+    v = pd.to_numeric(values, errors="coerce")
+    return float(v.mean()) if len(v) and v.notna().all() else None
+
+
+def _num(v: Any) -> float | None:
+    return None if v is None or pd.isna(v) else float(v)
+
+
+def _normal(kind: type, d: dict[str, Any]) -> dict[str, Any]:
+    """A stored config or recipe with every field at its value (defaults filled in); as stored if it no
+    longer builds."""
+    d = dict(d)
+    if kind is Recipe:
+        d["betas"] = tuple(d.get("betas", Recipe.betas))
+        d["engine_options"] = tuple(tuple(o) for o in d.get("engine_options", ()))
+    try:
+        return dataclasses.asdict(kind(**d))
+    except (TypeError, ValueError):
+        return d
+
+
+def _value(v: Any) -> str:
+    if isinstance(v, float):
+        return f"{v:g}"
+    if isinstance(v, (tuple, list)) and all(isinstance(o, (tuple, list)) and len(o) == 2 for o in v):
+        return "+".join(str(k) for k, on in v if on) or "none"  # engine options: the ones turned on
+    return str(v)
+
+
+def change_text(row: dict[str, Any], reference: dict[str, Any]) -> str:
+    """What a run changes relative to the reference run: its model and recipe fields that differ
+    (the seed aside), as 'model: field value, ...; recipe: field value, ...'."""
+    parts = []
+    for what, field, kind, skip in (("model", "config", ModelConfig, ()), ("recipe", "recipe", Recipe, ("seed",))):
+        a, b = _normal(kind, reference.get(field) or {}), _normal(kind, row.get(field) or {})
+        diff = [f"{k} {_value(b.get(k))}" for k in b if k not in skip and b.get(k) != a.get(k)]
+        if diff:
+            parts.append(f"{what}: " + ", ".join(diff))
+    return "; ".join(parts) or "none"
+
+
+def _reference_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
+    """The reference's run of lowest seed on the device, else its config and recipe in the catalogue."""
+    refs = sorted((r for r in rows if r.get("model") == REFERENCE and r.get("config")), key=lambda r: r.get("seed", 0))
+    if refs:
+        return refs[0]
+    cfg, rec = speedrun_candidates()[REFERENCE]
+    return {"config": cfg.to_dict(), "recipe": dataclasses.asdict(rec)}
+
+
+def on_device(rows: Iterable[dict[str, Any]], device: str) -> list[dict[str, Any]]:
+    return [r for r in rows if r.get("device_slug") == device]
+
+
+@table_view
+def leaderboard(rows: list[dict[str, Any]], device: str,
+                targets: Sequence[float] = TARGETS) -> list[dict[str, Any]]:
+    """The speedrun's leaderboard on one device (rows of other devices are ignored), per target.
+
+    Per candidate: seeds that reached the target of seeds run; mean time to target (s; the claimed
+    time, :func:`stop_of`) with its min–max; mean tokens and steps to target; the p-value
+    (:func:`p_value` over the seeds' sampled validation losses at their stop); the mean loss at the
+    stop, sampled and on the whole split; the change from nanoGPT's recipe and the speed-up over it.
+    Ranked (``rank``) are the candidates that reached the target on every seed, fastest first;
+    the rest follow, unranked, with how many seeds did not reach it. Only runs aimed at or below
+    a target count for it (:func:`aims_at`).
+    """
+    mine = on_device(rows, device)
+    ref_run = _reference_run(mine)
+    changes = {r["model"]: change_text(r, ref_run) for r in sorted(mine, key=lambda r: r.get("seed", 0), reverse=True)
+               if r.get("config")}
+    out = []
+    for target in targets:
+        stops = seed_stops(mine, target)
+        if stops.empty:
+            continue
+        g = stops.groupby("candidate", sort=False)
+        board = pd.DataFrame({
+            "model": g["model"].first(), "seeds": g.size(), "reached": g["reached"].sum(),
+            "time": g["time_s"].agg(_every), "time min": g["time_s"].min(), "time max": g["time_s"].max(),
+            "tokens": g["tokens"].agg(_every), "steps": g["step"].agg(_every),
+            "p": g["val_loss"].agg(p_value, target=target),
+            "val": g["val_loss"].mean(), "full": g["full_val_loss"].agg(_every)})
+        board["ranked"] = board["reached"] == board["seeds"]
+        board = board.sort_values(["ranked", "time", "reached"], ascending=[False, True, False], na_position="last")
+        ref = board.loc[board["model"] == REFERENCE]
+        t_ref = _num(ref["time"].iloc[0]) if len(ref) and ref["ranked"].iloc[0] else None
+        rank = 0
+        for name, b in board.iterrows():
+            ranked = bool(b["ranked"])
+            rank += ranked
+            t = _num(b["time"]) if ranked else None
+            out.append({
+                "device": device, "target": target, "rank": rank if ranked else None, "candidate": name,
+                "seeds reached": f"{int(b['reached'])}/{int(b['seeds'])}",
+                DID_NOT_REACH: int(b["seeds"] - b["reached"]),
+                "time to target s (mean)": t,
+                "time to target s (min–max)": f"{b['time min']:.2f}–{b['time max']:.2f}" if t is not None else None,
+                "speed-up vs nanoGPT": (t_ref / t) if (t and t_ref) else None,
+                "tokens to target (mean)": _num(b["tokens"]) if ranked else None,
+                "steps to target (mean)": _num(b["steps"]) if ranked else None,
+                "p-value": _num(b["p"]), SIGNIFICANT: None if _num(b["p"]) is None else bool(b["p"] < SIGNIFICANCE),
+                "val loss at stop (mean)": _num(b["val"]),
+                "full-split loss at stop (mean)": _num(b["full"]) if ranked else None,
+                "change vs nanoGPT": ("reference: nanoGPT's shakespeare_char recipe" if b["model"] == REFERENCE
+                                      else changes.get(b["model"], "")),
+            })
+    return out
+
+
+LEADERBOARD_PREVIEW = ("target", "rank", "candidate", "seeds reached", "time to target s (mean)",
+                       "speed-up vs nanoGPT", "p-value", "full-split loss at stop (mean)")
+
+
+def leaderboard_figure(rows: list[dict[str, Any]], device: str, target: float = TARGET_LOSS,
+                       top: int = 5) -> go.Figure:
+    """Validation loss against training time (startup excluded) and against tokens, one colour per
+    candidate and one line per seed: nanoGPT's recipe and the ``top`` ranked candidates of the
+    leaderboard for ``target``, labelled by their rank."""
+    board = [b for b in leaderboard.rows(rows, device, (target,)) if b["rank"] is not None]
+    shown = [b for b in board if b["candidate"] == REFERENCE] + [b for b in board if b["candidate"] != REFERENCE][:top]
+    fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
+                        subplot_titles=("against training time, startup excluded", "against tokens trained on"))
+    mine = [r for r in on_device(rows, device) if aims_at(r, target)]
+    for i, b in enumerate(shown):
+        ref = b["candidate"] == REFERENCE
+        label = ("nanoGPT (reference)" if ref else f"#{b['rank']}") + f", {b['time to target s (mean)']:.2f} s"
+        color = "#7f7f7f" if ref else PALETTE[i % len(PALETTE)]
+        curves = speedrun_curves(mine, [b["candidate"]])
+        for j, c in enumerate(curves):
+            for col, x in ((1, c["time_s"]), (2, c["tokens"])):
+                fig.add_trace(go.Scatter(x=x, y=c["val_loss"], mode="lines", name=label, legendgroup=label,
+                                         showlegend=col == 1 and j == 0, line=dict(color=color, width=1.5,
+                                                                                   dash="dot" if ref else "solid"),
+                                         hovertemplate=f"seed {c['seed']}: %{{y:.3f}}<extra>{label}</extra>"),
+                              row=1, col=col)
+    fig.add_hline(y=target, line_dash="dash", line_color="#444", row="all", col="all")
+    fig.update_xaxes(title_text="training time excluding startup (s)", row=1, col=1)
+    fig.update_xaxes(title_text="tokens", row=1, col=2)
+    fig.update_yaxes(title_text="validation loss (sampled)", range=[target - 0.1, 2.4], row=1, col=1)
+    fig.update_layout(title=f"Speedrun to {target:g}, {device}: the leaderboard's candidates by rank", height=480)
+    return legend_below(fig)
+
+
+def _entry(b: dict[str, Any]) -> str:
+    p = b["p-value"]
+    sig = ("no p-value (one seed)" if p is None else
+           f"p = {p:.2g}, {'below' if p < SIGNIFICANCE else 'not below'} {SIGNIFICANCE:g}")
+    full = b["full-split loss at stop (mean)"]
+    return (f"{b['time to target s (mean)']:.2f} s ({b['time to target s (min–max)']} s) over {b['seeds reached']} "
+            f"seeds, {b['tokens to target (mean)'] / 1e6:.1f} M tokens, {sig}; loss at the stop "
+            f"{b['val loss at stop (mean)']:.4f} sampled, "
+            + ("not recorded on the whole split" if full is None else f"{full:.4f} on the whole split"))
+
+
+def findings(rows: list[dict[str, Any]], device: str, targets: Sequence[float] = TARGETS) -> str:
+    """'What we found' on one device, computed from the leaderboard: per target, how many candidates
+    ran and reached it on every seed, nanoGPT's recipe, the fastest candidate whose loss at the stop
+    is significantly at or below the target, and the fastest one if that is another."""
+    mine = on_device(rows, device)
+    if not mine:
+        return f"{device}: no speedrun rows stored for this device."
+    board = leaderboard.rows(mine, device, targets)
+    own = sorted({r["target"] for r in mine if r.get("target") is not None})
+    lines = []
+    for target in targets:
+        b = [x for x in board if x["target"] == target]
+        if not b:
+            lines.append(f"{device}, target {target:g}: no run aimed at it (these runs stop at the first evaluation "
+                         f"at or below {', '.join(f'{t:g}' for t in own) or 'their target'}).")
+            continue
+        ranked = [x for x in b if x["rank"] is not None]
+        lines.append(f"{device}, target {target:g}: {len(b)} candidates ran, {len(ranked)} reached it on every seed.")
+        ref = next((x for x in ranked if x["candidate"] == REFERENCE), None)
+        lines.append("  nanoGPT's recipe: " + (_entry(ref) if ref else "did not reach it on every seed") + ".")
+        timed = [x for x in ranked if x["candidate"] != REFERENCE and x["time to target s (mean)"] is not None]
+        fastest = timed[0] if timed else None
+        best = next((x for x in timed if x[SIGNIFICANT]), None)
+        if fastest is None:
+            lines.append("  No other candidate reached it on every seed.")
+        shown = [(f"Fastest with {SIGNIFICANT}", best)] + ([(f"Fastest, {SIGNIFICANT} not met", fastest)]
+                                                             if fastest is not best else [])
+        for what, x in shown:
+            if x is None:
+                continue
+            up = x["speed-up vs nanoGPT"]
+            lines += [f"  {what}, #{x['rank']}: " + _entry(x)
+                      + (f"; {up:.2f}x nanoGPT's recipe." if up else "; no speed-up without nanoGPT's time."),
+                      f"    {x['candidate']}", f"    changes: {x['change vs nanoGPT']}"]
+        if fastest is not None and best is None:
+            lines.append(f"  No candidate has {SIGNIFICANT} yet.")
+    return "\n".join(lines)
