@@ -171,3 +171,16 @@ def test_full_split_loss_shows_only_where_every_seed_has_it():
     (line,) = leaderboard.rows(rows, "h200", (1.5,))
     assert line["full-split loss at stop (mean)"] is None
     assert np.isclose(line["val loss at stop (mean)"], 1.49)
+
+
+def test_p_value_uses_the_whole_split_loss_where_every_seed_has_it():
+    # Sampled losses below the target (selected by the stop), whole-split losses above it: the test on the
+    # whole split is the one reported, and it does not pass.
+    sampled, full = [1.4986, 1.4992, 1.4988, 1.4995], [1.503, 1.505, 1.502, 1.506]
+    rows = [_run("c", s, v, 1000, t=3.0, full=f) for s, (v, f) in enumerate(zip(sampled, full))]
+    (line,) = leaderboard.rows(rows, "h200", (1.5,))
+    assert line["p-value from"] == "whole split" and line[SIGNIFICANT] is False
+    assert line["p-value"] == pytest.approx(stats.ttest_1samp(full, 1.5, alternative="less").pvalue)
+    rows[0]["full_val_loss_at_target"] = None  # one seed without it: back to the sampled estimates
+    (line,) = leaderboard.rows(rows, "h200", (1.5,))
+    assert line["p-value from"] == "sampled estimate" and line[SIGNIFICANT] is True
