@@ -99,6 +99,11 @@ def _every(values: pd.Series) -> float | None:
     return float(v.mean()) if len(v) and v.notna().all() else None
 
 
+def _p_every(values: pd.Series, target: float) -> float | None:
+    """:func:`p_value` where every seed has a value, else None."""
+    return p_value(values, target) if _every(values) is not None else None
+
+
 def _num(v: Any) -> float | None:
     return None if v is None or pd.isna(v) else float(v)
 
@@ -178,7 +183,7 @@ def leaderboard(rows: list[dict[str, Any]], device: str,
             "time": g["time_s"].agg(_every), "time min": g["time_s"].min(), "time max": g["time_s"].max(),
             "tokens": g["tokens"].agg(_every), "steps": g["step"].agg(_every),
             "p sampled": g["val_loss"].agg(p_value, target=target),
-            "p full": g["full_val_loss"].agg(lambda v: p_value(v, target) if _every(v) is not None else None),
+            "p full": g["full_val_loss"].agg(_p_every, target=target),
             "val": g["val_loss"].mean(), "full": g["full_val_loss"].agg(_every)})
         # The sampled loss at the stop is below the target by construction (the run stops at the first
         # evaluation at or below it), so a test on it leans towards passing; the whole-split loss at the
