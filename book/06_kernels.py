@@ -75,6 +75,7 @@ from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views import engine as engineview
 from ftlib.views import kernels as kernelview
+from ftlib.views import ledger as ledgerview
 from ftlib.views.bench import devices, ok_rows, provenance_line
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
@@ -345,6 +346,34 @@ if len(ptable):
 else:
     print("Not profiled yet: python -m benchmarks.kernels.engine_probe --out DIR on a GPU, then commit "
           "DIR/engine_probe.jsonl under data/results/<gpu>/.")
+
+# %% [markdown]
+# ### Speed of light, class by class
+# Each category of the profile against three floors: its FLOPs at the datasheet peak of the pipe
+# they run on (tensor cores of the step's precision for matrix products and attention, the FP32
+# pipes for elementwise work), its bytes at the DRAM bandwidth, each tensor moved once per op as
+# chapter 2's accounting counts them, and its kernels at an assumed cost per kernel boundary
+# (`ftlib.views.ledger.BOUNDARY_US`, set beside the gap the rows themselves measure in the totals).
+# The largest of the three is the class's speed of light, and `measured / speed of light` says how
+# far the engine is from it. The accounting components behind each class are listed first; the
+# partial sums and the copies and casts have none, so their floor is their launches (and the bytes of
+# the bf16 weight shadow). A ratio under 1 is no kernel beating physics: a fused kernel skips
+# intermediates the per-op accounting counts, and one activation of this step fits in the L2 cache.
+# The totals set the captured step against the sum of the class floors and against the step's own
+# roofline. Where each case is furthest from its floor, by the time above it, is listed under the figure.
+
+# %%
+if len(ptable):
+    show_frame(ledgerview.component_map(), caption="Accounting components behind each kernel class")
+    for dev in ledgerview.devices_of(prows):
+        dev_rows = [r for r in prows if r.get("device_slug") == dev]
+        show_frame(ledgerview.ledger(dev_rows), preview=["case", "class", "measured µs", "kernels", "speed of light µs",
+                                                         "bound", "measured / speed of light"])
+        show_frame(ledgerview.ledger_totals(dev_rows), preview=["case", "captured step µs", "sum of floors µs",
+                                                                "roofline µs", "step / sum of floors",
+                                                                "step / roofline", "measured gap per kernel µs"])
+        show(ledgerview.ledger_figure(dev_rows, dev), f"engine-ledger-{dev}")
+        display(Markdown(ledgerview.ledger_summary(dev_rows, dev)))
 
 # %% [markdown]
 # ### 100 steps against reference training

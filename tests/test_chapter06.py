@@ -32,7 +32,10 @@ def test_chapter_with_synthetic_rows(tmp_path):
         " slower |" in out
     assert "Not profiled yet" not in out
     assert "fastest in a graph is v3 triton" in out
-    assert out.count("<Figure:") == 3  # kernels, the configurations of the engine's runs, loss agreement
+    # kernels, the configurations of the engine's runs, launches per step, the speed-of-light ledger, loss agreement
+    assert out.count("<Figure:") == 5
+    assert "<Figure: The engine's step by kernel class, h200" in out
+    assert "| h200 | FastTransformer bf16 | bf16 | matmul | 900 | 24 |" in out  # the ledger, class by class
 
 
 def test_chapter_without_rows(tmp_path):

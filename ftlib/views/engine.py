@@ -162,17 +162,19 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
 
 
 # Kernel-name patterns -> category, first match wins (benchmarks/kernels/engine_probe.py's names:
-# cuBLAS/CUTLASS GEMMs, our Triton kernels by function name, PyTorch's native kernels).
+# cuBLAS/CUTLASS GEMMs, our Triton kernels by function name, PyTorch's native kernels). The causal
+# mask's triu/tril counts as attention; the bias gradients' column sum (kernels/bias_linear.py) as a
+# reduction, beside the norms' partial sums.
 PROBE_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("attention", ("_attn_", "fmha", "softmax", "attention")),
+    ("attention", ("_attn_", "fmha", "softmax", "attention", "triu_tril")),
     ("matmul", ("gemm", "xmma", "nvjet", "_matmul_tile", "splitkreduce")),
     ("norms", ("_add_norm", "_rms_norm", "_layer_norm", "layer_norm")),
     ("optimizer", ("_adamw", "adam")),
     ("loss", ("_cross_entropy", "_ce_", "nll_loss", "log_softmax")),
     ("embedding", ("_embedding", "index", "gather", "scatter", "embedding")),
-    ("reductions (sums)", ("reduce_kernel",)),
+    ("reductions (sums)", ("reduce_kernel", "_col_sum")),
     ("copies and casts", ("copy", "memcpy", "memset")),
-    ("other elementwise", ("elementwise", "gelu", "functor")),
+    ("other elementwise", ("elementwise", "gelu", "functor", "dropout")),
 )
 
 

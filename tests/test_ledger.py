@@ -1,0 +1,146 @@
+"""ftlib.views.ledger: the floors against hand computations, the ratio's scaling, the stored rows' kernels
+all in a class, and one device's rows never pooled with another's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from ftlib.analysis.accounting import matmul_params, num_params
+from ftlib.analysis.accounting import rows as accounting_rows
+from ftlib.analysis.peaks import lookup
+from ftlib.harness.results import load_rows
+from ftlib.model.config import preset
+from ftlib.views import ledger as L
+
+ROOT = Path(__file__).resolve().parent.parent
+B, T = 4, 64
+H200_BF16 = 989e12  # FLOP/s, dense BF16 tensor core (NVIDIA H200 datasheet, SXM; ftlib.analysis.peaks)
+H200_FP32 = 67e12  # FLOP/s, FP32 pipes
+H200_BW = 4.8e12  # bytes/s, HBM3e
+
+# One kernel per class (name, launches per step, µs per step).
+KERNELS = [("nvjet_sm90_tst_128x128", 30, 300.0), ("_attn_fwd_kernel", 6, 120.0), ("_add_norm_fwd_kernel", 12, 60.0),
+           ("_adamw_kernel", 1, 10.0), ("_cross_entropy_kernel", 1, 4.0), ("vectorized_gather_kernel", 2, 3.0),
+           ("reduce_kernel<128, 4>", 26, 80.0), ("Memset (Device)", 10, 8.0),
+           ("vectorized_elementwise_kernel<GeluCUDAKernelImpl>", 6, 20.0), ("mystery_kernel", 3, 5.0)]
+
+
+def probe_row(device: str = "NVIDIA H200", slug: str = "h200", scale: float = 1.0, **kw) -> dict:
+    cfg = preset("fasttransformer")
+    return {"bench": "engine_probe", "status": "ok", "label": "fasttransformer", "preset": "fasttransformer",
+            "precision": "bf16", "B": B, "T": T, "config": cfg.to_dict(), "device": device, "device_slug": slug,
+            "date": "2026-01-01T00:00:00Z", "step_median_us": 1000.0 * scale,
+            "describe": {"kernels": ["rmsnorm", "attention", "adamw"], "fuse_residual_norm": True},
+            "kernels": [{"name": n, "count": c, "us": us * scale} for n, c, us in KERNELS], **kw}
+
+
+def by_class(rows: list[dict]) -> dict[str, dict]:
+    return {x["class"]: x for x in rows}
+
+
+def test_floors_equal_hand_computations():
+    led = by_class(L.ledger.rows([probe_row()]))
+    cfg, N = preset("fasttransformer"), B * T
+    # matmuls: 2 m n k forward, twice that backward, over every Linear weight (no biases here)
+    mm = led["matmul"]
+    assert mm["FLOP floor µs"] == pytest.approx(1e6 * 6 * N * matmul_params(cfg) / H200_BF16)
+    mm_bytes = sum(a["bytes"] for a in accounting_rows(cfg, B, T, "bf16", backend="flash")
+                   if a["component"] in ("qkv", "out_proj", "mlp_up", "mlp_down", "head"))
+    assert mm["byte floor µs"] == pytest.approx(1e6 * mm_bytes / H200_BW)
+    assert mm["launch floor µs"] == pytest.approx(30 * L.BOUNDARY_US)
+    assert mm["speed of light µs"] == max(mm["FLOP floor µs"], mm["byte floor µs"], mm["launch floor µs"])
+    assert mm["measured / speed of light"] == pytest.approx(300.0 / mm["speed of light µs"])
+    # AdamW: 16 FLOPs per parameter on the FP32 pipes; reads p, g, m, v and writes p, m, v in fp32
+    opt = led["optimizer"]
+    assert opt["FLOP floor µs"] == pytest.approx(1e6 * 16 * num_params(cfg) / H200_FP32)
+    assert opt["byte floor µs"] == pytest.approx(1e6 * 7 * 4 * num_params(cfg) / H200_BW)
+    # the residual add is fused into the norms: its bytes are theirs, not the elementwise class's
+    norm_bytes = sum(a["bytes"] for a in accounting_rows(cfg, B, T, "bf16", backend="flash")
+                     if a["component"] in ("norm1", "norm2", "final_norm", "residual"))
+    assert led["norms"]["byte floor µs"] == pytest.approx(1e6 * norm_bytes / H200_BW)
+    gelu = sum(a["bytes"] for a in accounting_rows(cfg, B, T, "bf16", backend="flash") if a["component"] == "gelu")
+    assert led["other elementwise"]["byte floor µs"] == pytest.approx(1e6 * gelu / H200_BW)
+    # no accounting counterpart: the launch floor alone
+    red = led["reductions (sums)"]
+    assert (red["FLOP floor µs"], red["byte floor µs"]) == (0.0, 0.0)
+    assert red["speed of light µs"] == pytest.approx(26 * L.BOUNDARY_US) and red["bound"] == "launches"
+    assert led["other"]["speed of light µs"] == pytest.approx(3 * L.BOUNDARY_US)
+
+
+def test_boundary_cost_is_a_parameter_and_bf16_shadow_counts_as_a_copy():
+    cfg = preset("fasttransformer")
+    led = by_class(L.ledger.rows([probe_row()], boundary_us=3.0))
+    assert led["reductions (sums)"]["launch floor µs"] == pytest.approx(26 * 3.0)
+    shadow = by_class(L.ledger.rows([probe_row(describe={"bf16_weights": True})]))["copies and casts"]
+    assert shadow["byte floor µs"] == pytest.approx(1e6 * num_params(cfg) * (4 + 2) / H200_BW)
+
+
+def test_tf32x3_route_runs_at_a_third_of_the_tf32_peak():
+    row = probe_row(precision="fp32", describe={"linear_precision": "tf32x3"})
+    mm = by_class(L.ledger.rows([row]))["matmul"]
+    N = B * T
+    assert mm["FLOP floor µs"] == pytest.approx(1e6 * 6 * N * matmul_params(preset("fasttransformer")) / (495e12 / 3))
+
+
+def test_twice_the_kernel_time_doubles_measured_over_speed_of_light():
+    one, two = by_class(L.ledger.rows([probe_row()])), by_class(L.ledger.rows([probe_row(scale=2.0)]))
+    for cls in L.CLASSES:
+        assert two[cls]["speed of light µs"] == pytest.approx(one[cls]["speed of light µs"])
+        assert two[cls]["measured / speed of light"] == pytest.approx(2 * one[cls]["measured / speed of light"])
+    t1, t2 = L.ledger_totals.rows([probe_row()])[0], L.ledger_totals.rows([probe_row(scale=2.0)])[0]
+    assert t2["step / sum of floors"] == pytest.approx(2 * t1["step / sum of floors"])
+    assert t2["step / roofline"] == pytest.approx(2 * t1["step / roofline"])
+
+
+def test_every_accounting_component_has_a_class():
+    for cfg, kw in ((preset("gpt2"), {}), (preset("fasttransformer"), {}),
+                    (preset("nanogpt-char"), {"grad_clip": True})):
+        for a in accounting_rows(cfg, B, T, "bf16", **kw):
+            assert L.component_class(a["component"]) in L.CLASSES
+
+
+def test_classes_cover_every_kernel_of_the_stored_rows():
+    stored = [r for r in load_rows("engine_probe", root=ROOT / "data" / "results") if r.get("status") == "ok"]
+    assert stored, "no stored engine_probe rows"
+    led = L.ledger.rows(stored)
+    for r in stored:
+        mine = [x for x in led if x["device"] == r["device_slug"] and x["case"] == L.short_case(r)]
+        assert [x["class"] for x in mine] == [c for c in L.CLASSES if c != "other"]
+        assert sum(x["measured µs"] for x in mine) == pytest.approx(r["kernel_us"], rel=1e-6)
+        assert sum(x["kernels"] for x in mine) == pytest.approx(sum(k["count"] for k in r["kernels"]))
+        # every stored kernel is named by a pattern: nothing is left to 'other'
+        assert [k["name"] for k in r["kernels"] if L.probe_category(k["name"]) == "other"] == []
+
+
+def test_rows_of_two_devices_are_never_pooled():
+    h200, a100 = probe_row(), probe_row("NVIDIA A100-SXM4-80GB", "a100", scale=3.0)
+    led = L.ledger.rows([h200, a100])
+    assert len(led) == 2 * len(L.CLASSES)  # every class has a kernel in the synthetic step
+    per = {dev: by_class([x for x in led if x["device"] == dev]) for dev in ("h200", "a100")}
+    assert per["h200"]["matmul"]["measured µs"] == 300.0 and per["a100"]["matmul"]["measured µs"] == 900.0
+    # each device's floors come from its own peaks
+    ratio = lookup("NVIDIA H200").bandwidth / lookup("NVIDIA A100-SXM4-80GB").bandwidth
+    assert per["a100"]["norms"]["byte floor µs"] == pytest.approx(per["h200"]["norms"]["byte floor µs"] * ratio)
+    totals = {t["device"]: t for t in L.ledger_totals.rows([h200, a100])}
+    assert totals["h200"]["kernel µs"] == pytest.approx(sum(us for _, _, us in KERNELS))
+    assert totals["a100"]["captured step µs"] == 3000.0
+    fig = L.ledger_figure([h200, a100], "h200")
+    measured = [t for t in fig.data if t.name == "measured"]
+    assert len(measured) == 1 and max(measured[0].x) == 300.0
+    assert L.devices_of([h200, a100]) == ["a100", "h200"]
+
+
+def test_the_newest_row_of_a_case_wins_and_unknown_devices_are_left_out():
+    old, new = probe_row(scale=1.0), probe_row(scale=2.0, date="2026-02-01T00:00:00Z")
+    led = by_class(L.ledger.rows([new, old, probe_row("cpu", "cpu")]))
+    assert led["matmul"]["measured µs"] == 600.0
+
+
+def test_summary_names_the_classes_furthest_from_their_floor():
+    text = L.ledger_summary([probe_row()], "h200", top=2)
+    led = sorted(L.ledger.rows([probe_row()]), key=lambda x: -x["above floor µs"])
+    assert text.startswith("* **FastTransformer bf16**")
+    assert f"{led[0]['class']} ({led[0]['above floor µs']:,.0f} µs above" in text
+    assert f"{led[1]['class']} (" in text and f"{led[2]['class']} (" not in text
