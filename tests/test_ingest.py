@@ -135,7 +135,7 @@ def test_baselines_with_the_stored_rows_and_new_runs_are_taken(mod, tmp_path, mo
 
 
 def test_baselines_with_only_new_runs_are_merged_after_the_stored_rows(mod, tmp_path, monkeypatch, capsys):
-    # A second device call that started from a tree without the first call's rows returns only
+    # A second GPU run that started from a tree without the first call's rows returns only
     # its own runs: they are appended, and every stored row stays as it was.
     store, back, lines, n = _committed_baselines(tmp_path, monkeypatch, mod, runs_stored=2)
     (back / "baselines.jsonl").write_text("".join(lines[n:]))
@@ -322,3 +322,24 @@ def test_device_names_map_to_folders_as_device_slug_does(name, mod, monkeypatch)
     monkeypatch.setattr(device, "device_name", lambda dev: name)
     assert mod.slug_of_name is device.slug_of_name  # one rule, in ftlib.core.device
     assert mod.slug_of_name(name) == device.device_slug("cuda")
+
+
+def test_tars_unpack_safely_where_python_has_no_data_filter(repo, mod, tmp_path, monkeypatch):
+    # Pythons before PEP 706's filters (3.11.0-3.11.3, 3.10.0-3.10.11) take the same path: plain files in,
+    # a link or a path out of the archive refused.
+    monkeypatch.delattr(tarfile, "data_filter", raising=False)
+    store, back = repo
+    (tmp_path / "speedrun.jsonl").write_text(_rows("a", "b", "c"))
+    with tarfile.open(back / "results.tar", "w") as t:
+        t.add(tmp_path / "speedrun.jsonl", arcname="speedrun.jsonl")
+    assert mod.main([str(back), "--dry-run"]) == 0
+    evil = tmp_path / "evil"
+    evil.mkdir()
+    with tarfile.open(evil / "results.tar", "w") as t:
+        t.add(tmp_path / "speedrun.jsonl", arcname="../speedrun.jsonl")
+    assert mod.main([str(evil)]) != 0
+    link = tarfile.TarInfo("kernels.jsonl")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    with tarfile.open(evil / "results.tar", "w") as t:
+        t.addfile(link)
+    assert mod.main([str(evil)]) != 0

@@ -188,5 +188,8 @@ def test_my_results_are_added_to_the_stored_ones(tmp_path, monkeypatch):
     got = {(r["device_slug"], r["key"]): r["v"] for r in load_rows("baselines")}
     assert got == {("h200", "a"): 1, ("h200", "b"): 3, ("t4", "c"): 2}
     assert device_folders() == ["h200", "t4"]
+    (mine / "a100").mkdir()
+    (mine / "a100" / "baselines.lock").touch()  # a folder with only a lock left behind holds no results
+    assert device_folders() == ["h200", "t4"]
     monkeypatch.delenv("FTLIB_MY_RESULTS")
     assert {r["key"] for r in load_rows("baselines")} == {"a", "b"}

@@ -194,9 +194,11 @@ class ResultStore:
 
 
 def device_folders(root: Path | str | None = None) -> list[str]:
-    """Device folders that hold results, sorted (of ``root``, or of every folder the views read)."""
+    """Device folders that hold results (at least one results file; a folder holding only a lock is
+    empty), sorted (of ``root``, or of every folder the views read)."""
     bases = [Path(root)] if root is not None else read_roots()
-    return sorted({p.name for base in bases if base.exists() for p in base.iterdir() if p.is_dir()})
+    return sorted({p.name for base in bases if base.exists() for p in base.iterdir()
+                   if p.is_dir() and any(p.glob("*.jsonl"))})
 
 
 def load_rows(
