@@ -94,8 +94,11 @@ def test_rows_kept_elsewhere_come_back_through_ingest(tmp_path, monkeypatch):
     with zipfile.ZipFile(zipped) as z:
         assert sorted(z.namelist()) == ["HOW-TO-ADD.txt", "t4/baselines.jsonl"]
         z.extractall(tmp_path / "unzipped")
+    t4_folder = ROOT / "data" / "results" / "t4"
+    existed = t4_folder.exists()
     r = subprocess.run([sys.executable, "ci/ingest-results", str(tmp_path / "unzipped" / "t4"), "--gpu", "t4",
                         "--dry-run"], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 0, r.stdout + r.stderr
+    assert t4_folder.exists() == existed  # a dry run leaves the stored results as they were, lock files too
     with pytest.raises(ValueError, match="no result files"):
         pack_results(tmp_path / "none.zip", "a100")
