@@ -118,7 +118,7 @@ show_frame(bv.headroom(runs))
 #
 # The ops of the training step, after Liger-Kernel's layering (kernel, launcher with
 # argument checks, `autograd.Function`, thin module; `kernels/README.md`). The math each
-# kernel computes is stated in its docstring; the sections below quote those docstrings
+# kernel computes is stated in its docstring; the sections below quote those docstrings (folded: open "Show code cell output")
 # rather than restate them. Each op has a driver in `benchmarks/kernels/` that checks every variant
 # (PyTorch, `torch.compile` of the same reference, Triton) against an fp64 reference on
 # fresh random inputs, then times it twice:
@@ -146,7 +146,7 @@ else:
 # per program forward and one program per SM backward: it was latency-bound inside a graph,
 # and the row tiles won (`benchmarks/kernels/rmsnorm_dev.py`'s v3 against v4/v5 in the table below).
 
-# %%
+# %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("rmsnorm")))
 
 # %% [markdown]
@@ -171,7 +171,7 @@ display(Markdown(kernelview.kernel_math("rmsnorm")))
 # kernel used to follow. The `residual dropout` rows of the kernel table time it against
 # eager and compiled dropout + add + norm with the same mask.
 
-# %%
+# %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("residual_norm")))
 
 # %% [markdown]
@@ -179,7 +179,7 @@ display(Markdown(kernelview.kernel_math("residual_norm")))
 # Same structure with the mean and an optional bias; PyTorch's own `F.layer_norm` is already
 # one fused kernel each way, so this is the op with the least to gain.
 
-# %%
+# %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("layernorm")))
 
 # %% [markdown]
@@ -190,7 +190,7 @@ display(Markdown(kernelview.kernel_math("layernorm")))
 # The matrix products stay on cuBLAS. `bias_grad_dev`'s rows in the table below compare it
 # with PyTorch's `dy.sum(0)` and torch.compile, at each of GPT-2's widths.
 
-# %%
+# %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("bias_linear")))
 
 # %% [markdown]
@@ -203,7 +203,7 @@ display(Markdown(kernelview.kernel_math("bias_linear")))
 # with one read and one write per element forward, two reads and one write backward. The engine
 # variant "+fused-softmax" measured it; it is now the engine's default for explicit attention.
 
-# %%
+# %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("causal_softmax")))
 
 # %% [markdown]
@@ -212,7 +212,7 @@ display(Markdown(kernelview.kernel_math("causal_softmax")))
 # index from every query head (pointer arithmetic, `h // (nh // nkv)`), never expanded or
 # copied; SDPA needs the expanded (stride-0) K/V to take its fused kernel in fp32 (chapter 1).
 
-# %%
+# %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("attention")))
 
 # %% [markdown]
@@ -220,7 +220,7 @@ display(Markdown(kernelview.kernel_math("attention")))
 # The loss and its gradient in one pass over the logits: the row's softmax is in registers
 # when the loss is computed, so the backward only scales the stored gradient.
 
-# %%
+# %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("cross_entropy")))
 
 # %% [markdown]
@@ -228,7 +228,7 @@ display(Markdown(kernelview.kernel_math("cross_entropy")))
 # One launch for the whole model over flat fp32 buffers (decayed parameters first), reading
 # the step count and learning rate from device tensors so a captured graph replays it.
 
-# %%
+# %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("adamw")))
 
 # %% [markdown]

@@ -107,3 +107,12 @@ def test_group_rows_never_pools_devices():
     g = tables.group_rows(rs)
     assert list(g) == ["h200", "cpu", None] and len(g["h200"]) == 2
     assert list(tables.group_rows(rs, "device_slug", "model")) == [("h200", "gpt2"), ("cpu", "gpt2"), (None, "gpt2")]
+
+
+def test_a_column_of_long_texts_keeps_a_width():
+    cells = pd.DataFrame({"device": ["h200", "t4"], "why": ["compile-ro with the whole step compiled (fused AdamW)", "x"],
+                          "ms": ["1.5", "2.0"]})
+    nums = pd.DataFrame({"device": [False, False], "why": [False, False], "ms": [True, True]})
+    out = tables.styled(cells, nums, "ftabc")
+    widths = dict(re.findall(r"#T_ftabc td\.col(\d) \{\s*min-width: (\d+)em;", out))
+    assert widths == {"1": "22"}  # the long text column only: half its longest text, capped at 22em

@@ -184,7 +184,11 @@ def styled(cells: pd.DataFrame, nums: pd.DataFrame, uid: str, caption: str | Non
     whole = [c for c in cells.columns if nums[c].any() and (nums[c] | (cells[c] == MISSING)).all()]
     right = {c: [{"selector": "td", "props": "text-align: right; white-space: nowrap;"},
                  {"selector": "th", "props": "text-align: right;"}] for c in whole}
-    st = st.set_table_styles(_STYLES).set_table_styles(right, overwrite=False)
+    # A column of long texts (a configuration's name, a verdict's reason) squeezed into the page's width
+    # wraps word by word into a tall row: give it a width of about half its longest text (capped).
+    wide = {c: [{"selector": "td", "props": f"min-width: {min(22, n // 2)}em;"}]
+            for c in cells.columns if c not in whole and (n := int(cells[c].astype(str).str.len().max() or 0)) > 24}
+    st = st.set_table_styles(_STYLES).set_table_styles({**right, **wide}, overwrite=False)
     mixed = [c for c in cells.columns if c not in whole and nums[c].any()]
     if mixed:
         st = st.apply(lambda col: ["text-align: right; white-space: nowrap;" if n else "" for n in nums[col.name]],
