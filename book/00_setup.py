@@ -28,8 +28,10 @@
 # `ftlib/`; the measured ones are stored with their provenance under `data/results/`.
 #
 # **Parameters.** Every chapter starts with the cell below (tagged `parameters` for
-# papermill): `DEVICE` (`"auto"`, `"cpu"`, `"cuda"`), `SMOKE` (small sizes, for CPU runs
-# and CI) and `MEASURE` (measure on this machine and store the results; when `False` the
+# papermill): `DEVICE` (`"auto"`, `"cpu"`, `"cuda"`), `SMOKE` (`True`: small sizes, for CPU
+# runs and CI; `"t4"`: the T4 profile, the post's models at full size in the precisions the GPU runs,
+# about ten minutes a chapter on a T4, what the Colab set-up chooses; `False`: every case at full
+# size) and `MEASURE` (measure on this machine and store the results; when `False` the
 # chapter shows the stored GPU results only, so its outputs are reproducible).
 
 # %% [markdown]

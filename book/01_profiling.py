@@ -57,6 +57,8 @@
 
 # %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
+# With MEASURE: True, small models (CI, CPU); "t4", the post's models at full size in the precisions this
+# GPU runs, about ten minutes on a T4 (what Colab sets); False, every case (ftlib.harness.profiles).
 SMOKE = True
 MEASURE = False
 
@@ -88,33 +90,30 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 
 # %% tags=["hide-cell"]
 from ftlib.core.device import device_slug, pick_device
-from ftlib.harness.profiling import PROFILE_MODES, profile_suite
+from ftlib.harness.plans import plan_here, run_plan
+from ftlib.harness.profiles import part, view_smoke
 from ftlib.views import profile as pv
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
 
 device = pick_device(DEVICE)
-PRESETS = ["gpt2", "fasttransformer"]
-# The post's configuration, or a small one for CPU runs and CI.
-B, T = (4, 64) if SMOKE else (32, 256)
-OVERRIDES = {"n_layer": 2} if SMOKE else {}
-if device.type == "cuda":
-    MODES = list(PROFILE_MODES)
-    PRECISIONS = ["fp32"] if SMOKE else ["fp32", "tf32", "bf16"]
-else:
-    MODES, PRECISIONS = ["eager"], ["fp32"]  # the graph modes need CUDA; Inductor on CPU is slow
+# The post's configuration, or small models for CPU runs and CI (ftlib.harness.profiles).
+PROFILES = part("01", view_smoke(SMOKE, MEASURE), "profile")
+B, T = PROFILES.shape
+OVERRIDES = dict(PROFILES.size)
 
 # %% [markdown]
 # ## Measuring (only with `MEASURE = True`)
-# `profile_suite` profiles every model × mode × precision on this device and appends one row
-# per profile to `data/results/<device>/profile.jsonl`. Profiles already stored are skipped,
+# `profile_suite` profiles every model × mode × precision this device runs as labelled and appends
+# one row per profile to `data/results/<device>/profile.jsonl`. Profiles already stored are skipped,
 # so an interrupted run resumes where it stopped. With `MEASURE = False`, the chapter shows
 # the stored GPU rows only, so its outputs do not depend on the machine that runs it.
 
 # %% tags=["nbval-ignore-output", "hide-input"]
 if MEASURE:
-    counts = dict(steps=2, warmup=2, timing_steps=5) if SMOKE else dict(steps=5, warmup=5, timing_steps=50)
-    fresh = profile_suite(PRESETS, MODES, PRECISIONS, B, T, device, store=True, **counts, **OVERRIDES)
+    plan = plan_here("01", SMOKE, device)  # what SMOKE measures here, and how long it should take
+    print(plan.announce())
+    fresh = run_plan(plan, device)["profile"]
     show_frame(pv.run_status(fresh))
     rows = pv.stored_profiles(B, T, device_slug(device), **OVERRIDES)
 else:

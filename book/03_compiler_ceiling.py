@@ -43,6 +43,8 @@
 
 # %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
+# With MEASURE: True, small models (CI, CPU); "t4", the post's models at full size in the precisions this
+# GPU runs, about ten minutes on a T4 (what Colab sets); False, every case (ftlib.harness.profiles).
 SMOKE = True
 MEASURE = False
 
@@ -76,7 +78,8 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 from IPython.display import Markdown, display
 
 from ftlib.core.device import pick_device
-from ftlib.harness.suites import baselines, chapter_cases, measure
+from ftlib.harness.plans import plan_here, run_plan
+from ftlib.harness.suites import baselines
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views.plots import show
@@ -84,10 +87,12 @@ from ftlib.views.tables import show_frame
 
 CASES = baselines()
 runs = bv.load(CASES)  # complete runs from committed code, every GPU folder
-if MEASURE:  # this machine's own run: small models unless SMOKE=False
+if MEASURE:  # this machine's own run: small models, the T4 profile, or the whole suite
     device = pick_device(DEVICE)
-    todo = chapter_cases("03", SMOKE, device)  # small models, the T4 profile, or the whole suite
-    mine = measure(todo, "baselines", device, smoke=SMOKE)
+    plan = plan_here("03", SMOKE, device)
+    print(plan.announce())
+    mine = run_plan(plan, device)["baselines"]
+    todo = plan.part("baselines").cases
     runs = bv.combine(runs, bv.load(todo, rows=mine, tag="this run, small models" if SMOKE is True else "this run"))
 show_frame(bv.runs_table(runs), caption="The runs behind this chapter")
 

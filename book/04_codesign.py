@@ -44,6 +44,8 @@
 
 # %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
+# With MEASURE: True, small models (CI, CPU); "t4", the post's models at full size in the precisions this
+# GPU runs, about ten minutes on a T4 (what Colab sets); False, every case (ftlib.harness.profiles).
 SMOKE = True
 MEASURE = False
 
@@ -75,23 +77,24 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 
 # %% tags=["hide-input"]
 from ftlib.core.device import device_slug, pick_device
-from ftlib.harness.bench.cases import bench_sweep
-from ftlib.model.ablations import grid, ladder
+from ftlib.harness.plans import plan_here, run_plan
+from ftlib.harness.profiles import part, view_smoke
+from ftlib.model.ablations import ladder
 from ftlib.views import codesign as cv
 from ftlib.views.bench import devices, not_measured, ok_rows, provenance_line
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
 
-# A smoke run measures a small grid at a small shape; the tables then look for those.
-SMALL = dict(n_layer=1, n_embd=64) if (MEASURE and SMOKE) else {}
-B, T = (4, 64) if (MEASURE and SMOKE) else (32, 256)
-GRID = {k: v.replace(**SMALL) for k, v in grid().items()}
-LADDER = {k: v.replace(**SMALL) for k, v in ladder().items()}
+# The grid this chapter shows: a smoke run's small models at a small shape, the T4 profile's cells
+# (each change alone and all four), or the whole grid at the post's shape (ftlib.harness.profiles).
+SIZES = part("04", view_smoke(SMOKE, MEASURE), "grid")
+B, T = SIZES.shapes[0]
+GRID, LADDER = SIZES.configs(), SIZES.sized(ladder())
 if MEASURE:
     device = pick_device(DEVICE)
-    modes = ["eager", "cudagraph"] if device.type == "cuda" else ["eager"]
-    bench_sweep(GRID, [(B, T)], modes, ["fp32"], bench="grid", device=device, progress=False,
-                **(dict(warmup=3, iters=10) if SMOKE else {}))
+    plan = plan_here("04", SMOKE, device)
+    print(plan.announce())
+    run_plan(plan, device)
     dev = device_slug(device)
 else:
     dev = (devices(ok_rows(cv.SOURCES)) or [None])[0]  # the first GPU with stored rows of this chapter's suites

@@ -36,6 +36,8 @@
 
 # %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
+# With MEASURE: True, small models (CI, CPU); "t4", the post's models at full size in the precisions this
+# GPU runs, about ten minutes on a T4 (what Colab sets); False, every case (ftlib.harness.profiles).
 SMOKE = True
 MEASURE = False
 
@@ -69,8 +71,10 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 from IPython.display import Markdown, display
 
 from ftlib.core.device import pick_device
+from ftlib.harness.plans import plan_here, run_plan
+from ftlib.harness.profiles import part, view_smoke
 from ftlib.harness.results import device_folders
-from ftlib.harness.suites import baselines, chapter_cases, measure
+from ftlib.harness.suites import baselines
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views import sweep as sv
@@ -78,25 +82,19 @@ from ftlib.views.bench import devices, not_measured, ok_rows, provenance_line
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
 
-MODELS = ("gpt2", "fasttransformer")
-# A smoke run measures small models at small shapes; the sweep's views then look for those.
-SMALL = dict(n_layer=1, n_embd=64) if (MEASURE and SMOKE) else {}
-TOKENS, TS = (256, (32, 64)) if (MEASURE and SMOKE) else (8192, sv.SWEEP_T)
+# The sweep's sizes: a smoke run's small models at small shapes, else the post's models at 8,192
+# tokens per step (ftlib.harness.profiles); the sweep's views then look for those.
+SWEEP = part("05", view_smoke(SMOKE, MEASURE), "tsweep")
+SMALL, TOKENS = dict(SWEEP.size), SWEEP.tokens
 CASES = baselines()
 runs = bv.load(CASES)  # complete runs from committed code, every GPU folder
-if MEASURE:
-    from ftlib.harness.bench.cases import bench_sweep
-    from ftlib.model.config import preset
-
+if MEASURE:  # small models, the T4 profile (the post's claims at full size), or every case
     device = pick_device(DEVICE)
-    todo = chapter_cases("05", SMOKE, device)  # small models, the T4 profile, or the whole suite
-    mine = measure(todo, "baselines", device, smoke=SMOKE)
+    plan = plan_here("05", SMOKE, device)
+    print(plan.announce())
+    mine = run_plan(plan, device)["baselines"]
+    todo = plan.part("baselines").cases
     runs = bv.combine(runs, bv.load(todo, rows=mine, tag="this run, small models" if SMOKE is True else "this run"))
-    modes = ["eager", "compile-ro"] if device.type == "cuda" else ["eager"]
-    it = dict(warmup=3, iters=10) if SMOKE else {}
-    for T in TS:
-        bench_sweep({m: preset(m, block_size=T, **SMALL) for m in MODELS}, [(TOKENS // T, T)], modes, ["fp32"],
-                    bench="tsweep", device=device, progress=False, **it)
 show_frame(bv.runs_table(runs), caption="The runs behind the step benchmarks")
 
 # %% [markdown]

@@ -37,6 +37,8 @@
 
 # %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
+# With MEASURE: True, small models (CI, CPU); "t4", the post's models at full size in the precisions this
+# GPU runs, about ten minutes on a T4 (what Colab sets); False, every case (ftlib.harness.profiles).
 SMOKE = True
 MEASURE = False
 
@@ -81,18 +83,16 @@ from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
 
 if MEASURE:
-    import subprocess
-    import sys
-    from pathlib import Path
+    from ftlib.harness.plans import plan_here, run_plan
 
     device = pick_device(DEVICE)
-    # On a GPU, SMOKE measures the ceilings and the two cheapest ops at full size (the same rows as
-    # the full suite, so nothing is stored at a lower quality); on the CPU every driver runs at tiny
-    # sizes in the Triton interpreter, which exercises the code, not the kernels' speed. The suite
-    # is a program of its own (benchmarks/kernels/suite.py), run from the repository root.
-    smoke_ops = ["--ops", "ceilings,rmsnorm,cross_entropy"] if (SMOKE and device.type == "cuda") else []
-    subprocess.run([sys.executable, "-m", "benchmarks.kernels.suite", "--device", str(device), "--cpu-reps", "1",
-                    *smoke_ops], cwd=Path.cwd().parent, check=True)
+    # On a GPU, SMOKE=True and the T4 profile measure the ceilings and the two cheapest ops at full
+    # size (the same rows as the full suite, so nothing is stored at a lower quality); on the CPU every
+    # driver runs at tiny sizes in the Triton interpreter, which exercises the code, not the kernels'
+    # speed. The suite is a program of its own (benchmarks/kernels/suite.py), run from the repository root.
+    plan = plan_here("06", SMOKE, device)
+    print(plan.announce())
+    run_plan(plan, device)
 krows = kernelview.kernel_rows(include_cpu=MEASURE)
 runs = bv.load(baselines())  # the engine and every compiled configuration, same runs (chapter 3)
 erows = ok_rows("engine", include_cpu=MEASURE)
@@ -118,10 +118,10 @@ show_frame(bv.headroom(runs))
 #
 # The ops of the training step, after Liger-Kernel's layering (kernel, launcher with
 # argument checks, `autograd.Function`, thin module; `kernels/README.md`). The math each
-# kernel computes is stated in its docstring; the sections below quote those docstrings (folded: open "Show code cell output")
-# rather than restate them. Each op has a driver in `benchmarks/kernels/` that checks every variant
-# (PyTorch, `torch.compile` of the same reference, Triton) against an fp64 reference on
-# fresh random inputs, then times it twice:
+# kernel computes is stated in its docstring; the sections below quote those docstrings
+# (folded: open "Show code cell output") rather than restate them. Each op has a driver in
+# `benchmarks/kernels/` that checks every variant (PyTorch, `torch.compile` of the same
+# reference, Triton) against an fp64 reference on fresh random inputs, then times it twice:
 #
 # * **eager**: the call as a user makes it, autograd and launches from Python included
 #   (`triton.testing.do_bench`, cold L2). At these sizes this is mostly host time.

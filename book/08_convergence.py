@@ -30,14 +30,17 @@
 # enough to separate and overfit, and curves against steps, tokens and wall-clock time.
 # Then a speedrun: the least time on the H200 to validation loss 1.50.
 #
-# With `MEASURE = True` the chapter trains on this machine (tiny models when `SMOKE`) and
-# stores the rows; otherwise it shows the rows stored by `ci/gpu-run`.
+# With `MEASURE = True` the chapter trains on this machine (tiny models when `SMOKE = True`; with
+# `SMOKE = "t4"` the post's own experiment only, at full size) and stores the rows; otherwise it
+# shows the rows stored by `ci/gpu-run`.
 
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/08_convergence.ipynb)
 
 # %% tags=["parameters", "hide-cell"]
 DEVICE = "auto"
+# With MEASURE: True, small models (CI, CPU); "t4", the post's models at full size in the precisions this
+# GPU runs, about ten minutes on a T4 (what Colab sets); False, every case (ftlib.harness.profiles).
 SMOKE = True
 MEASURE = False
 CHECKPOINT = "checkpoints/speedrun.pt"  # where section 6 saves the model it trains
@@ -70,8 +73,10 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 
 # %% tags=["hide-input"]
 from ftlib.core.device import device_slug, pick_device
-from ftlib.harness.convergence import checkpoint_roundtrip, run_suites
-from ftlib.harness.studies import FAIR, REFERENCE, REPEATED, SUITE_ORDER
+from ftlib.harness.convergence import checkpoint_roundtrip
+from ftlib.harness.plans import plan_here, run_plan
+from ftlib.harness.profiles import checkpoint_smoke, part, rows_device, view_smoke
+from ftlib.harness.studies import FAIR, REFERENCE, REPEATED
 from ftlib.views import convergence as cv
 from ftlib.views import leaderboard as lb
 from ftlib.views import speedrun as sr
@@ -80,17 +85,21 @@ from ftlib.views.plots import show
 from ftlib.views.tables import group_rows, show_frame
 
 device = pick_device(DEVICE)
-if MEASURE:
-    run_suites(SUITE_ORDER, device, smoke=SMOKE, budget_s=600)
+TINY = part("08", view_smoke(SMOKE, MEASURE), "convergence").tiny  # the models the views look for
+if MEASURE:  # every study (tiny with SMOKE=True), or the T4 profile: the post's experiment at full size
+    plan = plan_here("08", SMOKE, device)
+    print(plan.announce())
+    run_plan(plan, device)
 
 
 def stored(bench):
-    """The suite's rows at this chapter's size: this device's when measuring, else every stored GPU's.
+    """The suite's rows at this chapter's size: this device's when measuring (small models or every
+    study), else every stored GPU's, this one's included under the T4 profile.
 
     Tables carry a device column and figures are drawn per device, so runs of different devices
     (or a smoke run's tiny models) are never pooled.
     """
-    return cv.stored_rows(bench, device_slug(device) if MEASURE else None, smoke=MEASURE and SMOKE)
+    return cv.stored_rows(bench, rows_device(SMOKE, MEASURE, device_slug(device)), smoke=TINY)
 
 
 # %% [markdown]
@@ -278,7 +287,7 @@ if written:
 from ftlib.training.data import load_tinyshakespeare
 
 winner = v["candidate"] if v is not None else REFERENCE
-ck = checkpoint_roundtrip(winner, load_tinyshakespeare(), device, CHECKPOINT, smoke=SMOKE)
+ck = checkpoint_roundtrip(winner, load_tinyshakespeare(), device, CHECKPOINT, smoke=checkpoint_smoke(SMOKE))
 print("saved to", CHECKPOINT)
 show_frame(cv.checkpoint_table(ck), digits=3)
 assert ck["max |logit difference|"] == 0.0 and ck["same sample"] and ck["config hash matches"]

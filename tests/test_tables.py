@@ -110,8 +110,8 @@ def test_group_rows_never_pools_devices():
 
 
 def test_a_column_of_long_texts_keeps_a_width():
-    cells = pd.DataFrame({"device": ["h200", "t4"], "why": ["compile-ro with the whole step compiled (fused AdamW)", "x"],
-                          "ms": ["1.5", "2.0"]})
+    why = ["compile-ro with the whole step compiled (fused AdamW)", "x"]
+    cells = pd.DataFrame({"device": ["h200", "t4"], "why": why, "ms": ["1.5", "2.0"]})
     nums = pd.DataFrame({"device": [False, False], "why": [False, False], "ms": [True, True]})
     out = tables.styled(cells, nums, "ftabc")
     widths = dict(re.findall(r"#T_ftabc td\.col(\d) \{\s*min-width: (\d+)em;", out))

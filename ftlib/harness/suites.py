@@ -30,7 +30,7 @@ import torch
 
 from ftlib.core.device import device_slug
 from ftlib.core.repo import repo_root
-from ftlib.harness.bench.cases import DEFAULT_COST_S, Case, bench_cases, make_cases
+from ftlib.harness.bench.cases import Case, bench_cases, make_cases
 from ftlib.harness.provenance import run_id
 from ftlib.harness.results import ResultStore
 from ftlib.model.config import preset
@@ -257,43 +257,18 @@ def smoke_cases(cases: Sequence[Case], device: torch.device) -> list[Case]:
     return out
 
 
-# The T4 profile (SMOKE='t4', what the Colab set-up chooses): the post's models at full size, each
-# chapter one precision of the baselines suite, so that a chapter measures in about ten minutes.
-T4_PRECISIONS = {"03": ("fp32",), "05": ("fp16",)}
-
-
-def chapter_cases(chapter: str, smoke: bool | str, device: torch.device) -> list[Case]:
-    """The baselines cases a chapter measures here: small models (``smoke=True``), the T4 profile
-    (``smoke='t4'``: full size, the chapter's precision) or the whole suite (``smoke=False``), in
-    every case only what the device runs as labelled (``ftlib.harness.precision_plan``)."""
-    from ftlib.core.device import DeviceInfo
-    from ftlib.harness.precision_plan import case_why_not
-
-    if smoke is True:
-        return smoke_cases(baselines(), device)
-    cases = baselines(precisions=T4_PRECISIONS[chapter], broadcast=False) if smoke == "t4" else baselines()
-    info = DeviceInfo.detect(device)
-    return [c for c in cases if case_why_not(info, c) is None]
-
-
-def estimate_s(cases: Sequence[Case]) -> float:
-    """A rough duration of ``cases`` before anything is known (compiling dominates; ``DEFAULT_COST_S``)."""
-    return sum(DEFAULT_COST_S.get(c.mode, 60.0) for c in cases)
-
-
 def measure(cases: Sequence[Case], bench: str, device: torch.device, smoke: bool | str, progress: bool = False,
             **bench_kwargs: Any) -> list[dict]:
-    """Measure ``cases`` here as one run and return its rows.
+    """Measure ``cases`` here as one run and return its rows (what a chapter measures, and its
+    estimate, come from :mod:`ftlib.harness.plans`).
 
-    A full-size run on a GPU adds its rows to that GPU's results folder, beside the stored
-    ones. A smoke run writes where no chapter reads stored results (``build/smoke-results``),
-    so small models never stand in for the book's sizes; CPU rows go to the ``cpu`` folder,
-    which is not committed.
+    A full-size run on a GPU (``smoke`` False, or 't4': the T4 profile) adds its rows to that GPU's
+    results folder (or ``$FTLIB_MY_RESULTS``), beside the stored ones. A smoke run (``smoke=True``)
+    writes where no chapter reads stored results (``build/smoke-results``), so small models never
+    stand in for the book's sizes; CPU rows go to the ``cpu`` folder, which is not committed.
     """
     cases = smoke_cases(cases, device) if smoke is True else list(cases)
     root = SMOKE_ROOT if smoke is True else None
-    print(f"measuring {len(cases)} cases on {device_slug(device)}: about {estimate_s(cases) / 60:.0f} min "
-          "(a first guess; compiling takes most of it)", flush=True)
     store = ResultStore(bench, device_slug(device), root)
     kw = {"warmup": 3, "iters": 10} if smoke is True else {}
     return bench_cases(with_run(cases, run_id()), store, progress, device=device, **{**kw, **bench_kwargs})
