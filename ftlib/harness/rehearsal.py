@@ -28,8 +28,7 @@ from ftlib.harness.results import results_dir
 PROBLEM_STATUSES = ("error", "crashed", "check_failed", "oom", "timeout")
 # First guesses (seconds on a GPU, the T4 profile) for chapters whose cost no catalogue gives:
 # a kernel start, imports and the views, plus what each measures at small sizes.
-GUESS_S = {"00": 40, "02": 30, "04": 180, "06": 240, "07": 30, "09": 90, "10": 30}
-CONVERGENCE_BUDGET_S = 600  # chapter 8 trains for this long: run_suites(..., budget_s=600)
+GUESS_S = {"00": 40, "02": 30, "07": 30, "09": 90, "10": 30}  # the chapters that measure nothing (or DDP)
 _DEVICE_FIELDS = ("device", "device_name", "device_slug", "gpu")
 _ESTIMATE = re.compile(r"about \d+(?:\.\d+)? min")  # what measure() prints before it starts
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
@@ -164,25 +163,15 @@ def papermill_parameters(names: list[str], device: str, checkpoint: Path) -> lis
 
 def chapter_estimate(num: str, device) -> tuple[float, str]:
     """(seconds, where the number comes from) for chapter ``num`` ('03') with the T4 profile on
-    ``device`` (a ``torch.device``; ``FTLIB_CAPABILITY`` decides the plan)."""
-    from ftlib.harness.bench.cases import DEFAULT_COST_S
-    from ftlib.harness.suites import chapter_cases, estimate_s
+    ``device`` (a ``torch.device``; ``FTLIB_CAPABILITY`` decides the plan): the chapter's own plan
+    (``ftlib.harness.plans``) where it measures, at the pace of the GPU it plans for, else a guess."""
+    from ftlib.core.device import DeviceInfo
+    from ftlib.harness.plans import chapter_plan
+    from ftlib.harness.profiles import PROFILES
 
-    cuda = device.type == "cuda"
-    if num in ("03", "05"):
-        s = estimate_s(chapter_cases(num, "t4", device))
-        how = "the chapter's estimate_s of its T4 cases"
-        if num == "05":  # and its sweep at small sizes: 2 models x 2 lengths x (eager, compile-ro on a GPU)
-            s += 4 * (DEFAULT_COST_S["eager"] + (DEFAULT_COST_S["compile-ro"] if cuda else 0))
-            how += " + its small sweep"
-        return s + 30, how
-    if num == "01":  # two models x the profiled modes (eager only on a CPU)
-        from ftlib.harness.profiling import PROFILE_MODES
-
-        modes = PROFILE_MODES if cuda else ("eager",)
-        return 30 + 2 * sum(DEFAULT_COST_S[m] for m in modes), "2 models x its modes' DEFAULT_COST_S"
-    if num == "08":
-        return CONVERGENCE_BUDGET_S + 60, f"its training budget ({CONVERGENCE_BUDGET_S} s) + a minute"
+    if num in PROFILES:
+        plan = chapter_plan(num, "t4", DeviceInfo.detect(device), gpu=device.type == "cuda")
+        return plan.estimate_s + 30, f"the chapter's plan ({plan.count} cases on {plan.device}) + 30 s"
     return float(GUESS_S.get(num, 120)), "a first guess"
 
 
