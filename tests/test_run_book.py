@@ -49,3 +49,10 @@ def test_progress_names_cells_and_sections(tmp_path):
     assert len(lines) == 2 and "07_chapter: cell 1/4 (7. A chapter), 0:0" in lines[0]
     assert "cell 3/4 (The second section)" in lines[1]
     assert (tmp_path / "log").read_text() == log  # the whole log is kept
+
+
+def test_committed_notebooks_carry_no_path_of_the_machine_that_ran_them():
+    for nb in sorted((ROOT / "book").glob("[0-9][0-9]_*.ipynb")):
+        pm = json.loads(nb.read_text(encoding="utf-8"))["metadata"].get("papermill", {})
+        for k in ("input_path", "output_path"):
+            assert not Path(pm.get(k) or "").is_absolute(), f"{nb.name}: papermill {k} {pm.get(k)}"
