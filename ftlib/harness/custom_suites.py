@@ -15,6 +15,7 @@ from collections.abc import Callable
 import torch
 
 from ftlib.core.repo import repo_root
+from ftlib.harness.studies import SUITE_ORDER
 from ftlib.harness.suites import SUITES
 
 
@@ -44,7 +45,6 @@ def _profile(device: torch.device, deadline: float) -> None:
 def _train(device: torch.device, deadline: float) -> None:
     """Chapter 8: convergence suites (ftlib.harness.convergence), resumable."""
     from ftlib.harness.convergence import describe_row, run_suites
-    from ftlib.harness.studies import SUITE_ORDER
 
     for r in run_suites(SUITE_ORDER, device, budget_s=max(1.0, deadline - time.monotonic())):
         print(f"  train {describe_row(r)}", flush=True)  # failed runs too (stored with status 'error')
@@ -72,8 +72,7 @@ def _kernels(device: torch.device, deadline: float) -> None:
 # Suites that are not lists of step-benchmark cases: name -> runner(device, deadline), and their files.
 CUSTOM: dict[str, Callable[[torch.device, float], None]] = {
     "profile": _profile, "train": _train, "engine_check": _engine_check, "kernels": _kernels}
-FILES = {"profile": ["profile"], "train": ["convergence-original", "convergence", "speedrun", "convergence-nanogpt",
-                                            "speedrun-repeat"],
+FILES = {"profile": ["profile"], "train": list(SUITE_ORDER),
          "engine_check": ["engine_check"], "kernels": ["kernels"]}
 # Suites that produce no result the book's headlines read; they may run from uncommitted code.
 EXPLORATORY = ("kernels", "compile_max")
