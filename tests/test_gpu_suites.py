@@ -245,3 +245,21 @@ def test_the_runner_skips_cases_the_device_cannot_honour(tmp_path, monkeypatch, 
     assert _run(tmp_path / "out") == 0
     assert [r["precision"] for r in ResultStore("baselines", "cpu").rows()] == ["fp32"]
     assert "1 cases not run: no TF32 tensor cores" in capsys.readouterr().out
+
+
+def test_gpu_train_refuses_unknown_suites_and_uncommitted_code(monkeypatch):
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    from ftlib.harness import gpu_runner
+
+    root = Path(__file__).resolve().parent.parent
+    r = subprocess.run([sys.executable, "ci/gpu_train.py", "--suites", "speedrun,nope"], cwd=root,
+                       capture_output=True, text=True)
+    assert r.returncode == 2 and "unknown suites nope" in r.stderr
+    # What ci/gpu_train.py asks before anything runs: uncommitted code is refused for the training files.
+    monkeypatch.setattr(gpu_runner, "git_commit", lambda: "0123456789ab+dirty")
+    with pytest.raises(ValueError, match="not a clean commit"):
+        gpu_runner.check_provenance(["train"], allow_dirty=False)
+    assert "gpu_runner import check_provenance" in (root / "ci" / "gpu_train.py").read_text()
