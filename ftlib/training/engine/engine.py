@@ -41,10 +41,12 @@ from ftlib.core.device import DeviceInfo, pick_device
 from ftlib.model.config import ModelConfig, preset
 from ftlib.model.gpt import build_model
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
+from ftlib.training.engine.grad_into import fp32_out_mm_available
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import (
     FusedAddNorm,
     fuse_residual_dropout_,
+    grad_into_linears,
     kernels_runnable,
     shadow_linears,
     swap_kernels,
@@ -69,7 +71,7 @@ class Engine:
     Attributes: ``model``, ``flat_param`` / ``flat_grad`` (N,), ``n_decay`` (elements [0, n_decay)
     are decayed), ``spans`` (name -> (offset, numel)), ``kernels`` (op -> a kernel took it over),
     ``notes`` (what stayed on PyTorch and why), ``optimizer``, ``captured``, ``static_x`` /
-    ``static_y`` (B, T).
+    ``static_y`` (B, T), ``grad_into`` (how many Linear weights write their gradient into ``flat_grad``).
     """
 
     def __init__(
@@ -143,6 +145,7 @@ class Engine:
             precision=precision, skip=n_muon)
         self.muon = FlatMuon([p for _, p in muon], muon_lr, muon_momentum) if muon else None
         self.flat_param16 = self._shadow_weights()
+        self.grad_into = self._grad_into_buffer()
 
         self.static_x = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) tokens
         self.static_y = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) targets
@@ -213,6 +216,24 @@ class Engine:
         n = shadow_linears(self.model, flat16, self.spans)
         self.notes["bf16_weights"] = f"{n} Linear layers on one bf16 shadow of the flat weights"
         return flat16
+
+    def _grad_into_buffer(self) -> int:
+        """The Linear layers write their weight gradients into the flat gradient themselves
+        (``grad_into.py``); returns how many do."""
+        if not self.options.grad_into_buffer:
+            return 0
+        low = self.prec.base.autocast is not None
+        fp32_out = low and fp32_out_mm_available(self.device)
+        n, left = grad_into_linears(self.model, self.flat_grad, self.spans, fp32_out)
+        if n == 0:
+            self.notes["grad_into_buffer"] = ("not applied: no plain, bf16-shadow or bias-kernel Linear "
+                                              "(the Triton GEMM's Linears keep their own backward)")
+            return 0
+        how = (" (one GEMM with an fp32 output)" if fp32_out else
+               " (the low-precision GEMM copied in: no fp32-output GEMM here)" if low else "")
+        kept = f"; left on autograd: {left}" if left else ""
+        self.notes["grad_into_buffer"] = f"{n} Linear weight gradients written into the flat buffer{how}{kept}"
+        return n
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -317,6 +338,7 @@ class Engine:
             "bf16_norm_out": self.norm_out_dtype is not None,
             "bf16_weights": self.flat_param16 is not None,
             "fused_softmax": self.notes.get("softmax", "").startswith("scale"),
+            "grad_into_buffer": self.grad_into > 0,
             "loss_scale": self.optimizer.loss_scale_kind(),
             "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),
         }

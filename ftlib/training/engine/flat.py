@@ -6,7 +6,8 @@ AdamW is one elementwise kernel over the whole model (``kernels/adamw.py``, whic
 first ``n_decay`` elements), and zero_grad is one memset. The gradients keep fixed addresses:
 set_to_none would make every backward allocate new grad tensors that a flat optimizer could not
 read through one pointer, and that a captured graph could not replay. The cost: autograd adds
-each new gradient into its view (AccumulateGrad's in-place branch), one add per parameter.
+each new gradient into its view (AccumulateGrad's in-place branch), one add per parameter; for the
+Linear weights the option ``grad_into_buffer`` writes the GEMM there instead (``grad_into.py``).
 """
 
 from __future__ import annotations

@@ -3,7 +3,8 @@ enters a result key; and the precision name resolved once into what the engine's
 
 None of the options changes what the step computes, only how it is executed (up to the order of
 float sums; ``fuse_dropout`` also changes the random stream of the dropout masks, not their
-distribution). The defaults are the measured winners (chapter 6 shows the variants against them).
+distribution; ``grad_into_buffer`` under bf16 on CUDA skips the rounding of the weight gradients
+to bf16). The defaults are the measured winners (chapter 6 shows the variants against them).
 
 Result keys. An option enters a key only where a benchmark case or a training recipe sets it (a
 case's ``extra``, a recipe's ``engine_options``), exactly as given: a default never does, so a
@@ -73,6 +74,10 @@ class EngineOptions:
         True, "the fused dropout draws one Philox call per 4 columns (False: one per element)", keyless=False)
     fused_softmax: bool = _option(
         True, "for explicit attention kept as written: scale, causal mask and softmax in one kernel each way")
+    grad_into_buffer: bool = _option(
+        False, "each Linear's backward writes its weight gradient into that weight's view of the flat gradient "
+               "(one GEMM; under bf16/fp16 with an fp32 output where CUDA has it) instead of autograd adding a "
+               "new tensor there (grad_into.py)")
 
     def __post_init__(self) -> None:
         bad = []

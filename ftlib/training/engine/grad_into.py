@@ -1,0 +1,156 @@
+"""Linear layers whose weight gradient is written straight into the engine's flat fp32 gradient.
+
+Every parameter's ``.grad`` is a view into one flat fp32 buffer (:mod:`ftlib.training.engine.flat`),
+so for each Linear weight autograd runs the weight-gradient GEMM into a new tensor and then
+AccumulateGrad adds that tensor into the view: one add kernel per weight, and under bf16 autocast
+first a bf16 -> fp32 cast of the gradient (a copy kernel). Megatron-LM's gradient accumulation
+fusion (``LinearWithGradAccumulationAndAsyncCommunication`` in
+``megatron/core/tensor_parallel/layers.py``, option ``gradient_accumulation_fusion``) removes both:
+its backward runs the weight-gradient GEMM into the fp32 ``main_grad`` itself and returns no
+gradient for the weight. :class:`GradIntoLinearFunction` does the same with one GEMM call:
+
+With x (M, K), W (N, K) fp32 master, b (N,), dy (M, N), G the weight's (N, K) view of the flat grad:
+    forward   y  = x W^T + b                      F.linear (autocast's casts made explicitly)
+    backward  dx = dy W                           torch.mm, returned to autograd
+              G  = dy^T x                         torch.mm(dy^T, x, out=G): written, not added
+              db = sum_rows dy                    returned to autograd (AccumulateGrad adds it)
+              dW = None                           AccumulateGrad is still reached, with nothing to add
+
+fp32 and tf32: ``torch.mm(..., out=G)`` is the GEMM autograd runs for ``F.linear`` (its mm backward
+computes ``dy^T x`` for a weight stored (N, K)), so G holds bit for bit what the default path adds
+into a zeroed view. bf16 / fp16 autocast: on CUDA ``torch.mm(dy16^T, x16, out_dtype=torch.float32,
+out=G)`` (cuBLAS with bf16 operands and an fp32 output: the cast kernel goes too, and dW is no
+longer rounded to bf16 before it reaches fp32); where that overload has no kernel (the CPU) the
+bf16 GEMM's result is copied into G, one copy in place of autograd's cast plus add.
+
+Write, not accumulate. The engine zeroes the flat gradient with one memset at the start of every
+step and runs one backward per step (no gradient accumulation over micro-steps), and each wrapped
+weight is used by one Linear, so its view receives exactly one contribution: writing it is what
+adding it to zeros gives. The one shared weight handled is the tied head of ``GPT`` (``tie_weights``:
+``head.weight is wte.weight``): the head writes its GEMM into the view and the embedding's
+contribution is then added by AccumulateGrad, as before. The order is fixed by the graph: the
+embedding's output feeds every later layer, so autograd can only run the embedding's backward
+after the head's backward has produced dh, and the head writes G before it returns dh. A weight
+shared by two Linears is left on autograd (``swaps.grad_into_linears`` says which).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from torch.autograd.function import once_differentiable
+
+# db (N,) in the bias dtype from dy (M, N); None: dy.sum(0), cast by autograd like autocast's.
+BiasGrad = Callable[[torch.Tensor], torch.Tensor] | None
+
+
+def _mm_fp32_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+    """out (fp32) = a @ b for bf16 / fp16 a, b, in one cuBLAS call (``aten::mm.dtype_out``)."""
+    torch.mm(a, b, out_dtype=torch.float32, out=out)
+
+
+@functools.cache
+def fp32_out_mm_available(device: torch.device) -> bool:
+    """Whether ``torch.mm(bf16, bf16, out_dtype=torch.float32, out=...)`` runs on ``device`` (CUDA in
+    recent PyTorch; not the CPU). Probed once per device, outside any graph capture."""
+    a = torch.zeros(2, 2, dtype=torch.bfloat16, device=device)
+    out = torch.empty(2, 2, dtype=torch.float32, device=device)
+    try:
+        _mm_fp32_out(a, a, out)
+    except (TypeError, RuntimeError, NotImplementedError):
+        return False
+    return True
+
+
+def weight_grad_into_(grad: torch.Tensor, dy2: torch.Tensor, x2: torch.Tensor, fp32_out: bool) -> None:
+    """grad (N, K) = dy2^T @ x2 for dy2 (M, N), x2 (M, K), written in place (not added).
+
+    Operands in grad's dtype: one GEMM into ``grad``. Low-precision operands: one GEMM with an fp32
+    output where ``fp32_out`` (CUDA), else the low-precision GEMM copied (cast) into ``grad``."""
+    if dy2.dtype == grad.dtype:
+        torch.mm(dy2.t(), x2, out=grad)
+    elif fp32_out and grad.dtype == torch.float32:
+        _mm_fp32_out(dy2.t(), x2, grad)
+    else:
+        grad.copy_(torch.mm(dy2.t(), x2))
+
+
+class GradIntoLinearFunction(torch.autograd.Function):
+    """y = x W^T + b whose backward writes dW into ``grad`` and returns None for ``weight``.
+
+    ``w16``: a bf16 copy of the weight kept by the engine (:mod:`ftlib.training.engine.bf16_weights`),
+    read instead of casting ``weight`` under autocast. ``bias_grad``: see :data:`BiasGrad`.
+    ``fp32_out``: low-precision GEMMs may write fp32 directly (:func:`fp32_out_mm_available`).
+    Saves x and the weight in the dtype the GEMMs ran in, as ``F.linear`` under autocast does.
+    """
+
+    @staticmethod
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grad: torch.Tensor,
+                w16: torch.Tensor | None, bias_grad: BiasGrad, fp32_out: bool) -> torch.Tensor:
+        dev = x.device.type
+        ctx.x_dtype = x.dtype
+        wc = weight
+        if torch.is_autocast_enabled(dev):  # autocast's casts for F.linear, made here for the backward
+            low = torch.get_autocast_dtype(dev)
+            x = x.to(low)  # a no-op when the producer already wrote bf16
+            wc = w16 if w16 is not None else weight.to(low)
+            bias = bias.to(low) if bias is not None else None
+        with torch.autocast(dev, enabled=False):
+            y = F.linear(x, wc, bias)
+        ctx.save_for_backward(x, wc)
+        ctx.grad, ctx.bias_grad, ctx.fp32_out, ctx.has_bias = grad, bias_grad, fp32_out, bias is not None
+        return y
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        x, wc = ctx.saved_tensors
+        N, K = wc.shape
+        dy2 = dy.to(wc.dtype).reshape(-1, N)  # (..., N) -> (M, N)
+        dx = db = None
+        # A CPU backward called inside an autocast region would otherwise recast the GEMMs.
+        with torch.autocast(dy.device.type, enabled=False):
+            if ctx.needs_input_grad[0]:
+                dx = torch.mm(dy2, wc).view(*dy.shape[:-1], K).to(ctx.x_dtype)  # (M, N) @ (N, K) -> (..., K)
+            if ctx.needs_input_grad[1]:
+                weight_grad_into_(ctx.grad, dy2, x.reshape(-1, K), ctx.fp32_out)  # x: (..., K) -> (M, K)
+            if ctx.has_bias and ctx.needs_input_grad[2]:
+                db = dy2.sum(0) if ctx.bias_grad is None else ctx.bias_grad(dy2)  # (N,)
+        return dx, None, db, None, None, None, None
+
+
+class GradIntoLinear(nn.Module):
+    """Takes over a Linear (``nn.Linear``, the bf16-shadow ``ShadowLinear`` or the bias-kernel
+    ``BiasLinear``: the same Parameter objects) and, in training mode with gradients on, runs it on
+    :class:`GradIntoLinearFunction` with ``grad``, the weight's view of the flat gradient.
+    ``w16`` and ``bias_grad`` keep what the replaced layer did (its bf16 shadow, its bias kernel).
+    Outside the training step (evaluation, sampling) an ordinary Linear on the fp32 weights."""
+
+    def __init__(self, lin: nn.Module, grad: torch.Tensor, *, w16: torch.Tensor | None = None,
+                 bias_grad: BiasGrad = None, fp32_out: bool = False) -> None:
+        super().__init__()
+        w = lin.weight
+        if grad.shape != w.shape or grad.dtype != torch.float32 or grad.device != w.device:
+            raise ValueError(f"grad must be fp32 of shape {tuple(w.shape)} on {w.device}; got {grad.dtype} "
+                             f"{tuple(grad.shape)} on {grad.device}")
+        self.weight, self.bias = lin.weight, lin.bias
+        self.in_features, self.out_features = lin.in_features, lin.out_features
+        # Plain attributes, not buffers: views into the engine's flat gradient and bf16 shadow.
+        self.grad, self.w16 = grad, w16
+        self.bias_grad, self.fp32_out = bias_grad, fp32_out
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.training and torch.is_grad_enabled():
+            return GradIntoLinearFunction.apply(x, self.weight, self.bias, self.grad, self.w16, self.bias_grad,
+                                                self.fp32_out)
+        return F.linear(x, self.weight, self.bias)
+
+    def extra_repr(self) -> str:
+        return (f"in_features={self.in_features}, out_features={self.out_features}, "
+                f"bias={self.bias is not None}, dW into the flat gradient"
+                + (", bf16 shadow" if self.w16 is not None else "")
+                + (", bias kernel" if self.bias_grad is not None else ""))

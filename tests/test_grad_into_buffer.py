@@ -1,0 +1,247 @@
+"""Engine(grad_into_buffer=True): the Linear layers write their weight gradients into the flat gradient
+(``ftlib.training.engine.grad_into``), so autograd adds nothing there for them.
+
+On the CPU (the kernels in Triton's interpreter) the option must give the default engine's gradients
+and parameters bit for bit, in fp32 and in bf16 (where the CPU copies the bf16 GEMM into the view,
+which is the cast autograd made); on CUDA (``FTLIB_TEST_GPU=1``) bf16 takes the fp32-output GEMM and
+the comparison allows bf16 rounding. The tiny models of tests/test_engine.py: 5 Linear weights each
+(qkv, proj, fc, proj, head).
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import json
+from pathlib import Path
+
+import pytest
+import torch
+import torch.nn as nn
+from torch.profiler import ProfilerActivity, profile
+
+from ftlib.harness.engine_check import pattern_batches
+from ftlib.harness.suites import SUITES
+from ftlib.model.config import preset
+from ftlib.model.gpt import build_model
+from ftlib.training.engine import Engine, EngineOptions, grad_into
+from ftlib.training.engine import engine as engine_module
+from ftlib.training.engine.flat import flatten_parameters_
+from ftlib.training.engine.options import key_items, option_docs, option_names
+from ftlib.training.engine.swaps import grad_into_linears
+
+B, T = 2, 16
+FT1 = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
+GPT4 = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
+FT_TIED = FT1.replace(tie_weights=True)
+N_LINEAR = 5
+STEPS = 3
+ON = {"grad_into_buffer": True}
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture()
+def dev(kernel_device):
+    return kernel_device
+
+
+@pytest.fixture(autouse=True)
+def results_root(tmp_path, monkeypatch):
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
+
+
+def _pair(cfg, prec: str, dev, **options) -> tuple[Engine, Engine]:
+    # lr 1e-2: a gradient off anywhere changes the next steps' parameters far beyond rounding.
+    return (Engine(cfg, B, T, prec, dev, seed=4, lr=1e-2, **options),
+            Engine(cfg, B, T, prec, dev, seed=4, lr=1e-2, **ON, **options))
+
+
+def _train(engines: tuple[Engine, ...], cfg, dev, steps: int = STEPS) -> list[list[float]]:
+    losses = [[] for _ in engines]
+    for x, y in pattern_batches(cfg.vocab_size, B, T, steps, seed=7, device=dev):
+        for eng, out in zip(engines, losses):
+            out.append(float(eng.step(x, y)))
+    return losses
+
+
+def _same(got: torch.Tensor, want: torch.Tensor, prec: str, dev, what: str) -> None:
+    if dev.type == "cpu":
+        assert torch.equal(got, want), f"{what}: max diff {(got - want).abs().max().item():.3g}"
+    elif prec == "bf16":  # dW no longer rounded to bf16 before it reaches fp32
+        torch.testing.assert_close(got, want, atol=2e-2 * want.abs().max().item(), rtol=2e-2, msg=what)
+    else:  # cuBLAS may pick another algorithm for the flat buffer's view
+        torch.testing.assert_close(got, want, atol=1e-5 * want.abs().max().item(), rtol=1e-4, msg=what)
+
+
+def _wrapped(eng: Engine) -> list[str]:
+    return [n for n, m in eng.model.named_modules() if isinstance(m, grad_into.GradIntoLinear)]
+
+
+@pytest.mark.parametrize("prec", ["fp32", "bf16"])
+@pytest.mark.parametrize("cfg", [FT1, GPT4], ids=["fasttransformer", "gpt2"])
+def test_three_steps_equal_the_default_engine(cfg, prec, dev):
+    default, into = _pair(cfg, prec, dev)
+    assert len(_wrapped(into)) == N_LINEAR and not _wrapped(default)
+    assert into.describe()["grad_into_buffer"] and not default.describe()["grad_into_buffer"]
+    assert f"{N_LINEAR} Linear weight" in into.notes["grad_into_buffer"]
+    if cfg is GPT4 and dev.type == "cpu":  # composes with the bias kernel: its Triton column sum stays
+        assert all(m.bias_grad is not None for m in into.model.modules() if isinstance(m, grad_into.GradIntoLinear)
+                   and m.bias is not None)
+    if prec == "bf16" and cfg is FT1:  # and with the bf16 weight shadow
+        assert into.describe()["bf16_weights"] and all(
+            into.model.get_submodule(n).w16 is not None for n in _wrapped(into))
+    # Step 1 from the same weights: the same gradients. Then the same losses and parameters.
+    la, lb = _train((default, into), cfg, dev, steps=1)
+    _same(into.flat_grad, default.flat_grad, prec, dev, "flat_grad after one step")
+    assert into.flat_grad[: into.n_decay].abs().sum() > 0  # the weights did get gradients
+    la2, lb2 = _train((default, into), cfg, dev, steps=STEPS - 1)
+    if dev.type == "cpu":
+        assert la + la2 == lb + lb2
+        _same(into.flat_param, default.flat_param, prec, dev, "flat_param")
+    else:  # an AdamW step moves a weight whose gradient is near zero by up to lr whatever its sign
+        assert lb + lb2 == pytest.approx(la + la2, rel=1e-3)
+        torch.testing.assert_close(into.flat_param, default.flat_param, atol=2 * STEPS * 1e-2, rtol=0)
+    # Outside the step the layers are ordinary Linears on the fp32 weights.
+    (x, _), = pattern_batches(cfg.vocab_size, B, T, 1, seed=8, device=dev)
+    default.model.eval()
+    into.model.eval()
+    with torch.no_grad(), into.prec.base.region(dev):
+        _same(into.model(x)[0].float(), default.model(x)[0].float(), "fp32", dev, "eval logits")
+
+
+def _backward_op_counts(eng: Engine, cfg, dev) -> collections.Counter:
+    (x, y), = pattern_batches(cfg.vocab_size, B, T, 1, seed=9, device=dev)
+    eng.step(x, y)
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        eng.step(x, y)
+    return collections.Counter(e.name for e in prof.events())
+
+
+@pytest.mark.parametrize("prec", ["fp32", "bf16"])
+@pytest.mark.parametrize("cfg", [FT1, GPT4, FT_TIED], ids=["fasttransformer", "gpt2", "fasttransformer-tied"])
+def test_one_add_fewer_per_linear_weight(cfg, prec, dev):
+    """AccumulateGrad's add into the flat view goes for each Linear weight, and under bf16 the cast
+    of its bf16 gradient to fp32 too (aten::_to_copy; on the CPU the copy into the view remains)."""
+    default, into = _pair(cfg, prec, dev, capture=False)  # the ops themselves, not a graph's replay
+    a, b = _backward_op_counts(default, cfg, dev), _backward_op_counts(into, cfg, dev)
+    adds = ("aten::add_", "aten::add")  # the tied weight's two contributions meet in an out-of-place add
+    assert sum(a[k] for k in adds) - sum(b[k] for k in adds) == N_LINEAR, (a, b)
+    assert a["aten::_to_copy"] - b["aten::_to_copy"] == (N_LINEAR if prec == "bf16" else 0)
+    assert a["aten::mm"] + a["aten::addmm"] == b["aten::mm"] + b["aten::addmm"]  # no GEMM added
+
+
+def test_the_fp32_output_gemm_where_the_device_has_it(dev, monkeypatch):
+    """Under bf16 the engine asks for ``torch.mm(..., out_dtype=torch.float32, out=view)`` where the
+    device runs it. On the CPU, where that overload has no kernel, a stand-in computes the same
+    product (bf16 operands, fp32 accumulation and output) so the engine's use of it is checked here."""
+    calls = []
+
+    def fp32_out_mm(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        assert a.dtype == b.dtype == torch.bfloat16 and out.dtype == torch.float32
+        calls.append(out.data_ptr())
+        torch.mm(a.float(), b.float(), out=out)
+
+    if dev.type == "cpu":
+        assert not grad_into.fp32_out_mm_available(dev)
+        monkeypatch.setattr(grad_into, "_mm_fp32_out", fp32_out_mm)
+        monkeypatch.setattr(engine_module, "fp32_out_mm_available", lambda device: True)
+    default, into = _pair(FT1, "bf16", dev)
+    assert "fp32 output" in into.notes["grad_into_buffer"]
+    _train((default, into), FT1, dev, steps=1)
+    if dev.type == "cpu":
+        weights = {into.model.get_submodule(n).grad.data_ptr() for n in _wrapped(into)}
+        assert len(calls) == N_LINEAR and set(calls) == weights
+    # The weight gradients against the default's bf16-rounded ones: equal up to that rounding.
+    g, want = into.flat_grad[: into.n_decay], default.flat_grad[: default.n_decay]
+    torch.testing.assert_close(g, want, atol=1e-2 * want.abs().max().item(), rtol=1e-2)
+    assert not torch.equal(g, want)  # and not bit for bit: the rounding to bf16 is gone
+    la, lb = _train((default, into), FT1, dev, steps=STEPS - 1)
+    assert lb == pytest.approx(la, rel=1e-3)
+
+
+def test_without_the_fp32_output_gemm_the_bf16_gemm_is_copied_in(monkeypatch):
+    """The probe says no where the overload has no kernel (the CPU) or no keyword (a torch before it):
+    then the engine copies the bf16 GEMM into the view, and says so."""
+    grad_into.fp32_out_mm_available.cache_clear()
+    assert not grad_into.fp32_out_mm_available(torch.device("cpu"))
+    assert "copied in" in Engine(FT1, B, T, "bf16", "cpu", use_kernels=False, **ON).notes["grad_into_buffer"]
+
+    def old_torch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
+        raise TypeError("mm() got an unexpected keyword argument 'out_dtype'")
+
+    monkeypatch.setattr(grad_into, "_mm_fp32_out", old_torch)
+    grad_into.fp32_out_mm_available.cache_clear()
+    try:
+        assert not grad_into.fp32_out_mm_available(torch.device("meta"))
+    finally:
+        grad_into.fp32_out_mm_available.cache_clear()
+
+
+@pytest.mark.parametrize("prec", ["fp32", "bf16"])
+def test_tied_head_writes_and_the_embedding_adds(prec, dev):
+    """The tied head (``head.weight is wte.weight``) writes its GEMM into the shared view; the embedding's
+    gradient is then added by AccumulateGrad. Both contributions must be there, as in the default: had
+    the head written after the embedding's add, or not at all, the tied weight's gradient would differ."""
+    default, into = _pair(FT_TIED, prec, dev)
+    assert into.model.head.weight is into.model.wte.weight
+    assert "head" in _wrapped(into) and "left on autograd" not in into.notes["grad_into_buffer"]
+    _train((default, into), FT_TIED, dev)
+    off, n = into.spans["wte.weight"]
+    _same(into.flat_grad[off : off + n], default.flat_grad[off : off + n], prec, dev, "tied weight's gradient")
+    _same(into.flat_param, default.flat_param, prec, dev, "flat_param")
+
+
+def test_a_weight_shared_by_two_linears_stays_on_autograd(dev):
+    """Two Linears writing one view would leave only the second's GEMM there: such a weight is left to
+    AccumulateGrad (and said so), and the gradients equal autograd's."""
+    cfg = FT1.replace(n_layer=2)
+    model = build_model(cfg, seed=1).to(dev)
+    model.blocks[1].attn.proj.weight = model.blocks[0].attn.proj.weight  # (C, C), shared
+    ref = copy.deepcopy(model)
+    named = list(model.named_parameters())
+    _, flat_grad, spans = flatten_parameters_([p for _, p in named])
+    n, left = grad_into_linears(model, flat_grad, {name: s for (name, _), s in zip(named, spans)}, False)
+    assert n == 4 * 2 + 1 - 2 and set(left) == {"blocks.0.attn.proj", "blocks.1.attn.proj"}
+    assert "shared" in left["blocks.0.attn.proj"]
+    (x, y), = pattern_batches(cfg.vocab_size, B, T, 1, seed=2, device=dev)
+    model(x, y)[1].backward()
+    ref(x, y)[1].backward()
+    for (name, p), (_, q) in zip(model.named_parameters(), ref.named_parameters()):
+        _same(p.grad, q.grad, "fp32", dev, name)
+
+
+def test_linear_layers_on_the_triton_gemm_are_left_alone(dev):
+    eng = Engine(FT1, B, T, "fp32", dev, linear_precision="ieee", **ON)
+    assert not _wrapped(eng) and not eng.describe()["grad_into_buffer"]
+    assert eng.notes["grad_into_buffer"].startswith("not applied")
+
+
+def test_the_layer_checks_its_gradient_view():
+    lin = nn.Linear(8, 4)
+    with pytest.raises(ValueError, match="fp32 of shape"):
+        grad_into.GradIntoLinear(lin, torch.zeros(8, 4))
+    with pytest.raises(ValueError, match="fp32 of shape"):
+        grad_into.GradIntoLinear(lin, torch.zeros(4, 8, dtype=torch.bfloat16))
+
+
+def test_option_is_validated_documented_and_keyed_only_when_set():
+    assert EngineOptions().grad_into_buffer is False
+    assert "grad_into_buffer" in option_names(recipe=True) and "flat gradient" in option_docs()["grad_into_buffer"]
+    for bad in (1, "yes", None):
+        with pytest.raises(ValueError, match=r"grad_into_buffer=.* must be True or False"):
+            EngineOptions(grad_into_buffer=bad)
+        with pytest.raises(ValueError, match="grad_into_buffer"):
+            Engine(FT1, B, T, "fp32", "cpu", grad_into_buffer=bad)
+    assert key_items([("grad_into_buffer", True)]) == (("grad_into_buffer", True),)
+    # The engine suite is unchanged (its keys are the stored snapshot's); the lever is measured in
+    # engine_levers, each lever case beside the default case of the same model and precision.
+    snapshot = json.loads((ROOT / "tests" / "fixtures" / "catalogue_keys.json").read_text())
+    assert [c.key("engine") for c in SUITES["engine"].cases()] == snapshot["step_suites"]["engine"]
+    assert not any("grad_into_buffer" in c.extra for c in SUITES["engine"].cases())
+    levers = SUITES["engine_levers"].cases()
+    on = [c for c in levers if c.extra.get("grad_into_buffer")]
+    assert {(c.config.config_hash(), c.precision) for c in on} == {
+        (c.config.config_hash(), c.precision) for c in levers if "grad_into_buffer" not in c.extra}
+    assert {c.precision for c in on} == {"bf16", "tf32"} and len(on) == 6
+    assert all(c.label.endswith(" +grad-into-buffer") for c in on)
+    assert len({c.key("engine_levers") for c in levers}) == len(levers)
