@@ -79,6 +79,44 @@ def num_programs(device: torch.device, work: int) -> int:
     return max(1, min(sms, work))
 
 
+# How the norm backward kernels form their weight-gradient partial sums (launcher argument
+# ``dw_partials``): "tile", one partial row per (ROWS, N) tile of the grid, cdiv(M, ROWS) rows;
+# "persistent", a grid of a few programs per SM, each looping over a run of tiles and writing
+# one partial row (Liger-Kernel's rms_norm backward), so the launcher sums far fewer rows.
+DW_PARTIALS = ("tile", "persistent")
+# Warps per SM of the default persistent grid: Liger's grid of one program per SM has 4 warps per
+# program at N = 256 (its calculate_settings). With the 1-warp (4, 256) row tiles that is 4 programs
+# per SM, so each SM keeps several tiles' loads in flight (one warp looping over its tiles alone
+# would wait out a memory latency per tile).
+PERSISTENT_WARPS_PER_SM = 4
+
+
+def check_dw_partials(dw_partials: str, programs: int | None = None) -> None:
+    """ValueError unless ``dw_partials`` is one of DW_PARTIALS and ``programs`` None or a positive int."""
+    if dw_partials not in DW_PARTIALS:
+        raise ValueError(f"dw_partials={dw_partials!r}; expected one of {DW_PARTIALS}")
+    if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):
+        raise ValueError(f"programs={programs!r} must be None (a few per SM) or a positive int")
+
+
+def persistent_grid(device: torch.device, n_tiles: int, programs: int | None = None,
+                    num_warps: int = 1) -> tuple[int, int]:
+    """(grid, tiles_per_program) of a persistent loop over ``n_tiles`` row tiles.
+
+    About ``programs`` programs, each taking a contiguous run of tiles_per_program =
+    cdiv(n_tiles, programs) tiles; the grid is cdiv(n_tiles, tiles_per_program), so no program is
+    left without a tile. ``programs`` None: PERSISTENT_WARPS_PER_SM // ``num_warps`` (at least 1)
+    per SM on a GPU, 4 in the interpreter (:func:`num_programs`).
+    """
+    if n_tiles < 1:
+        return 0, 0
+    if programs is None:
+        per_sm = max(1, PERSISTENT_WARPS_PER_SM // num_warps) if device.type == "cuda" else 1
+        programs = num_programs(device, n_tiles) * per_sm
+    per_program = -(-n_tiles // max(1, min(programs, n_tiles)))
+    return -(-n_tiles // per_program), per_program
+
+
 def interpreter_ready() -> bool:
     """True when Triton kernels can run in the CPU interpreter in this process.
 

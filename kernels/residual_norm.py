@@ -1,7 +1,8 @@
 """Residual add fused with the norm that follows it (RMSNorm or LayerNorm), forward and backward.
 
-kernels (``_add_norm_fwd_kernel``, ``_add_norm_bwd_kernel``) -> launchers (``add_norm_fwd``,
-``add_norm_bwd``) -> ``AddNormFunction`` -> :func:`add_rms_norm`, :func:`add_layer_norm`.
+kernels (``_add_norm_fwd_kernel``, ``_add_norm_bwd_kernel`` or ``_add_norm_bwd_persistent_kernel``)
+-> launchers (``add_norm_fwd``, ``add_norm_bwd``) -> ``AddNormFunction`` -> :func:`add_rms_norm`,
+:func:`add_layer_norm`.
 References: :func:`ftlib.model.reference.add_rms_norm_ref`, :func:`ftlib.model.reference.add_layer_norm_ref`.
 Used by ``ftlib.training.engine`` (option ``fuse_residual_norm``, through the model's
 ``AddNorm`` seam); its effect on the step is in data/results/h200/engine.jsonl.
@@ -23,16 +24,24 @@ reaching the norm's output. One kernel each way instead of two forward and three
 rows are processed in tiles of ROWS so the loads of a tile are in flight together (the
 row-per-program norm kernels were latency-bound in a graph: benchmarks/kernels/NOTES.md).
 
+The dw and db partials: by default one row per tile (cdiv(M, ROWS) rows, summed by the launcher
+with a torch reduction). With ``dw_partials="persistent"`` the backward runs on a few programs per SM
+(``kernels._common.persistent_grid``), each looping over a contiguous run of tiles and
+accumulating its dw (and db) in registers, so the launcher sums one row per program
+(Liger-Kernel's rms_norm backward; the partial-sum-then-reduce scheme of Triton's layer-norm
+tutorial, python/tutorials/05-layer-norm.py).
+
 Residual dropout (``p`` > 0): the branch's dropout is fused too, ``s = x + r m / (1 - p)`` with
 ``m`` a keep mask (keep probability 1 - p; inverted dropout, Srivastava et al. 2014, as
 ``nn.Dropout``), and ``dr = g m / (1 - p)``. The mask is never stored: both kernels draw it
-from Philox (Salmon et al. 2011; ``tl.rand``) keyed by a seed read from a device tensor
-(``seed``, one int64) and the element's flat index, so the backward regenerates it. Reading
-the seed from memory, not from a kernel argument, is what lets a captured CUDA graph draw new
-masks on every replay: the engine increments the tensor at the start of each step. ``salt``
-separates the call sites of one step (each draws from its own stream). The seed tensor must
-not change between a forward and its backward. This removes the two dropout kernels of each
-branch (forward with its mask write, backward with its mask read).
+from Philox (Salmon et al. 2011; ``tl.rand``; :mod:`kernels.dropout_mask`) keyed by a seed read
+from a device tensor (``seed``, one int64) and the element's (row, column), so the backward
+regenerates it on either grid. Reading the seed from memory, not from a kernel argument, is
+what lets a captured CUDA graph draw new masks on every replay: the engine increments the
+tensor at the start of each step. ``salt`` separates the call sites of one step (each draws
+from its own stream). The seed tensor must not change between a forward and its backward.
+This removes the two dropout kernels of each branch (forward with its mask write, backward
+with its mask read).
 
 ``dr`` is written by the backward kernel in r's dtype when that differs from s's (a bf16 branch
 under autocast into the fp32 residual stream) or when dropout scales it: no separate cast kernel.
@@ -40,58 +49,28 @@ under autocast into the fp32 residual stream) or when dropout scales it: no sepa
 
 from __future__ import annotations
 
-import math
-
 import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, compute_dtype, row_tile_warps, same_device
+from kernels._common import (
+    check_dw_partials,
+    check_tensor,
+    compute_dtype,
+    persistent_grid,
+    row_tile_warps,
+    same_device,
+)
+from kernels.dropout_mask import RNG4, SALTS, _block_n, _check_dropout, _keep, keep_mask
+
+__all__ = ["ROWS", "RNG4", "SALTS", "AddNormFunction", "add_layer_norm", "add_norm_bwd", "add_norm_fwd", "add_rms_norm",
+           "keep_mask"]
 
 # Rows per program, with one warp per 1,024 elements (H200, 8192 x 256 fwd+bwd in a graph,
 # residual + RMSNorm fp32 / bf16: 4 rows 31.9 / 26.3 us, 8 rows 36.6 / 27.1, 16 rows 34.5 / 32.3;
 # + LayerNorm: 4 rows 41.5 / 37.3, 16 rows 47.6 / 48.5; data/results/h200/kernels.jsonl,
 # ops residual_rmsnorm and residual_layernorm).
 ROWS = 4
-
-
-# Call sites per step that the salt may separate (seed * SALTS + salt keys each stream).
-SALTS = 1024
-# The mask's random numbers: one Philox call per 4 columns (v2, True) or per element (v1, False).
-# H200, (8192, 256) fwd+bwd in a graph, fp32 / bf16: v1 46.6 / 42.2 us, v2 37.6 / 32.4 us; the
-# speedrun step (B=64, dropout 0.2, bf16): 2.90 ms with v1, 2.68 ms with v2, 2.82 ms with
-# nn.Dropout (engine_probe.jsonl, benchmarks/kernels/h200-kernels.log).
-RNG4 = True
-
-
-@triton.jit
-def _keep(SEED, salt, rows, N, p, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, RNG4: tl.constexpr):
-    """Keep mask (ROWS, BLOCK_N) of inverted dropout for the tile of ``rows``: uniform >= p.
-
-    RNG4 (v2): one Philox4x32 call per 4 columns, counter row * cdiv(N, 4) + col // 4, its lane
-    col % 4 for the column: a quarter of the Philox work of v1. v1: one call per element,
-    counter row * N + col, lane 0 only (``tl.rand``: Philox computes four lanes and keeps one).
-    Key: seed * SALTS + salt (SALTS = 1024)."""
-    seed = tl.load(SEED) * 1024 + salt
-    if RNG4:
-        q = tl.arange(0, BLOCK_N // 4)
-        cnt = (rows[:, None] * ((N + 3) // 4) + q[None, :]).to(tl.int32)  # (ROWS, BLOCK_N / 4)
-        r0, r1, r2, r3 = tl.randint4x(seed, cnt)
-        # join + reshape puts lane l at column 4q + l: (ROWS, BQ, 2, 2)[..., k, m] -> column 4q + 2k + m.
-        u = tl.reshape(tl.join(tl.join(r0, r2), tl.join(r1, r3)), (ROWS, BLOCK_N))
-        return tl.random.uint_to_uniform_float(u) >= p
-    cols = tl.arange(0, BLOCK_N)
-    return tl.rand(seed, (rows[:, None] * N + cols[None, :]).to(tl.int32)) >= p
-
-
-@triton.jit
-def _keep_mask_kernel(SEED, OUT, M, N, salt, p, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, RNG4: tl.constexpr):
-    """out[row, col] = keep: the mask the fused kernels draw, for tests and references."""
-    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    mask = (rows < M)[:, None] & (cols < N)[None, :]
-    keep = _keep(SEED, salt, rows, N, p, ROWS, BLOCK_N, RNG4)
-    tl.store(OUT + rows[:, None] * N + cols[None, :], keep.to(tl.int8), mask=mask)
 
 
 @triton.jit
@@ -128,24 +107,17 @@ def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, SEED, M, N, eps, salt, p, scale
 
 
 @triton.jit
-def _add_norm_bwd_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M, N, salt, p, scale,
-                         IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
-                         HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
-                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
-    """Per row:  g = ds + rstd (dh w - [mean(dh w)] - shat mean(dh w shat))   ([.] LayerNorm only),
-    the gradient of x (and of r without dropout); with HAS_GR dr = g (keep scale) into GR in r's
-    dtype (the keep mask redrawn as in the forward); the tile's partials dw = sum_rows dh shat into DWP[pid] and
-    db = sum_rows dh into DBP[pid]. The LayerNorm mean is recomputed from s (none is saved)."""
-    pid = tl.program_id(0)
-    rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
+def _add_norm_bwd_rows(DS, DH, S, RSTD, G, GR, SEED, w, rows, cols, M, N, salt, p, scale,
+                       IS_LN: tl.constexpr, HAS_DS: tl.constexpr, HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr,
+                       RNG4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
+    """g (and dr) for the rows ``rows`` of a (ROWS, BLOCK_N) tile, stored; returns (dh shat, dh),
+    the tile's dweight and dbias terms, zero outside the mask."""
     rmask = rows < M
     cmask = cols < N
     mask = rmask[:, None] & cmask[None, :]
     off = rows[:, None] * N + cols[None, :]
     s = tl.load(S + off, mask=mask, other=0.0).to(CD)
     dh = tl.load(DH + off, mask=mask, other=0.0).to(CD)
-    w = tl.load(W + cols, mask=cmask, other=0.0).to(CD)
     rstd = tl.load(RSTD + rows, mask=rmask, other=0.0).to(CD)
     if IS_LN:
         mu = tl.sum(s, axis=1) / N
@@ -162,12 +134,68 @@ def _add_norm_bwd_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M, N, salt, 
         g += tl.load(DS + off, mask=mask, other=0.0).to(CD)
     tl.store(G + off, g.to(G.dtype.element_ty), mask=mask)
     if HAS_GR:
-        if HAS_DROP:
+        if HAS_DROP:  # the mask is a function of (seed, salt, row, column) only: any tiling redraws it
             g = tl.where(_keep(SEED, salt, rows, N, p, ROWS, BLOCK_N, RNG4), g * scale, 0.0)
         tl.store(GR + off, g.to(GR.dtype.element_ty), mask=mask)
-    tl.store(DWP + pid * N + cols, tl.sum(dh * shat, axis=0), mask=cmask)
+    return dh * shat, dh
+
+
+@triton.jit
+def _add_norm_bwd_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M, N, salt, p, scale,
+                         IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
+                         HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
+                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
+    """Per row:  g = ds + rstd (dh w - [mean(dh w)] - shat mean(dh w shat))   ([.] LayerNorm only),
+    the gradient of x (and of r without dropout); with HAS_GR dr = g (keep scale) into GR in r's
+    dtype (the keep mask redrawn as in the forward); the tile's partials dw = sum_rows dh shat into DWP[pid] and
+    db = sum_rows dh into DBP[pid]. The LayerNorm mean is recomputed from s (none is saved)."""
+    pid = tl.program_id(0)
+    rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    w = tl.load(W + cols, mask=cmask, other=0.0).to(CD)
+    dwt, dbt = _add_norm_bwd_rows(DS, DH, S, RSTD, G, GR, SEED, w, rows, cols, M, N, salt, p, scale,
+                                  IS_LN, HAS_DS, HAS_GR, HAS_DROP, RNG4, ROWS, BLOCK_N, CD)
+    tl.store(DWP + pid * N + cols, tl.sum(dwt, axis=0), mask=cmask)
     if HAS_BIAS:
-        tl.store(DBP + pid * N + cols, tl.sum(dh, axis=0), mask=cmask)
+        tl.store(DBP + pid * N + cols, tl.sum(dbt, axis=0), mask=cmask)
+
+
+@triton.jit
+def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M, N, salt, p, scale,
+                                    tiles_per_program,
+                                    IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
+                                    HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
+                                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
+    """The same g, dr, dw, db on a persistent grid (Liger-Kernel's rms_norm backward: a few programs
+    per SM). Program pid takes the ``tiles_per_program`` consecutive (ROWS, N) tiles from
+    tile pid * tiles_per_program on (the last run clipped at M); per row, as the tile kernel,
+
+        g = ds + rstd (dh w - [mean(dh w)] - shat mean(dh w shat)),   dx = g,   dr = g (keep scale)
+
+    and over all its rows it accumulates, in (ROWS, BLOCK_N) register tiles in CD,
+
+        acc_w += dh shat,   acc_b += dh   (LayerNorm with a bias only)
+
+    then writes DWP[pid] = sum over the ROWS axis of acc_w and DBP[pid] likewise: one partial row
+    per program for the launcher to sum (dw = sum_programs DWP, db = sum_programs DBP), instead of
+    one per tile. The keep mask depends on (seed, salt, row, column) only: the same as the forward's."""
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    cmask = cols < N
+    w = tl.load(W + cols, mask=cmask, other=0.0).to(CD)
+    acc_w = tl.zeros((ROWS, BLOCK_N), dtype=CD)
+    acc_b = tl.zeros((ROWS, BLOCK_N), dtype=CD)
+    for i in range(tiles_per_program):
+        rows = ((pid * tiles_per_program + i) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+        dwt, dbt = _add_norm_bwd_rows(DS, DH, S, RSTD, G, GR, SEED, w, rows, cols, M, N, salt, p, scale,
+                                      IS_LN, HAS_DS, HAS_GR, HAS_DROP, RNG4, ROWS, BLOCK_N, CD)
+        acc_w += dwt
+        if HAS_BIAS:
+            acc_b += dbt
+    tl.store(DWP + pid * N + cols, tl.sum(acc_w, axis=0), mask=cmask)
+    if HAS_BIAS:
+        tl.store(DBP + pid * N + cols, tl.sum(acc_b, axis=0), mask=cmask)
 
 
 def _check(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -184,44 +212,6 @@ def _check(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | 
         raise ValueError(f"x and r must have one shape: {tuple(x.shape)} vs {tuple(r.shape)}")
     if x.shape[-1] != w.shape[0]:
         raise ValueError(f"x's last dim {x.shape[-1]} != weight's length {w.shape[0]}")
-
-
-def _check_dropout(p: float, seed: torch.Tensor | None, salt: int, like: torch.Tensor) -> None:
-    """p in [0, 1); with p > 0 a one-element int64 seed tensor on like's device and 0 <= salt < SALTS."""
-    if not 0.0 <= p < 1.0:
-        raise ValueError(f"dropout p={p} must be in [0, 1)")
-    if p == 0.0:
-        return
-    if seed is None:
-        raise ValueError(f"dropout p={p} needs a seed tensor (one int64 on the device)")
-    check_tensor("seed", seed, dtypes=(torch.int64,))
-    same_device(("x", like), ("seed", seed))
-    if seed.numel() != 1:
-        raise ValueError(f"seed must hold one value, got shape {tuple(seed.shape)}")
-    if not 0 <= salt < SALTS:
-        raise ValueError(f"salt={salt} must be in [0, {SALTS})")
-    if like.numel() >= 2**31:
-        raise ValueError(f"{like.numel()} elements: the dropout mask is indexed in int32 (< 2**31)")
-
-
-def keep_mask(
-    seed: torch.Tensor, shape: tuple[int, ...] | torch.Size, p: float, salt: int = 0, rng4: bool = RNG4,
-) -> torch.Tensor:
-    """The keep mask (bool, ``shape``) that the fused kernels draw for ``seed``'s current value,
-    ``salt`` and dropout ``p`` over rows of ``shape[-1]``: for tests, and for the rare backward
-    where only s is used."""
-    N = shape[-1] if len(shape) else 1
-    M = math.prod(shape) // max(N, 1)
-    _check_dropout(p, seed, salt, torch.empty(0, device=seed.device))
-    out = torch.empty(M, N, dtype=torch.int8, device=seed.device)
-    if M * N:
-        _keep_mask_kernel[(M,)](seed, out, M, N, salt, p, ROWS=1, BLOCK_N=_block_n(N), RNG4=rng4)
-    return out.view(shape).bool()  # (M, N) -> shape
-
-
-def _block_n(N: int) -> int:
-    """Columns per tile: N rounded up to a power of two, at least 4 (RNG4 draws 4 columns a call)."""
-    return max(4, triton.next_power_of_2(N))
 
 
 def add_norm_fwd(
@@ -262,12 +252,16 @@ def add_norm_bwd(
     ds: torch.Tensor | None, dh: torch.Tensor, s: torch.Tensor, w: torch.Tensor, rstd: torch.Tensor,
     layer_norm: bool, has_bias: bool, rows: int = ROWS, r_dtype: torch.dtype | None = None,
     p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
+    dw_partials: str = "tile", programs: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
     """(dx, dr, dweight, dbias or None); ``ds`` None when s feeds only the norm.
 
     dx = g (module docstring); dr = g in ``r_dtype`` (default s's), times keep / (1 - p) with
     dropout (the forward's mask: same ``seed`` value and ``salt``). Without dropout and with one
-    dtype, dr is dx itself (no second write)."""
+    dtype, dr is dx itself (no second write). ``dw_partials``: "tile" (a partial row per tile of
+    ``rows`` rows) or "persistent" (about ``programs`` programs, default a few per SM:
+    ``kernels._common.persistent_grid``, a partial row each); the launcher sums the partial rows."""
+    check_dw_partials(dw_partials, programs)
     N = s.shape[-1]
     M = s.numel() // max(N, 1)
     r_dtype = r_dtype or s.dtype
@@ -278,16 +272,20 @@ def add_norm_bwd(
     gr = torch.empty_like(s, dtype=r_dtype) if has_gr else g
     if M == 0:
         return g, gr, torch.zeros_like(w), torch.zeros_like(w) if has_bias else None
-    grid = triton.cdiv(M, rows)
-    block_n = _block_n(N)
-    dwp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device)
+    n_tiles, block_n = triton.cdiv(M, rows), _block_n(N)
+    warps = row_tile_warps(rows, block_n)
+    grid, per_program = (n_tiles, 1) if dw_partials == "tile" else persistent_grid(s.device, n_tiles, programs, warps)
+    dwp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device)  # one partial row per program
     dbp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device) if has_bias else dwp
-    _add_norm_bwd_kernel[(grid,)](ds if ds is not None else dh, dh, s, w, rstd, g, gr, dwp, dbp,
-                                  seed if p > 0 else rstd, M, N, salt, p, 1.0 / (1.0 - p),
-                                  IS_LN=layer_norm, HAS_BIAS=has_bias, HAS_DS=ds is not None, HAS_GR=has_gr,
-                                  HAS_DROP=p > 0, RNG4=rng4, ROWS=rows, BLOCK_N=block_n, CD=compute_dtype(s.dtype),
-                                  num_warps=row_tile_warps(rows, block_n))
-    return g, gr, dwp.sum(0).to(w.dtype), dbp.sum(0).to(w.dtype) if has_bias else None
+    args = (ds if ds is not None else dh, dh, s, w, rstd, g, gr, dwp, dbp, seed if p > 0 else rstd, M, N, salt, p,
+            1.0 / (1.0 - p))
+    meta = dict(IS_LN=layer_norm, HAS_BIAS=has_bias, HAS_DS=ds is not None, HAS_GR=has_gr, HAS_DROP=p > 0, RNG4=rng4,
+                ROWS=rows, BLOCK_N=block_n, CD=compute_dtype(s.dtype), num_warps=warps)
+    if dw_partials == "tile":
+        _add_norm_bwd_kernel[(grid,)](*args, **meta)
+    else:
+        _add_norm_bwd_persistent_kernel[(grid,)](*args, per_program, **meta)
+    return g, gr, dwp.sum(0).to(w.dtype), dbp.sum(0).to(w.dtype) if has_bias else None  # (grid, N) -> (N,)
 
 
 class AddNormFunction(torch.autograd.Function):
@@ -296,20 +294,22 @@ class AddNormFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float,
                 layer_norm: bool, out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0,
-                seed: torch.Tensor | None = None, salt: int = 0,
-                rng4: bool = RNG4) -> tuple[torch.Tensor, torch.Tensor]:
+                seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4, dw_partials: str = "tile",
+                programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        check_dw_partials(dw_partials, programs)
         s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm, out_dtype, rows,
                                   p, seed, salt, rng4)
         ctx.save_for_backward(s, w, rstd)
         ctx.r_dtype, ctx.layer_norm, ctx.has_bias, ctx.rows = r.dtype, layer_norm, b is not None, rows
         ctx.p, ctx.seed, ctx.salt, ctx.rng4 = p, seed, salt, rng4  # the seed tensor: its value is read again
+        ctx.dw_partials, ctx.programs = dw_partials, programs
         ctx.set_materialize_grads(False)  # an unused s arrives as None, not as a tensor of zeros
         return s, h
 
     @staticmethod
     def backward(ctx, ds: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         s, w, rstd = ctx.saved_tensors
-        none = (None,) * 10
+        none = (None,) * 12
         if dh is None:  # h unused: s's gradient passes through to x, and to r through the mask
             if ds is None:
                 return (None, None) + none
@@ -319,23 +319,27 @@ class AddNormFunction(torch.autograd.Function):
             return (ds, dr.to(ctx.r_dtype)) + none
         # dh may be bf16: loaded as fp32
         g, gr, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias, ctx.rows, ctx.r_dtype,
-                                     ctx.p, ctx.seed, ctx.salt, ctx.rng4)
-        return (g, gr, dw, db) + (None,) * 8
+                                     ctx.p, ctx.seed, ctx.salt, ctx.rng4, ctx.dw_partials, ctx.programs)
+        return (g, gr, dw, db) + (None,) * 10
 
 
 def add_rms_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-5, out_dtype: torch.dtype | None = None,
     rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
+    dw_partials: str = "tile", programs: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, rms_norm(x + r) * w), differentiable in x, r and w; h in ``out_dtype`` (default x's).
-    ``p`` > 0: r through dropout first (mask from ``seed`` and ``salt``: module docstring)."""
-    return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype, rows, p, seed, salt, rng4)
+    ``p`` > 0: r through dropout first (mask from ``seed`` and ``salt``: module docstring).
+    ``dw_partials``, ``programs``: the backward's dweight partials (:func:`add_norm_bwd`)."""
+    return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype, rows, p, seed, salt, rng4, dw_partials,
+                                 programs)
 
 
 def add_layer_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, eps: float = 1e-5,
     out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None,
-    salt: int = 0, rng4: bool = RNG4,
+    salt: int = 0, rng4: bool = RNG4, dw_partials: str = "tile", programs: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, layer_norm(x + r) * w + b), differentiable in x, r, w and b; h in ``out_dtype``."""
-    return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype, rows, p, seed, salt, rng4)
+    return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype, rows, p, seed, salt, rng4, dw_partials,
+                                 programs)

@@ -1,12 +1,18 @@
 """RMSNorm forward and backward in Triton (Zhang & Sennrich 2019), Liger-Kernel layering.
 
-kernel (``_rms_norm_fwd_kernel``, ``_rms_norm_bwd_kernel``) -> launcher (``rms_norm_fwd``,
-``rms_norm_bwd``) -> ``RMSNormFunction`` -> ``TritonRMSNorm``. Reference:
+kernel (``_rms_norm_fwd_kernel``, ``_rms_norm_bwd_kernel`` / ``_rms_norm_bwd_persistent_kernel``)
+-> launcher (``rms_norm_fwd``, ``rms_norm_bwd``) -> ``RMSNormFunction`` -> ``TritonRMSNorm``. Reference:
 :func:`ftlib.model.reference.rms_norm_ref`. Layering after Liger-Kernel's ``rms_norm.py``
 (linkedin/Liger-Kernel, src/liger_kernel/ops/rms_norm.py): rstd saved in the forward,
 per-program partial dweight sums in the backward. Unlike Liger, each program takes a tile of
 ROWS rows both ways: the measured winner of benchmarks/kernels/rmsnorm_dev.py (v5; the first
 version, one row per program forward and a persistent backward grid, was v3).
+
+The backward's dweight partials: one row per tile by default (``dw_partials="tile"``, summed by
+the launcher), or with ``dw_partials="persistent"`` one row per program of a grid of a few
+programs per SM (``kernels._common.persistent_grid``), each looping over a contiguous run of
+ROWS-row tiles with its partial in registers (Liger's layout, but on row tiles rather than single
+rows), so the final sum reads n_programs rows instead of cdiv(M, ROWS).
 """
 
 from __future__ import annotations
@@ -16,7 +22,14 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, compute_dtype, row_tile_warps, same_device
+from kernels._common import (
+    check_dw_partials,
+    check_tensor,
+    compute_dtype,
+    persistent_grid,
+    row_tile_warps,
+    same_device,
+)
 
 MAX_FUSED_BYTES = 65536  # one row must fit in one block (as in Liger); C=256 is far below this
 
@@ -52,6 +65,22 @@ def _rms_norm_fwd_kernel(
 
 
 @triton.jit
+def _rms_norm_bwd_rows(DY, X, RSTD, DX, w, rows, cols, stride_dy, stride_x, stride_dx, M, N, CD: tl.constexpr):
+    """dx for the rows ``rows`` of a (ROWS, BLOCK_N) tile, stored; returns dy * xhat (the tile's dweight terms)."""
+    rmask = rows < M
+    mask = rmask[:, None] & (cols[None, :] < N)
+    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(CD)
+    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(CD)
+    rstd = tl.load(RSTD + rows, mask=rmask, other=0.0).to(CD)
+    xhat = x * rstd[:, None]
+    dyw = dy * w[None, :]
+    c = tl.sum(dyw * xhat, axis=1) / N  # (ROWS,)
+    dx = rstd[:, None] * (dyw - xhat * c[:, None])
+    tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
+    return dy * xhat  # (ROWS, BLOCK_N); zero outside the mask
+
+
+@triton.jit
 def _rms_norm_bwd_kernel(
     DY, X, W, RSTD, DX, DW_PARTIAL,  # DY, X, DX: (M, N); W: (N,); RSTD: (M,); DW_PARTIAL: (cdiv(M, ROWS), N)
     stride_dy, stride_x, stride_dx, M, N,
@@ -68,18 +97,37 @@ def _rms_norm_bwd_kernel(
     pid = tl.program_id(0)
     rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
-    rmask = rows < M
-    mask = rmask[:, None] & (cols[None, :] < N)
-    x = tl.load(X + rows[:, None] * stride_x + cols[None, :], mask=mask, other=0.0).to(CD)
-    dy = tl.load(DY + rows[:, None] * stride_dy + cols[None, :], mask=mask, other=0.0).to(CD)
     w = tl.load(W + cols, mask=cols < N, other=0.0).to(CD)
-    rstd = tl.load(RSTD + rows, mask=rmask, other=0.0).to(CD)
-    xhat = x * rstd[:, None]
-    dyw = dy * w[None, :]
-    c = tl.sum(dyw * xhat, axis=1) / N  # (ROWS,)
-    dx = rstd[:, None] * (dyw - xhat * c[:, None])
-    tl.store(DX + rows[:, None] * stride_dx + cols[None, :], dx.to(DX.dtype.element_ty), mask=mask)
-    tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dy * xhat, axis=0), mask=cols < N)
+    dwt = _rms_norm_bwd_rows(DY, X, RSTD, DX, w, rows, cols, stride_dy, stride_x, stride_dx, M, N, CD)
+    tl.store(DW_PARTIAL + pid * N + cols, tl.sum(dwt, axis=0), mask=cols < N)
+
+
+@triton.jit
+def _rms_norm_bwd_persistent_kernel(
+    DY, X, W, RSTD, DX, DW_PARTIAL,  # as above, but DW_PARTIAL: (grid, N), one row per program
+    stride_dy, stride_x, stride_dx, M, N, tiles_per_program,
+    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr,
+):
+    """The same dx and dw on a persistent grid (Liger-Kernel's rms_norm backward: a few programs
+    per SM, the weight gradient accumulated in registers). Program pid takes the
+    ``tiles_per_program`` consecutive (ROWS, N) tiles from tile pid * tiles_per_program on, rows
+    [pid P, (pid + 1) P) with P = tiles_per_program * ROWS (the last run clipped at M); per row
+
+        dx_j = rstd * (dy_j w_j - xhat_j * mean_k(dy_k w_k xhat_k))
+
+    and it accumulates, in a (ROWS, BLOCK_N) register tile in CD, acc_j += dy_j xhat_j over all
+    its tiles, then writes DW_PARTIAL[pid, j] = sum over the tile's ROWS axis of acc_j. The
+    launcher sums the grid's rows (a few per SM instead of cdiv(M, ROWS)): the partial
+    buffer and the reduction that reads it shrink by a factor ~tiles_per_program.
+    """
+    pid = tl.program_id(0)
+    cols = tl.arange(0, BLOCK_N)
+    w = tl.load(W + cols, mask=cols < N, other=0.0).to(CD)
+    acc = tl.zeros((ROWS, BLOCK_N), dtype=CD)
+    for i in range(tiles_per_program):
+        rows = ((pid * tiles_per_program + i) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
+        acc += _rms_norm_bwd_rows(DY, X, RSTD, DX, w, rows, cols, stride_dy, stride_x, stride_dx, M, N, CD)
+    tl.store(DW_PARTIAL + pid * N + cols, tl.sum(acc, axis=0), mask=cols < N)
 
 
 def _block_n(x: torch.Tensor) -> int:
@@ -125,9 +173,15 @@ def rms_norm_fwd(
 
 
 def rms_norm_bwd(
-    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, rows: int = ROWS
+    dy: torch.Tensor, x: torch.Tensor, weight: torch.Tensor, rstd: torch.Tensor, rows: int = ROWS,
+    dw_partials: str = "tile", programs: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(dx, dweight) for y = rms_norm_fwd(x, weight)[0]; dy like x, dweight like weight."""
+    """(dx, dweight) for y = rms_norm_fwd(x, weight)[0]; dy like x, dweight like weight.
+
+    ``dw_partials``: "tile" (one program per tile of ``rows`` rows, one dweight partial row each)
+    or "persistent" (about ``programs`` programs, default a few per SM: ``kernels._common.persistent_grid``,
+    each looping over its run of tiles into one partial row); the launcher sums the partial rows either way."""
+    check_dw_partials(dw_partials, programs)
     _check_inputs(x, weight)
     check_tensor("dy", dy, contiguous=False)
     if dy.shape != x.shape:
@@ -140,48 +194,59 @@ def rms_norm_bwd(
     M = x2.shape[0]
     cd = torch.float64 if x.dtype == torch.float64 else torch.float32
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    P = triton.cdiv(M, rows)
-    dw_partial = torch.empty((P, N), dtype=cd, device=x.device)
+    n_tiles = triton.cdiv(M, rows)
     BLOCK_N = _block_n(x2)
+    warps = row_tile_warps(rows, BLOCK_N)
+    P, per_program = (n_tiles, 1) if dw_partials == "tile" else persistent_grid(x.device, n_tiles, programs, warps)
+    dw_partial = torch.empty((P, N), dtype=cd, device=x.device)  # one row per program
     if M > 0:
-        _rms_norm_bwd_kernel[(P,)](
-            dy2, x2, weight, rstd, dx, dw_partial, dy2.stride(0), x2.stride(0), dx.stride(0),
-            M, N, ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=row_tile_warps(rows, BLOCK_N),
-        )
-        dw = dw_partial.sum(0).to(weight.dtype)
+        args = (dy2, x2, weight, rstd, dx, dw_partial, dy2.stride(0), x2.stride(0), dx.stride(0), M, N)
+        meta = dict(ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=warps)
+        if dw_partials == "tile":
+            _rms_norm_bwd_kernel[(P,)](*args, **meta)
+        else:
+            _rms_norm_bwd_persistent_kernel[(P,)](*args, per_program, **meta)
+        dw = dw_partial.sum(0).to(weight.dtype)  # (P, N) -> (N,)
     else:
         dw = torch.zeros_like(weight)
     return dx.view(x.shape), dw  # (M, N) -> x's (..., N)
 
 
 class RMSNormFunction(torch.autograd.Function):
-    """Autograd glue: saves x, weight and rstd (M floats) instead of the normalized x."""
+    """Autograd glue: saves x, weight and rstd (M floats) instead of the normalized x.
+    ``dw_partials``, ``programs``: how the backward forms its dweight partials (:func:`rms_norm_bwd`)."""
 
     @staticmethod
-    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float) -> torch.Tensor:
+    def forward(ctx, x: torch.Tensor, weight: torch.Tensor, eps: float, dw_partials: str = "tile",
+                programs: int | None = None) -> torch.Tensor:
+        check_dw_partials(dw_partials, programs)
         y, rstd = rms_norm_fwd(x, weight, eps)
         ctx.save_for_backward(x, weight, rstd)
+        ctx.dw_partials, ctx.programs = dw_partials, programs
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         x, weight, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_bwd(dy, x, weight, rstd)
-        return dx, dw, None
+        dx, dw = rms_norm_bwd(dy, x, weight, rstd, dw_partials=ctx.dw_partials, programs=ctx.programs)
+        return dx, dw, None, None, None
 
 
-def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5) -> torch.Tensor:
+def rms_norm(x: torch.Tensor, weight: torch.Tensor, eps: float = 1e-5, dw_partials: str = "tile",
+             programs: int | None = None) -> torch.Tensor:
     """Functional RMSNorm through the Triton kernels (differentiable in x and weight)."""
-    return RMSNormFunction.apply(x, weight, eps)
+    return RMSNormFunction.apply(x, weight, eps, dw_partials, programs)
 
 
 class TritonRMSNorm(nn.Module):
-    """Drop-in for :class:`ftlib.model.norm.RMSNorm` (same parameter name and init)."""
+    """Drop-in for :class:`ftlib.model.norm.RMSNorm` (same parameter name and init); ``dw_partials``
+    selects the backward's dweight partials (:func:`rms_norm_bwd`)."""
 
-    def __init__(self, dim: int, eps: float = 1e-5) -> None:
+    def __init__(self, dim: int, eps: float = 1e-5, dw_partials: str = "tile") -> None:
         super().__init__()
-        self.eps = eps
+        check_dw_partials(dw_partials)
+        self.eps, self.dw_partials = eps, dw_partials
         self.weight = nn.Parameter(torch.ones(dim))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return rms_norm(x, self.weight, self.eps)
+        return rms_norm(x, self.weight, self.eps, self.dw_partials)

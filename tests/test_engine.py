@@ -133,8 +133,10 @@ def test_losses_match_reference_training(cfg, dev):
     (GPT4, {"attention_for_explicit": True, "bias_kernel": True}),
     (GPT4, {"fused_softmax": False}),
     (GPT1_L2, {"fused_softmax": True, "bias_kernel": True}),
+    (FT1, {"norm_dw_partials": "persistent", "attention_precision": "ieee"}),
+    (GPT4, {"norm_dw_partials": "persistent"}),
 ], ids=["heads-layout", "3xtf32", "unfused-residual-norm", "gpt2-packed-fused-layernorm", "gpt2-bias-kernel",
-        "gpt2-unfused-softmax", "gpt2-mqa-fused-softmax"])
+        "gpt2-unfused-softmax", "gpt2-mqa-fused-softmax", "persistent-norm-dw", "gpt2-persistent-norm-dw"])
 def test_engine_options_train_like_the_reference(cfg, options, dev):
     r = check_against_reference(cfg, steps=3, device=dev, B=B, T=T, **options)
     assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL and r["param_rel_err"] <= PARAM_RTOL
@@ -203,6 +205,16 @@ def test_engine_mode_in_bench_step(dev):
                      extra={"use_kernels": {"attention": False}})
     assert off["status"] == "ok" and "attention" not in off["engine"]["kernels"]
     assert off["key"] != row["key"]  # the variant is its own measurement
+
+
+def test_norm_dw_partials_reach_the_norm_kernels(dev):
+    eng = Engine(FT1, B, T, "fp32", dev, norm_dw_partials="persistent")
+    assert eng.model.add_norm.dw_partials == "persistent" and eng.model.blocks[0].norm1.dw_partials == "persistent"
+    assert eng.describe()["norm_dw_partials"] == "persistent"
+    assert Engine(FT1, B, T, "fp32", dev).model.blocks[0].norm1.dw_partials == "tile"  # the default
+    assert Engine(FT1, B, T, "fp32", dev, use_kernels=False).describe()["norm_dw_partials"] is None
+    with pytest.raises(ValueError, match="norm_dw_partials='tiles'"):
+        EngineOptions(norm_dw_partials="tiles")
 
 
 def test_bad_arguments_raise():

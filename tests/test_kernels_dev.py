@@ -46,7 +46,7 @@ def test_driver_rows_are_tidy_and_resumable(store):
     rec = Recorder(store=store)
     assert main(["--reps", "1"], rec) == 0
     rows = store.rows()
-    assert rows == rec.rows and len(rows) == 2 * 5 * 2  # 2 dtypes x 5 variants x (eager, graph)
+    assert rows == rec.rows and len(rows) == 2 * 8 * 2  # 2 dtypes x 8 variants x (eager, graph)
     for r in rows:
         assert set(ROW_FIELDS) <= set(r), set(ROW_FIELDS) - set(r)
         assert r["op"] == "rmsnorm" and r["shape"] == {"M": 37, "N": 256} and r["bench"] == "kernels"

@@ -67,6 +67,8 @@ def test_kernel_math_quotes_the_jit_docstrings(op):
     assert md.count(f"kernels/{op}") >= 1 and "```text" in md
     if op == "rmsnorm":
         assert "rstd" in md
+    if op == "residual_norm":  # its Philox keep mask lives in kernels/dropout_mask.py
+        assert "kernels/dropout_mask.py::_keep" in md and "persistent" in md
 
 
 def test_floor_uses_the_rate_of_the_rows_precision():

@@ -166,6 +166,9 @@ def _row_kernel_specs(n_embd: int, T: int, dtype: torch.dtype) -> list[AotSpec]:
         AotSpec("rmsnorm.bwd", rmsnorm._rms_norm_bwd_kernel,
                 {"DY": dt, "X": dt, "W": dt, "RSTD": "*fp32", "DX": dt, "DW_PARTIAL": "*fp32"},
                 dict(ROWS=rows, BLOCK_N=bn, CD=cd), row_tile_warps(rows, bn)),
+        AotSpec("rmsnorm.bwd_persistent", rmsnorm._rms_norm_bwd_persistent_kernel,
+                {"DY": dt, "X": dt, "W": dt, "RSTD": "*fp32", "DX": dt, "DW_PARTIAL": "*fp32"},
+                dict(ROWS=rows, BLOCK_N=bn, CD=cd), row_tile_warps(rows, bn)),
         AotSpec("layernorm.fwd", layernorm._layer_norm_fwd_kernel,
                 {"X": dt, "W": dt, "B": dt, "Y": dt, "MEAN": "*fp32", "RSTD": "*fp32", "eps": _F32},
                 dict(BLOCK_N=bn, HAS_BIAS=True, CD=cd), min(max(bn // 256, 1), 8)),
@@ -183,6 +186,8 @@ def _row_kernel_specs(n_embd: int, T: int, dtype: torch.dtype) -> list[AotSpec]:
         AotSpec("residual_norm.fwd", residual_norm._add_norm_fwd_kernel, fwd_types, flags,
                 row_tile_warps(rrows, rbn)),
         AotSpec("residual_norm.bwd", residual_norm._add_norm_bwd_kernel, bwd_types,
+                {**flags, "HAS_DS": True, "HAS_GR": True}, row_tile_warps(rrows, rbn)),
+        AotSpec("residual_norm.bwd_persistent", residual_norm._add_norm_bwd_persistent_kernel, bwd_types,
                 {**flags, "HAS_DS": True, "HAS_GR": True}, row_tile_warps(rrows, rbn)),
     ]
     srows, sbt, swarps = causal_softmax._tiles(T)

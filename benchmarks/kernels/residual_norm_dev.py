@@ -6,7 +6,10 @@ norm kernel, and backward autograd's add of the two gradients reaching s), v2 to
 the same, v3 the fused kernel of ``kernels/residual_norm.py`` (one kernel each way, 16 rows
 per program), v4 the model's row-tile RMSNorm after an
 eager add (the unfused engine, RMSNorm only), v5 and v6 the fused kernel on 4- and 8-row
-tiles. Shape: one FastTransformer / GPT-2 norm input, (B*T, C) =
+tiles; v7-v9 the fused kernel with its backward's dweight (and dbias) partials on a persistent grid
+(``dw_partials="persistent"``: a partial row per program, not per tile): v7 the default grid (4-row
+tiles, 4 one-warp programs per SM), v8 one program per SM (Liger's grid), v9 16-row tiles (4 warps,
+one program per SM). Shape: one FastTransformer / GPT-2 norm input, (B*T, C) =
 (8192, 256), fp32 and bf16; both outputs s and h receive gradients, as in a block.
 Bytes (the floor): forward reads x and r, writes s and h; backward reads ds, dh and s and
 writes one gradient (dx = dr): 8 passes of M x N; weight, rstd and partials left out.
@@ -15,7 +18,9 @@ Residual dropout (p = 0.2, RMSNorm): v1 eager with the mask as a tensor
 (``nn.Dropout``'s traffic: the masked multiply forward, its mask read backward, on top of
 the add and the norm), v2 torch.compile of it, v3 the fused kernel drawing the mask itself
 (Philox per element, redrawn in the backward), v4 the same kernel drawing one Philox4x32 call
-per 4 columns (``rng4``; v3 made the speedrun step slower, its Philox work being the cost). The check compares with
+per 4 columns (``rng4``; v3 made the speedrun step slower, its Philox work being the cost), v5 that
+with the persistent dweight partials (the mask redrawn from the element's row and column on the
+persistent grid). The check compares with
 the same mask (``kernels.residual_norm.keep_mask``). The floor is 9 passes (dr is written apart
 from dx: the mask scales it).
 """
@@ -35,6 +40,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     from kernels.rmsnorm import rms_norm
 
     M, N = (8192, 256) if device.type == "cuda" else (37, 256)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     ok = True
 
     # One function per case so the closures below bind its arguments, not loop variables.
@@ -82,6 +88,14 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             tiled = (lambda a, c, d, e, rows=rows: add_layer_norm(a, c, d, e, 1e-5, rows=rows)) if ln else (
                 lambda a, c, d, e, rows=rows: add_rms_norm(a, c, d, 1e-5, rows=rows))
             variants.append(Variant(f"{v} triton fused {rows} rows", fwd_bwd(tiled), tol))
+        # v7-v9: the persistent dweight partials (programs None: the default grid, a few per SM). No commas
+        # in these names, so that --variants can pick them.
+        for v, rows, programs, what in (("v7", 4, None, ""), ("v8", 4, sms, " 1 program per SM"),
+                                        ("v9", 16, None, " 16 rows")):
+            kw = dict(rows=rows, dw_partials="persistent", programs=programs)
+            persistent = (lambda a, c, d, e, kw=kw: add_layer_norm(a, c, d, e, 1e-5, **kw)) if ln else (
+                lambda a, c, d, e, kw=kw: add_rms_norm(a, c, d, 1e-5, **kw))
+            variants.append(Variant(f"{v} triton fused persistent dw{what}", fwd_bwd(persistent), tol))
         return run(f"residual+{kind} fwd+bwd ({M}, {N}) {dtype}", args, device, reference, variants,
                    work=8 * M * N * x.element_size(), unit="GB/s", op=f"residual_{kind}",
                    shape={"M": M, "N": N}, dtype=dtype)
@@ -115,7 +129,10 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
         compiled = torch.compile(masked) if device.type == "cuda" else masked
         fused = Variant("v3 triton fused dropout" if not rng4 else "v4 triton fused dropout, Philox per 4 columns",
                         fwd_bwd(lambda a, c, d: add_rms_norm(a, c, d, 1e-5, p=p, seed=seed, salt=3, rng4=rng4)), tol)
-        variants = [fused] if rng4 else [  # v1, v2 against the per-element mask only (their cost is the same)
+        persistent = Variant("v5 triton fused dropout Philox per 4 columns persistent dw", fwd_bwd(
+            lambda a, c, d: add_rms_norm(a, c, d, 1e-5, p=p, seed=seed, salt=3, rng4=rng4, dw_partials="persistent")),
+            tol)
+        variants = [fused, persistent] if rng4 else [  # v1, v2 against the per-element mask only (same cost)
             Variant("v1 eager masked dropout", fwd_bwd(masked), tol),
             Variant("v2 torch.compile", fwd_bwd(compiled), tol, gpu_only=True),
             fused,

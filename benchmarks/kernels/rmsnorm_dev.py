@@ -6,6 +6,10 @@ kernels in the model (kernels/rmsnorm.py), v4/v5 the experiment of benchmarks/ke
 against v3's 54, kernels.jsonl, 2026-12-02) and became the model's kernel: v3's stored rows were
 measured on the first version (one row per program forward, a persistent backward grid; commit
 f46d25d), later v3 runs time the 4-row kernel.
+v6-v8: the backward's dweight partials on a persistent grid (``dw_partials="persistent"``: each program
+loops over a run of row tiles and writes one partial row, so the final torch sum reads a few hundred
+rows instead of cdiv(M, 4) = 2048): v6 the default grid (4-row tiles, 4 one-warp programs per SM),
+v7 one program per SM (Liger's grid), v8 16-row tiles (4 warps, one program per SM).
 Shape: the FastTransformer's norm input, (B*T, C) = (8192, 256), fp32 and bf16.
 Bytes (the floor): forward reads x and writes y, backward reads x and dy and writes dx;
 weight, rstd and the partial dweight sums are O(N + M) and left out.
@@ -26,6 +30,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     from kernels.rmsnorm import rms_norm
 
     M, N = (8192, 256) if device.type == "cuda" else (37, 256)
+    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
     ok = True
     # One function per case so the closures below bind its arguments, not loop variables.
     def case(dtype, tol) -> bool:
@@ -51,6 +56,12 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             Variant("v3 triton", fwd_bwd(rms_norm), tol),
             Variant("v4 triton 16 rows", fwd_bwd(lambda a, b, e: rms_norm_rows(a, b, e, 16)), tol),
             Variant("v5 triton 4 rows", fwd_bwd(lambda a, b, e: rms_norm_rows(a, b, e, 4)), tol),
+            # v6-v8: the persistent dweight partials (no commas in the names: --variants splits on them)
+            Variant("v6 triton persistent dw", fwd_bwd(lambda a, b, e: rms_norm(a, b, e, "persistent")), tol),
+            Variant("v7 triton persistent dw 1 program per SM",
+                    fwd_bwd(lambda a, b, e: rms_norm(a, b, e, "persistent", sms)), tol),
+            Variant("v8 triton persistent dw 16 rows",
+                    fwd_bwd(lambda a, b, e: rms_norm_rows(a, b, e, 16, "persistent")), tol),
         ]
         return run(f"rmsnorm fwd+bwd ({M}, {N}) {dtype}", args, device, reference, variants,
                   work=5 * M * N * x.element_size(), unit="GB/s", op="rmsnorm", shape={"M": M, "N": N}, dtype=dtype)

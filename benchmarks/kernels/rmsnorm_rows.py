@@ -30,19 +30,21 @@ from kernels.rmsnorm import rms_norm_bwd, rms_norm_fwd
 
 class RMSRowsFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x, w, eps, rows):
+    def forward(ctx, x, w, eps, rows, dw_partials="tile", programs=None):
         y, rstd = rms_norm_fwd(x, w, eps, rows)
         ctx.save_for_backward(x, w, rstd)
-        ctx.rows = rows
+        ctx.rows, ctx.dw_partials, ctx.programs = rows, dw_partials, programs
         return y
 
     @staticmethod
     def backward(ctx, dy):
         x, w, rstd = ctx.saved_tensors
-        dx, dw = rms_norm_bwd(dy, x, w, rstd, ctx.rows)
-        return dx, dw, None, None
+        dx, dw = rms_norm_bwd(dy, x, w, rstd, ctx.rows, ctx.dw_partials, ctx.programs)
+        return dx, dw, None, None, None, None
 
 
-def rms_norm_rows(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5, rows: int = 16) -> torch.Tensor:
-    """RMSNorm over the last dim of a contiguous x on (rows, N) tiles (fwd and bwd)."""
-    return RMSRowsFunction.apply(x.contiguous(), w, eps, rows)
+def rms_norm_rows(x: torch.Tensor, w: torch.Tensor, eps: float = 1e-5, rows: int = 16, dw_partials: str = "tile",
+                  programs: int | None = None) -> torch.Tensor:
+    """RMSNorm over the last dim of a contiguous x on (rows, N) tiles (fwd and bwd); ``dw_partials`` and
+    ``programs`` as in :func:`kernels.rmsnorm.rms_norm_bwd`."""
+    return RMSRowsFunction.apply(x.contiguous(), w, eps, rows, dw_partials, programs)

@@ -34,6 +34,7 @@ STEPS, B_CHECK, T_CHECK = 100, 32, 256
 CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     *((prec, name, {}) for prec in ("fp32", "tf32", "bf16") for name in ("gpt2", "fasttransformer")),
     *((prec, "gpt2", {"attention_for_explicit": True}) for prec in ("tf32", "bf16")),
+    ("bf16", "fasttransformer", {"norm_dw_partials": "persistent"}),
 )
 
 
@@ -138,7 +139,8 @@ def run_engine_checks(device: torch.device, deadline: float, log: Callable[[str]
             break
         cfg = preset(name)
         extra = {"steps": STEPS, "run": run_id(), **options}
-        label = name + (" +flash-attn" if options.get("attention_for_explicit") else "")
+        label = name + (" +flash-attn" if options.get("attention_for_explicit") else "") + "".join(
+            f" {k}={v}" for k, v in options.items() if k != "attention_for_explicit")
         row = {"key": check_key(name, prec, options, run_id()), "bench": BENCH, "label": label, "preset": name,
                "config": cfg.to_dict(), "config_hash": cfg.config_hash(), "B": B_CHECK, "T": T_CHECK,
                "mode": "engine", "precision": prec, "extra": extra, **provenance(device)}

@@ -165,7 +165,8 @@ def engine_variants() -> list[Case]:
     kernel in place of its explicit softmax (the same function) and with its fused softmax
     off; the fp32-accurate tensor-core routes (3xTF32) in fp32; in tf32 and fp32 each kernel
     off on its own, none at all, uncaptured, the residual add unfused, PyTorch's bias
-    gradients, and the heads layout. Variants carry their engine options in ``extra``.
+    gradients, and the heads layout. The norms' persistent weight-gradient partials come right after
+    the defaults. Variants carry their engine options in ``extra``.
     """
     configs = headline_models()
     B, T = HEADLINE_B, HEADLINE_T
@@ -176,6 +177,12 @@ def engine_variants() -> list[Case]:
         return Case(label, configs[name], B, T, "engine", prec, dict(extra or {}))
 
     cases = [case(name, name, prec) for prec in HEADLINE_PRECISIONS for name in configs]
+    # The norm backwards' persistent weight-gradient partials (a partial row per program, not per
+    # tile), right after the defaults: a short run measures both.
+    persistent = {"norm_dw_partials": "persistent"}
+    cases += [case("fasttransformer persistent norm dw", "fasttransformer", prec, persistent)
+              for prec in ("bf16", "tf32")]
+    cases.append(case("gpt2 +flash-attn persistent norm dw", "gpt2", "bf16", {**flash, **persistent}))
     cases += [case("gpt2 +flash-attn", "gpt2", prec, flash) for prec in ("bf16", "tf32")]
     cases += [case("gpt2 -fused-softmax", "gpt2", prec, {"fused_softmax": False})
               for prec in HEADLINE_PRECISIONS]

@@ -235,15 +235,20 @@ def kernel_figures(table: pd.DataFrame | list[dict[str, Any]]) -> list[tuple[str
     return [(f"kernels-{dev}", kernel_figure(table, dev)) for dev in sorted({t["device"] for t in table})]
 
 
+# Modules whose jit helpers an op's kernels call and whose math belongs with that op's.
+KERNEL_MATH_ALSO = {"residual_norm": ("dropout_mask.py",)}
+
+
 def kernel_math(op: str) -> str:
     """The docstrings of the ``@triton.jit`` kernels of ``kernels/<op>.py`` (and of
-    ``kernels/<op>_kernels.py`` where an op keeps its kernels apart): where the math is stated.
+    ``kernels/<op>_kernels.py`` where an op keeps its kernels apart, and of the helper modules in
+    KERNEL_MATH_ALSO): where the math is stated.
 
     Read from the source (ast), so nothing imports Triton; the chapter quotes them rather than
     restating formulas.
     """
     parts = []
-    for name in (f"{op}.py", f"{op}_kernels.py"):
+    for name in (f"{op}.py", f"{op}_kernels.py", *KERNEL_MATH_ALSO.get(op, ())):
         path = KERNELS_DIR / name
         if not path.exists():
             continue

@@ -188,7 +188,7 @@ class Engine:
                 self.notes["fuse_dropout"] = (f"residual dropout p={cfg.dropout} inside the fused residual-norm "
                                               "(mask from Philox, redrawn in the backward)")
         if self.fuse_residual_norm:
-            self.model.add_norm = FusedAddNorm(self.model, norm_out, dropout)
+            self.model.add_norm = FusedAddNorm(self.model, norm_out, dropout, o.norm_dw_partials)
         return dropout
 
     def _loss(self):
@@ -339,6 +339,8 @@ class Engine:
             "bf16_weights": self.flat_param16 is not None,
             "fused_softmax": self.notes.get("softmax", "").startswith("scale"),
             "grad_into_buffer": self.grad_into > 0,
+            # Where an RMSNorm or fused residual-norm backward runs (the LayerNorm kernel's is always persistent).
+            "norm_dw_partials": o.norm_dw_partials if self.fuse_residual_norm or self.kernels["rmsnorm"] else None,
             "loss_scale": self.optimizer.loss_scale_kind(),
             "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),
         }

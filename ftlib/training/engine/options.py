@@ -31,6 +31,10 @@ DOT_PRECISIONS = ("ieee", "tf32", "tf32x3")
 # 'heads': q/k/v as (B, h, T, hs) views, the output transposed back with a copy; 'packed': the
 # kernel reads the qkv projection's output and writes (B, T, C), d(qkv) into one buffer.
 ATTENTION_LAYOUTS = ("heads", "packed")
+# How the norm backwards form their weight-gradient partials (kernels._common.DW_PARTIALS, kept equal by
+# tests/test_engine.py; not imported from there, which would import Triton): 'tile', one partial row per row
+# tile; 'persistent', a few programs per SM, each looping over its tiles into one partial row.
+NORM_DW_PARTIALS = ("tile", "persistent")
 
 _NO_VALUE = object()
 
@@ -78,6 +82,10 @@ class EngineOptions:
         False, "each Linear's backward writes its weight gradient into that weight's view of the flat gradient "
                "(one GEMM; under bf16/fp16 with an fp32 output where CUDA has it) instead of autograd adding a "
                "new tensor there (grad_into.py)")
+    norm_dw_partials: str = _option(
+        "tile", "one of NORM_DW_PARTIALS: the weight-gradient partials of the RMSNorm and fused residual-norm "
+                "backwards, one row per row tile summed by torch ('tile'), or one row per program of a grid of "
+                "a few programs per SM ('persistent')")
 
     def __post_init__(self) -> None:
         bad = []
@@ -96,6 +104,8 @@ class EngineOptions:
                 bad.append(f"{name}={v!r}; expected None or one of {DOT_PRECISIONS}")
         if self.attention_layout not in ATTENTION_LAYOUTS:
             bad.append(f"attention_layout={self.attention_layout!r}; expected one of {ATTENTION_LAYOUTS}")
+        if self.norm_dw_partials not in NORM_DW_PARTIALS:
+            bad.append(f"norm_dw_partials={self.norm_dw_partials!r}; expected one of {NORM_DW_PARTIALS}")
         for f in dataclasses.fields(self):
             if f.type == "bool" and not isinstance(getattr(self, f.name), bool):
                 bad.append(f"{f.name}={getattr(self, f.name)!r} must be True or False")

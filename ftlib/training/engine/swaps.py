@@ -131,6 +131,8 @@ class FusedAddNorm(nn.Module):
     add and the RMSNorm or LayerNorm after it, the norm's output in ``out_dtype`` (bf16 under bf16
     autocast: what the next Linear would cast it to; None: the stream's dtype).
 
+    ``dw_partials``: the backward's weight-gradient partials (:func:`kernels.residual_norm.add_norm_bwd`).
+
     ``dropout`` = (p, seed tensor, rng4): each branch's residual dropout runs inside the kernel, for a
     model whose branch dropout modules are identities (:func:`fuse_residual_dropout_`). Call site k
     of the forward (k = 1, 2, ... in the order of the adds) draws its mask with salt k; the salt is
@@ -138,10 +140,10 @@ class FusedAddNorm(nn.Module):
     """
 
     def __init__(self, model: GPT, out_dtype: torch.dtype | None,
-                 dropout: tuple[float, torch.Tensor, bool] | None = None) -> None:
+                 dropout: tuple[float, torch.Tensor, bool] | None = None, dw_partials: str = "tile") -> None:
         super().__init__()
         self.layernorm = model.config.norm == "layernorm"
-        self.out_dtype, self.dropout = out_dtype, dropout
+        self.out_dtype, self.dropout, self.dw_partials = out_dtype, dropout, dw_partials
         blocks = list(model.blocks)
         nexts = [blk.norm1 for blk in blocks[1:]] + [model.norm_f]
         order = [norm for blk, nxt in zip(blocks, nexts) for norm in (blk.norm2, nxt)]  # the adds, in order
@@ -151,7 +153,7 @@ class FusedAddNorm(nn.Module):
         from kernels.residual_norm import add_layer_norm, add_rms_norm
 
         p, seed, rng4 = self.dropout if (self.dropout is not None and self.training) else (0.0, None, False)
-        kw = dict(p=p, seed=seed, salt=self._salt[id(norm)], rng4=rng4)
+        kw = dict(p=p, seed=seed, salt=self._salt[id(norm)], rng4=rng4, dw_partials=self.dw_partials)
         if self.layernorm:
             return add_layer_norm(x, branch, norm.weight, norm.bias, norm.eps, self.out_dtype, **kw)
         return add_rms_norm(x, branch, norm.weight, norm.eps, self.out_dtype, **kw)
@@ -216,7 +218,7 @@ def swap_kernels(model: GPT, options: EngineOptions, prec: StepPrecision, info: 
 
         def norm_kernel(old: nn.Module) -> nn.Module:
             if isinstance(old, RMSNorm):
-                new = TritonRMSNorm(old.weight.shape[0], eps=old.eps)
+                new = TritonRMSNorm(old.weight.shape[0], eps=old.eps, dw_partials=options.norm_dw_partials)
             else:
                 new = TritonLayerNorm(old.weight.shape[0], bias=old.bias is not None, eps=old.eps)
                 new.bias = old.bias
