@@ -36,11 +36,12 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     import torch
 
     from ftlib.model.reference import add_layer_norm_ref, add_rms_norm_ref
+    from kernels._common import num_programs
     from kernels.residual_norm import add_layer_norm, add_rms_norm, keep_mask
     from kernels.rmsnorm import rms_norm
 
     M, N = (8192, 256) if device.type == "cuda" else (37, 256)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    sms = num_programs(device, M)  # one program per SM (a few in the interpreter): the one-per-SM grid
     ok = True
 
     # One function per case so the closures below bind its arguments, not loop variables.

@@ -27,10 +27,11 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
 
     from benchmarks.kernels.rmsnorm_rows import rms_norm_rows
     from ftlib.model.reference import rms_norm_ref
+    from kernels._common import num_programs
     from kernels.rmsnorm import rms_norm
 
     M, N = (8192, 256) if device.type == "cuda" else (37, 256)
-    sms = torch.cuda.get_device_properties(device).multi_processor_count if device.type == "cuda" else 4
+    sms = num_programs(device, M)  # one program per SM (a few in the interpreter): the one-per-SM grid
     ok = True
     # One function per case so the closures below bind its arguments, not loop variables.
     def case(dtype, tol) -> bool:
