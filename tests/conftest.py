@@ -22,6 +22,7 @@ from __future__ import annotations
 import os
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -209,3 +210,11 @@ def pytest_configure(config: pytest.Config) -> None:
     # Only where pytest prints: an xdist worker's output is not shown, its reports are replayed.
     if os.environ.get("FTLIB_TEST_PROGRESS") == "1" and not _is_xdist_worker(config):
         config.pluginmanager.register(FileProgress(config), "ftlib-file-progress")
+
+
+@pytest.fixture()
+def results_root(tmp_path, monkeypatch) -> Path:
+    """Results written under a temporary folder (FTLIB_RESULTS_DIR), never into data/results/; a module
+    that measures takes it for every test with ``pytestmark = pytest.mark.usefixtures("results_root")``."""
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
+    return tmp_path / "results"

@@ -33,10 +33,7 @@ def tiny_gpt2():
     return preset("gpt2", n_kv_head=4, **TINY)
 
 
-@pytest.fixture(autouse=True)
-def results_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
-    return tmp_path / "results"
+pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (conftest)
 
 
 def test_row_has_all_fields(tiny_ft):

@@ -39,9 +39,7 @@ def dev(kernel_device):
     return kernel_device
 
 
-@pytest.fixture(autouse=True)
-def results_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
+pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (conftest)
 
 
 def test_parameters_and_grads_are_views_into_the_flat_buffers(dev):

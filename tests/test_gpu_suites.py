@@ -35,10 +35,7 @@ _spec.loader.exec_module(gpu_bench)
 TINY = dict(n_layer=1, n_embd=32, n_head=4, block_size=8)
 
 
-@pytest.fixture(autouse=True)
-def results_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
-    return tmp_path / "results"
+pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (conftest)
 
 
 def cases(name: str) -> list[Case]:

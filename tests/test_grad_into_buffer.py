@@ -45,9 +45,7 @@ def dev(kernel_device):
     return kernel_device
 
 
-@pytest.fixture(autouse=True)
-def results_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
+pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (conftest)
 
 
 def _pair(cfg, prec: str, dev, **options) -> tuple[Engine, Engine]:

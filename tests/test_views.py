@@ -23,10 +23,7 @@ SLUG = "h200"
 DATE = "2026-12-03T10:00:00Z"
 
 
-@pytest.fixture(autouse=True)
-def results_root(tmp_path, monkeypatch):
-    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
-    return tmp_path / "results"
+pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (conftest)
 
 
 def step_row(bench: str, label: str, cfg: ModelConfig, B: int, T: int, mode: str, prec: str, ms: float,
