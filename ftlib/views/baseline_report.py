@@ -31,16 +31,21 @@ from ftlib.views.baselines import (
 )
 from ftlib.views.tables import table_view
 
+# The closing paragraphs' text where no complete run is stored.
+NO_RUNS = "No complete run of the baselines suite is stored yet: `bash ci/gpu-run --only baselines` measures it."
+# What a model-against-model ratio is taken over: one device, precision and configuration.
+MODEL_KEYS = ["device_slug", "precision", "config"]
+
 
 def model_table(df: pd.DataFrame, faster: str = "fasttransformer", slower: str = "gpt2") -> pd.DataFrame:
     """FastTransformer against GPT-2 in each configuration (same run, mode and precision), over runs."""
     per_run = model_speedups(df, faster, slower)
     if per_run.empty:
         return pd.DataFrame()
-    tab = spread(per_run, ["device_slug", "precision", "config"])
-    ms = per_run.groupby(["device_slug", "precision", "config"], sort=False).agg(
+    tab = spread(per_run, MODEL_KEYS)
+    ms = per_run.groupby(MODEL_KEYS, sort=False).agg(
         slow_ms=("median_ms_slow", "median"), fast_ms=("median_ms_fast", "median")).reset_index()
-    tab = ms.merge(tab, on=["device_slug", "precision", "config"])
+    tab = ms.merge(tab, on=MODEL_KEYS)
     return pd.DataFrame({
         "device": tab["device_slug"], "precision": tab["precision"], "configuration": tab["config"],
         f"{MODEL_NAMES[slower]} ms": tab["slow_ms"], f"{MODEL_NAMES[faster]} ms": tab["fast_ms"],
@@ -125,9 +130,8 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
 def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
     """Chapter 3's closing paragraph, per device, from the runs in ``df``."""
     if df.empty:
-        return "No complete run of the baselines suite is stored yet: `bash ci/gpu-run --only baselines` measures it."
-    per_run = model_speedups(df)
-    tab = spread(per_run, ["device_slug", "precision", "config"])
+        return NO_RUNS
+    tab = spread(model_speedups(df), MODEL_KEYS)
     eng = engine_table(df)
     parts = []
     for dev in sorted(set(df["device_slug"])):
@@ -276,9 +280,8 @@ HEADLINE_ORDER = ("fp32", "tf32", "bf16", "fp16")
 def chapter5_findings(df: pd.DataFrame) -> str:
     """Chapter 5's closing paragraph, per device: the gain per precision, the setup's effect, the inversion."""
     if df.empty:
-        return "No complete run of the baselines suite is stored yet: `bash ci/gpu-run --only baselines` measures it."
-    per_run = model_speedups(df)
-    tab = spread(per_run, ["device_slug", "precision", "config"])
+        return NO_RUNS
+    tab = spread(model_speedups(df), MODEL_KEYS)
     inv = eager_inversion(df)
     parts = []
     for dev in sorted(set(df["device_slug"])):
@@ -306,7 +309,7 @@ def chapter5_findings(df: pd.DataFrame) -> str:
 def chapter6_findings(df: pd.DataFrame) -> str:
     """Chapter 6's closing paragraph, per device: the engine against the strongest and the post's baseline."""
     if df.empty:
-        return "No complete run of the baselines suite is stored yet: `bash ci/gpu-run --only baselines` measures it."
+        return NO_RUNS
     eng, eff, room = engine_table(df), placement_effect(df), headroom(df)
     parts = []
     for dev in sorted(set(df["device_slug"])):
