@@ -30,7 +30,7 @@ PROBLEM_STATUSES = ("error", "crashed", "check_failed", "oom", "timeout")
 # a kernel start, imports and the views, plus what each measures at small sizes.
 GUESS_S = {"00": 40, "02": 30, "07": 30, "09": 90, "10": 30}  # the chapters that measure nothing (or DDP)
 _DEVICE_FIELDS = ("device", "device_name", "device_slug", "gpu")
-_ESTIMATE = re.compile(r"about \d+(?:\.\d+)? min")  # what measure() prints before it starts
+_ESTIMATE = re.compile(r"about \d+(?:\.\d+)? min")  # what a chapter prints before it measures (ChapterPlan.announce)
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
 
 
