@@ -231,15 +231,15 @@ def test_option_is_validated_documented_and_keyed_only_when_set():
         with pytest.raises(ValueError, match="grad_into_buffer"):
             Engine(FT1, B, T, "fp32", "cpu", grad_into_buffer=bad)
     assert key_items([("grad_into_buffer", True)]) == (("grad_into_buffer", True),)
-    # The engine suite is unchanged (its keys are the stored snapshot's); the lever is measured in
-    # engine_levers, each lever case beside the default case of the same model and precision.
+    # The engine suite is unchanged (its keys are the stored snapshot's); the option is measured in
+    # engine_candidates, each option's case beside the default case of the same model and precision.
     snapshot = json.loads((ROOT / "tests" / "fixtures" / "catalogue_keys.json").read_text())
     assert [c.key("engine") for c in SUITES["engine"].cases()] == snapshot["step_suites"]["engine"]
     assert not any("grad_into_buffer" in c.extra for c in SUITES["engine"].cases())
-    levers = SUITES["engine_levers"].cases()
-    on = [c for c in levers if c.extra.get("grad_into_buffer")]
+    cases = SUITES["engine_candidates"].cases()
+    on = [c for c in cases if c.extra.get("grad_into_buffer")]
     assert {(c.config.config_hash(), c.precision) for c in on} == {
-        (c.config.config_hash(), c.precision) for c in levers if "grad_into_buffer" not in c.extra}
+        (c.config.config_hash(), c.precision) for c in cases if "grad_into_buffer" not in c.extra}
     assert {c.precision for c in on} == {"bf16", "tf32"} and len(on) == 6
     assert all(c.label.endswith(" +grad-into-buffer") for c in on)
-    assert len({c.key("engine_levers") for c in levers}) == len(levers)
+    assert len({c.key("engine_candidates") for c in cases}) == len(cases)

@@ -211,20 +211,20 @@ def engine_variants() -> list[Case]:
     return cases
 
 
-def engine_levers() -> list[Case]:
+def engine_candidates() -> list[Case]:
     """Engine options built but not yet measured, each beside the default engine it would change, both
     in the same run: per precision and model (GPT-2 also with the attention kernel), the default
-    case, then one case per lever. A lever that wins becomes a default (its ablation then joins
-    ``engine``); one that loses leaves this list. Rows go to their own file, so ``engine``'s keys
+    case, then one case per candidate option. An option that wins becomes a default (its ablation then
+    joins ``engine``); one that loses leaves this list. Rows go to their own file, so ``engine``'s keys
     and chapter 6's table stay as they are.
     """
     configs = headline_models()
-    levers = [(" +grad-into-buffer", {"grad_into_buffer": True})]
+    candidates = [(" +grad-into-buffer", {"grad_into_buffer": True})]
     bases = [("fasttransformer", "fasttransformer", {}), ("gpt2", "gpt2", {}),
              ("gpt2 +flash-attn", "gpt2", {"attention_for_explicit": True})]
     return [Case(label + suffix, configs[name], HEADLINE_B, HEADLINE_T, "engine", prec, {**base, **extra})
             for prec in ("bf16", "tf32") for label, name, base in bases
-            for suffix, extra in [("", {}), *levers]]
+            for suffix, extra in [("", {}), *candidates]]
 
 
 # Suites whose compile time is not what they measure compile against shared caches
@@ -243,7 +243,7 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("ladder", ladder, "GPT-2 -> FastTransformer one change at a time, compiled (chapter 4)", SHARED_CACHE),
     Suite("grid_compile", grid_compile, "the 2^4 grid compiled (chapter 4)", SHARED_CACHE),
     Suite("engine", engine_variants, "the engine with each piece switched off (chapter 6)"),
-    Suite("engine_levers", engine_levers, "engine options not yet measured, each beside the default engine "
+    Suite("engine_candidates", engine_candidates, "engine options not yet measured, each beside the default engine "
           "in the same run (no chapter reads them)"),
 )}
 
