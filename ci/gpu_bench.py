@@ -18,7 +18,7 @@ import sys
 
 from ftlib.core.device import pick_device
 from ftlib.harness.custom_suites import known_suites, parse_suites
-from ftlib.harness.gpu_runner import MIN_BUDGET_S, RESERVE_S, collect, list_suites, plan, run, warm
+from ftlib.harness.gpu_runner import MIN_BUDGET_S, RESERVE_S, collect, list_suites, plan, run, warm, with_precisions
 from ftlib.harness.suites import SUITES
 
 
@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--only", default=None,
                     help=f"comma-separated suites (default: {','.join(n for n, s in SUITES.items() if s.default)}); "
                          f"known: {', '.join(known_suites())}")
+    ap.add_argument("--precisions", default=None,
+                    help="run, warm: only the cases in these comma-separated precisions (e.g. fp16)")
     ap.add_argument("--budget-s", type=_budget, default=540.0, help="seconds this call may take (at least 60)")
     ap.add_argument("--notebooks", default="", help="chapters to execute with papermill, e.g. 01,03")
     ap.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu")
@@ -64,6 +66,10 @@ def main(argv: list[str] | None = None) -> int:
     try:
         pick_device(args.device)
         parse_suites(args.only)
+        with_precisions([], args.precisions)  # an unknown precision is an error before anything runs
+        if args.precisions and any(n not in SUITES for n in parse_suites(args.only)):
+            raise ValueError("--precisions applies to the case suites only (gpu_bench.py list), "
+                             "not to " + ", ".join(n for n in parse_suites(args.only) if n not in SUITES))
         if args.command == "run":
             return run(args)
         if args.command == "plan":

@@ -260,3 +260,22 @@ def test_gpu_train_refuses_unknown_suites_and_uncommitted_code(monkeypatch):
     with pytest.raises(ValueError, match="not a clean commit"):
         gpu_runner.check_provenance(["train"], allow_dirty=False)
     assert "gpu_runner import check_provenance" in (root / "ci" / "gpu_train.py").read_text()
+
+
+def test_precisions_measures_only_those_cases(tmp_path, monkeypatch, clean_commit):
+    """A precision added to a suite later gets runs of its own: ``--precisions`` keeps only its cases."""
+    tiny = _tiny_baselines(monkeypatch)
+    bf = [dataclasses.replace(c, precision="bf16") for c in tiny]
+    monkeypatch.setitem(SUITES, "baselines", dataclasses.replace(SUITES["baselines"], make=lambda: tiny + bf))
+    assert gpu_runner.with_precisions(tiny + bf, "bf16") == bf
+    assert gpu_runner.with_precisions(tiny + bf, None) == tiny + bf
+    assert _run(tmp_path / "out", "--precisions", "fp32") == 0
+    assert {r["precision"] for r in ResultStore("baselines", "cpu").rows()} == {"fp32"}
+
+
+def test_precisions_refuses_unknown_names_and_custom_suites(tmp_path, capsys):
+    assert _run(tmp_path / "out", "--precisions", "fp8") == 2
+    assert "unknown fp8" in capsys.readouterr().err
+    assert gpu_bench.main(["run", "--only", "train", "--device", "cpu", "--out", str(tmp_path),
+                           "--precisions", "fp16"]) == 2
+    assert "case suites only" in capsys.readouterr().err

@@ -27,6 +27,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from ftlib.core.device import DeviceInfo, device_slug, pick_device
+from ftlib.core.precision import PRECISIONS
 from ftlib.core.repo import repo_root
 from ftlib.harness.bench.cases import Case, bench_cases
 from ftlib.harness.bench.runners import COMPILE_MODES
@@ -51,6 +52,22 @@ def _log_row(row: dict) -> None:
           f"{row['precision']:<5} {row['status']:<11} {timing}"
           f"  first {first if first is None else round(first, 1)} s  check {row.get('check_ok')}"
           + (f"  {row['error'][:160]}" if row.get("error") else ""), flush=True)
+
+
+def with_precisions(cases: list[Case], precisions: str | None) -> list[Case]:
+    """The cases in the comma-separated ``precisions`` (all of them when None).
+
+    A precision added to a suite later is measured in runs of its own: views judge a run complete
+    per (model, precision), so such a run pairs and repeats like a run of the whole suite.
+    """
+    if not precisions:
+        return cases
+    want = {p.strip() for p in precisions.split(",") if p.strip()}
+    unknown = want - set(PRECISIONS)
+    if unknown or not want:
+        raise ValueError(f"--precisions: unknown {', '.join(sorted(unknown)) or 'empty list'}; "
+                         f"known: {', '.join(PRECISIONS)}")
+    return [c for c in cases if c.precision in want]
 
 
 def check_provenance(names: list[str], allow_dirty: bool) -> str:
@@ -121,7 +138,7 @@ def _run_suite(name: str, slug: str, device, deadline: float, out: Path, args: a
     store.rows()  # an unreadable file fails here, before anything is measured
     info = DeviceInfo.detect(device)
     cases, skipped = [], {}
-    for c in suite.cases():
+    for c in with_precisions(suite.cases(), args.precisions):
         why = case_why_not(info, c)
         if why is None:
             cases.append(c)
@@ -152,7 +169,7 @@ def warm(args: argparse.Namespace) -> int:
     names = parse_suites(args.only)
     device = pick_device(args.device)
     cases = [c for n in names if n in SUITES and "isolate_modes" not in SUITES[n].options
-             for c in SUITES[n].cases() if c.mode in COMPILE_MODES]
+             for c in with_precisions(SUITES[n].cases(), args.precisions) if c.mode in COMPILE_MODES]
     # The model alone compiles to the same graph whichever optimizer runs after it: one each.
     unique: dict[tuple, Case] = {}
     for c in cases:
