@@ -324,6 +324,28 @@ else:
 #   instead: it adopts one of the post's four changes as a kernel, not as a change to the model.
 
 # %% [markdown]
+# ### Options measured, not yet defaults
+# An engine option becomes a default only when it beats the default engine of the same run by
+# more than the spread and its 100-step check (below) passes. Options built but not yet through
+# both are timed in their own suite, `engine_candidates`, each case beside the default case it
+# would change. `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option
+# does (NVIDIA/Megatron-LM, with its `fused_weight_gradient_mlp_cuda` extension): each Linear's
+# backward writes its weight gradient straight into the flat fp32 gradient buffer, one GEMM with
+# an fp32 output, instead of a GEMM, a cast and an add. The `persistent norm dw` variant in the table above is the other
+# option of this kind: the norm backwards' weight-gradient partials, one per program instead of
+# one per row tile.
+
+# %%
+cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)
+if cand_rows:
+    show_frame(engineview.candidate_table(cand_rows), digits=4,
+               preview=["device", "precision", "engine", "option", "default ms", "option ms", "delta us",
+                        "beyond spread"])
+    display(Markdown(engineview.candidate_summary(cand_rows, crows)))
+else:
+    print("not measured yet: bash ci/gpu-run --only engine_candidates")
+
+# %% [markdown]
 # ### Where the engine's step goes
 # `benchmarks/kernels/engine_probe.py` runs the engine's step uncaptured under `torch.profiler` and
 # sums the CUDA kernel time by kernel. Here that time is grouped into categories

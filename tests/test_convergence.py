@@ -340,3 +340,16 @@ def test_suite_rows_keep_the_suites_own_size():
           {"model": "not a suite model", "config_hash": full}]
     assert suite_rows("convergence", rs) == rs[:1]
     assert suite_rows("convergence", rs, smoke=True) == rs[1:2]
+
+
+def test_runs_aimed_at_a_lower_loss_do_not_replace_speedrun_runs():
+    """The record suite trains the same candidates to 1.4697; its runs of a seed must not stand in for
+    that seed's speedrun run (a longer horizon, so a slower time to 1.50, or none recorded)."""
+    from ftlib.views.speedrun import speedrun_verdict
+
+    rows = [_row(m, s, t, startup=1.0) for m, t in ((REFERENCE, 30.0), ("fast", 10.0)) for s in range(3)]
+    record = [{**_row("fast", s, None, startup=1.0), "target": 1.4697} for s in range(2)]
+    for extra in ([], record):
+        v = speedrun_verdict(rows + extra)
+        assert v["candidate"] == "fast" and v["qualified"] and v["seeds incl. startup"] == [0, 1, 2]
+        assert v["speed-up incl. startup"] == pytest.approx(3.0)

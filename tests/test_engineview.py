@@ -72,3 +72,51 @@ def test_latest_run_keeps_each_files_newest_complete_run():
     assert sorted(r["median_ms"] for r in latest_run(rows)) == [2.0, 2.5, 7.0]
 
 
+
+
+def test_a_run_of_the_whole_suite_is_complete_even_when_older_runs_held_more_cases(monkeypatch):
+    """A suite that lost cases must not leave an older, larger run in front of a newer complete one."""
+    import dataclasses
+
+    from ftlib.harness.suites import SUITES
+    from ftlib.views.engine import latest_run
+
+    two = [dataclasses.replace(c, label=lab) for c, lab in zip(SUITES["engine"].cases()[:2], ("ft", "gpt2"))]
+    monkeypatch.setitem(SUITES, "engine", dataclasses.replace(SUITES["engine"], make=lambda: two))
+
+    def row(label, ms, date, run, precision=two[0].precision):
+        return {"bench": "engine", "label": label, "precision": precision, "mode": "engine", "median_ms": ms,
+                "date": date, "run_id": run}
+
+    old = [row("ft", 3.0, "2026-01-01", "r1", two[0].precision), row("gpt2", 3.5, "2026-01-01", "r1", two[1].precision),
+           row("dropped", 4.0, "2026-01-01", "r1")]
+    new = [row("ft", 2.0, "2026-02-01", "r2", two[0].precision), row("gpt2", 2.5, "2026-02-01", "r2", two[1].precision)]
+    assert sorted(r["median_ms"] for r in latest_run(old + new)) == [2.0, 2.5]
+    assert sorted(r["median_ms"] for r in latest_run(old + new[:1])) == [3.0, 3.5, 4.0]  # r2 cut short
+
+
+@pytest.mark.parametrize("label, name", [("fasttransformer", "engine"), ("fasttransformer -rmsnorm", "-rmsnorm"),
+                                         ("fasttransformer engine -rmsnorm", "-rmsnorm"),
+                                         ("fasttransformer, 3xTF32 attention", "3xTF32 attention"),
+                                         ("gpt2 +flash-attn persistent norm dw", "+flash-attn persistent norm dw")])
+def test_variant_names_of_new_and_older_labels(label, name):
+    preset = label.split()[0].rstrip(",")
+    assert engineview.variant_name({"label": label, "preset": preset}) == name
+
+
+def test_candidates_pair_with_the_default_of_their_own_run():
+    def row(label, ms, run="r1", prec="bf16", spread=0.01):
+        return {"device_slug": "h200", "run_id": run, "precision": prec, "mode": "engine", "label": label,
+                "median_ms": ms, "p20_ms": ms - spread, "p80_ms": ms + spread, "check_ok": True}
+
+    rows = [row("ft", 2.0), row("ft +opt", 1.8), row("gpt2", 3.0), row("gpt2 +flash", 2.5),
+            row("gpt2 +flash +opt", 2.49, spread=0.05), row("ft", 1.0, run="r2")]  # r2 has no option case
+    table = engineview.candidate_table.rows(rows)
+    got = {(d["engine"], d["option"]): d for d in table}
+    assert set(got) == {("ft", "+opt"), ("gpt2 +flash", "+opt")}  # "gpt2 +flash" is a default: "+opt" extends it
+    assert got[("ft", "+opt")]["delta us"] == pytest.approx(-200) and got[("ft", "+opt")]["beyond spread"]
+    assert not got[("gpt2 +flash", "+opt")]["beyond spread"]  # 10 µs faster, inside the spread
+    checks = [{"device_slug": "h200", "extra": {"opt": True}, "ok": False}]
+    text = engineview.candidate_summary([r for r in rows if "flash" not in r["label"]], checks)
+    assert "1 of 1 cases" in text and "check failed" in text
+    assert "no 100-step check" in engineview.candidate_summary(rows, [])

@@ -25,7 +25,8 @@ from ftlib.training.trainer import Recipe
 
 ROOT = Path(__file__).resolve().parent.parent
 SNAPSHOT = json.loads((ROOT / "tests" / "fixtures" / "catalogue_keys.json").read_text())
-STEP_BENCHES = ("baselines", "engine", "grid", "grid_compile", "ladder", "tsweep", "compile_time", "compile_max")
+STEP_BENCHES = ("baselines", "engine", "engine_candidates", "grid", "grid_compile", "ladder", "tsweep", "compile_time",
+                "compile_max")
 
 
 def _stored() -> list[tuple[str, dict]]:

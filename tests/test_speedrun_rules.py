@@ -184,3 +184,16 @@ def test_p_value_uses_the_whole_split_loss_where_every_seed_has_it():
     rows[0]["full_val_loss_at_target"] = None  # one seed without it: back to the sampled estimates
     (line,) = leaderboard.rows(rows, "h200", (1.5,))
     assert line["p-value from"] == "sampled estimate" and line[SIGNIFICANT] is True
+
+
+def test_the_figure_stops_each_curve_at_the_target():
+    # A run aimed at 1.4697 crosses 1.50 on its way: the race to 1.50 ends there, its later
+    # evaluations (training on, maybe overfitting) are not drawn in the figure for 1.50.
+    rows = [_run("deep", s, 1.48, 1000, t=5.0, target=1.4697) for s in range(2)]
+    for r in rows:  # on past 1.50, then rising
+        r["history"] += [{"step": 1000 + 100 * i, "tokens": (1000 + 100 * i) * B * T, "time_s": 7.0 + 0.5 * i,
+                          "val_loss": 1.48 + 0.05 * i} for i in range(1, 5)]
+    fig = leaderboard_figure(rows, "h200", target=1.5)
+    assert len(fig.data) == 2 * 2
+    for tr in fig.data:
+        assert len(tr.y) == 11 and tr.y[-1] == pytest.approx(1.48)  # ends at the first point at or below 1.50

@@ -216,7 +216,8 @@ def engine_candidates() -> list[Case]:
     in the same run: per precision and model (GPT-2 also with the attention kernel), the default
     case, then one case per candidate option. An option that wins becomes a default (its ablation then
     joins ``engine``); one that loses leaves this list. Rows go to their own file, so ``engine``'s keys
-    and chapter 6's table stay as they are.
+    and its table in chapter 6 stay as they are; chapter 6 shows these beside it
+    (``ftlib.views.engine.candidate_table``).
     """
     configs = headline_models()
     candidates = [(" +grad-into-buffer", {"grad_into_buffer": True})]
@@ -243,8 +244,8 @@ SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("ladder", ladder, "GPT-2 -> FastTransformer one change at a time, compiled (chapter 4)", SHARED_CACHE),
     Suite("grid_compile", grid_compile, "the 2^4 grid compiled (chapter 4)", SHARED_CACHE),
     Suite("engine", engine_variants, "the engine with each piece switched off (chapter 6)"),
-    Suite("engine_candidates", engine_candidates, "engine options not yet measured, each beside the default engine "
-          "in the same run (no chapter reads them)"),
+    Suite("engine_candidates", engine_candidates, "engine options not yet defaults, each beside the default engine "
+          "in the same run (chapter 6)"),
 )}
 
 

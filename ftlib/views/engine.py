@@ -21,6 +21,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ftlib.harness.suites import SUITES
 from ftlib.views.bench import pick, select
 from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below
 from ftlib.views.tables import table_view
@@ -41,21 +42,33 @@ def run_of(r: dict[str, Any]) -> tuple:
 def latest_run(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per results file (``bench``) and device, only the rows of its newest complete run.
 
-    A run is complete when it holds as many cases as the largest run of that file (a call cut
-    short by its time limit leaves an incomplete one). Variants are compared with the full
-    engine of their own run, never across runs.
+    A run is complete when it holds every case its suite defines now (``ftlib.harness.suites``), or,
+    where no run does or the file has no such suite, as many cases as the largest run of that file
+    (a call cut short by its time limit leaves an incomplete one; a suite that lost cases must not
+    leave its older, larger runs in front). Variants are compared with the full engine of their own
+    run, never across runs.
     """
     rows = list(rows)
     groups: dict[tuple, dict[tuple, list[dict[str, Any]]]] = {}
     for r in rows:
         groups.setdefault((r.get("bench", ""), r.get("device_slug")), {}).setdefault(run_of(r), []).append(r)
     out = []
-    for runs in groups.values():
-        size = {k: len({(r.get("label"), r.get("mode"), r.get("precision")) for r in v}) for k, v in runs.items()}
-        full = [k for k in runs if size[k] == max(size.values())]
+    for (bench, _), runs in groups.items():
+        cases = {k: {(r.get("label"), r.get("mode"), r.get("precision")) for r in v} for k, v in runs.items()}
+        want = _suite_cases(bench)
+        full = [k for k in runs if want and want <= cases[k]]
+        if not full:
+            size = {k: len(c) for k, c in cases.items()}
+            full = [k for k in runs if size[k] == max(size.values())]
         newest = max(full, key=lambda k: max(str(r.get("date", "")) for r in runs[k]))
         out += runs[newest]
     return out
+
+
+def _suite_cases(bench: str) -> set[tuple[str, str, str]]:
+    """(label, mode, precision) of every case of the suite that writes ``bench``'s rows; empty if none."""
+    suite = SUITES.get(bench)
+    return {(c.label, c.mode, c.precision) for c in suite.cases()} if suite else set()
 
 
 def _shape(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -69,10 +82,13 @@ def engine_devices(engine_rows: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def variant_name(r: dict[str, Any]) -> str:
-    """'-rmsnorm' for label 'fasttransformer engine -rmsnorm'; 'engine' for a headline row."""
+    """'-rmsnorm' for label 'fasttransformer -rmsnorm' (or, as older rows are labelled,
+    'fasttransformer engine -rmsnorm'); 'engine' for a headline row."""
     label, model = r.get("label", ""), r.get("preset") or ""
-    prefix = f"{model} engine"
-    return label[len(prefix):].strip() if label.startswith(prefix) and label != model else "engine"
+    if not model or label == model or not label.startswith(model):
+        return "engine"
+    rest = label[len(model):].lstrip(" ,")
+    return rest[len("engine"):].strip() if rest.startswith("engine ") else rest
 
 
 @table_view
@@ -100,6 +116,57 @@ def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
                                 "kernels": ", ".join((r.get("engine") or {}).get("kernels", [])) or None,
                                 "check ok": r.get("check_ok")})
     return out
+
+
+@table_view
+def candidate_table(candidate_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Engine options not yet defaults (suite ``engine_candidates``), each against the default engine
+    case of the same run, model and precision: the base is the case whose label the option's label
+    extends (a case that another extends is a default case). ``beyond spread``: the two cases' p20-p80
+    ranges do not overlap; only a win beyond the spread, with a passing 100-step check, makes an
+    option a default.
+    """
+    rows = [r for r in candidate_rows if r.get("mode") == "engine" and r.get("median_ms") is not None]
+
+    def group(r: dict[str, Any]) -> tuple:
+        return r.get("device_slug"), r.get("run_id"), r.get("precision")
+
+    out = []
+    for r in rows:
+        peers = [b for b in rows if b is not r and group(b) == group(r)]
+        same = [b for b in peers if r["label"].startswith(b["label"])]
+        if not same or any(b["label"].startswith(r["label"]) for b in peers):
+            continue  # a default case (GPT-2 with the attention kernel is one too: options extend it)
+        base = max(same, key=lambda b: len(b["label"]))
+        out.append({"device": r["device_slug"], "precision": r["precision"], "engine": base["label"],
+                    "option": r["label"][len(base["label"]):].strip(), "default ms": base["median_ms"],
+                    "option ms": r["median_ms"], "delta us": 1e3 * (r["median_ms"] - base["median_ms"]),
+                    "speed-up": base["median_ms"] / r["median_ms"],
+                    "beyond spread": bool(r["p80_ms"] < base["p20_ms"] or r["p20_ms"] > base["p80_ms"]),
+                    "check ok": r.get("check_ok"), "run": r.get("run_id")})
+    return sorted(out, key=lambda d: (d["device"], d["precision"], d["engine"], d["option"]))
+
+
+def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iterable[dict[str, Any]]) -> str:
+    """One line per device and option of :func:`candidate_table`: how often it won beyond the spread,
+    by how much, and whether a 100-step check of it is stored (rows of ``engine_check`` whose
+    engine options name it) and passed."""
+    table = candidate_table.rows(candidate_rows)
+    checks = list(check_rows)
+    lines = []
+    for (dev, option) in dict.fromkeys((d["device"], d["option"]) for d in table):
+        mine = [d for d in table if (d["device"], d["option"]) == (dev, option)]
+        wins = [d for d in mine if d["beyond spread"] and d["delta us"] < 0]
+        flag = option.lstrip("+").replace("-", "_")
+        checked = [c for c in checks if c.get("device_slug") == dev and flag in (c.get("extra") or {})]
+        check = ("no 100-step check of it is stored yet" if not checked else
+                 "its 100-step check passed" if all(c.get("ok", c.get("check_ok")) for c in checked) else
+                 "its 100-step check failed")
+        lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
+        lines.append(f"* **{option}** on {dev}: faster than the default engine of the same run beyond the "
+                     f"spread in {len(wins)} of {len(mine)} cases; the step changed by {lo:+.0f} to {hi:+.0f} µs "
+                     f"({min(d['speed-up'] for d in mine):.3f}x to {max(d['speed-up'] for d in mine):.3f}x); {check}.")
+    return "\n".join(lines) or "No engine option is waiting to be measured."
 
 
 @table_view

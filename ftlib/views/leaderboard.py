@@ -222,6 +222,15 @@ LEADERBOARD_PREVIEW = ("target", "rank", "candidate", "seeds reached", "time to 
                        "speed-up vs nanoGPT", "p-value", "full-split loss at stop (mean)")
 
 
+def _until(curve: dict[str, Any], target: float) -> dict[str, Any]:
+    """A curve up to its first evaluation at or below ``target``: a run aimed at a lower loss trains
+    on past it (and may overfit), which is not part of the race to this target."""
+    hit = next((i for i, v in enumerate(curve["val_loss"]) if v <= target), None)
+    if hit is None:
+        return curve
+    return {**curve, **{k: curve[k][:hit + 1] for k in ("time_s", "tokens", "val_loss")}}
+
+
 def leaderboard_figure(rows: list[dict[str, Any]], device: str, target: float = TARGET_LOSS,
                        top: int = 5) -> go.Figure:
     """Validation loss against training time (startup excluded) and against tokens, one colour per
@@ -236,7 +245,7 @@ def leaderboard_figure(rows: list[dict[str, Any]], device: str, target: float = 
         ref = b["candidate"] == REFERENCE
         label = ("nanoGPT (reference)" if ref else f"#{b['rank']}") + f", {b['time to target s (mean)']:.2f} s"
         color = "#7f7f7f" if ref else PALETTE[i % len(PALETTE)]
-        curves = speedrun_curves(mine, [b["candidate"]])
+        curves = [_until(c, target) for c in speedrun_curves(mine, [b["candidate"]])]
         for j, c in enumerate(curves):
             for col, x in ((1, c["time_s"]), (2, c["tokens"])):
                 fig.add_trace(go.Scatter(x=x, y=c["val_loss"], mode="lines", name=label, legendgroup=label,
