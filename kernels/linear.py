@@ -81,7 +81,8 @@ def _matmul_tile_kernel(
         kk = k + rk
         a = tl.load(A + rm[:, None] * sam + kk[None, :] * sak, mask=(rm[:, None] < M) & (kk[None, :] < k1), other=0.0)
         b = tl.load(B + kk[:, None] * sbk + rn[None, :] * sbn, mask=(kk[:, None] < k1) & (rn[None, :] < N), other=0.0)
-        acc = tl.dot(a, b, acc, input_precision=PREC)
+        # out_dtype named: where Triton's default is fp32 whatever acc is, an fp64 acc fails to compile.
+        acc = tl.dot(a, b, acc, input_precision=PREC, out_dtype=CD)
     if HAS_BIAS:
         if s == 0:
             acc += tl.load(BIAS + rn, mask=rn < N, other=0.0)[None, :]

@@ -89,8 +89,10 @@ class FlatOptimizer:
         param_groups = [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
         if device.type == "cuda":
             # The best capturable PyTorch AdamW: one fused kernel per group, step on the device
-            # (what the benchmark's cudagraph mode uses).
-            self.torch_adamw = torch.optim.AdamW(param_groups, lr=lr, betas=betas, eps=eps, fused=True,
+            # (what the benchmark's cudagraph mode uses). Its lr is a device tensor too: a float lr
+            # would be baked into the captured graph, and a schedule must reach every replay.
+            lr_t = torch.tensor(lr, dtype=torch.float32, device=device)
+            self.torch_adamw = torch.optim.AdamW(param_groups, lr=lr_t, betas=betas, eps=eps, fused=True,
                                                  capturable=True)
             self.name = "adamw-fused-capturable"
         else:
@@ -155,14 +157,18 @@ class FlatOptimizer:
                     v.zero_()  # step, exp_avg, exp_avg_sq
 
     def set_lr(self, lr: float, captured: bool) -> None:
-        """Change the learning rate; a captured graph reads the kernel's on its next replay."""
+        """Change the learning rate; a captured graph reads it (a device tensor) on its next replay."""
         if self.torch_adamw is None:
             self.lr_t.fill_(lr)
             return
-        if captured:  # torch's AdamW takes a float lr: the capture baked it into the graph
-            raise RuntimeError("set_lr after capture needs the adamw kernel (its lr is a device tensor)")
         for g in self.torch_adamw.param_groups:
-            g["lr"] = lr
+            if torch.is_tensor(g["lr"]):  # CUDA: filled in place, where the captured step reads it
+                g["lr"].fill_(lr)
+            elif captured:  # a float lr was baked into the graph at capture
+                raise RuntimeError("set_lr after capture needs a device-tensor lr (the adamw kernel's, or "
+                                   "torch's fused AdamW on CUDA)")
+            else:
+                g["lr"] = lr
 
     def loss_scale_state(self) -> dict[str, Any] | None:
         """fp16: the loss scaler's scale and clean-step count now (host values: syncs); else None."""
