@@ -183,6 +183,9 @@ show_frame(sv.t4_projection(source=False), caption=sv.PROJECTION)
 
 # %%
 display(Markdown(br.chapter5_findings(runs)))
+for dev in devices(ok_rows("tsweep", include_cpu=MEASURE)):
+    display(Markdown("\n".join(f"- {line}" for line in sv.sweep_findings(
+        sv.sweep_rows(dev, include_cpu=MEASURE, tokens=TOKENS, **SMALL), dev))))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

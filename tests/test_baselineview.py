@@ -59,8 +59,8 @@ def test_incomplete_runs_and_uncommitted_code_are_left_out():
     (0.80, 0.95, 3, 2, "slower"),
     (0.99, 1.01, 3, 2, "ties"),
     (0.90, 1.10, 3, 2, "no verdict: the runs disagree"),
-    (1.10, 1.30, 2, 2, "too few runs (2 runs, 2 machine starts)"),
-    (1.10, 1.30, 3, 1, "too few runs (3 runs, 1 machine starts)"),
+    (1.10, 1.30, 2, 2, "too few runs (2 runs on 2 machine starts; a verdict needs 3 on 2)"),
+    (1.10, 1.30, 3, 1, "too few runs (3 runs on 1 machine start; a verdict needs 3 on 2)"),
 ])
 def test_a_verdict_needs_every_run_on_one_side_and_enough_runs(lo, hi, runs, machines, want):
     assert bv.verdict(lo, hi, runs, machines) == want

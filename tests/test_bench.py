@@ -225,3 +225,11 @@ def test_check_ok_is_false_when_a_mode_disagrees_with_eager(tiny_ft, factor, mon
         assert row["check_ok"] is True and row["check_rel_err"] <= row["check_rtol"]
     else:
         assert row["check_ok"] is False and row["check_rel_err"] == pytest.approx(0.01, rel=1e-3)
+
+
+def test_an_isolated_case_belongs_to_the_run_that_started_it(tmp_path):
+    """Views pair rows within a run: a case measured in a child process must carry its parent's run."""
+    from ftlib.harness.bench.isolated import cold_cache_env
+    from ftlib.harness.provenance import run_id
+
+    assert cold_cache_env(tmp_path)["FTLIB_RUN_ID"] == run_id()

@@ -42,11 +42,17 @@ def write(*rows: dict, slug: str = SLUG) -> None:
         ResultStore(r["bench"], slug).append(r)
 
 
-def sweep_pair(T: int, g_ms: float, f_ms: float, mode: str = "compile-ro", prec: str = "fp32") -> list[dict]:
+def sweep_pair(T: int, g_ms: float, f_ms: float, mode: str = "compile-ro", prec: str = "fp32",
+               run: str = "r0", machine: str = "m0") -> list[dict]:
     B = 8192 // T
-    return [step_row("tsweep", m, sweep_config, B, T, mode, prec, ms)
+    return [step_row("tsweep", m, sweep_config, B, T, mode, prec, ms, run_id=run, machine_id=machine)
             for m, ms in (("gpt2", g_ms), ("fasttransformer", f_ms))
             for sweep_config in [sweepview.sweep_config(m, T)]]
+
+
+def three_runs(make, *args, **kw) -> list[dict]:
+    """The same pair measured in 3 runs on 2 machine starts: enough for a verdict."""
+    return [r for i in range(3) for r in make(*args, run=f"r{i}", machine=f"m{i % 2}", **kw)]
 
 
 # ------------------------------------------------------------------ chapter 5: the T sweep
@@ -134,9 +140,16 @@ def _claim(rows: list[dict], start: str) -> dict:
 
 @pytest.mark.parametrize("g_ms,verdict", [(16.0, "holds on H200 only"), (12.0, "does not hold")])
 def test_audit_T128_claim_from_tsweep_rows(g_ms, verdict):
-    write(*sweep_pair(128, g_ms, 10.0), *sweep_pair(128, 30.0, 10.0, prec="tf32"))  # tf32 must not count
+    write(*three_runs(sweep_pair, 128, g_ms, 10.0), *sweep_pair(128, 30.0, 10.0, prec="tf32"))  # tf32 must not count
     row = _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")
-    assert row["verdict"] == verdict and f"{g_ms / 10:.2f}x" in row["book finds"]
+    assert row["verdict"] == verdict and f"{g_ms / 10:.2f}x (3 runs" in row["book finds"]
+    assert "on 2 machine starts" in row["book finds"]
+
+
+def test_audit_T128_claim_from_one_run_shows_it_without_a_verdict():
+    write(*sweep_pair(128, 16.0, 10.0), *sweep_pair(128, 12.0, 10.0, run="r1", machine="m0"))
+    row = _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")
+    assert row["verdict"] == "too few runs" and "(2 runs, 1.20–1.60x on 1 machine start)" in row["book finds"]
 
 
 def test_audit_T128_claim_without_rows_says_how_to_measure():
@@ -152,11 +165,18 @@ def test_audit_compile_time_claim_uses_compile_time_rows_first():
     assert _claim(audit.audit_table.rows(SLUG), "first step (compile)")["verdict"] == "cannot test here"
     write(*fig1)  # a first step inside a warm process is not the compile time a user meets
     assert _claim(audit.audit_table.rows(SLUG), "first step (compile)")["verdict"] == "cannot test here"
-    write(step_row("compile_time", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=20.0),
-          step_row("compile_time", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=5.0))
+    def pair(run, machine):
+        return [step_row("compile_time", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=20.0,
+                         run_id=run, machine_id=machine),
+                step_row("compile_time", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0,
+                         first_step_s=5.0, run_id=run, machine_id=machine)]
+
+    write(*pair("r0", "m0"))
+    assert _claim(audit.audit_table.rows(SLUG), "first step (compile)")["verdict"] == "too few runs"  # 1 run
+    write(*pair("r1", "m1"), *pair("r2", "m0"))
     row = _claim(audit.audit_table.rows(SLUG), "first step (compile)")
     assert row["verdict"] == "holds on H200 only" and row["from"].startswith("compile_time")  # 4.0x
-    assert "20.0 s -> 5.0 s" in row["book finds"]
+    assert "20.0 s -> 5.0 s: 4.0x (3 runs" in row["book finds"]
 
 
 def profile_row(name: str, prec: str, backend: str, step_ms: float = 10.0, mode: str = "eager") -> dict:
@@ -302,3 +322,13 @@ def test_audit_compiler_ceiling_from_the_repeated_baselines_runs():
     assert "0.82× (0.78–0.86× over runs)" in ceiling[0]["book finds"] and "107.21" in ceiling[0]["post says"]
     speedup = _claim(audit.audit_table.rows(SLUG), "FastTransformer over GPT-2, compiled, fp32 (the post's setup")
     assert speedup["verdict"] == "does not hold" and speedup["book finds"].startswith("1.00×")  # 10 vs 10 ms
+
+
+def test_sweep_findings_name_the_ends_of_the_sweep_and_the_runs_behind_them():
+    rows = [*sweep_pair(128, 16.0, 10.0), *sweep_pair(4096, 11.0, 10.0)]
+    write(*rows)
+    (line,) = sweepview.sweep_findings(sweepview.sweep_rows(SLUG), SLUG)
+    assert "1.60× at T=128 and 1.10× at T=4096" in line and "1 run on 1 machine start, too few" in line
+    write(*three_runs(sweep_pair, 128, 16.0, 10.0))
+    (line,) = sweepview.sweep_findings(sweepview.sweep_rows(SLUG), SLUG)
+    assert line.endswith("3 runs on 2 machine starts.")

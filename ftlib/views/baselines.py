@@ -148,7 +148,8 @@ def speedups(df: pd.DataFrame, mode: str = "engine", optimizer: str = "default")
 def verdict(lo: float, hi: float, n_runs: int, n_machines: int) -> str:
     """'faster', 'slower' or 'ties' when every run agrees (and there are enough of them)."""
     if n_runs < MIN_RUNS or n_machines < MIN_MACHINES:
-        return f"too few runs ({n_runs} runs, {n_machines} machine starts)"
+        return (f"too few runs ({n_runs} run{'s' * (n_runs != 1)} on {n_machines} machine "
+                f"start{'s' * (n_machines != 1)}; a verdict needs {MIN_RUNS} on {MIN_MACHINES})")
     if 1 - TIE_BAND <= lo and hi <= 1 + TIE_BAND:
         return "ties"
     if lo > 1:

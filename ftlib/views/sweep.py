@@ -61,6 +61,47 @@ def sweep_table(rows: Iterable[dict], precision: str = "fp32", mode: str = "comp
     return out
 
 
+def run_ratios(rows: Iterable[dict], field: str, **match: Any) -> pd.DataFrame:
+    """GPT-2's ``field`` over FastTransformer's, per run: rows of one ``run_id`` paired only with each
+    other (rows stored before runs were recorded are left out). Columns run_id, machine_id, ratio."""
+    recs = [{"run_id": r["run_id"], "machine_id": r.get("machine_id"), "label": r["label"], "v": r[field]}
+            for r in rows if r.get("run_id") and r.get(field) is not None
+            and all(r.get(k) == v for k, v in match.items())]
+    if not recs:
+        return pd.DataFrame(columns=["run_id", "machine_id", "ratio"])
+    wide = pd.DataFrame(recs).pivot_table(index=["run_id", "machine_id"], columns="label", values="v",
+                                          aggfunc="median")
+    if not set(MODELS) <= set(wide.columns):
+        return pd.DataFrame(columns=["run_id", "machine_id", "ratio"])
+    wide = wide.dropna(subset=list(MODELS))
+    return (wide["gpt2"] / wide["fasttransformer"]).rename("ratio").reset_index()
+
+
+def sweep_findings(rows: Iterable[dict], device: str) -> list[str]:
+    """Chapter 5's findings on the T sweep of one device: per precision under reduce-overhead, the
+    speed-up at the shortest and longest T, and at T=128 against the post's claim, with how many
+    runs stand behind it (a verdict needs as many as the baselines' do)."""
+    from ftlib.views.baselines import MIN_MACHINES, MIN_RUNS
+
+    rows = list(rows)
+    out = []
+    for prec in ("fp32", "tf32"):
+        table = [r for r in sweep_table.rows(rows, prec, "compile-ro") if r["speed-up"]]
+        if not table:
+            continue
+        lo, hi = table[0], table[-1]
+        per_run = run_ratios(rows, "median_ms", T=lo["T"], precision=prec, mode="compile-ro")
+        n, m = len(per_run), per_run["machine_id"].nunique() if len(per_run) else 0
+        enough = n >= MIN_RUNS and m >= MIN_MACHINES
+        line = (f"{device}, {prec}, reduce-overhead: FastTransformer over GPT-2 is {lo['speed-up']:.2f}× at "
+                f"T={lo['T']} and {hi['speed-up']:.2f}× at T={hi['T']}, at {TOKENS:,} tokens per step")
+        if prec == "fp32" and lo["T"] == 128:
+            line += f" (the post claims {POST_CLAIMED['speedup_T128']}× at T=128 on its T4)"
+        out.append(line + (f"; {n} run{'s' * (n != 1)} on {m} machine start{'s' * (m != 1)}"
+                           + ("." if enough else f", too few for a verdict ({MIN_RUNS} on {MIN_MACHINES} needed).")))
+    return out
+
+
 @table_view
 def t4_projection(Ts: Sequence[int] = SWEEP_T, tokens: int = TOKENS, source: bool = True) -> list[dict[str, Any]]:
     """Per T: the roofline floor of each model's step on the post's T4 and their ratio (a projection)."""

@@ -23,6 +23,7 @@ import torch
 from ftlib.core.device import pick_device
 from ftlib.core.repo import repo_root
 from ftlib.harness.bench.step import base_row, bench_step, resolve_config
+from ftlib.harness.provenance import run_id
 from ftlib.model.config import ModelConfig
 
 
@@ -32,6 +33,8 @@ def cold_cache_env(cache_dir: str | Path) -> dict[str, str]:
     root = str(repo_root())
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     env.update(
+        # The child's rows belong to this process's run: views pair rows within a run.
+        FTLIB_RUN_ID=run_id(),
         TORCHINDUCTOR_CACHE_DIR=str(cache_dir),
         TRITON_CACHE_DIR=str(Path(cache_dir) / "triton"),
         TORCHINDUCTOR_FX_GRAPH_CACHE="0",
