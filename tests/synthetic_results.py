@@ -81,6 +81,16 @@ def write_engine_rows(root: Path) -> None:
 
 
 ALT_GPT2_TF32_MS = 4.2
+# An engine option not yet a default (suite engine_candidates): the default case and the option's, one run.
+CANDIDATE_MS = {"fasttransformer": 1.74, "fasttransformer +grad-into-buffer": 1.60}
+
+
+def write_candidate_rows(root: Path) -> None:
+    store = ResultStore("engine_candidates", SLUG, root)
+    for label, ms in CANDIDATE_MS.items():
+        extra = {"run": "c1", **({"grad_into_buffer": True} if "+" in label else {})}
+        store.append({**_step_row("engine_candidates", "fasttransformer", "bf16", "engine", ms, label=label,
+                                  extra=extra), "run_id": "c1"})
 
 
 def write_probe_rows(root: Path) -> None:
@@ -167,6 +177,7 @@ def write_kernel_rows(root: Path) -> None:
 def write_all(root: Path) -> Path:
     write_step_rows(root)
     write_engine_rows(root)
+    write_candidate_rows(root)
     write_probe_rows(root)
     write_check_rows(root)
     write_kernel_rows(root)
