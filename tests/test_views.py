@@ -142,14 +142,16 @@ def _claim(rows: list[dict], start: str) -> dict:
 def test_audit_T128_claim_from_tsweep_rows(g_ms, verdict):
     write(*three_runs(sweep_pair, 128, g_ms, 10.0), *sweep_pair(128, 30.0, 10.0, prec="tf32"))  # tf32 must not count
     row = _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")
-    assert row["verdict"] == verdict and f"{g_ms / 10:.2f}x (3 runs" in row["book finds"]
+    assert row["verdict"] == verdict and row["book finds"].startswith(f"{g_ms / 10:.2f}x, ")
+    assert "(3 runs" in row["book finds"]
     assert "on 2 machine starts" in row["book finds"]
 
 
 def test_audit_T128_claim_from_one_run_shows_it_without_a_verdict():
     write(*sweep_pair(128, 16.0, 10.0), *sweep_pair(128, 12.0, 10.0, run="r1", machine="m0"))
     row = _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")
-    assert row["verdict"] == "too few runs" and "(2 runs, 1.20–1.60x on 1 machine start)" in row["book finds"]
+    assert row["verdict"] == "too few runs"
+    assert "tok/s on h200 (2 runs, 1.20–1.60x on 1 machine start)" in row["book finds"]
 
 
 def test_audit_T128_claim_without_rows_says_how_to_measure():

@@ -59,11 +59,11 @@ def _range_verdict(lo: float, hi: float, claimed: float, runs: int, machines: in
     return "no verdict: the runs disagree"
 
 
-def _runs_text(per_run: pd.DataFrame, digits: int = 2) -> str:
-    """The median ratio over runs, its range, and how many runs on how many machine starts."""
+def _runs_text(per_run: pd.DataFrame, digits: int = 2, between: str = "") -> str:
+    """The median ratio over runs, ``between``, then its range and how many runs on how many machine starts."""
     r, n, m = per_run["ratio"], len(per_run), per_run["machine_id"].nunique()
     spread = f", {r.min():.{digits}f}–{r.max():.{digits}f}x" if n > 1 else ""
-    return (f"{r.median():.{digits}f}x ({n} run{'s' * (n != 1)}{spread} on {m} machine start"
+    return (f"{r.median():.{digits}f}x{between} ({n} run{'s' * (n != 1)}{spread} on {m} machine start"
             f"{'s' * (m != 1)})")
 
 
@@ -172,7 +172,7 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
     if at128 and len(per_run):
         out.append(_row("speed-up at T=128 (8,192 tokens/step, fp32, compiled reduce-overhead)",
                         f"{claimed}x ({POST_CLAIMED['tokens_per_s_T128']:,} tok/s)",
-                        f"{_runs_text(per_run)} ({at128['fasttransformer tokens/s']:,.0f} tok/s) on {device}",
+                        _runs_text(per_run, between=f", {at128['fasttransformer tokens/s']:,.0f} tok/s on {device}"),
                         _runs_verdict(per_run, claimed), "tsweep suite"))
     else:
         out.append(_row("speed-up at T=128 (8,192 tokens/step, fp32, compiled reduce-overhead)", f"{claimed}x",
