@@ -16,7 +16,7 @@ from ftlib import preset
 from ftlib.harness.studies import REFERENCE
 from ftlib.training.data import load_tinyshakespeare
 from ftlib.training.trainer import Recipe, full_split_loss, train
-from ftlib.views.leaderboard import SIGNIFICANT, findings, leaderboard, leaderboard_figure, p_value
+from ftlib.views.leaderboard import SIGNIFICANT, findings, leaderboard, leaderboard_figure, p_value, seed_stops
 from ftlib.views.tables import MISSING, table_bundle
 
 TINY = dict(n_layer=1, n_embd=32, n_head=4, n_kv_head=1, block_size=16)
@@ -197,3 +197,14 @@ def test_the_figure_stops_each_curve_at_the_target():
     assert len(fig.data) == 2 * 2
     for tr in fig.data:
         assert len(tr.y) == 11 and tr.y[-1] == pytest.approx(1.48)  # ends at the first point at or below 1.50
+
+
+def test_a_seed_run_again_for_a_lower_target_is_one_sample():
+    # The record suite re-runs a candidate's seeds aimed at 1.4697; for 1.50 each seed counts once,
+    # from the run aimed at 1.50, or the lower-aimed run where the seed has no other.
+    rows = [_run("c", s, 1.49, 1000, t=3.0) for s in range(2)]
+    rows += [_run("c", s, 1.46, 2000, t=9.0, target=1.4697) for s in range(3)]
+    (line,) = leaderboard.rows(rows, "h200", (1.5,))
+    assert line["seeds reached"] == "3/3"
+    stops = seed_stops(rows, 1.5)
+    assert sorted(stops["seed"]) == [0, 1, 2] and (stops.set_index("seed")["step"][:2] == 1000).all()
