@@ -26,6 +26,7 @@ import triton
 
 from kernels._common import check_tensor, compute_dtype, interpret_mode, same_device
 from kernels.attention_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_fwd_kernel
+from kernels.kv_split_sum import kv_split_sum
 from kernels.tiles import TILE_CANDIDATES, Tiles, launch_tiled, tiles_to_try
 
 LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2 e), exp2 is the fast unit
@@ -140,6 +141,7 @@ def attention_bwd(
     sm_scale: float | None = None, input_precision: str = "ieee", block_m: int | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
     dq_out: torch.Tensor | None = None, dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None,
+    fuse_kv_split_sum: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for o, lse = attention_fwd(q, k, v, ...); dk, dv have k's shape (B, nkv, T, hs).
 
@@ -147,6 +149,9 @@ def attention_bwd(
     d(qkv) buffer); dq is written in place by the kernel, dk/dv (small for MQA) are copied in.
     Tiles as in :func:`attention_fwd`, chosen per kernel when not given (the dK/dV kernel holds
     the most in shared memory and may get smaller tiles than the dQ kernel).
+    ``fuse_kv_split_sum``: where the dK/dV kernel is split over query heads (MQA/GQA), sum its
+    partials, cast and write them into dk/dv in one launch (:mod:`kernels.kv_split_sum`) instead
+    of PyTorch's sum, cast and copy for each of dK and dV.
     """
     _check_qkv(q, k, v, input_precision)
     check_tensor("do", do, dtypes=(q.dtype,), ndim=4, contiguous=False)
@@ -191,6 +196,11 @@ def attention_bwd(
     launch_tiled("bwd_dq", launch_dq, order, key)
     key, order = tiles_to_try("bwd_dkdv", hs, q.dtype, T, q.device, explicit)
     dk, dv, n_split = launch_tiled("bwd_dkdv", launch_dkdv, order, key)
+    if n_split > 1 and fuse_kv_split_sum:
+        # (B, nkv * n_split, T, hs) partials -> (B, nkv, T, hs), written through the destination's strides
+        dk_dst = torch.empty((B, nkv, T, hs), dtype=k.dtype, device=k.device) if dk_out is None else dk_out
+        dv_dst = torch.empty((B, nkv, T, hs), dtype=v.dtype, device=v.device) if dv_out is None else dv_out
+        return (dq, *kv_split_sum(dk, dv, dk_dst, dv_dst))
     if n_split > 1:
         # (B, nkv * n_split, T, hs) partial sums over the query heads' split -> (B, nkv, T, hs)
         dk = dk.view(B, nkv, n_split, T, hs).sum(2).to(k.dtype)
@@ -207,26 +217,30 @@ class FlashAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
-                input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
+                input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
+                fuse_kv_split_sum: bool = False) -> torch.Tensor:
         o, lse = attention_fwd(q, k, v, sm_scale, input_precision, block_m, block_n)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.cfg = (sm_scale, input_precision, block_m, block_n)
+        ctx.fuse_kv_split_sum = fuse_kv_split_sum
         return o
 
     @staticmethod
     def backward(ctx, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, *ctx.cfg)
-        return dq, dk, dv, None, None, None, None
+        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, *ctx.cfg, fuse_kv_split_sum=ctx.fuse_kv_split_sum)
+        return dq, dk, dv, None, None, None, None, None
 
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
     input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
+    fuse_kv_split_sum: bool = False,
 ) -> torch.Tensor:
     """Causal attention through the fused kernels; q (B, nh, T, hs), k/v (B, nkv, T, hs).
-    Blocks None: each kernel's tiles chosen from the device's shared memory (:func:`choose_tiles`)."""
-    return FlashAttentionFunction.apply(q, k, v, sm_scale, input_precision, block_m, block_n)
+    Blocks None: each kernel's tiles chosen from the device's shared memory (:func:`choose_tiles`).
+    ``fuse_kv_split_sum``: as in :func:`attention_bwd`."""
+    return FlashAttentionFunction.apply(q, k, v, sm_scale, input_precision, block_m, block_n, fuse_kv_split_sum)
 
 
 def _packed_views(t: torch.Tensor, n_head: int, n_kv_head: int, head_size: int):
@@ -251,50 +265,56 @@ class PackedAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
-                block_m: int | None = None, block_n: int | None = None) -> torch.Tensor:
+                block_m: int | None = None, block_n: int | None = None, fuse_kv_split_sum: bool = False
+                ) -> torch.Tensor:
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
         y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
         o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
         _, lse = attention_fwd(q, k, v, None, input_precision, block_m, block_n, out=o)
         ctx.save_for_backward(qkv, y, lse)
-        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, block_m, block_n)
+        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, block_m, block_n, fuse_kv_split_sum)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qkv, y, lse = ctx.saved_tensors
-        nh, nkv, hs, prec, bm, bn = ctx.cfg
+        nh, nkv, hs, prec, bm, bn, fuse = ctx.cfg
         B, T, C = y.shape
         q, k, v = _packed_views(qkv, nh, nkv, hs)
         o = y.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view
         do = dy.contiguous().view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view
         dqkv = torch.empty_like(qkv)
         dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
-        attention_bwd(do, q, k, v, o, lse, None, prec, bm, bn, dq_out=dq, dk_out=dk, dv_out=dv)
-        return dqkv, None, None, None, None, None, None
+        attention_bwd(do, q, k, v, o, lse, None, prec, bm, bn, dq_out=dq, dk_out=dk, dv_out=dv,
+                      fuse_kv_split_sum=fuse)
+        return dqkv, None, None, None, None, None, None, None
 
 
 def packed_attention(
     qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
-    block_m: int | None = None, block_n: int | None = None,
+    block_m: int | None = None, block_n: int | None = None, fuse_kv_split_sum: bool = False,
 ) -> torch.Tensor:
-    """Causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C), heads side by side."""
+    """Causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C), heads side by side.
+    ``fuse_kv_split_sum``: as in :func:`attention_bwd`."""
     if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
                          f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
                          f"{tuple(qkv.shape)} strides {qkv.stride()}")
-    return PackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, input_precision, block_m, block_n)
+    return PackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, input_precision, block_m, block_n,
+                                         fuse_kv_split_sum)
 
 
 class TritonCausalAttention(nn.Module):
     """Thin module over :func:`flash_attention` (no parameters: the projections stay in
     :class:`ftlib.attention.CausalSelfAttention`)."""
 
-    def __init__(self, input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None
-                 ) -> None:
+    def __init__(self, input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
+                 fuse_kv_split_sum: bool = False) -> None:
         super().__init__()
         self.input_precision, self.block_m, self.block_n = input_precision, block_m, block_n
+        self.fuse_kv_split_sum = fuse_kv_split_sum
 
     def forward(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        return flash_attention(q, k, v, None, self.input_precision, self.block_m, self.block_n)
+        return flash_attention(q, k, v, None, self.input_precision, self.block_m, self.block_n,
+                               self.fuse_kv_split_sum)

@@ -220,7 +220,7 @@ def engine_candidates() -> list[Case]:
     (``ftlib.views.engine.candidate_table``).
     """
     configs = headline_models()
-    candidates = [(" +grad-into-buffer", {"grad_into_buffer": True})]
+    candidates = [(" +grad-into-buffer", {"grad_into_buffer": True}), (" +fused-kv-sum", {"fuse_kv_split_sum": True})]
     bases = [("fasttransformer", "fasttransformer", {}), ("gpt2", "gpt2", {}),
              ("gpt2 +flash-attn", "gpt2", {"attention_for_explicit": True})]
     return [Case(label + suffix, configs[name], HEADLINE_B, HEADLINE_T, "engine", prec, {**base, **extra})

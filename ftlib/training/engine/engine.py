@@ -341,6 +341,9 @@ class Engine:
             "grad_into_buffer": self.grad_into > 0,
             # Where an RMSNorm or fused residual-norm backward runs (the LayerNorm kernel's is always persistent).
             "norm_dw_partials": o.norm_dw_partials if self.fuse_residual_norm or self.kernels["rmsnorm"] else None,
+            # Only where the dK/dV kernel is split: the attention kernel on, several query heads per K/V head.
+            "fuse_kv_split_sum": (o.fuse_kv_split_sum and self.kernels["attention"]
+                                  and self.config.n_head > self.config.n_kv_head),
             "loss_scale": self.optimizer.loss_scale_kind(),
             "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),
         }

@@ -86,6 +86,10 @@ class EngineOptions:
         "tile", "one of NORM_DW_PARTIALS: the weight-gradient partials of the RMSNorm and fused residual-norm "
                 "backwards, one row per row tile summed by torch ('tile'), or one row per program of a grid of "
                 "a few programs per SM ('persistent')")
+    fuse_kv_split_sum: bool = _option(
+        False, "with the attention kernel on an MQA/GQA model: the dK/dV kernel's per-split fp32 partials summed, "
+               "cast and written into dk/dv (the packed d(qkv) views) by one kernel per layer "
+               "(kernels/kv_split_sum.py) instead of a torch sum, cast and copy for each of dK and dV")
 
     def __post_init__(self) -> None:
         bad = []

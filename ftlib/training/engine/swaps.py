@@ -66,14 +66,15 @@ class KernelCausalSelfAttention(nn.Module):
     the kernel maps query head h to K/V head h // (nh // nkv) by pointer arithmetic, so MQA/GQA needs
     no expand and no copy."""
 
-    def __init__(self, attn: CausalSelfAttention, input_precision: str, layout: str = "heads") -> None:
+    def __init__(self, attn: CausalSelfAttention, input_precision: str, layout: str = "heads",
+                 fuse_kv_split_sum: bool = False) -> None:
         super().__init__()
         from kernels.attention import TritonCausalAttention
 
         self.n_head, self.n_kv_head, self.head_size = attn.n_head, attn.n_kv_head, attn.head_size
         self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
         # Tiles chosen per kernel by the launchers from the device's shared memory (kernels.tiles).
-        self.core = TritonCausalAttention(input_precision)
+        self.core = TritonCausalAttention(input_precision, fuse_kv_split_sum=fuse_kv_split_sum)
         self.layout = layout
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -81,7 +82,8 @@ class KernelCausalSelfAttention(nn.Module):
             from kernels.attention import packed_attention
 
             y = packed_attention(self.qkv(x), self.n_head, self.n_kv_head, self.head_size,
-                                 self.core.input_precision, self.core.block_m, self.core.block_n)  # (B, T, C)
+                                 self.core.input_precision, self.core.block_m, self.core.block_n,
+                                 self.core.fuse_kv_split_sum)  # (B, T, C)
             return self.resid_dropout(self.proj(y))
         B, T, C = x.shape
         kv_dim = self.n_kv_head * self.head_size
@@ -263,7 +265,8 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
                   "(attention_precision='tf32x3' or 'ieee' selects it)")
     if not blocked("attention", reason):
         for blk in model.blocks:
-            blk.attn = KernelCausalSelfAttention(blk.attn, prec.fp32_dot, options.attention_layout)
+            blk.attn = KernelCausalSelfAttention(blk.attn, prec.fp32_dot, options.attention_layout,
+                                                 options.fuse_kv_split_sum)
         out.applied["attention"] = True
     elif options.fused_softmax and cfg.attn_impl == "explicit" and not cfg.qk_norm:
         # The explicit softmax kept, as written, with its three elementwise passes fused.
