@@ -331,7 +331,11 @@ else:
 # would change. `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option
 # does (NVIDIA/Megatron-LM, with its `fused_weight_gradient_mlp_cuda` extension): each Linear's
 # backward writes its weight gradient straight into the flat fp32 gradient buffer, one GEMM with
-# an fp32 output, instead of a GEMM, a cast and an add. The `persistent norm dw` variant in the table above is the other
+# an fp32 output, instead of a GEMM, a cast and an add. `fused-kv-sum` concerns multi-query
+# attention's backward: the dK/dV kernel is split over the query heads that share the K/V head and
+# writes one fp32 partial per split; the option sums those partials, casts them and writes them into
+# the packed gradient buffer in one kernel per layer (`kernels/kv_split_sum.py`), where PyTorch takes
+# a sum, a cast and a strided copy for each of dK and dV. The `persistent norm dw` variant in the table above is the other
 # option of this kind: the norm backwards' weight-gradient partials, one per program instead of
 # one per row tile.
 

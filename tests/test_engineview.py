@@ -106,8 +106,10 @@ def test_variant_names_of_new_and_older_labels(label, name):
 
 def test_candidates_pair_with_the_default_of_their_own_run():
     def row(label, ms, run="r1", prec="bf16", spread=0.01):
+        extra = {"run": run, **({"opt": True} if label.endswith("+opt") else {}),
+                 **({"flash": True} if "+flash" in label else {})}
         return {"device_slug": "h200", "run_id": run, "precision": prec, "mode": "engine", "label": label,
-                "median_ms": ms, "p20_ms": ms - spread, "p80_ms": ms + spread, "check_ok": True}
+                "median_ms": ms, "p20_ms": ms - spread, "p80_ms": ms + spread, "check_ok": True, "extra": extra}
 
     rows = [row("ft", 2.0), row("ft +opt", 1.8), row("gpt2", 3.0), row("gpt2 +flash", 2.5),
             row("gpt2 +flash +opt", 2.49, spread=0.05), row("ft", 1.0, run="r2")]  # r2 has no option case
@@ -116,7 +118,10 @@ def test_candidates_pair_with_the_default_of_their_own_run():
     assert set(got) == {("ft", "+opt"), ("gpt2 +flash", "+opt")}  # "gpt2 +flash" is a default: "+opt" extends it
     assert got[("ft", "+opt")]["delta us"] == pytest.approx(-200) and got[("ft", "+opt")]["beyond spread"]
     assert not got[("gpt2 +flash", "+opt")]["beyond spread"]  # 10 µs faster, inside the spread
+    assert got[("gpt2 +flash", "+opt")]["options"] == {"opt": True}  # the base's own options are not the option's
     checks = [{"device_slug": "h200", "extra": {"opt": True}, "ok": False}]
     text = engineview.candidate_summary([r for r in rows if "flash" not in r["label"]], checks)
     assert "1 of 1 cases" in text and "check failed" in text
     assert "no 100-step check" in engineview.candidate_summary(rows, [])
+    other = [{"device_slug": "h200", "extra": {"other": True}, "ok": True}]  # a check of another option
+    assert "no 100-step check" in engineview.candidate_summary(rows, other)

@@ -138,27 +138,31 @@ def candidate_table(candidate_rows: Iterable[dict[str, Any]]) -> list[dict[str, 
         if not same or any(b["label"].startswith(r["label"]) for b in peers):
             continue  # a default case (GPT-2 with the attention kernel is one too: options extend it)
         base = max(same, key=lambda b: len(b["label"]))
+        # The engine options the case sets beyond its base's: what a 100-step check of it must set too.
+        own, base_extra = r.get("extra") or {}, base.get("extra") or {}
+        options = {k: v for k, v in own.items() if k != "run" and base_extra.get(k) != v}
         out.append({"device": r["device_slug"], "precision": r["precision"], "engine": base["label"],
                     "option": r["label"][len(base["label"]):].strip(), "default ms": base["median_ms"],
                     "option ms": r["median_ms"], "delta us": 1e3 * (r["median_ms"] - base["median_ms"]),
                     "speed-up": base["median_ms"] / r["median_ms"],
                     "beyond spread": bool(r["p80_ms"] < base["p20_ms"] or r["p20_ms"] > base["p80_ms"]),
-                    "check ok": r.get("check_ok"), "run": r.get("run_id")})
+                    "check ok": r.get("check_ok"), "run": r.get("run_id"), "options": options})
     return sorted(out, key=lambda d: (d["device"], d["precision"], d["engine"], d["option"]))
 
 
 def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iterable[dict[str, Any]]) -> str:
     """One line per device and option of :func:`candidate_table`: how often it won beyond the spread,
-    by how much, and whether a 100-step check of it is stored (rows of ``engine_check`` whose
-    engine options name it) and passed."""
+    by how much, and whether a 100-step check of it is stored (rows of ``engine_check`` that set the
+    option as its cases do) and passed."""
     table = candidate_table.rows(candidate_rows)
     checks = list(check_rows)
     lines = []
     for (dev, option) in dict.fromkeys((d["device"], d["option"]) for d in table):
         mine = [d for d in table if (d["device"], d["option"]) == (dev, option)]
         wins = [d for d in mine if d["beyond spread"] and d["delta us"] < 0]
-        flag = option.lstrip("+").replace("-", "_")
-        checked = [c for c in checks if c.get("device_slug") == dev and flag in (c.get("extra") or {})]
+        options = mine[0]["options"]
+        checked = [c for c in checks if c.get("device_slug") == dev and options
+                   and all((c.get("extra") or {}).get(k) == v for k, v in options.items())]
         check = ("no 100-step check of it is stored yet" if not checked else
                  "its 100-step check passed" if all(c.get("ok", c.get("check_ok")) for c in checked) else
                  "its 100-step check failed")
