@@ -22,8 +22,8 @@ import triton.language as tl
 from kernels._common import FLOAT_DTYPES, check_tensor, compute_dtype, interpret_mode, same_device
 
 # Elements per (BLOCK_T, BLOCK_D) tile: 2,048 fp32 values (8 KB) per tensor and partial on a GPU, so
-# FT's (B=32, nkv=1, T=256, hs=64) gives 256 programs, about two per SM. Interpreter: 8 rows, so the
-# tests' short sequences span several row tiles and a partial one.
+# the FastTransformer's (B=32, nkv=1, T=256, hs=32) gives 128 programs, about one per SM of an H100
+# or H200. Interpreter: 8 rows, so the tests' short sequences span several row tiles and a partial one.
 _GPU_TILE_ELEMS, _GPU_WARPS = 2048, 4
 _CPU_BLOCK_T = 8
 
