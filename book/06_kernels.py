@@ -335,9 +335,9 @@ else:
 # attention's backward: the dK/dV kernel is split over the query heads that share the K/V head and
 # writes one fp32 partial per split; the option sums those partials, casts them and writes them into
 # the packed gradient buffer in one kernel per layer (`kernels/kv_split_sum.py`), where PyTorch takes
-# a sum, a cast and a strided copy for each of dK and dV. The `persistent norm dw` variant in the table above is the other
-# option of this kind: the norm backwards' weight-gradient partials, one per program instead of
-# one per row tile.
+# a sum, a cast and a strided copy for each of dK and dV. The `persistent norm dw` variant in the
+# table above is the other option of this kind: the norm backwards' weight-gradient partials, one
+# per program instead of one per row tile.
 
 # %%
 cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)
