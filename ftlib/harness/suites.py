@@ -233,8 +233,8 @@ def engine_candidates() -> list[Case]:
 SHARED_CACHE = {"cold_compile": False}
 
 SUITES: dict[str, Suite] = {s.name: s for s in (
-    Suite("baselines", baselines, "both models, fp32/tf32/bf16/fp16, every mode and optimizer placement, and the engine "
-          "(chapters 3, 5, 6, 7)", SHARED_CACHE, default=True),
+    Suite("baselines", baselines, "both models, fp32/tf32/bf16/fp16, every mode and optimizer placement, and the "
+          "engine (chapters 3, 5, 6, 7)", SHARED_CACHE, default=True),
     Suite("tsweep", tsweep, "T = 128..4096 at 8,192 tokens per step (chapter 5)", SHARED_CACHE, default=True),
     Suite("compile_time", compile_time, "first step from a cold process (chapter 5)",
           {"isolate_modes": ("compile", "compile-ro", "cudagraph"), "warmup": 3, "iters": 10}, default=True),
