@@ -63,22 +63,24 @@ def _kv_split_sum_kernel(DKP, DVP, DK, DV, nkv, n_split, T, HS,
     tl.store(DV + ov, acc_v.to(DV.dtype.element_ty), mask=mask)
 
 
-def _blocks(hs: int) -> tuple[int, int, int]:
-    """(BLOCK_T, BLOCK_D, num_warps) for head size ``hs``: whole rows of the head dim per tile."""
+def _blocks(hs: int, tile_elems: int | None = None) -> tuple[int, int, int]:
+    """(BLOCK_T, BLOCK_D, num_warps) for head size ``hs``: whole rows of the head dim per tile, about
+    ``tile_elems`` elements (default ``_GPU_TILE_ELEMS``; the interpreter takes ``_CPU_BLOCK_T`` rows)."""
     block_d = triton.next_power_of_2(hs)
     if interpret_mode():
         return _CPU_BLOCK_T, block_d, 1
-    return max(1, _GPU_TILE_ELEMS // block_d), block_d, _GPU_WARPS
+    return max(1, (tile_elems or _GPU_TILE_ELEMS) // block_d), block_d, _GPU_WARPS
 
 
-def kv_split_sum(dk_part: torch.Tensor, dv_part: torch.Tensor, dk_out: torch.Tensor, dv_out: torch.Tensor
-                 ) -> tuple[torch.Tensor, torch.Tensor]:
+def kv_split_sum(dk_part: torch.Tensor, dv_part: torch.Tensor, dk_out: torch.Tensor, dv_out: torch.Tensor,
+                 tile_elems: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
     """Sum the split partials of dK and dV into ``dk_out`` and ``dv_out`` in one launch; returns them.
 
     ``dk_part``, ``dv_part``: contiguous (B, nkv n_split, T, hs) fp32 (or fp64) partials, the
     split s of K/V head h at index h n_split + s (the dK/dV kernel's layout). ``dk_out``,
     ``dv_out``: (B, nkv, T, hs) of any float dtype and any strides (e.g. views of one packed
-    d(qkv) buffer); n_split = dk_part.shape[1] // nkv.
+    d(qkv) buffer); n_split = dk_part.shape[1] // nkv. ``tile_elems``: elements per program's tile on
+    a GPU (the default's, when None; ``benchmarks/kernels/kv_split_sum_dev.py`` times others).
     """
     for name, t in (("dk_part", dk_part), ("dv_part", dv_part)):
         check_tensor(name, t, dtypes=(torch.float32, torch.float64), ndim=4, contiguous=True)
@@ -98,7 +100,9 @@ def kv_split_sum(dk_part: torch.Tensor, dv_part: torch.Tensor, dk_out: torch.Ten
     n_split = nsplits // nkv
     if B * nkv * T * hs == 0:
         return dk_out, dv_out
-    block_t, block_d, num_warps = _blocks(hs)
+    if tile_elems is not None and tile_elems < 1:
+        raise ValueError(f"tile_elems must be positive, got {tile_elems}")
+    block_t, block_d, num_warps = _blocks(hs, tile_elems)
     _kv_split_sum_kernel[(triton.cdiv(T, block_t), B * nkv)](
         dk_part, dv_part, dk_out, dv_out, nkv, n_split, T, hs, *dk_out.stride(), *dv_out.stride(),
         BLOCK_T=block_t, BLOCK_D=block_d, CD=compute_dtype(dk_part.dtype), num_warps=num_warps)

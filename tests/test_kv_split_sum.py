@@ -12,6 +12,7 @@ pytest.importorskip("triton")
 import kernels.attention as attention  # noqa: E402
 from ftlib.harness.engine_check import pattern_batches  # noqa: E402
 from ftlib.model.config import preset  # noqa: E402
+from ftlib.model.reference import kv_split_sum_ref  # noqa: E402
 from ftlib.training.engine import Engine, EngineOptions  # noqa: E402
 from ftlib.training.engine.options import key_items, option_docs  # noqa: E402
 from kernels.kv_split_sum import kv_split_sum  # noqa: E402
@@ -30,8 +31,8 @@ def _partials(B, nkv, n_split, T, hs, device, seed=0):
 
 def _reference(part, nkv, n_split, out):
     """What attention_bwd does without the option: view, sum, cast, copy into the destination."""
-    B, _, T, hs = part.shape
-    return out.copy_(part.view(B, nkv, n_split, T, hs).sum(2).to(out.dtype))  # (B, nkv, T, hs)
+    assert part.shape[1] == nkv * n_split
+    return kv_split_sum_ref(part, nkv, out)
 
 
 def _packed(B, T, nh, nkv, hs, dtype, device, fill=7.0):

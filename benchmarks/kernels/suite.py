@@ -23,7 +23,7 @@ import torch
 from benchmarks.kernels._harness import BENCH, Recorder, use_interpreter
 
 DRIVERS = ("ceilings", "rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm", "bias_grad",
-           "causal_softmax")
+           "causal_softmax", "kv_split_sum")
 
 
 def run_suite(

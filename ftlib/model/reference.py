@@ -25,6 +25,7 @@ __all__ = [
     "cross_entropy_ref",
     "dropout_ref",
     "gelu_tanh_ref",
+    "kv_split_sum_ref",
     "layer_norm_ref",
     "linear_ref",
     "mlp_epilogue_ref",
@@ -132,3 +133,11 @@ def mlp_epilogue_ref(h: torch.Tensor, bias: torch.Tensor | None = None) -> torch
     if bias is not None:
         hf = hf + bias.to(hf.dtype)
     return F.gelu(hf, approximate="tanh").to(h.dtype)
+
+
+def kv_split_sum_ref(part: torch.Tensor, nkv: int, out: torch.Tensor) -> torch.Tensor:
+    """The MQA dK (or dV) split sum as ``attention_bwd`` runs it without the fused kernel: the
+    (B, nkv * n_split, T, hs) partials, split s of K/V head h at index h * n_split + s, summed over
+    the splits, cast to ``out``'s dtype and copied into ``out`` (B, nkv, T, hs), which may be a view."""
+    B, heads, T, hs = part.shape
+    return out.copy_(part.view(B, nkv, heads // nkv, T, hs).sum(2).to(out.dtype))  # (B, nkv, T, hs)
