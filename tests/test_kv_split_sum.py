@@ -127,6 +127,8 @@ def test_wrong_arguments_raise(kernel_device):
         kv_split_sum(dkp, dvp, dk[0], dv)
     with pytest.raises(ValueError, match="device"):  # a device no Triton kernel runs on
         kv_split_sum(dkp, dvp, dk, torch.empty(2, 1, 8, 16, device="meta"))
+    with pytest.raises(ValueError, match="tile_elems must be positive"):
+        kv_split_sum(dkp, dvp, dk, dv, tile_elems=0)
 
 
 def _mqa(nh, nkv, T, hs, dtype, device, seed=1):
