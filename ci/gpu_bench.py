@@ -65,11 +65,12 @@ def main(argv: list[str] | None = None) -> int:
         return list_suites(args)
     try:
         pick_device(args.device)
-        parse_suites(args.only)
+        names = parse_suites(args.only)
         with_precisions([], args.precisions)  # an unknown precision is an error before anything runs
-        if args.precisions and any(n not in SUITES for n in parse_suites(args.only)):
+        not_cases = [n for n in names if n not in SUITES]
+        if args.precisions and not_cases:
             raise ValueError("--precisions applies to the case suites only (gpu_bench.py list), "
-                             "not to " + ", ".join(n for n in parse_suites(args.only) if n not in SUITES))
+                             "not to " + ", ".join(not_cases))
         if args.command == "run":
             return run(args)
         if args.command == "plan":

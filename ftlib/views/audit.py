@@ -48,9 +48,9 @@ def _params() -> dict[str, int]:
 
 def _range_verdict(lo: float, hi: float, claimed: float, runs: int, machines: int) -> str:
     """A T4 ratio claim checked on another GPU: every run within ``TOL`` of it or above, or every run below."""
-    from ftlib.views.baselines import MIN_MACHINES, MIN_RUNS
+    from ftlib.views.baselines import enough_runs
 
-    if runs < MIN_RUNS or machines < MIN_MACHINES:
+    if not enough_runs(runs, machines):
         return "too few runs"
     if lo >= claimed * (1 - TOL):
         return "holds on H200 only"

@@ -145,11 +145,20 @@ def speedups(df: pd.DataFrame, mode: str = "engine", optimizer: str = "default")
     return out
 
 
+def enough_runs(n_runs: int, n_machines: int) -> bool:
+    """Whether a verdict may be given: at least MIN_RUNS runs on MIN_MACHINES machine starts."""
+    return n_runs >= MIN_RUNS and n_machines >= MIN_MACHINES
+
+
+def runs_on_starts(n_runs: int, n_machines: int) -> str:
+    """'1 run on 1 machine start', '3 runs on 2 machine starts'."""
+    return f"{n_runs} run{'s' * (n_runs != 1)} on {n_machines} machine start{'s' * (n_machines != 1)}"
+
+
 def verdict(lo: float, hi: float, n_runs: int, n_machines: int) -> str:
     """'faster', 'slower' or 'ties' when every run agrees (and there are enough of them)."""
-    if n_runs < MIN_RUNS or n_machines < MIN_MACHINES:
-        return (f"too few runs ({n_runs} run{'s' * (n_runs != 1)} on {n_machines} machine "
-                f"start{'s' * (n_machines != 1)}; a verdict needs {MIN_RUNS} on {MIN_MACHINES})")
+    if not enough_runs(n_runs, n_machines):
+        return f"too few runs ({runs_on_starts(n_runs, n_machines)}; a verdict needs {MIN_RUNS} on {MIN_MACHINES})"
     if 1 - TIE_BAND <= lo and hi <= 1 + TIE_BAND:
         return "ties"
     if lo > 1:

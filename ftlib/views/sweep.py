@@ -81,7 +81,7 @@ def sweep_findings(rows: Iterable[dict], device: str) -> list[str]:
     """Chapter 5's findings on the T sweep of one device: per precision under reduce-overhead, the
     speed-up at the shortest and longest T, and at T=128 against the post's claim, with how many
     runs stand behind it (a verdict needs as many as the baselines' do)."""
-    from ftlib.views.baselines import MIN_MACHINES, MIN_RUNS
+    from ftlib.views.baselines import MIN_MACHINES, MIN_RUNS, enough_runs, runs_on_starts
 
     rows = list(rows)
     out = []
@@ -92,13 +92,12 @@ def sweep_findings(rows: Iterable[dict], device: str) -> list[str]:
         lo, hi = table[0], table[-1]
         per_run = run_ratios(rows, "median_ms", T=lo["T"], precision=prec, mode="compile-ro")
         n, m = len(per_run), per_run["machine_id"].nunique() if len(per_run) else 0
-        enough = n >= MIN_RUNS and m >= MIN_MACHINES
         line = (f"{device}, {prec}, reduce-overhead: FastTransformer over GPT-2 is {lo['speed-up']:.2f}× at "
                 f"T={lo['T']} and {hi['speed-up']:.2f}× at T={hi['T']}, at {TOKENS:,} tokens per step")
         if prec == "fp32" and lo["T"] == 128:
             line += f" (the post claims {POST_CLAIMED['speedup_T128']}× at T=128 on its T4)"
-        out.append(line + (f"; {n} run{'s' * (n != 1)} on {m} machine start{'s' * (m != 1)}"
-                           + ("." if enough else f", too few for a verdict ({MIN_RUNS} on {MIN_MACHINES} needed).")))
+        enough = "." if enough_runs(n, m) else f", too few for a verdict ({MIN_RUNS} on {MIN_MACHINES} needed)."
+        out.append(f"{line}; {runs_on_starts(n, m)}{enough}")
     return out
 
 
