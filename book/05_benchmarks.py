@@ -160,8 +160,11 @@ for dev in devices(ok_rows("compile_time", include_cpu=MEASURE)) or device_folde
 # FLOPs grows with it. Chapter 6's attention kernel runs these dots in TF32.
 
 # %%
+sweeps = {}  # device -> its T-sweep rows, for the findings below
 for dev in devices(ok_rows("tsweep", include_cpu=MEASURE)) or [None]:
     sweep = sv.sweep_rows(dev, include_cpu=MEASURE, tokens=TOKENS, **SMALL) if dev else []
+    if dev:
+        sweeps[dev] = sweep
     if sweep:
         print("Measured on:", provenance_line(sweep))
     else:
@@ -183,9 +186,8 @@ show_frame(sv.t4_projection(source=False), caption=sv.PROJECTION)
 
 # %%
 display(Markdown(br.chapter5_findings(runs)))
-for dev in devices(ok_rows("tsweep", include_cpu=MEASURE)):
-    display(Markdown("\n".join(f"- {line}" for line in sv.sweep_findings(
-        sv.sweep_rows(dev, include_cpu=MEASURE, tokens=TOKENS, **SMALL), dev))))
+for dev, sweep in sweeps.items():
+    display(Markdown("\n".join(f"- {line}" for line in sv.sweep_findings(sweep, dev))))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

@@ -167,8 +167,9 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
 
     # Figure 5's caption: the T=128 point of the sweep at 8,192 tokens per step, fp32, reduce-overhead.
     claimed = POST_CLAIMED["speedup_T128"]
-    at128 = next((r for r in sweep_table.rows(sweep_rows(device)) if r["T"] == 128 and r["speed-up"]), None)
-    per_run = run_ratios(sweep_rows(device), "median_ms", T=128, precision="fp32", mode="compile-ro")
+    sweep = sweep_rows(device)
+    at128 = next((r for r in sweep_table.rows(sweep) if r["T"] == 128 and r["speed-up"]), None)
+    per_run = run_ratios(sweep, "median_ms", T=128, precision="fp32", mode="compile-ro")
     if at128 and len(per_run):
         out.append(_row("speed-up at T=128 (8,192 tokens/step, fp32, compiled reduce-overhead)",
                         f"{claimed}x ({POST_CLAIMED['tokens_per_s_T128']:,} tok/s)",
