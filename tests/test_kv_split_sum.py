@@ -168,7 +168,9 @@ def test_attention_bwd_with_the_option_equals_without(nh, forced, dtype, packed,
     (dq0, dk0, dv0), buf0 = run(False)
     assert calls == []
     (dq1, dk1, dv1), buf1 = run(True)
-    n_split = forced or 2
+    # the split attention_bwd picks itself: 2 in the interpreter, by SM count on a GPU
+    n_split = forced or attention._kv_split(2, nkv, nh // nkv, -(-T // 16), torch.device(kernel_device))
+    assert n_split > 1, "the case must exercise the split path"
     assert calls == [(2, nkv * n_split, T, hs)], "the fused sum ran once, on the split partials"
     assert dk1.dtype == dv1.dtype == dtype and dk1.shape == (2, nkv, T, hs)
     assert torch.equal(dq1, dq0)  # the dQ kernel is not touched by the option
