@@ -72,6 +72,7 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 from IPython.display import Markdown, display
 
 from ftlib.core.device import pick_device
+from ftlib.harness.results import load_rows
 from ftlib.harness.suites import baselines
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
@@ -267,6 +268,8 @@ else:
 
 # %%
 show_frame(br.engine_speedup_table(runs))
+# Rows measured before an option won its trial ran without it: said here, beside the ratios.
+display(Markdown(engineview.options_behind(load_rows("baselines"), set(runs["run_id"])) if len(runs) else ""))
 for dev in sorted(set(runs["device_slug"])):
     show(br.config_figure(runs, dev, "bf16"), f"engine-configs-bf16-{dev}")
 
@@ -324,20 +327,23 @@ else:
 #   instead: it adopts one of the post's four changes as a kernel, not as a change to the model.
 
 # %% [markdown]
-# ### Options measured, not yet defaults
+# ### How an option becomes a default
 # An engine option becomes a default only when it beats the default engine of the same run by
-# more than the spread and its 100-step check (below) passes. Options built but not yet through
-# both are timed in their own suite, `engine_candidates`, each case beside the default case it
-# would change. `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option
+# more than the spread and its 100-step check (below) passes. An option on trial is timed in its
+# own suite, `engine_candidates`, each case beside the default case it would change; once it wins,
+# it becomes a default and the engine table above shows it switched off again (`-grad-into-buffer`,
+# `-fused-kv-sum`). Two options went through this:
+# `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option
 # does (NVIDIA/Megatron-LM, with its `fused_weight_gradient_mlp_cuda` extension): each Linear's
 # backward writes its weight gradient straight into the flat fp32 gradient buffer, one GEMM with
 # an fp32 output, instead of a GEMM, a cast and an add. `fused-kv-sum` concerns multi-query
 # attention's backward: the dK/dV kernel is split over the query heads that share the K/V head and
 # writes one fp32 partial per split; the option sums those partials, casts them and writes them into
 # the packed gradient buffer in one kernel per layer (`kernels/kv_split_sum.py`), where PyTorch takes
-# a sum, a cast and a strided copy for each of dK and dV. The `persistent norm dw` variant in the
-# table above is the other option of this kind: the norm backwards' weight-gradient partials, one
-# per program instead of one per row tile.
+# a sum, a cast and a strided copy for each of dK and dV. GPT-2's multi-head attention has no split,
+# so the option changes nothing there. The `persistent norm dw` variant in the table above is an
+# option that did not win: the norm backwards' weight-gradient partials, one per program instead of
+# one per row tile. The table shows each trial; the lines under it say which options are defaults now.
 
 # %%
 cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)

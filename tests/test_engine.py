@@ -255,7 +255,8 @@ def test_grad_clip_equals_clip_grad_norm(use_kernels, dev):
 
 
 def test_bias_kernel_swaps_only_linears_with_a_bias(dev):
-    gpt = Engine(GPT4, B, T, "fp32", dev, bias_kernel=True)
+    # grad_into_buffer off: it would wrap the swapped layers (tests/test_grad_into_buffer.py covers that)
+    gpt = Engine(GPT4, B, T, "fp32", dev, bias_kernel=True, grad_into_buffer=False)
     assert type(gpt.model.blocks[0].attn.qkv).__name__ == "BiasLinear" and gpt.describe()["bias_kernel"]
     assert type(gpt.model.head).__name__ == "Linear"  # the head has no bias
     ft = Engine(FT1, B, T, "fp32", dev, bias_kernel=True)
@@ -266,7 +267,8 @@ def test_bias_kernel_swaps_only_linears_with_a_bias(dev):
     assert Engine(GPT4, B, T, "fp32", dev).describe()["bias_kernel"]
     none = Engine(GPT4, B, T, "fp32", dev, use_kernels=False)
     assert not none.describe()["bias_kernel"] and "use_kernels=False" in none.notes["bias"]
-    assert type(Engine(GPT4, B, T, "fp32", dev, bias_kernel=False).model.blocks[0].attn.qkv) is torch.nn.Linear
+    plain = Engine(GPT4, B, T, "fp32", dev, bias_kernel=False, grad_into_buffer=False)
+    assert type(plain.model.blocks[0].attn.qkv) is torch.nn.Linear
 
 
 def test_attention_kernel_runs_with_residual_dropout_but_not_attention_dropout(dev):
@@ -344,8 +346,10 @@ def test_bf16_weights_shadow_every_linear_and_train_like_the_default(dev):
     (x, y), = pattern_batches(GPT4.vocab_size, B, T, 1, seed=6)
     # lr 1e-2: a shadow one step behind would change the next step's loss by far more than 1e-3
     # The bias kernel off: its Linears keep autocast's casts (the shadow is for plain nn.Linear).
-    on = Engine(GPT4, B, T, "bf16", dev, seed=3, bias_kernel=False, lr=1e-2)  # bf16_weights on by default
-    off = Engine(GPT4, B, T, "bf16", dev, seed=3, bias_kernel=False, bf16_weights=False, lr=1e-2)
+    # grad_into_buffer off: it would wrap the shadow layers (tests/test_grad_into_buffer.py covers that).
+    plain = {"bias_kernel": False, "grad_into_buffer": False}
+    on = Engine(GPT4, B, T, "bf16", dev, seed=3, lr=1e-2, **plain)  # bf16_weights on by default
+    off = Engine(GPT4, B, T, "bf16", dev, seed=3, bf16_weights=False, lr=1e-2, **plain)
     n_linear = sum(type(m) is torch.nn.Linear for m in off.model.modules())
     assert sum(type(m).__name__ == "ShadowLinear" for m in on.model.modules()) == n_linear > 0
     assert on.describe()["bf16_weights"] and on.flat_param16.numel() == on.n_decay

@@ -36,7 +36,7 @@ GPT4 = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
 FT_TIED = FT1.replace(tie_weights=True)
 N_LINEAR = 5
 STEPS = 3
-ON = {"grad_into_buffer": True}
+ON, OFF = {"grad_into_buffer": True}, {"grad_into_buffer": False}  # on by default; OFF is the engine without it
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -50,7 +50,7 @@ pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (
 
 def _pair(cfg, prec: str, dev, **options) -> tuple[Engine, Engine]:
     # lr 1e-2: a gradient off anywhere changes the next steps' parameters far beyond rounding.
-    return (Engine(cfg, B, T, prec, dev, seed=4, lr=1e-2, **options),
+    return (Engine(cfg, B, T, prec, dev, seed=4, lr=1e-2, **OFF, **options),
             Engine(cfg, B, T, prec, dev, seed=4, lr=1e-2, **ON, **options))
 
 
@@ -229,7 +229,7 @@ def test_the_layer_checks_its_gradient_view():
 
 
 def test_option_is_validated_documented_and_keyed_only_when_set():
-    assert EngineOptions().grad_into_buffer is False
+    assert EngineOptions().grad_into_buffer is True  # a default since it won its trial (engine_candidates)
     assert "grad_into_buffer" in option_names(recipe=True) and "flat gradient" in option_docs()["grad_into_buffer"]
     for bad in (1, "yes", None):
         with pytest.raises(ValueError, match=r"grad_into_buffer=.* must be True or False"):
@@ -237,15 +237,17 @@ def test_option_is_validated_documented_and_keyed_only_when_set():
         with pytest.raises(ValueError, match="grad_into_buffer"):
             Engine(FT1, B, T, "fp32", "cpu", grad_into_buffer=bad)
     assert key_items([("grad_into_buffer", True)]) == (("grad_into_buffer", True),)
-    # The engine suite is unchanged (its keys are the stored snapshot's); the option is measured in
-    # engine_candidates, each option's case beside the default case of the same model and precision.
+    # A recipe that pins it off keeps the key of the runs stored before it was a default (they ran without it).
+    assert key_items([("grad_into_buffer", False)]) == ()
+    # The engine suite (its keys are the stored snapshot's) switches it off in its own cases, beside the
+    # default cases of the same model and precision; it is no longer on trial in engine_candidates.
     snapshot = json.loads((ROOT / "tests" / "fixtures" / "catalogue_keys.json").read_text())
-    assert [c.key("engine") for c in SUITES["engine"].cases()] == snapshot["step_suites"]["engine"]
-    assert not any("grad_into_buffer" in c.extra for c in SUITES["engine"].cases())
-    cases = SUITES["engine_candidates"].cases()
-    on = [c for c in cases if c.extra.get("grad_into_buffer")]
-    assert {(c.config.config_hash(), c.precision) for c in on} == {
-        (c.config.config_hash(), c.precision) for c in cases if "grad_into_buffer" not in c.extra}
-    assert {c.precision for c in on} == {"bf16", "tf32"} and len(on) == 6
-    assert all(c.label.endswith(" +grad-into-buffer") for c in on)
-    assert len({c.key("engine_candidates") for c in cases}) == len(cases)
+    cases = SUITES["engine"].cases()
+    assert [c.key("engine") for c in cases] == snapshot["step_suites"]["engine"]
+    off = [c for c in cases if c.extra.get("grad_into_buffer") is False]
+    defaults = {(c.config.config_hash(), c.precision) for c in cases if c.label in ("fasttransformer", "gpt2")}
+    assert {(c.config.config_hash(), c.precision) for c in off} <= defaults
+    assert {c.precision for c in off} == {"bf16", "tf32"} and len(off) == 4
+    assert all(c.label.endswith(" -grad-into-buffer") for c in off)
+    assert len({c.key("engine") for c in cases}) == len(cases)
+    assert not any("grad_into_buffer" in c.extra for c in SUITES["engine_candidates"].cases())

@@ -201,7 +201,8 @@ FT1 = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, blo
 def test_engine_trains_like_the_default(prec, kernel_device, monkeypatch):
     calls = []
     monkeypatch.setattr(attention, "kv_split_sum", lambda *a: calls.append(1) or kv_split_sum(*a))
-    engines = [Engine(FT1, B, T, prec, kernel_device, seed=4, lr=1e-2, **o) for o in ({}, {"fuse_kv_split_sum": True})]
+    engines = [Engine(FT1, B, T, prec, kernel_device, seed=4, lr=1e-2, **o)
+               for o in ({"fuse_kv_split_sum": False}, {})]  # without the option, and the default (with it)
     assert [e.describe()["fuse_kv_split_sum"] for e in engines] == [False, True]
     losses = [[], []]
     for x, y in pattern_batches(FT1.vocab_size, B, T, 3, seed=7, device=kernel_device):
@@ -216,7 +217,7 @@ def test_engine_trains_like_the_default(prec, kernel_device, monkeypatch):
 
 
 def test_option_is_validated_documented_and_keyed_only_when_set(kernel_device):
-    assert EngineOptions().fuse_kv_split_sum is False
+    assert EngineOptions().fuse_kv_split_sum is True  # a default since it won its trial (engine_candidates)
     assert "kv_split_sum" in option_docs()["fuse_kv_split_sum"]
     with pytest.raises(ValueError, match=r"fuse_kv_split_sum=1 must be True or False"):
         EngineOptions(fuse_kv_split_sum=1)

@@ -35,14 +35,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     *((prec, name, {}) for prec in ("fp32", "tf32", "bf16") for name in ("gpt2", "fasttransformer")),
     *((prec, "gpt2", {"attention_for_explicit": True}) for prec in ("tf32", "bf16")),
     ("bf16", "fasttransformer", {"norm_dw_partials": "persistent"}),
-    # grad_into_buffer under bf16 accumulates the weight gradients in fp32 instead of rounding them to
-    # bf16 first: a different (not a worse) sum, which an option must show over 100 steps before it
-    # becomes a default.
-    *((prec, "fasttransformer", {"grad_into_buffer": True}) for prec in ("tf32", "bf16")),
-    ("bf16", "gpt2", {"attention_for_explicit": True, "grad_into_buffer": True}),
-    # The fused split sum adds the dK/dV partials in a fixed order and rounds once to bf16, as the torch sum
-    # and cast do; over 100 steps it must train like the default before it becomes one.
-    ("bf16", "fasttransformer", {"fuse_kv_split_sum": True}),
+    # grad_into_buffer (under bf16 the weight gradients accumulate in fp32 instead of being rounded to
+    # bf16 first) and fuse_kv_split_sum are defaults: the default checks above train with them.
 )
 
 

@@ -14,6 +14,8 @@ The engine against the compiler is ``ftlib.views.baselines``'s: it is measured i
 
 from __future__ import annotations
 
+import ast
+import dataclasses
 import textwrap
 from collections.abc import Iterable
 from typing import Any
@@ -22,6 +24,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ftlib.harness.suites import SUITES
+from ftlib.training.engine.options import EngineOptions
 from ftlib.views.bench import pick, select
 from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below
 from ftlib.views.tables import table_view
@@ -120,7 +123,7 @@ def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
 
 @table_view
 def candidate_table(candidate_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Engine options not yet defaults (suite ``engine_candidates``), each against the default engine
+    """Engine options on trial (suite ``engine_candidates``), each against the default engine
     case of the same run, model and precision: the base is the case whose label the option's label
     extends (a case that another extends is a default case). ``beyond spread``: the two cases' p20-p80
     ranges do not overlap; only a win beyond the spread, with a passing 100-step check, makes an
@@ -152,8 +155,8 @@ def candidate_table(candidate_rows: Iterable[dict[str, Any]]) -> list[dict[str, 
 
 def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iterable[dict[str, Any]]) -> str:
     """One line per device and option of :func:`candidate_table`: how often it won beyond the spread,
-    by how much, and whether a 100-step check of it is stored (rows of ``engine_check`` that set the
-    option as its cases do) and passed."""
+    by how much, whether a 100-step check of it is stored (rows of ``engine_check`` that set the
+    option as its cases do) and passed, and whether the engine's defaults now set it so."""
     table = candidate_table.rows(candidate_rows)
     checks = list(check_rows)
     lines = []
@@ -167,9 +170,13 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
                  "its 100-step check passed" if all(c.get("ok", c.get("check_ok")) for c in checked) else
                  "its 100-step check failed")
         lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
+        now = EngineOptions()
+        default = ("a default now" if options and all(getattr(now, k, None) == v for k, v in options.items())
+                   else "not a default")
         lines.append(f"* **{option}** on {dev}: faster than the default engine of the same run beyond the "
                      f"spread in {len(wins)} of {len(mine)} cases; the step changed by {lo:+.0f} to {hi:+.0f} µs "
-                     f"({min(d['speed-up'] for d in mine):.3f}x to {max(d['speed-up'] for d in mine):.3f}x); {check}.")
+                     f"({min(d['speed-up'] for d in mine):.3f}x to {max(d['speed-up'] for d in mine):.3f}x); {check}; "
+                     f"{default}.")
     return "\n".join(lines) or "No engine option is waiting to be measured."
 
 
@@ -301,3 +308,48 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
                       title=f"Kernels per training step, by category, {device} (engine step, profiled uncaptured)",
                       xaxis_title="kernels launched per step", yaxis=dict(autorange="reversed"))
     return legend_below(fig)
+
+
+# Options that became defaults after winning their trial (suite engine_candidates): rows stored before
+# ran without them, which options_behind says beside the numbers.
+TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum")
+
+
+def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str] | None = None,
+                   names: Iterable[str] = TRIAL_WINNERS) -> str:
+    """Where stored engine rows (of ``run_ids``, if given) ran with one of ``names`` off that is on by
+    default now: one line per device and option, with the number of runs. Each row's ``engine`` field
+    is the engine's ``describe()``, which reports an option as applied, so a row of a model the option
+    cannot change (the split sum on multi-head attention) is not counted, and a row from before an option
+    existed ran without it. Empty when none did."""
+    wanted = None if run_ids is None else set(run_ids)
+    now = dataclasses.asdict(EngineOptions())
+    seen: dict[tuple[str, str], set[str]] = {}
+    for r in engine_rows:
+        if r.get("mode") != "engine" or (wanted is not None and r.get("run_id") not in wanted):
+            continue
+        ran = r.get("engine")
+        if isinstance(ran, str):
+            try:
+                ran = ast.literal_eval(ran)
+            except (ValueError, SyntaxError):
+                continue
+        if not isinstance(ran, dict):
+            continue
+        for name in names:
+            if name in (r.get("extra") or {}) or now.get(name) is not True or ran.get(name, False) is not False:
+                continue
+            if _applies(name, r):
+                seen.setdefault((r["device_slug"], name), set()).add(str(r.get("run_id")))
+    return "\n".join(
+        f"* On {dev}, the engine rows of {len(ids)} of these runs ran with `{name}` off; it is on by default "
+        f"now (its trial is in the section on engine options below)."
+        for (dev, name), ids in sorted(seen.items()))
+
+
+def _applies(name: str, row: dict[str, Any]) -> bool:
+    """Whether option ``name`` could change ``row``'s step: the split sum needs multi-query attention."""
+    cfg = row.get("config") or {}
+    if name == "fuse_kv_split_sum":
+        return cfg.get("n_kv_head", cfg.get("n_head")) != cfg.get("n_head")
+    return True

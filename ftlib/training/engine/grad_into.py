@@ -17,7 +17,7 @@ With x (M, K), W (N, K) fp32 master, b (N,), dy (M, N), G the weight's (N, K) vi
               dW = None                           AccumulateGrad is still reached, with nothing to add
 
 fp32 and tf32: ``torch.mm(..., out=G)`` is the GEMM autograd runs for ``F.linear`` (its mm backward
-computes ``dy^T x`` for a weight stored (N, K)), so G holds bit for bit what the default path adds
+computes ``dy^T x`` for a weight stored (N, K)), so G holds bit for bit what autograd's path (the option off) adds
 into a zeroed view. bf16 / fp16 autocast: on CUDA ``torch.mm(dy16^T, x16, out_dtype=torch.float32,
 out=G)`` (cuBLAS with bf16 operands and an fp32 output: the cast kernel goes too, and dW is no
 longer rounded to bf16 before it reaches fp32); where that overload has no kernel (the CPU) the

@@ -79,17 +79,17 @@ class EngineOptions:
     fused_softmax: bool = _option(
         True, "for explicit attention kept as written: scale, causal mask and softmax in one kernel each way")
     grad_into_buffer: bool = _option(
-        False, "each Linear's backward writes its weight gradient into that weight's view of the flat gradient "
+        True, "each Linear's backward writes its weight gradient into that weight's view of the flat gradient "
                "(one GEMM; under bf16/fp16 with an fp32 output where CUDA has it) instead of autograd adding a "
-               "new tensor there (grad_into.py)")
+               "new tensor there (grad_into.py)", keyless=False)
     norm_dw_partials: str = _option(
         "tile", "one of NORM_DW_PARTIALS: the weight-gradient partials of the RMSNorm and fused residual-norm "
                 "backwards, one row per row tile summed by torch ('tile'), or one row per program of a grid of "
                 "a few programs per SM ('persistent')")
     fuse_kv_split_sum: bool = _option(
-        False, "with the attention kernel on an MQA/GQA model: the dK/dV kernel's per-split fp32 partials summed, "
+        True, "with the attention kernel on an MQA/GQA model: the dK/dV kernel's per-split fp32 partials summed, "
                "cast and written into dk/dv (the packed d(qkv) views) by one kernel per layer "
-               "(kernels/kv_split_sum.py) instead of a torch sum, cast and copy for each of dK and dV")
+               "(kernels/kv_split_sum.py) instead of a torch sum, cast and copy for each of dK and dV", keyless=False)
 
     def __post_init__(self) -> None:
         bad = []
