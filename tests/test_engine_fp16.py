@@ -65,7 +65,9 @@ def test_inf_gradient_skips_the_step_and_halves_the_scale_in_both(use_kernels):
     scaler = grad_scaler("fp16", "cpu", cfgs)
     eng = Engine(cfg, B, T, "fp16", "cpu", use_kernels=use_kernels, seed=0, grad_clip=1.0, loss_scale=cfgs)
     inject = {"on": False}
-    for p in (ref.head.weight, eng.model.head.weight):  # an inf gradient of one weight, at bad_step only
+    # An inf gradient of one weight, at bad_step only: the token embedding's, which autograd hands to the
+    # hook (the Linear weights' gradients go straight into the flat buffer: grad_into_buffer).
+    for p in (ref.wte.weight, eng.model.wte.weight):
         p.register_hook(lambda g: torch.full_like(g, math.inf) if inject["on"] else g)
     scales_ref, scales_eng = [], []
     for i, (x, y) in enumerate(batches):
