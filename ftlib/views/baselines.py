@@ -189,7 +189,7 @@ def engine_table(df: pd.DataFrame) -> pd.DataFrame:
     tab = spread(per_run, ["device_slug", "label", "precision"])
     ms = per_run.groupby(["device_slug", "label", "precision"]).agg(
         engine_ms=("median_ms", "median"), baseline_ms=("baseline_ms", "median"),
-        baseline=("baseline", lambda s: ", ".join(sorted(set(s))))).reset_index()
+        baseline=("baseline", lambda s: " / ".join(sorted(set(s))))).reset_index()  # the runs' fastest, each
     return ms.merge(tab, on=["device_slug", "label", "precision"])
 
 
