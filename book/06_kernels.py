@@ -95,7 +95,8 @@ if MEASURE:
     print(plan.announce())
     run_plan(plan, device)
 krows = kernelview.kernel_rows(include_cpu=MEASURE)
-runs = bv.load(baselines())  # the engine and every compiled configuration, same runs (chapter 3)
+baseline_rows = load_rows("baselines")
+runs = bv.load(baselines(), rows=baseline_rows)  # the engine and every compiled configuration, same runs (chapter 3)
 erows = ok_rows("engine", include_cpu=MEASURE)
 crows = ok_rows("engine_check", include_cpu=MEASURE)
 for name, rows in (("kernels", krows), ("engine variants", erows), ("engine check", crows)):
@@ -269,7 +270,7 @@ else:
 # %%
 show_frame(br.engine_speedup_table(runs))
 # Rows measured before an option won its trial ran without it: said here, beside the ratios.
-display(Markdown(engineview.options_behind(load_rows("baselines"), set(runs["run_id"])) if len(runs) else ""))
+display(Markdown(engineview.options_behind(baseline_rows, set(runs["run_id"])) if len(runs) else ""))
 for dev in sorted(set(runs["device_slug"])):
     show(br.config_figure(runs, dev, "bf16"), f"engine-configs-bf16-{dev}")
 

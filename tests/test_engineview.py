@@ -125,3 +125,24 @@ def test_candidates_pair_with_the_default_of_their_own_run():
     assert "no 100-step check" in engineview.candidate_summary(rows, [])
     other = [{"device_slug": "h200", "extra": {"other": True}, "ok": True}]  # a check of another option
     assert "no 100-step check" in engineview.candidate_summary(rows, other)
+
+
+def test_options_behind_names_rows_that_ran_without_todays_defaults():
+    mqa, mha = {"n_head": 8, "n_kv_head": 1}, {"n_head": 8, "n_kv_head": 8}
+
+    def row(run, cfg, extra=None, **ran):
+        return {"mode": "engine", "device_slug": "h200", "run_id": run, "config": cfg, "extra": extra or {},
+                "engine": {"grad_into_buffer": True, "fuse_kv_split_sum": True, **ran}}
+
+    rows = [row("a", mqa, grad_into_buffer=False, fuse_kv_split_sum=False),
+            row("b", mha, grad_into_buffer=False, fuse_kv_split_sum=False),  # MHA: no split to sum
+            row("c", mqa),  # as the engine runs now
+            row("d", mqa, {"grad_into_buffer": False}, grad_into_buffer=False),  # an ablation that set it off
+            {**row("e", mqa), "engine": {}},  # stored before either option existed: ran without both
+            {**row("f", mqa, grad_into_buffer=False), "mode": "compile-ro"}]  # not an engine row
+    lines = engineview.options_behind(rows).splitlines()
+    assert len(lines) == 2
+    assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[0]  # a, e
+    assert "3 of these runs ran with `grad_into_buffer` off" in lines[1]  # a, b, e
+    assert "1 of these runs ran with `grad_into_buffer`" in engineview.options_behind(rows, run_ids={"b", "c"})
+    assert engineview.options_behind(rows, run_ids={"c", "d"}) == ""

@@ -14,7 +14,6 @@ The engine against the compiler is ``ftlib.views.baselines``'s: it is measured i
 
 from __future__ import annotations
 
-import ast
 import dataclasses
 import textwrap
 from collections.abc import Iterable
@@ -159,6 +158,7 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
     option as its cases do) and passed, and whether the engine's defaults now set it so."""
     table = candidate_table.rows(candidate_rows)
     checks = list(check_rows)
+    now = EngineOptions()
     lines = []
     for (dev, option) in dict.fromkeys((d["device"], d["option"]) for d in table):
         mine = [d for d in table if (d["device"], d["option"]) == (dev, option)]
@@ -170,7 +170,6 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
                  "its 100-step check passed" if all(c.get("ok", c.get("check_ok")) for c in checked) else
                  "its 100-step check failed")
         lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
-        now = EngineOptions()
         default = ("a default now" if options and all(getattr(now, k, None) == v for k, v in options.items())
                    else "not a default")
         lines.append(f"* **{option}** on {dev}: faster than the default engine of the same run beyond the "
@@ -329,12 +328,7 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
         if r.get("mode") != "engine" or (wanted is not None and r.get("run_id") not in wanted):
             continue
         ran = r.get("engine")
-        if isinstance(ran, str):
-            try:
-                ran = ast.literal_eval(ran)
-            except (ValueError, SyntaxError):
-                continue
-        if not isinstance(ran, dict):
+        if not isinstance(ran, dict):  # rows stored before the engine described itself
             continue
         for name in names:
             if name in (r.get("extra") or {}) or now.get(name) is not True or ran.get(name, False) is not False:
