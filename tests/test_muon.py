@@ -13,7 +13,9 @@ from ftlib.training.muon import (
     lr_scale,
     make_muon_adamw,
     muon_update_,
+    muon_update_grouped_,
     orthogonalize,
+    orthogonalize_batched,
     split_params,
 )
 
@@ -125,3 +127,43 @@ def test_the_engine_runs_muon_as_the_plain_step_does(kernel_device):
     assert eng.describe()["optimizer"].startswith("muon + ")
     with pytest.raises(ValueError, match="runs AdamW only"):
         Engine(cfg, 2, 16, "fp32", dev, use_kernels=False).set_lr(1e-3, muon_lr=0.02)
+
+
+def test_the_grouped_update_is_the_per_matrix_update():
+    # A model's mix: several matrices of one shape, tall and wide ones, and one alone.
+    g = torch.Generator().manual_seed(2)
+    shapes = [(40, 24), (24, 40), (40, 24), (32, 32), (24, 40), (40, 24)]
+    ref = [torch.randn(s, generator=g) for s in shapes]
+    mine = [p.clone() for p in ref]
+    ref_bufs, bufs = [torch.zeros_like(p) for p in ref], [torch.zeros_like(p) for p in ref]
+    lr = torch.tensor(0.02)
+    for _ in range(3):
+        grads = [torch.randn(s, generator=g) for s in shapes]
+        muon_update_(ref, grads, ref_bufs, lr, weight_decay=0.1, momentum=0.95)
+        muon_update_grouped_(mine, grads, bufs, lr, weight_decay=0.1, momentum=0.95)
+    for a, b in zip(mine, ref):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-5)
+    for a, b in zip(bufs, ref_bufs):
+        torch.testing.assert_close(a, b)
+    # A stack that mixed up its matrices would not match: swap two of one shape.
+    swapped = [p.clone() for p in ref]
+    muon_update_grouped_(swapped, [grads[2], grads[1], grads[0], *grads[3:]], [b.clone() for b in bufs], lr)
+    ref_step = [p.clone() for p in ref]
+    muon_update_(ref_step, grads, [b.clone() for b in bufs], lr)
+    assert not torch.allclose(swapped[0], ref_step[0], atol=1e-4)
+
+
+def test_orthogonalize_batched_is_orthogonalize_per_matrix():
+    g = torch.randn(3, 48, 20, generator=torch.Generator().manual_seed(3))
+    out = orthogonalize_batched(g)
+    assert out.shape == g.shape
+    for i in range(3):
+        torch.testing.assert_close(out[i].float(), orthogonalize(g[i]).float(), rtol=0, atol=1e-2)
+
+
+def test_the_grouped_update_refuses_what_it_cannot_run():
+    p = [torch.zeros(4, 4)]
+    with pytest.raises(ValueError, match="0-dim"):
+        muon_update_grouped_(p, p, [torch.zeros(4, 4)], torch.tensor([0.1]))
+    with pytest.raises(ValueError, match="2-D"):
+        muon_update_grouped_([torch.zeros(4)], [torch.zeros(4)], [torch.zeros(4)], torch.tensor(0.1))

@@ -16,6 +16,12 @@ Two ways to run it, one computation:
 * :func:`muon_update_` is the same update written with the learning rate as a device tensor,
   so a captured CUDA graph replays it with the learning rate of the current step (the engine).
   Tests hold it to ``torch.optim.Muon`` step for step.
+* :func:`muon_update_grouped_` computes the same update with matrices of one shape stacked: one
+  batched Newton-Schulz per shape instead of one per matrix, and the momentum, decay and update
+  as multi-tensor (``torch._foreach_*``) launches. A small model's matrices are too small to fill
+  the GPU one at a time, so the per-matrix update is a few hundred short kernels; grouped, it is a
+  few dozen. The batched products may sum in another order, so it matches the per-matrix update
+  to bf16 rounding, not bit for bit.
 """
 
 from __future__ import annotations
@@ -69,6 +75,44 @@ def orthogonalize(g: torch.Tensor, steps: int = NS_STEPS, eps: float = NS_EPS) -
         gram = x @ x.T  # (r, r), r = min(rows, cols)
         x = torch.addmm(x, torch.addmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
     return x.T if tall else x
+
+
+def orthogonalize_batched(g: torch.Tensor, steps: int = NS_STEPS, eps: float = NS_EPS) -> torch.Tensor:
+    """:func:`orthogonalize` of each matrix of a stack ``g`` of shape (n, rows, cols), in one batch."""
+    a, b, c = NS_COEFFICIENTS
+    x = g.bfloat16()
+    tall = g.size(1) > g.size(2)
+    if tall:
+        x = x.mT  # (n, cols, rows): the wider orientation, as orthogonalize takes it
+    x = x / x.norm(dim=(1, 2), keepdim=True).clamp(min=eps)  # each matrix by its own Frobenius norm
+    for _ in range(steps):
+        gram = torch.bmm(x, x.mT)  # (n, r, r), r = min(rows, cols)
+        x = torch.baddbmm(x, torch.baddbmm(gram, gram, gram, beta=b, alpha=c), x, beta=a)
+    return x.mT if tall else x
+
+
+def muon_update_grouped_(params: Sequence[torch.Tensor], grads: Sequence[torch.Tensor],
+                         bufs: Sequence[torch.Tensor], lr: torch.Tensor, weight_decay: float = 0.1,
+                         momentum: float = 0.95, nesterov: bool = True) -> None:
+    """:func:`muon_update_` with the matrices of each shape orthogonalized together (module docstring).
+
+    ``lr`` is a 0-dim device tensor; every tensor of a list shares one dtype and device."""
+    if any(p.ndim != 2 for p in params):
+        raise ValueError(f"Muon updates 2-D matrices, got shapes {sorted({tuple(p.shape) for p in params})}")
+    if lr.ndim != 0:
+        raise ValueError(f"lr must be a 0-dim tensor (the multi-tensor ops take no other), got shape {tuple(lr.shape)}")
+    params, grads, bufs = list(params), list(grads), list(bufs)
+    torch._foreach_lerp_(bufs, grads, 1 - momentum)
+    updates = torch._foreach_lerp(grads, bufs, momentum) if nesterov else bufs
+    torch._foreach_mul_(params, 1 - lr * weight_decay)
+    by_shape: dict[tuple[int, int], list[int]] = {}
+    for i, p in enumerate(params):
+        by_shape.setdefault(tuple(p.shape), []).append(i)
+    for shape, idx in by_shape.items():
+        o = orthogonalize_batched(torch.stack([updates[i] for i in idx]))  # (n, rows, cols)
+        # lr is a dimensioned fp32 tensor here, so the product is fp32: o.to(fp32) * lr * scale, once.
+        step = (o * (lr * lr_scale(shape)).reshape(1, 1, 1)).to(params[idx[0]].dtype).contiguous()
+        torch._foreach_sub_([params[i] for i in idx], list(step.unbind(0)))
 
 
 def muon_update_(params: Iterable[torch.Tensor], grads: Iterable[torch.Tensor], bufs: Iterable[torch.Tensor],

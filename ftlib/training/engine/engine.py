@@ -143,7 +143,8 @@ class Engine:
             kernel=self.kernels["adamw"], lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
             loss_scaling=self.prec.base.loss_scaling, loss_scale_config=loss_scale or LossScaleConfig(),
             precision=precision, skip=n_muon)
-        self.muon = FlatMuon([p for _, p in muon], muon_lr, muon_momentum) if muon else None
+        self.muon = FlatMuon([p for _, p in muon], muon_lr, muon_momentum,
+                             grouped=self.options.muon_grouped) if muon else None
         self.flat_param16 = self._shadow_weights()
         self.grad_into = self._grad_into_buffer()
 
@@ -344,6 +345,7 @@ class Engine:
             # Only where the dK/dV kernel is split: the attention kernel on, several query heads per K/V head.
             "fuse_kv_split_sum": (o.fuse_kv_split_sum and self.kernels["attention"]
                                   and self.config.n_head > self.config.n_kv_head),
+            "muon_grouped": self.muon is not None and self.muon.grouped,
             "loss_scale": self.optimizer.loss_scale_kind(),
             "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),
         }

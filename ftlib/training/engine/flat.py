@@ -186,21 +186,23 @@ class FlatOptimizer:
 class FlatMuon:
     """Muon on the block matrices at the front of the flat buffer (``ftlib.training.muon``): views of
     the parameters and gradients, momentum buffers at fixed addresses, and the learning rate as a
-    device scalar, so a captured step replays it with the rate of the current step."""
+    device scalar, so a captured step replays it with the rate of the current step. ``grouped``: the
+    matrices of each shape updated together (``muon_update_grouped_``), else one at a time."""
 
     def __init__(self, params: list[nn.Parameter], lr: float, momentum: float = 0.95,
-                 weight_decay: float = 0.0) -> None:
-        self.params = params
+                 weight_decay: float = 0.0, grouped: bool = False) -> None:
+        self.params, self.grouped = params, grouped
         self.bufs = [torch.zeros_like(p) for p in params]
         self.lr_t = torch.tensor(lr, dtype=torch.float32, device=params[0].device)
         self.momentum, self.weight_decay = momentum, weight_decay
 
     @torch.no_grad()
     def step(self) -> None:
-        from ftlib.training.muon import muon_update_
+        from ftlib.training.muon import muon_update_, muon_update_grouped_
 
-        muon_update_(self.params, [p.grad for p in self.params], self.bufs, self.lr_t,
-                     weight_decay=self.weight_decay, momentum=self.momentum)
+        update = muon_update_grouped_ if self.grouped else muon_update_
+        update(self.params, [p.grad for p in self.params], self.bufs, self.lr_t,
+               weight_decay=self.weight_decay, momentum=self.momentum)
 
     @torch.no_grad()
     def reset_(self) -> None:

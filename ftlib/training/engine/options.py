@@ -90,6 +90,10 @@ class EngineOptions:
         True, "with the attention kernel on an MQA/GQA model: the dK/dV kernel's per-split fp32 partials summed, "
                "cast and written into dk/dv (the packed d(qkv) views) by one kernel per layer "
                "(kernels/kv_split_sum.py) instead of a torch sum, cast and copy for each of dK and dV", keyless=False)
+    muon_grouped: bool = _option(
+        False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
+               "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "
+               "instead of one update per matrix", keyless=False)
 
     def __post_init__(self) -> None:
         bad = []
