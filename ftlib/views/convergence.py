@@ -186,3 +186,26 @@ def train_val_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]
 def checkpoint_table(check: dict[str, Any]) -> list[dict[str, Any]]:
     """A checkpoint round trip's result (``ftlib.harness.convergence.checkpoint_roundtrip``), its sample aside."""
     return [{k: v for k, v in check.items() if k != "sample"}]
+
+
+def fair_findings(rows: list[dict[str, Any]], run_command: str) -> str:
+    """The fair comparison in words, per device: each model's best validation loss over its seeds, lowest
+    first, and FastTransformer's mean against GPT-2's (the post's "converges as well"). Where no row is
+    stored, says so and how to measure it (``run_command``)."""
+    table = seed_table.rows(ok_runs(rows))
+    if not table:
+        return f"The fair comparison has no stored rows: `{run_command}` on a GPU measures it."
+    lines = []
+    for dev in sorted({x["device"] for x in table}):
+        mine = sorted((x for x in table if x["device"] == dev), key=lambda x: x["best val loss (mean)"])
+        parts = [f"{x['model']} {x['best val loss (mean)']:.4f} ({x['min']:.4f}–{x['max']:.4f}, {x['seeds']} seeds)"
+                 for x in mine]
+        lines.append(f"On {dev}, the best validation loss of each model, lowest first: " + "; ".join(parts) + ".")
+        by = {x["model"]: x for x in mine}
+        if "fasttransformer" in by and "gpt2" in by:
+            ft, g2 = by["fasttransformer"], by["gpt2"]
+            gap = ft["best val loss (mean)"] - g2["best val loss (mean)"]
+            overlap = ft["min"] <= g2["max"] and g2["min"] <= ft["max"]
+            lines.append(f"FastTransformer's mean is {abs(gap):.4f} {'above' if gap > 0 else 'below'} GPT-2's; "
+                         f"their seed ranges {'overlap' if overlap else 'do not overlap'}.")
+    return "\n".join(lines)

@@ -1,0 +1,101 @@
+"""How close the speedrun came to its record goals, and what stopped it (chapter 8).
+
+Two questions the leaderboard (``ftlib.views.leaderboard``) does not answer on its own. Where a
+candidate reached a target on every seed: how far its time is from the goal, split into its steps
+and its time per step, since either can close the gap. Where none did: which candidate came
+closest, by the best validation loss each seed reached at any evaluation, and whether the loss
+was still falling at that point or had turned up again (a run that turns up is overfitting the
+training split: more steps would not help it).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import pandas as pd
+
+from ftlib.harness.studies import RECORD_GOALS_S, REFERENCE
+from ftlib.views.leaderboard import SIGNIFICANT, leaderboard, on_device, one_run_per_seed
+from ftlib.views.tables import table_view
+
+
+def _best_of(row: dict[str, Any]) -> dict[str, Any] | None:
+    """A run's lowest sampled validation loss, where it happened, and how far the loss rose after it."""
+    hist = [h for h in row.get("history") or [] if h.get("val_loss") is not None]
+    if row.get("status", "ok") != "ok" or not hist:
+        return None
+    best = min(hist, key=lambda h: h["val_loss"])
+    return {"best loss": best["val_loss"], "best step": best["step"], "tokens at best": best["tokens"],
+            "last step": hist[-1]["step"], "rise after best": hist[-1]["val_loss"] - best["val_loss"]}
+
+
+@table_view
+def closest(rows: list[dict[str, Any]], device: str, target: float) -> list[dict[str, Any]]:
+    """Per candidate among the runs aimed at ``target`` on ``device``: its seeds, how many reached the
+    target, the mean (and min) of the seeds' best sampled validation losses, the mean step and tokens
+    at the best, and the mean rise of the loss from its best to the run's last evaluation (0 where a
+    run stopped at its best, as runs that reach the target do). Lowest mean best loss first."""
+    out = []
+    for r in one_run_per_seed(on_device(rows, device), target):
+        b = _best_of(r)
+        if b is not None:
+            out.append({"candidate": r["model"], "seed": r.get("seed"), "reached": b["best loss"] <= target, **b})
+    if not out:
+        return []
+    g = pd.DataFrame(out).groupby("candidate", sort=False)
+    board = pd.DataFrame({
+        "seeds": g.size(), "reached": g["reached"].sum(), "best loss (mean)": g["best loss"].mean(),
+        "best loss (min)": g["best loss"].min(), "best step (mean)": g["best step"].mean(),
+        "tokens at best (mean)": g["tokens at best"].mean(), "rise after best (mean)": g["rise after best"].mean(),
+    }).sort_values("best loss (mean)").reset_index()
+    board.insert(0, "target", target)
+    board.insert(0, "device", device)
+    return board.to_dict("records")
+
+
+def _met(x: dict[str, Any], goal: float) -> str:
+    """Where a ranked candidate stands against a time goal, split into steps and time per step."""
+    t, steps = x["time to target s (mean)"], x["steps to target (mean)"]
+    ms = 1e3 * t / steps
+    if t <= goal:
+        return f"goal {goal:g} s met: {t:.2f} s ({steps:.0f} steps at {ms:.2f} ms)"
+    return (f"goal {goal:g} s missed by {t / goal:.2f}x: {t:.2f} s is {steps:.0f} steps at {ms:.2f} ms per step; "
+            f"at that step count the goal needs {1e3 * goal / steps:.2f} ms per step, at that step time "
+            f"{goal / ms * 1e3:.0f} steps")
+
+
+def limits(rows: list[dict[str, Any]], device: str, goals: Mapping[float, float] = RECORD_GOALS_S,
+           train_tokens: int | None = None) -> str:
+    """Per target, the record goal against the closest result on ``device`` (module docstring).
+    ``train_tokens``, the training split's length, turns tokens at the best loss into epochs."""
+    mine = on_device(rows, device)
+    lines = []
+    for target, goal in goals.items():
+        board = [x for x in leaderboard.rows(mine, device, (target,)) if x["candidate"] != REFERENCE]
+        ranked = [x for x in board if x["rank"] is not None and x["time to target s (mean)"] is not None]
+        sig = [x for x in ranked if x[SIGNIFICANT]]
+        if sig:
+            x = sig[0]
+            lines.append(f"{device}, {target:g} in at most {goal:g} s: fastest with {SIGNIFICANT} over "
+                         f"{x['seeds reached']} seeds, {_met(x, goal)}.")
+            continue
+        near = closest.rows(mine, device, target)
+        cands = [x for x in near if x["candidate"] != REFERENCE]
+        if not cands:
+            lines.append(f"{device}, {target:g} in at most {goal:g} s: no run aimed at it.")
+            continue
+        c = cands[0]
+        epochs = (f", {c['tokens at best (mean)'] / train_tokens:.1f} epochs of the training split"
+                  if train_tokens else "")
+        line = (f"{device}, {target:g} in at most {goal:g} s: no candidate reached it on every seed. Closest by "
+                f"the best validation loss: {c['candidate']}, {c['best loss (mean)']:.4f} on average over "
+                f"{c['seeds']} seeds (lowest {c['best loss (min)']:.4f}; {c['reached']} of {c['seeds']} reached "
+                f"{target:g}), at step {c['best step (mean)']:.0f} on average{epochs}; by its last evaluation the "
+                f"loss had risen {c['rise after best (mean)']:.4f} above that best.")
+        ref = next((x for x in near if x["candidate"] == REFERENCE), None)
+        if ref is not None:
+            line += (f" nanoGPT's own recipe reached {target:g} on {ref['reached']} of {ref['seeds']} seeds "
+                     f"(best loss {ref['best loss (mean)']:.4f} on average, lowest {ref['best loss (min)']:.4f}).")
+        lines.append(line)
+    return "\n".join(lines)

@@ -1,0 +1,78 @@
+"""Chapter 8 in words: the record goals against the closest results (ftlib.views.record), and the fair comparison."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftlib.harness.studies import REFERENCE
+from ftlib.views.record import closest, limits
+
+B, T = 64, 256
+
+
+def _run(model: str, seed: int, losses: list[float], target: float, t_per_step: float = 0.003,
+         device: str = "h200") -> dict:
+    """A stored run evaluated every 100 steps with these sampled validation losses; it stops at the first
+    at or below ``target`` (its stored fields then say so), else runs them all."""
+    hist, stop = [], None
+    for i, v in enumerate(losses):
+        s = 100 * i
+        hist.append({"step": s, "tokens": s * B * T, "time_s": 1.0 + s * t_per_step if s else 0.0, "val_loss": v})
+        if v <= target:
+            stop = s
+            break
+    return {"device_slug": device, "model": model, "seed": seed, "status": "ok", "target": target,
+            "config_hash": model, "params": 1, "config": {}, "recipe": {}, "history": hist, "startup_s": 1.0,
+            "steps_to_target": stop, "time_to_target_excl_startup_s": stop * t_per_step if stop else None,
+            "full_val_loss_at_target": None}
+
+
+def test_closest_ranks_by_the_mean_best_loss_and_measures_the_rise():
+    rows = ([_run("a", s, [4.0, 1.49, 1.48 - s / 100, 1.50], 1.47) for s in range(2)]  # bests 1.48, 1.47
+            + [_run("b", s, [4.0, 1.476, 1.476], 1.47) for s in range(3)]
+            + [_run("a", 0, [4.0, 1.0], 1.47, device="a100")])  # another GPU: never pooled
+    board = {x["candidate"]: x for x in closest.rows(rows, "h200", 1.47)}
+    assert list(board) == ["a", "b"]  # mean(1.48, 1.47) = 1.475 < 1.476
+    a = board["a"]
+    assert a["seeds"] == 2 and a["reached"] == 1 and a["best loss (min)"] == pytest.approx(1.47)
+    assert a["rise after best (mean)"] == pytest.approx(0.02 / 2)  # seed 0 rose 0.02, seed 1 stopped at its best
+    assert board["b"]["rise after best (mean)"] == 0 and board["b"]["best step (mean)"] == 100
+
+
+def test_limits_splits_a_missed_goal_into_steps_and_step_time():
+    # Five seeds reach 1.50 at step 200, 2 ms per step: 0.4 s against a goal of 0.3 s.
+    rows = [_run("fast", s, [4.0, 1.6, 1.499 - s / 1000], 1.50, t_per_step=0.002) for s in range(5)]
+    text = limits(rows, "h200", goals={1.50: 0.3})
+    assert "goal 0.3 s missed by 1.33x: 0.40 s is 200 steps at 2.00 ms per step" in text
+    assert "the goal needs 1.50 ms per step, at that step time 150 steps" in text
+    assert "goal 1 s met" in limits(rows, "h200", goals={1.50: 1.0})
+
+
+def test_limits_names_the_closest_where_no_candidate_reached():
+    rows = ([_run("a", s, [4.0, 1.48, 1.50], 1.47) for s in range(3)]
+            + [_run(REFERENCE, 0, [4.0, 1.46], 1.47)] + [_run(REFERENCE, s, [4.0, 1.475, 1.6], 1.47) for s in (1, 2)])
+    text = limits(rows, "h200", goals={1.47: 3.0}, train_tokens=B * T * 50)
+    assert "no candidate reached it on every seed" in text and "Closest by the best validation loss: a, 1.4800" in text
+    assert "at step 100 on average, 2.0 epochs" in text and "risen 0.0200 above that best" in text
+    assert "nanoGPT's own recipe reached 1.47 on 1 of 3 seeds" in text
+    # Runs that stop at 1.47 say nothing about 1.40.
+    assert limits(rows, "h200", goals={1.40: 3.0}).endswith("no run aimed at it.")
+    assert limits(rows, "a100", goals={1.47: 3.0}).endswith("no run aimed at it.")
+
+
+def _fair(model: str, seed: int, best: float, device: str = "h200") -> dict:
+    return {"device_slug": device, "model": model, "seed": seed, "status": "ok", "params": 1, "config_hash": model,
+            "best_val_loss": best, "train_time_s": 10.0, "history": []}
+
+
+def test_fair_findings_compare_fasttransformer_with_gpt2_per_device():
+    from ftlib.views.convergence import fair_findings
+
+    assert "no stored rows" in fair_findings([], "python ci/gpu_train.py --suites convergence")
+    rows = ([_fair("gpt2", s, 1.50 + s / 100) for s in range(3)] + [_fair("fasttransformer", s, 1.55 + s / 100)
+                                                                     for s in range(3)]
+            + [_fair("fasttransformer", 0, 1.0, device="a100")])
+    text = fair_findings(rows, "")
+    assert "On h200, the best validation loss of each model, lowest first: gpt2 1.5100 (1.5000–1.5200, 3 seeds)" in text
+    assert "FastTransformer's mean is 0.0500 above GPT-2's; their seed ranges do not overlap." in text
+    assert "On a100" in text and text.count("FastTransformer's mean") == 1  # a100 has no GPT-2 to compare
