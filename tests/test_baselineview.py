@@ -118,3 +118,35 @@ def test_a_run_cut_short_keeps_the_precisions_it_completed():
     # fp16 lacks GPT-2's engine row: GPT-2's fp16 rows go, FastTransformer's stay
     assert set(df[df["precision"] == "fp16"]["label"]) == {"fasttransformer"}
     assert set(df[df["precision"] == "bf16"]["label"]) == {"gpt2", "fasttransformer"}
+
+
+def test_engine_ratios_never_pool_runs_of_another_engine():
+    # Runs r1 and r2 measured an engine without an option that is a default now (2x and 3x); run r3 measured
+    # today's engine (1.25x). The engine's ratio is r3's alone; the older engine is its own configuration.
+    older = {"engine": {"grad_into_buffer": False, "fuse_kv_split_sum": False}}
+    bad = {("fasttransformer", "engine", "default"): older}
+    def ms(engine: float, compiled: float) -> dict:
+        return fast(fasttransformer__engine__default=engine, fasttransformer__compile_ro__fused=compiled)
+
+    r1, r2 = run_rows("r1", "m1", ms(2.0, 4.0), bad=bad), run_rows("r2", "m2", ms(2.0, 6.0), bad=bad)
+    r3 = run_rows("r3", "m2", ms(4.0, 5.0))
+    df = bv.load(CASES, rows=r1 + r2 + r3)
+    tab = bv.engine_table(df)
+    ft = tab[tab["label"] == "fasttransformer"].set_index("engine_config")
+    assert ft.loc["today's defaults", "median"] == pytest.approx(1.25) and ft.loc["today's defaults", "runs"] == 1
+    old = ft.loc["without grad_into_buffer, fuse_kv_split_sum"]
+    assert old["median"] == pytest.approx(2.5) and old["runs"] == 2  # 2x and 3x: its own line
+    newest = bv.newest_engine(tab).set_index("label").loc["fasttransformer"]
+    assert newest["engine_config"] == "today's defaults" and newest["median"] == pytest.approx(1.25)
+    # Where only an earlier engine was measured, it is the newest, and its note says which it was.
+    only_old = bv.newest_engine(bv.engine_table(bv.load(CASES, rows=r1 + r2))).set_index("label")
+    assert bv.engine_note(only_old.loc["fasttransformer", "engine_config"]) == (
+        " (an earlier engine, without grad_into_buffer, fuse_kv_split_sum)")
+    eff = br.placement_effect(df).set_index(["model", "engine measured against"])
+    strongest = eff.loc[("FastTransformer", "strongest baseline of the run"), "engine speed-up (median, min–max)"]
+    assert strongest.startswith("1.25×")
+    configs = set(df[df["mode"] == "engine"]["config"])
+    assert configs == {"engine", "engine, without grad_into_buffer, fuse_kv_split_sum"}
+    # GPT-2 has no split sum to fuse: its older engine lacks grad_into_buffer only.
+    g2 = run_rows("r4", "m3", {}, bad={("gpt2", "engine", "default"): older})
+    assert "engine, without grad_into_buffer" in set(bv.load(CASES, rows=g2)["config"])

@@ -17,16 +17,19 @@ from ftlib.views.baselines import (
     MODEL_NAMES,
     POST_CONFIG,
     config_name,
+    engine_note,
     engine_table,
     fmt_range,
     headroom,
     lookup_row,
     model_speedups,
+    newest_engine,
     placement_table,
     range_text,
     runs_note,
     spread,
     strongest,
+    todays_engine,
     valid_rows,
 )
 from ftlib.views.tables import table_view
@@ -55,13 +58,15 @@ def model_table(df: pd.DataFrame, faster: str = "fasttransformer", slower: str =
 
 
 def engine_speedup_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The engine against the strongest baseline of the same run, per device, model and precision."""
+    """The engine against the strongest baseline of the same run, per device, model, precision and engine
+    (today's, or an earlier one measured before some of today's defaults existed)."""
     tab = engine_table(df)
     if tab.empty:
         return pd.DataFrame()
     return pd.DataFrame({
         "device": tab["device_slug"], "model": tab["label"].map(MODEL_NAMES), "precision": tab["precision"],
-        "engine ms": tab["engine_ms"], "strongest baseline": tab["baseline"], "baseline ms": tab["baseline_ms"],
+        "engine": tab["engine_config"], "engine ms": tab["engine_ms"], "strongest baseline": tab["baseline"],
+        "baseline ms": tab["baseline_ms"],
         "engine speed-up (median, min–max)": [fmt_range(m, lo, hi) for m, lo, hi in
                                               zip(tab["median"], tab["min"], tab["max"])],
         "verdict": tab["verdict"], "runs": [runs_note(r, m) for r, m in zip(tab["runs"], tab["machines"])]})
@@ -74,7 +79,7 @@ def placement_effect(df: pd.DataFrame) -> pd.DataFrame:
     reduce-overhead with fused AdamW, and against the strongest baseline of the run.
     """
     v = valid_rows(df)
-    eng = v[v["mode"] == "engine"][["device_slug", "run_id", "machine_id", "label", "precision", "median_ms"]]
+    eng = todays_engine(df)[["device_slug", "run_id", "machine_id", "label", "precision", "median_ms"]]
     parts = []
     for mode, opt in (POST_CONFIG, ("compile-ro", "fused"), ("compile-ro", "whole-step")):
         b = v[(v["mode"] == mode) & (v["optimizer_kind"] == opt)]
@@ -132,7 +137,7 @@ def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
     if df.empty:
         return NO_RUNS
     tab = spread(model_speedups(df), MODEL_KEYS)
-    eng = engine_table(df)
+    eng = newest_engine(engine_table(df))
     parts = []
     for dev in sorted(set(df["device_slug"])):
         post = lookup_row(tab, device_slug=dev, precision=precision, config=config_name(*POST_CONFIG))
@@ -153,7 +158,8 @@ def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
             e = lookup_row(eng, device_slug=dev, label=label, precision=precision)
             if e is not None:
                 lines.append(f"- The book's engine for {MODEL_NAMES[label]} against that fastest compiled step: "
-                             f"{range_text(e['median'], e['min'], e['max'])} ({e['verdict']}).")
+                             f"{range_text(e['median'], e['min'], e['max'])} ({e['verdict']})"
+                             f"{engine_note(e['engine_config'])}.")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
 
@@ -310,7 +316,7 @@ def chapter6_findings(df: pd.DataFrame) -> str:
     """Chapter 6's closing paragraph, per device: the engine against the strongest and the post's baseline."""
     if df.empty:
         return NO_RUNS
-    eng, eff, room = engine_table(df), placement_effect(df), headroom(df)
+    eng, eff, room = newest_engine(engine_table(df)), placement_effect(df), headroom(df)
     parts = []
     for dev in sorted(set(df["device_slug"])):
         lines = [f"**{dev}**:"]
@@ -322,7 +328,8 @@ def chapter6_findings(df: pd.DataFrame) -> str:
                 post = lookup_row(eff, device=dev, model=MODEL_NAMES[label], precision=prec,
                                **{"engine measured against": config_name(*POST_CONFIG)})
                 r = lookup_row(room, device=dev, model=MODEL_NAMES[label], precision=prec)
-                text = (f"- {MODEL_NAMES[label]}, {prec}: the engine steps in {e['engine_ms']:.2f} ms, "
+                text = (f"- {MODEL_NAMES[label]}, {prec}{engine_note(e['engine_config'])}: the engine steps in "
+                        f"{e['engine_ms']:.2f} ms, "
                         f"{range_text(e['median'], e['min'], e['max'])} against the strongest compiled step "
                         f"({e['verdict']})")
                 if post is not None:

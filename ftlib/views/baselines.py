@@ -12,7 +12,9 @@ Rules every function here keeps (the book's measuring rules):
 * **Spread.** Over runs, a ratio is shown as its median with min and max; a verdict is given
   only when the whole range is on one side (:func:`verdict`) and the runs come from at least
   two machine starts.
-* **Never pooled.** Everything is grouped by device (``device_slug``).
+* **Never pooled.** Everything is grouped by device (``device_slug``), and the engine's rows by the
+  engine they ran (:func:`ftlib.views.engine.engine_config`): a run measured before an option became
+  a default ran another engine, whose ratios stand apart from today's.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from ftlib.harness.bench.cases import Case
 from ftlib.harness.bench.step import case_ident
 from ftlib.harness.provenance import is_clean_commit
 from ftlib.harness.results import load_rows
+from ftlib.views.engine import TODAY, engine_config
 
 SUITE = "baselines"
 # (mode, optimizer) -> how the book names the configuration.
@@ -53,7 +56,7 @@ MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer",
 
 _COLUMNS = ["device_slug", "device", "run_id", "machine_id", "commit", "date", "label", "precision", "mode",
             "optimizer_kind", "config", "B", "T", "median_ms", "p20_ms", "p80_ms", "status", "check_ok",
-            "first_step_s", "compiled_graphs", "graph_breaks", "cudagraph_skips", "ident"]
+            "first_step_s", "compiled_graphs", "graph_breaks", "cudagraph_skips", "ident", "engine_config"]
 
 
 def config_name(mode: str, optimizer: str | None) -> str:
@@ -66,8 +69,12 @@ def frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
     for r in rows:
         if "run_id" not in r:
             continue  # rows from before runs were recorded cannot be paired
-        recs.append({**{c: r.get(c) for c in _COLUMNS}, "ident": case_ident(r),
-                     "config": config_name(r["mode"], r.get("optimizer_kind"))})
+        engine = engine_config(r)
+        config = config_name(r["mode"], r.get("optimizer_kind"))
+        if engine not in ("", TODAY):  # another engine than today's: its own configuration, never pooled
+            config = f"{config}, {engine}"
+        recs.append({**{c: r.get(c) for c in _COLUMNS}, "ident": case_ident(r), "config": config,
+                     "engine_config": engine})
     return pd.DataFrame.from_records(recs, columns=_COLUMNS)
 
 
@@ -122,6 +129,12 @@ def valid_rows(df: pd.DataFrame) -> pd.DataFrame:
     return df[(df["status"] == "ok") & (df["check_ok"] == True)]  # noqa: E712 - None is not True
 
 
+def todays_engine(df: pd.DataFrame) -> pd.DataFrame:
+    """The valid engine rows that ran today's engine (the only ones an engine ratio may use)."""
+    v = valid_rows(df)
+    return v[(v["mode"] == "engine") & (v["engine_config"] == TODAY)]
+
+
 def strongest(df: pd.DataFrame) -> pd.DataFrame:
     """Per (device, run, model, precision): the fastest baseline configuration and its time."""
     base = valid_rows(df)
@@ -139,7 +152,7 @@ def speedups(df: pd.DataFrame, mode: str = "engine", optimizer: str = "default")
     best = strongest(df)
     mine = valid_rows(df)
     mine = mine[(mine["mode"] == mode) & (mine["optimizer_kind"] == optimizer)]
-    mine = mine[["device_slug", "run_id", "label", "precision", "median_ms"]]
+    mine = mine[["device_slug", "run_id", "label", "precision", "median_ms", "engine_config"]]
     out = mine.merge(best, on=["device_slug", "run_id", "label", "precision"], how="inner")
     out["speedup"] = out["baseline_ms"] / out["median_ms"]
     return out
@@ -182,15 +195,32 @@ def spread(per_run: pd.DataFrame, by: Sequence[str], value: str = "speedup") -> 
 
 
 def engine_table(df: pd.DataFrame) -> pd.DataFrame:
-    """The engine against the strongest baseline, per device, model and precision, over runs."""
+    """The engine against the strongest baseline, per device, model, precision and engine configuration
+    (``engine_config``: today's defaults, or which of them an earlier engine lacked), over runs; per
+    device, model and precision today's engine first, then the earlier ones, fewest options missing first."""
+    keys = ["device_slug", "label", "precision", "engine_config"]
     per_run = speedups(df)
     if per_run.empty:
-        return spread(per_run, ["device_slug", "label", "precision"])
-    tab = spread(per_run, ["device_slug", "label", "precision"])
-    ms = per_run.groupby(["device_slug", "label", "precision"]).agg(
+        return spread(per_run, keys)
+    tab = spread(per_run, keys)
+    ms = per_run.groupby(keys).agg(
         engine_ms=("median_ms", "median"), baseline_ms=("baseline_ms", "median"),
         baseline=("baseline", lambda s: " / ".join(sorted(set(s))))).reset_index()  # the runs' fastest, each
-    return ms.merge(tab, on=["device_slug", "label", "precision"])
+    out = ms.merge(tab, on=keys)
+    order = [(c != TODAY, c.count(",")) for c in out["engine_config"]]
+    out = out.assign(_order=order).sort_values(["device_slug", "label", "precision", "_order"], kind="stable")
+    return out.drop(columns="_order").reset_index(drop=True)
+
+
+def newest_engine(tab: pd.DataFrame) -> pd.DataFrame:
+    """One line of :func:`engine_table` per device, model and precision: today's engine where a run measured
+    it, else the earlier engine closest to it (its ``engine_config`` says which)."""
+    return tab.groupby(["device_slug", "label", "precision"], sort=False).head(1).reset_index(drop=True)
+
+
+def engine_note(config: str) -> str:
+    """'' for today's engine, else ' (an earlier engine, without ...)' to put beside its numbers."""
+    return "" if config == TODAY else f" (an earlier engine, {config})"
 
 
 def model_speedups(df: pd.DataFrame, faster: str = "fasttransformer", slower: str = "gpt2") -> pd.DataFrame:

@@ -310,34 +310,49 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
 
 
 # Options that became defaults after winning their trial (suite engine_candidates): rows stored before
-# ran without them, which options_behind says beside the numbers.
+# ran without them. Their engine is another engine: its ratios are never pooled with today's.
 TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum")
+TODAY = "today's defaults"
+
+
+def options_off(row: dict[str, Any], names: Iterable[str] = TRIAL_WINNERS) -> list[str] | None:
+    """The options of ``names`` that are on by default now but were off in an engine row's step; None where
+    the row does not say (stored before the engine described itself). Each row's ``engine`` field is the
+    engine's ``describe()``, which reports an option as applied, so an option the row's model cannot use
+    (the split sum on multi-head attention) is not counted, and a row from before an option existed ran
+    without it. An option the row's case set on purpose (an ablation's ``extra``) is not counted either."""
+    ran = row.get("engine")
+    if not isinstance(ran, dict):
+        return None
+    now = dataclasses.asdict(EngineOptions())
+    return [n for n in names if n not in (row.get("extra") or {}) and now.get(n) is True
+            and ran.get(n, False) is False and _applies(n, row)]
+
+
+def engine_config(row: dict[str, Any]) -> str:
+    """Which engine an engine row ran, against today's defaults: ``TODAY``, 'without <options>', or
+    'options not recorded'; '' for a row of another mode."""
+    if row.get("mode") != "engine":
+        return ""
+    off = options_off(row)
+    return "options not recorded" if off is None else "without " + ", ".join(off) if off else TODAY
 
 
 def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str] | None = None,
                    names: Iterable[str] = TRIAL_WINNERS) -> str:
     """Where stored engine rows (of ``run_ids``, if given) ran with one of ``names`` off that is on by
-    default now: one line per device and option, with the number of runs. Each row's ``engine`` field
-    is the engine's ``describe()``, which reports an option as applied, so a row of a model the option
-    cannot change (the split sum on multi-head attention) is not counted, and a row from before an option
-    existed ran without it. Empty when none did."""
+    default now (:func:`options_off`): one line per device and option, with the number of runs, which the
+    engine's ratios leave out. Empty when none did."""
     wanted = None if run_ids is None else set(run_ids)
-    now = dataclasses.asdict(EngineOptions())
     seen: dict[tuple[str, str], set[str]] = {}
     for r in engine_rows:
         if r.get("mode") != "engine" or (wanted is not None and r.get("run_id") not in wanted):
             continue
-        ran = r.get("engine")
-        if not isinstance(ran, dict):  # rows stored before the engine described itself
-            continue
-        for name in names:
-            if name in (r.get("extra") or {}) or now.get(name) is not True or ran.get(name, False) is not False:
-                continue
-            if _applies(name, r):
-                seen.setdefault((r["device_slug"], name), set()).add(str(r.get("run_id")))
+        for name in options_off(r, names) or []:
+            seen.setdefault((r["device_slug"], name), set()).add(str(r.get("run_id")))
     return "\n".join(
         f"* On {dev}, the engine rows of {len(ids)} of these runs ran with `{name}` off; it is on by default "
-        f"now (its trial is in the section on engine options below)."
+        f"now (its trial is in the section on engine options below), so the engine's ratios leave those runs out."
         for (dev, name), ids in sorted(seen.items()))
 
 
