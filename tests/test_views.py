@@ -334,3 +334,9 @@ def test_sweep_findings_name_the_ends_of_the_sweep_and_the_runs_behind_them():
     write(*three_runs(sweep_pair, 128, 16.0, 10.0))
     (line,) = sweepview.sweep_findings(sweepview.sweep_rows(SLUG), SLUG)
     assert line.endswith("3 runs on 2 machine starts.")
+
+
+def test_audit_convergence_claim_without_rows_stays_in_the_table_unmeasured():
+    row = _claim(audit.audit_table.rows(SLUG), "perplexity at step 200")
+    assert row["verdict"] == "not measured yet" and "ci/gpu_train.py --suites convergence-original" in row["book finds"]
+    assert row["post says"] == "11.98 vs 12.45 (training batch)"

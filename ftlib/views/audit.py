@@ -259,6 +259,10 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
         out.append(_row("perplexity at step 200, FastTransformer vs GPT-2", "11.98 vs 12.45 (training batch)",
                         f"batch {pf:.2f} vs {pg:.2f}; validation {vf:.2f} vs {vg:.2f} (seed 42){later}",
                         "holds" if pf < pg and vf < vg else "does not hold", "convergence-original suite"))
+    else:  # the claim stays in the table, unmeasured, rather than dropping out of it
+        out.append(_row("perplexity at step 200, FastTransformer vs GPT-2", "11.98 vs 12.45 (training batch)",
+                        "not measured yet: python ci/gpu_train.py --suites convergence-original,convergence",
+                        "not measured yet", "convergence-original suite"))
     return out
 
 

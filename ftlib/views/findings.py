@@ -49,7 +49,7 @@ def findings_table(device: str = "h200") -> pd.DataFrame:
         hit = next((r for r in rows if r["claim"].startswith(start)), None)
         if hit is not None:
             # The commands that would measure it belong in chapter 7, not in the summary.
-            book = re.sub(r"not measured yet: bash [^;)]*", "not measured yet", hit["book finds"])
+            book = re.sub(r"not measured yet: (bash|python) [^;)]*", "not measured yet", hit["book finds"])
             out.append({"the post's claim": name, "post says": hit["post says"], "the book finds": book,
                         "verdict": hit["verdict"]})
     return pd.DataFrame(out, columns=["the post's claim", "post says", "the book finds", "verdict"])
@@ -135,7 +135,7 @@ def preamble(device: str = "h200") -> str:
     return (f"Measured on an NVIDIA {device.upper()}; the post's numbers are from a Tesla T4. "
             "\"holds on H200 only\": the claim holds on the H200, the T4 itself is untested. "
             f"\"too few runs\": measured, but not yet in the {MIN_RUNS} runs on {MIN_MACHINES} machine "
-            "starts a verdict needs.")
+            "starts a verdict needs. \"not measured yet\": no stored rows; chapter 7 gives the command.")
 
 
 def additions_markdown(device: str = "h200") -> str:
