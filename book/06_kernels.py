@@ -368,7 +368,7 @@ else:
 # kernels are the other way down.
 
 # %%
-prows = ok_rows("engine_probe", include_cpu=MEASURE)
+prows = engineview.latest_probes(ok_rows("engine_probe", include_cpu=MEASURE))  # each device's newest code
 ptable = engineview.probe_table(prows)
 if len(ptable):
     print("Measured on:", provenance_line(prows))

@@ -146,3 +146,13 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
     assert "3 of these runs ran with `grad_into_buffer` off" in lines[1]  # a, b, e
     assert "1 of these runs ran with `grad_into_buffer`" in engineview.options_behind(rows, run_ids={"b", "c"})
     assert engineview.options_behind(rows, run_ids={"c", "d"}) == ""
+
+
+def test_only_the_newest_profiled_commit_of_each_device_is_shown():
+    def probe(dev, commit, date, label):
+        return {"status": "ok", "device_slug": dev, "commit": commit, "date": date, "label": label}
+
+    rows = [probe("h200", "old", "2026-12-03T06:00:00Z", "a"), probe("h200", "new", "2026-12-04T06:00:00Z", "b"),
+            probe("h200", "new", "2026-12-04T06:01:00Z", "c"), probe("t4", "old", "2026-12-01T00:00:00Z", "d"),
+            {**probe("h200", "newer", "2026-12-05T00:00:00Z", "e"), "status": "error"}]
+    assert [r["label"] for r in engineview.latest_probes(rows)] == ["b", "c", "d"]

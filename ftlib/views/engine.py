@@ -243,7 +243,7 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
 # mask's triu/tril counts as attention; the bias gradients' column sum (kernels/bias_linear.py) as a
 # reduction, beside the norms' partial sums.
 PROBE_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
-    ("attention", ("_attn_", "fmha", "softmax", "attention", "triu_tril")),
+    ("attention", ("_attn_", "fmha", "softmax", "attention", "triu_tril", "_kv_split_sum")),
     ("matmul", ("gemm", "xmma", "nvjet", "_matmul_tile", "splitkreduce")),
     ("norms", ("_add_norm", "_rms_norm", "_layer_norm", "layer_norm")),
     ("optimizer", ("_adamw", "adam")),
@@ -258,6 +258,17 @@ PROBE_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
 def probe_category(kernel_name: str) -> str:
     n = kernel_name.lower()
     return next((cat for cat, pats in PROBE_CATEGORIES if any(p in n for p in pats)), "other")
+
+
+def latest_probes(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The profiles of each device's newest profiled commit: cases profiled on older code (another engine)
+    are left out rather than shown beside today's."""
+    rows = [r for r in probe_rows if r.get("status") == "ok"]
+    newest: dict[str, tuple[str, str]] = {}
+    for r in rows:
+        dev, mark = r.get("device_slug"), (str(r.get("date")), str(r.get("commit")))
+        newest[dev] = max(newest.get(dev, mark), mark)
+    return [r for r in rows if str(r.get("commit")) == newest[r.get("device_slug")][1]]
 
 
 @table_view

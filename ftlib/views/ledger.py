@@ -234,38 +234,43 @@ def figure_rows(probe_rows: Iterable[dict[str, Any]], device: str) -> list[dict[
     return sorted(rows, key=lambda r: (r.get("preset") != "fasttransformer", r["precision"] != "bf16", r["label"]))
 
 
+PANELS_PER_ROW = 3  # cases side by side in the ledger figure; more go on further rows
+
+
 def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str, boundary_us: float = BOUNDARY_US) -> go.Figure:
     """Per case of :func:`figure_rows` (one panel each), per kernel class: the measured µs per step beside
     its speed of light (log scale), labelled with measured / speed of light."""
     cases = figure_rows(probe_rows, device)
     n = max(1, len(cases))
-    fig = make_subplots(rows=1, cols=n, shared_yaxes=True, horizontal_spacing=0.03,
-                        subplot_titles=["<br>".join(textwrap.wrap(short_case(r), 30)) for r in cases])
+    ncols = min(n, PANELS_PER_ROW)
+    nrows = math.ceil(n / ncols)
+    fig = make_subplots(rows=nrows, cols=ncols, shared_yaxes=True, horizontal_spacing=0.04,
+                        vertical_spacing=0.22 / nrows if nrows > 1 else 0.0,
+                        subplot_titles=["<br>".join(textwrap.wrap(short_case(r), 32)) for r in cases])
     values: list[float] = []
     for i, r in enumerate(cases, start=1):
+        at = dict(row=(i - 1) // ncols + 1, col=(i - 1) % ncols + 1)
         lines = [x for x in _case_ledger(r, boundary_us) if x["measured µs"] or x["speed of light µs"]]
         y = [x["class"] for x in lines]
         color = MODEL_COLORS.get(r.get("preset") or "", "#555")
         fig.add_trace(go.Bar(y=y, x=[x["measured µs"] or None for x in lines], orientation="h", name="measured",
                              marker_color=color, legendgroup="measured", showlegend=i == 1,
                              text=[f"{x['measured / speed of light']:.1f}×" if x["measured / speed of light"] else ""
-                                   for x in lines], textposition="outside", cliponaxis=False),
-                      row=1, col=i)
+                                   for x in lines], textposition="outside", cliponaxis=False), **at)
         fig.add_trace(go.Bar(y=y, x=[x["speed of light µs"] or None for x in lines], orientation="h",
                              hovertext=[f"bound by {x['bound']}" for x in lines],
                              name=f"speed of light: max of FLOP, byte, launch floors ({boundary_us:g} µs a kernel)",
                              marker_color="#c7c7c7",
-                             legendgroup="sol", showlegend=i == 1), row=1, col=i)
+                             legendgroup="sol", showlegend=i == 1), **at)
         values += [v for x in lines for v in (x["measured µs"], x["speed of light µs"]) if v]
     axis: dict[str, Any] = dict(type="log", tickangle=0)
     if values:  # decades as ticks; room on the right for the ratio labels
         lo, hi = math.log10(min(values)) - 0.1, math.log10(max(values)) + 0.45
         ticks = [10.0**k for k in range(math.ceil(lo), math.floor(hi) + 1)]
         axis.update(range=[lo, hi], tickvals=ticks, ticktext=[f"{t:,.0f}" for t in ticks])
-    for i in range(1, n + 1):
-        fig.update_xaxes(title_text="µs per step", **axis, row=1, col=i)
+    fig.update_xaxes(title_text="µs per step", **axis)
     fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=list(CLASSES))
-    fig.update_layout(barmode="group", bargap=0.25, height=520, margin=dict(l=140, t=110),
+    fig.update_layout(barmode="group", bargap=0.25, height=160 + 380 * nrows, margin=dict(l=140, t=110),
                       title=f"The engine's step by kernel class, {device}: measured vs speed of light")
     return legend_below(fig)
 
