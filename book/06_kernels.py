@@ -344,7 +344,11 @@ else:
 # a sum, a cast and a strided copy for each of dK and dV. GPT-2's multi-head attention has no split,
 # so the option changes nothing there. The `persistent norm dw` variant in the table above is an
 # option that did not win: the norm backwards' weight-gradient partials, one per program instead of
-# one per row tile. The table shows each trial; the lines under it say which options are defaults now.
+# one per row tile. On trial now: `norm-dw-into-buffer`, where each fused residual-norm's backward adds
+# its weight (and bias) gradient straight into the parameter's view of the flat gradient with atomic
+# adds (`kernels/residual_norm.py`, `dw_partials="atomic"`), which leaves no partial rows for a torch sum
+# and nothing for autograd to add. The table shows each trial; the lines under it say which options are
+# defaults now.
 
 # %%
 cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)

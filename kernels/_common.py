@@ -84,6 +84,12 @@ def num_programs(device: torch.device, work: int) -> int:
 # "persistent", a grid of a few programs per SM, each looping over a run of tiles and writing
 # one partial row (Liger-Kernel's rms_norm backward), so the launcher sums far fewer rows.
 DW_PARTIALS = ("tile", "persistent")
+# The fused residual-norm backward also takes "atomic": the persistent grid with each program adding
+# its row into one (N,) output with atomic adds, so no partial rows and no sum kernel; the output may
+# be a gradient buffer that the caller zeroed (the engine's flat gradient), which leaves nothing for
+# autograd to add either. Atomic adds make the order of the sum vary from run to run (the value, up
+# to float rounding, does not).
+ADD_NORM_DW_PARTIALS = DW_PARTIALS + ("atomic",)
 # Warps per SM of the default persistent grid: Liger's grid of one program per SM has 4 warps per
 # program at N = 256 (its calculate_settings). With the 1-warp (4, 256) row tiles that is 4 programs
 # per SM, so each SM keeps several tiles' loads in flight (one warp looping over its tiles alone
@@ -91,10 +97,11 @@ DW_PARTIALS = ("tile", "persistent")
 PERSISTENT_WARPS_PER_SM = 4
 
 
-def check_dw_partials(dw_partials: str, programs: int | None = None) -> None:
-    """ValueError unless ``dw_partials`` is one of DW_PARTIALS and ``programs`` None or a positive int."""
-    if dw_partials not in DW_PARTIALS:
-        raise ValueError(f"dw_partials={dw_partials!r}; expected one of {DW_PARTIALS}")
+def check_dw_partials(dw_partials: str, programs: int | None = None,
+                      allowed: tuple[str, ...] = DW_PARTIALS) -> None:
+    """ValueError unless ``dw_partials`` is one of ``allowed`` and ``programs`` None or a positive int."""
+    if dw_partials not in allowed:
+        raise ValueError(f"dw_partials={dw_partials!r}; expected one of {allowed}")
     if programs is not None and (isinstance(programs, bool) or not isinstance(programs, int) or programs < 1):
         raise ValueError(f"programs={programs!r} must be None (a few per SM) or a positive int")
 

@@ -29,7 +29,10 @@ with a torch reduction). With ``dw_partials="persistent"`` the backward runs on 
 (``kernels._common.persistent_grid``), each looping over a contiguous run of tiles and
 accumulating its dw (and db) in registers, so the launcher sums one row per program
 (Liger-Kernel's rms_norm backward; the partial-sum-then-reduce scheme of Triton's layer-norm
-tutorial, python/tutorials/05-layer-norm.py).
+tutorial, python/tutorials/05-layer-norm.py). With ``dw_partials="atomic"`` the same programs add
+their rows into one (N,) output with atomic adds instead (``DW += sum over the program's rows``):
+given the weight's own gradient buffer (``dw_out``, zeroed by the caller), the backward leaves
+nothing for a reduction or for autograd's gradient accumulation.
 
 Residual dropout (``p`` > 0): the branch's dropout is fused too, ``s = x + r m / (1 - p)`` with
 ``m`` a keep mask (keep probability 1 - p; inverted dropout, Srivastava et al. 2014, as
@@ -54,6 +57,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
+    ADD_NORM_DW_PARTIALS,
     check_dw_partials,
     check_tensor,
     compute_dtype,
@@ -166,7 +170,8 @@ def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M
                                     tiles_per_program,
                                     IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
                                     HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
-                                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
+                                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr,
+                                    ATOMIC: tl.constexpr):
     """The same g, dr, dw, db on a persistent grid (Liger-Kernel's rms_norm backward: a few programs
     per SM). Program pid takes the ``tiles_per_program`` consecutive (ROWS, N) tiles from
     tile pid * tiles_per_program on (the last run clipped at M); per row, as the tile kernel,
@@ -179,7 +184,9 @@ def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M
 
     then writes DWP[pid] = sum over the ROWS axis of acc_w and DBP[pid] likewise: one partial row
     per program for the launcher to sum (dw = sum_programs DWP, db = sum_programs DBP), instead of
-    one per tile. The keep mask depends on (seed, salt, row, column) only: the same as the forward's."""
+    one per tile. With ATOMIC, DWP and DBP are (N,) outputs instead, and each program adds its row
+    into them (DWP += sum over the ROWS axis of acc_w): the sum over programs done by atomic adds.
+    The keep mask depends on (seed, salt, row, column) only: the same as the forward's."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -193,9 +200,14 @@ def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M
         acc_w += dwt
         if HAS_BIAS:
             acc_b += dbt
-    tl.store(DWP + pid * N + cols, tl.sum(acc_w, axis=0), mask=cmask)
-    if HAS_BIAS:
-        tl.store(DBP + pid * N + cols, tl.sum(acc_b, axis=0), mask=cmask)
+    if ATOMIC:
+        tl.atomic_add(DWP + cols, tl.sum(acc_w, axis=0), mask=cmask)
+        if HAS_BIAS:
+            tl.atomic_add(DBP + cols, tl.sum(acc_b, axis=0), mask=cmask)
+    else:
+        tl.store(DWP + pid * N + cols, tl.sum(acc_w, axis=0), mask=cmask)
+        if HAS_BIAS:
+            tl.store(DBP + pid * N + cols, tl.sum(acc_b, axis=0), mask=cmask)
 
 
 def _check(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -253,15 +265,22 @@ def add_norm_bwd(
     layer_norm: bool, has_bias: bool, rows: int = ROWS, r_dtype: torch.dtype | None = None,
     p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
     dw_partials: str = "tile", programs: int | None = None,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]:
+    dw_out: torch.Tensor | None = None, db_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(dx, dr, dweight, dbias or None); ``ds`` None when s feeds only the norm.
 
     dx = g (module docstring); dr = g in ``r_dtype`` (default s's), times keep / (1 - p) with
     dropout (the forward's mask: same ``seed`` value and ``salt``). Without dropout and with one
     dtype, dr is dx itself (no second write). ``dw_partials``: "tile" (a partial row per tile of
     ``rows`` rows) or "persistent" (about ``programs`` programs, default a few per SM:
-    ``kernels._common.persistent_grid``, a partial row each); the launcher sums the partial rows."""
-    check_dw_partials(dw_partials, programs)
+    ``kernels._common.persistent_grid``, a partial row each), the launcher summing the partial rows;
+    or "atomic" (the persistent grid adding into (N,) outputs). ``dw_out`` (and ``db_out`` with a
+    bias), "atomic" only: the weight's (and bias's) gradient buffers, in rstd's dtype, which the
+    kernel adds into; dweight and dbias are then returned as None (already accumulated)."""
+    check_dw_partials(dw_partials, programs, ADD_NORM_DW_PARTIALS)
+    into = dw_out is not None
+    if into or db_out is not None:
+        _check_outs(dw_partials, dw_out, db_out, w, rstd.dtype, has_bias)
     N = s.shape[-1]
     M = s.numel() // max(N, 1)
     r_dtype = r_dtype or s.dtype
@@ -271,12 +290,19 @@ def add_norm_bwd(
     has_gr = p > 0 or r_dtype != s.dtype
     gr = torch.empty_like(s, dtype=r_dtype) if has_gr else g
     if M == 0:
+        if into:
+            return g, gr, None, None
         return g, gr, torch.zeros_like(w), torch.zeros_like(w) if has_bias else None
     n_tiles, block_n = triton.cdiv(M, rows), _block_n(N)
     warps = row_tile_warps(rows, block_n)
     grid, per_program = (n_tiles, 1) if dw_partials == "tile" else persistent_grid(s.device, n_tiles, programs, warps)
-    dwp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device)  # one partial row per program
-    dbp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device) if has_bias else dwp
+    atomic = dw_partials == "atomic"
+    if atomic:  # (N,) outputs the programs add into: the caller's buffers, or zeroed here
+        dwp = dw_out if into else torch.zeros(N, dtype=rstd.dtype, device=s.device)
+        dbp = (db_out if into else torch.zeros(N, dtype=rstd.dtype, device=s.device)) if has_bias else dwp
+    else:
+        dwp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device)  # one partial row per program
+        dbp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device) if has_bias else dwp
     args = (ds if ds is not None else dh, dh, s, w, rstd, g, gr, dwp, dbp, seed if p > 0 else rstd, M, N, salt, p,
             1.0 / (1.0 - p))
     meta = dict(IS_LN=layer_norm, HAS_BIAS=has_bias, HAS_DS=ds is not None, HAS_GR=has_gr, HAS_DROP=p > 0, RNG4=rng4,
@@ -284,8 +310,29 @@ def add_norm_bwd(
     if dw_partials == "tile":
         _add_norm_bwd_kernel[(grid,)](*args, **meta)
     else:
-        _add_norm_bwd_persistent_kernel[(grid,)](*args, per_program, **meta)
+        _add_norm_bwd_persistent_kernel[(grid,)](*args, per_program, **meta, ATOMIC=atomic)
+    if into:
+        return g, gr, None, None
+    if atomic:
+        return g, gr, dwp.to(w.dtype), dbp.to(w.dtype) if has_bias else None
     return g, gr, dwp.sum(0).to(w.dtype), dbp.sum(0).to(w.dtype) if has_bias else None  # (grid, N) -> (N,)
+
+
+def _check_outs(dw_partials: str, dw_out: torch.Tensor | None, db_out: torch.Tensor | None, w: torch.Tensor,
+                dtype: torch.dtype, has_bias: bool) -> None:
+    """ValueError unless the gradient buffers fit :func:`add_norm_bwd`'s atomic adds."""
+    if dw_partials != "atomic":
+        raise ValueError(f"dw_out/db_out need dw_partials='atomic', got {dw_partials!r}")
+    if dw_out is None or (db_out is None) == has_bias:
+        raise ValueError("dw_out is required with db_out, and db_out exactly when the norm has a bias")
+    for name, t in (("dw_out", dw_out), ("db_out", db_out)):
+        if t is None:
+            continue
+        check_tensor(name, t, ndim=1)
+        same_device(("weight", w), (name, t))
+        if t.shape != w.shape or t.dtype != dtype:
+            raise ValueError(f"{name} must be {tuple(w.shape)} in {dtype} (the kernel adds into it), "
+                             f"got {tuple(t.shape)} in {t.dtype}")
 
 
 class AddNormFunction(torch.autograd.Function):
@@ -295,21 +342,25 @@ class AddNormFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float,
                 layer_norm: bool, out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0,
                 seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4, dw_partials: str = "tile",
-                programs: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
-        check_dw_partials(dw_partials, programs)
+                programs: int | None = None, dw_out: torch.Tensor | None = None,
+                db_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+        check_dw_partials(dw_partials, programs, ADD_NORM_DW_PARTIALS)
+        if dw_out is not None or db_out is not None:  # checked now, not first in the backward
+            _check_outs(dw_partials, dw_out, db_out, w, torch.float64 if x.dtype == torch.float64 else torch.float32,
+                        b is not None)
         s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm, out_dtype, rows,
                                   p, seed, salt, rng4)
         ctx.save_for_backward(s, w, rstd)
         ctx.r_dtype, ctx.layer_norm, ctx.has_bias, ctx.rows = r.dtype, layer_norm, b is not None, rows
         ctx.p, ctx.seed, ctx.salt, ctx.rng4 = p, seed, salt, rng4  # the seed tensor: its value is read again
-        ctx.dw_partials, ctx.programs = dw_partials, programs
+        ctx.dw_partials, ctx.programs, ctx.dw_out, ctx.db_out = dw_partials, programs, dw_out, db_out
         ctx.set_materialize_grads(False)  # an unused s arrives as None, not as a tensor of zeros
         return s, h
 
     @staticmethod
     def backward(ctx, ds: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         s, w, rstd = ctx.saved_tensors
-        none = (None,) * 12
+        none = (None,) * 14
         if dh is None:  # h unused: s's gradient passes through to x, and to r through the mask
             if ds is None:
                 return (None, None) + none
@@ -318,28 +369,31 @@ class AddNormFunction(torch.autograd.Function):
                 dr = ds * keep_mask(ctx.seed, ds.shape, ctx.p, ctx.salt, ctx.rng4) / (1.0 - ctx.p)
             return (ds, dr.to(ctx.r_dtype)) + none
         # dh may be bf16: loaded as fp32
+        # With dw_out the weight's gradient is added into its buffer by the kernel: None goes to autograd.
         g, gr, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias, ctx.rows, ctx.r_dtype,
-                                     ctx.p, ctx.seed, ctx.salt, ctx.rng4, ctx.dw_partials, ctx.programs)
-        return (g, gr, dw, db) + (None,) * 10
+                                     ctx.p, ctx.seed, ctx.salt, ctx.rng4, ctx.dw_partials, ctx.programs,
+                                     ctx.dw_out, ctx.db_out)
+        return (g, gr, dw, db) + (None,) * 12
 
 
 def add_rms_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-5, out_dtype: torch.dtype | None = None,
     rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
-    dw_partials: str = "tile", programs: int | None = None,
+    dw_partials: str = "tile", programs: int | None = None, dw_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, rms_norm(x + r) * w), differentiable in x, r and w; h in ``out_dtype`` (default x's).
     ``p`` > 0: r through dropout first (mask from ``seed`` and ``salt``: module docstring).
-    ``dw_partials``, ``programs``: the backward's dweight partials (:func:`add_norm_bwd`)."""
+    ``dw_partials``, ``programs``, ``dw_out``: the backward's dweight (:func:`add_norm_bwd`)."""
     return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype, rows, p, seed, salt, rng4, dw_partials,
-                                 programs)
+                                 programs, dw_out, None)
 
 
 def add_layer_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, eps: float = 1e-5,
     out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None,
     salt: int = 0, rng4: bool = RNG4, dw_partials: str = "tile", programs: int | None = None,
+    dw_out: torch.Tensor | None = None, db_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, layer_norm(x + r) * w + b), differentiable in x, r, w and b; h in ``out_dtype``."""
     return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype, rows, p, seed, salt, rng4, dw_partials,
-                                 programs)
+                                 programs, dw_out, db_out)

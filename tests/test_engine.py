@@ -133,8 +133,11 @@ def test_losses_match_reference_training(cfg, dev):
     (GPT1_L2, {"fused_softmax": True, "bias_kernel": True}),
     (FT1, {"norm_dw_partials": "persistent", "attention_precision": "ieee"}),
     (GPT4, {"norm_dw_partials": "persistent"}),
+    (FT1, {"norm_dw_into_buffer": True, "attention_precision": "ieee"}),
+    (GPT4, {"norm_dw_into_buffer": True}),
 ], ids=["heads-layout", "3xtf32", "unfused-residual-norm", "gpt2-packed-fused-layernorm", "gpt2-bias-kernel",
-        "gpt2-unfused-softmax", "gpt2-mqa-fused-softmax", "persistent-norm-dw", "gpt2-persistent-norm-dw"])
+        "gpt2-unfused-softmax", "gpt2-mqa-fused-softmax", "persistent-norm-dw", "gpt2-persistent-norm-dw",
+        "norm-dw-into-buffer", "gpt2-norm-dw-into-buffer"])
 def test_engine_options_train_like_the_reference(cfg, options, dev):
     r = check_against_reference(cfg, steps=3, device=dev, B=B, T=T, **options)
     assert r["ok"] and r["max_rel_err"] <= LOSS_RTOL and r["param_rel_err"] <= PARAM_RTOL

@@ -203,7 +203,8 @@ def test_argument_checks(kernel_device):
     dev = kernel_device
     x, r, w = torch.randn(4, 8, device=dev), torch.randn(4, 8, device=dev), torch.ones(8, device=dev)
     rstd = torch.ones(4, device=dev)
-    bad_mode = "dw_partials='tiles'; expected one of \\('tile', 'persistent'\\)"
+    # The fused residual-norm also takes 'atomic' (tests/test_norm_atomic.py); the standalone RMSNorm does not.
+    bad_mode = "dw_partials='tiles'; expected one of \\('tile', 'persistent'"
     for call in (lambda: add_rms_norm(x, r, w, dw_partials="tiles"),
                  lambda: add_layer_norm(x, r, w, dw_partials="tiles"),
                  lambda: add_norm_bwd(None, x, x, w, rstd, False, False, dw_partials="tiles"),
@@ -211,6 +212,9 @@ def test_argument_checks(kernel_device):
                  lambda: rms_norm_bwd(x, x, w, rstd, dw_partials="tiles"),
                  lambda: TritonRMSNorm(8, dw_partials="tiles")):
         with pytest.raises(ValueError, match=bad_mode):
+            call()
+    for call in (lambda: rms_norm(x, w, dw_partials="atomic"), lambda: TritonRMSNorm(8, dw_partials="atomic")):
+        with pytest.raises(ValueError, match="dw_partials='atomic'; expected one of \\('tile', 'persistent'\\)"):
             call()
     for programs in (0, -1, 2.5, True, "4"):
         with pytest.raises(ValueError, match="programs="):

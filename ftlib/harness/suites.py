@@ -221,7 +221,10 @@ def engine_variants() -> list[Case]:
 
 # (label suffix, engine options) of each option on trial. grad_into_buffer and fuse_kv_split_sum won
 # theirs (chapter 6 keeps the rows) and are defaults now; an option waiting for a trial goes here.
-CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = ()
+# norm_dw_into_buffer: the fused residual-norms' weight (and bias) gradients added into the flat
+# gradient by the norm backward itself, which removes a torch column sum and an autograd add per
+# norm (the step's ledger counts them among the reductions and the elementwise adds).
+CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = ((" +norm-dw-into-buffer", {"norm_dw_into_buffer": True}),)
 
 
 def engine_candidates() -> list[Case]:

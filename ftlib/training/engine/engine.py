@@ -189,7 +189,8 @@ class Engine:
                 self.notes["fuse_dropout"] = (f"residual dropout p={cfg.dropout} inside the fused residual-norm "
                                               "(mask from Philox, redrawn in the backward)")
         if self.fuse_residual_norm:
-            self.model.add_norm = FusedAddNorm(self.model, norm_out, dropout, o.norm_dw_partials)
+            self.model.add_norm = FusedAddNorm(self.model, norm_out, dropout, o.norm_dw_partials,
+                                               dw_into=o.norm_dw_into_buffer)
         return dropout
 
     def _loss(self):
@@ -346,6 +347,7 @@ class Engine:
             "fuse_kv_split_sum": (o.fuse_kv_split_sum and self.kernels["attention"]
                                   and self.config.n_head > self.config.n_kv_head),
             "muon_grouped": self.muon is not None and self.muon.grouped,
+            "norm_dw_into_buffer": bool(o.norm_dw_into_buffer and self.fuse_residual_norm),
             "loss_scale": self.optimizer.loss_scale_kind(),
             "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),
         }

@@ -134,6 +134,9 @@ class FusedAddNorm(nn.Module):
     autocast: what the next Linear would cast it to; None: the stream's dtype).
 
     ``dw_partials``: the backward's weight-gradient partials (:func:`kernels.residual_norm.add_norm_bwd`).
+    ``dw_into``: instead, the backward adds each norm's weight (and bias) gradient into that parameter's
+    ``.grad`` with atomic adds (``dw_partials="atomic"``) and hands autograd nothing to add: for the
+    engine, whose ``.grad`` tensors are views of one flat buffer zeroed at the start of every step.
 
     ``dropout`` = (p, seed tensor, rng4): each branch's residual dropout runs inside the kernel, for a
     model whose branch dropout modules are identities (:func:`fuse_residual_dropout_`). Call site k
@@ -142,10 +145,11 @@ class FusedAddNorm(nn.Module):
     """
 
     def __init__(self, model: GPT, out_dtype: torch.dtype | None,
-                 dropout: tuple[float, torch.Tensor, bool] | None = None, dw_partials: str = "tile") -> None:
+                 dropout: tuple[float, torch.Tensor, bool] | None = None, dw_partials: str = "tile",
+                 dw_into: bool = False) -> None:
         super().__init__()
         self.layernorm = model.config.norm == "layernorm"
-        self.out_dtype, self.dropout, self.dw_partials = out_dtype, dropout, dw_partials
+        self.out_dtype, self.dropout, self.dw_partials, self.dw_into = out_dtype, dropout, dw_partials, dw_into
         blocks = list(model.blocks)
         nexts = [blk.norm1 for blk in blocks[1:]] + [model.norm_f]
         order = [norm for blk, nxt in zip(blocks, nexts) for norm in (blk.norm2, nxt)]  # the adds, in order
@@ -156,8 +160,16 @@ class FusedAddNorm(nn.Module):
 
         p, seed, rng4 = self.dropout if (self.dropout is not None and self.training) else (0.0, None, False)
         kw = dict(p=p, seed=seed, salt=self._salt[id(norm)], rng4=rng4, dw_partials=self.dw_partials)
+        bias = norm.bias if self.layernorm else None
+        if self.dw_into and torch.is_grad_enabled():
+            if norm.weight.grad is None or (bias is not None and bias.grad is None):
+                raise RuntimeError("dw_into needs each norm parameter's .grad to be its gradient buffer (the "
+                                   "engine's flat-gradient views); it is None")
+            kw.update(dw_partials="atomic", dw_out=norm.weight.grad)
+            if self.layernorm:
+                kw["db_out"] = bias.grad if bias is not None else None
         if self.layernorm:
-            return add_layer_norm(x, branch, norm.weight, norm.bias, norm.eps, self.out_dtype, **kw)
+            return add_layer_norm(x, branch, norm.weight, bias, norm.eps, self.out_dtype, **kw)
         return add_rms_norm(x, branch, norm.weight, norm.eps, self.out_dtype, **kw)
 
 

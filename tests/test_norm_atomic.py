@@ -1,0 +1,78 @@
+"""The fused residual-norm backward with ``dw_partials="atomic"`` (kernels/residual_norm.py): the programs add
+their weight-gradient rows into one output with atomic adds, optionally the caller's gradient buffer (then
+nothing is returned to autograd for the weight). Against the per-tile default and the references, on
+kernel_device (tests/conftest.py)."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from test_norm_persistent import EPS, KINDS, _inputs, _reference, _run, _same  # noqa: E402
+
+from kernels.residual_norm import add_layer_norm, add_norm_bwd, add_norm_fwd, add_rms_norm  # noqa: E402
+
+pytestmark = pytest.mark.kernels
+FUSED = [k for k in KINDS if k.startswith("add-")]
+
+
+@pytest.mark.parametrize("programs", [None, 1, 64], ids=["default-grid", "one-program", "more-programs-than-tiles"])
+@pytest.mark.parametrize("kind", FUSED)
+def test_atomic_matches_tile(kind, programs, kernel_device):
+    t, douts = _inputs((37, 48), kernel_device, seed=4)
+    _, base = _run(kind, t, douts)
+    _, got = _run(kind, t, douts, dw_partials="atomic", programs=programs)
+    (_, want), _ = _reference(kind, t, douts, torch.float32)
+    for name, a, c, r in zip(KINDS[kind][2], got, base, want):
+        _same(a, c, torch.float32, f"d{name}")
+        torch.testing.assert_close(a.cpu().double(), r, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["add-rmsnorm", "add-layernorm"])
+def test_into_the_callers_buffers_adds_and_returns_none(layer_norm, kernel_device):
+    t, (ds, dh) = _inputs((37, 40), kernel_device, seed=5)
+    x, r, w, b = (t[k].detach() for k in "xrwb")
+    bias = b if layer_norm else None
+    s, _, rstd = add_norm_fwd(x, r, w, bias, EPS, layer_norm)
+    dx, dr, dw, db = add_norm_bwd(ds, dh, s, w, rstd, layer_norm, layer_norm)
+    # Buffers already holding a contribution (a tied or accumulated gradient): the kernel adds to it.
+    dw_out = torch.full_like(w, 0.5)
+    db_out = torch.full_like(w, -0.25) if layer_norm else None
+    gx, gr, none_w, none_b = add_norm_bwd(ds, dh, s, w, rstd, layer_norm, layer_norm, dw_partials="atomic",
+                                          programs=3, dw_out=dw_out, db_out=db_out)
+    assert none_w is None and none_b is None
+    _same(gx, dx, torch.float32, "dx")
+    _same(gr, dr, torch.float32, "dr")
+    _same(dw_out, dw + 0.5, torch.float32, "dw into the buffer")
+    if layer_norm:
+        _same(db_out, db - 0.25, torch.float32, "db into the buffer")
+    # A buffer written twice would be caught: the contribution is not 2x.
+    assert not torch.allclose(dw_out, 2 * dw + 0.5, atol=1e-4)
+
+
+def test_autograd_leaves_the_weight_to_the_buffer(kernel_device):
+    t, (ds, dh) = _inputs((37, 32), kernel_device, seed=6)
+    x, r = t["x"], t["r"]
+    w = t["w"].detach().clone().requires_grad_(True)
+    w.grad = torch.zeros_like(w)  # the engine's view of its flat gradient, zeroed at the start of a step
+    buf = w.grad
+    s, h = add_rms_norm(x, r, w, EPS, dw_partials="atomic", dw_out=buf)
+    torch.autograd.backward((s, h), (ds, dh))
+    w2 = t["w"].detach().clone().requires_grad_(True)
+    s2, h2 = add_rms_norm(x.detach().requires_grad_(True), r.detach(), w2, EPS)
+    torch.autograd.backward((s2, h2), (ds, dh))
+    assert w.grad is buf  # no tensor of autograd's was added or swapped in
+    _same(w.grad, w2.grad, torch.float32, "dw")
+
+
+def test_the_buffers_are_checked(kernel_device):
+    t, _ = _inputs((8, 16), kernel_device, seed=7)
+    x, r, w, b = (t[k].detach() for k in "xrwb")
+    with pytest.raises(ValueError, match="need dw_partials='atomic'"):
+        add_rms_norm(x, r, w, EPS, dw_out=torch.zeros_like(w))
+    with pytest.raises(ValueError, match="must be \\(16,\\) in torch.float32"):
+        add_rms_norm(x, r, w, EPS, dw_partials="atomic", dw_out=torch.zeros(8, device=kernel_device))
+    with pytest.raises(ValueError, match="db_out exactly when the norm has a bias"):
+        add_layer_norm(x, r, w, b, EPS, dw_partials="atomic", dw_out=torch.zeros_like(w))
+    with pytest.raises(ValueError, match="expected one of"):
+        add_rms_norm(x, r, w, EPS, dw_partials="atom")
