@@ -238,6 +238,24 @@ for dev, dev_rows in group_rows(speed + record).items():
 v = next((verdicts[d] for d in sorted(verdicts) if verdicts[d] is not None), None)
 
 # %% [markdown]
+# ### Grouped against per-matrix Muon, in one call
+# The grouped update computes what the per-matrix one computes (`tests/test_muon.py` holds the two
+# equal to float rounding), so the two should differ in time per step only. The suite
+# `speedrun-muon-trial` runs the leading grouped candidate and its per-matrix twin on the same seeds,
+# alternating, in one call; the test on the seeds' best losses says whether they differ beyond the
+# seeds.
+
+# %%
+trial = stored("speedrun-muon-trial")
+if not trial:
+    print("The Muon trial has no stored rows yet: python ci/gpu_train.py --suites speedrun-muon-trial on a GPU.")
+for dev in sorted(group_rows(trial)):
+    trial_table, trial_text = rec.muon_trial(trial, dev)
+    if len(trial_table):
+        show_frame(trial_table, digits=4, caption=f"the Muon trial on {dev}")
+    print(trial_text)
+
+# %% [markdown]
 # ### How much of a speed-up is noise
 # Fixing the seed fixes the initial weights, the batches and the dropout masks, but not the
 # run. The GPU's atomic adds (the embedding backward) and reduction orders differ from run to

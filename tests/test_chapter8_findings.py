@@ -76,3 +76,23 @@ def test_fair_findings_compare_fasttransformer_with_gpt2_per_device():
     assert "On h200, the best validation loss of each model, lowest first: gpt2 1.5100 (1.5000–1.5200, 3 seeds)" in text
     assert "FastTransformer's mean is 0.0500 above GPT-2's; their seed ranges do not overlap." in text
     assert "On a100" in text and text.count("FastTransformer's mean") == 1  # a100 has no GPT-2 to compare
+
+
+def test_the_muon_trial_compares_the_two_executions_of_one_update():
+    from ftlib.views.record import muon_trial
+
+    grouped = "256x6 FT-style, engine + grouped Muon, Muon 0.02"
+    per = "256x6 FT-style, engine, Muon 0.02"
+    rows = ([{**_run(grouped, s, [4.0, 1.6, 1.49 + s / 1000], 1.50, t_per_step=0.003), "train_time_s": 1.6}
+             for s in range(3)]
+            + [{**_run(per, s, [4.0, 1.6, 1.48 + s / 1000], 1.50, t_per_step=0.005), "train_time_s": 2.0}
+               for s in range(3)])
+    tab, text = muon_trial(rows, "h200")
+    t = tab.set_index("variant")
+    assert t.loc["grouped", "seeds"] == 3 and t.loc["per matrix", "reached 1.50"] == 3
+    assert t.loc["grouped", "time to 1.50 s (mean)"] == pytest.approx(0.6)  # 200 steps at 3 ms
+    assert t.loc["grouped", "ms per step (mean)"] == pytest.approx(3.0)  # (1.6 s - 1.0 s startup) / 200 steps
+    assert "grouped minus per-matrix mean best loss +0.0100" in text and "a difference beyond the seeds" in text
+    same = [r for r in rows if r["model"] == grouped] + [{**r, "model": per} for r in rows if r["model"] == grouped]
+    assert "within the seeds spread" in muon_trial(same, "h200")[1]
+    assert "no rows" in muon_trial(rows, "a100")[1]

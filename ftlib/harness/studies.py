@@ -38,7 +38,7 @@ SEEDS = (0, 1, 2)
 # when a seed reaches 1.50 varies, and the speed-up needs more than three samples.
 FINALIST_SEEDS = (1, 2, 3, 4)
 SUITE_ORDER = ("convergence-original", "convergence", "speedrun", "speedrun-repeat", "convergence-nanogpt",
-               "speedrun-record")
+               "speedrun-record", "speedrun-muon-trial")
 RECORD_SEEDS = (0, 1, 2, 3, 4)  # the second target's runs: five seeds each, every candidate
 # A smoke run's model and recipe (CPU checks): everything shrunk, the horizons scaled down.
 SMOKE_MODEL = dict(n_layer=1, n_embd=48, block_size=32)  # 48: divisible by 6 and 8 heads
@@ -185,7 +185,21 @@ def suites(smoke: bool) -> dict[str, dict]:
     record = {n: speed["runs"][n] for n in (REFERENCE, lead, *(name for name, *_ in EXPLORING_GROUPED))}
     table["speedrun-record"] = dict(runs=record, seeds=SEEDS[:1] if smoke else RECORD_SEEDS,
                                     target=NANOGPT_BEST_LOSS)
+    # The grouped Muon update against the per-matrix one it computes, in one call: the leading grouped
+    # candidate and its per-matrix twin alternate over the same seeds, so machine, data order and
+    # seeds are shared and only the execution of the update differs.
+    table["speedrun-muon-trial"] = dict(runs=dict(muon_trial_runs(speed["runs"])),
+                                        seeds=SEEDS[:1] if smoke else RECORD_SEEDS, target=TARGET_LOSS)
     return table
+
+
+def muon_trial_runs(runs: dict[str, tuple[ModelConfig, Recipe]]) -> list[tuple[str, tuple[ModelConfig, Recipe]]]:
+    """(name, (config, recipe)) of the Muon trial: the grouped 700-step candidate of ``runs``, then its twin with
+    the per-matrix update (the same recipe without the engine option ``muon_grouped``)."""
+    name = EXPLORING_GROUPED[1][0]
+    cfg, rec = runs[name]
+    twin = tuple((k, v) for k, v in rec.engine_options if k != "muon_grouped")
+    return [(name, (cfg, rec)), (name.replace(" + grouped Muon", ""), (cfg, rec.replace(engine_options=twin)))]
 
 
 def _smoke_recipe(r: Recipe, shrink: dict[str, Any]) -> Recipe:

@@ -5,7 +5,8 @@ candidate reached a target on every seed: how far its time is from the goal, spl
 and its time per step, since either can close the gap. Where none did: which candidate came
 closest, by the best validation loss each seed reached at any evaluation, and whether the loss
 was still falling at that point or had turned up again (a run that turns up is overfitting the
-training split: more steps would not help it).
+training split: more steps would not help it). And the same-call trial of the grouped Muon update
+against the per-matrix one it computes.
 """
 
 from __future__ import annotations
@@ -14,9 +15,10 @@ from collections.abc import Mapping
 from typing import Any
 
 import pandas as pd
+from scipy import stats
 
-from ftlib.harness.studies import RECORD_GOALS_S, REFERENCE
-from ftlib.views.leaderboard import SIGNIFICANT, leaderboard, on_device, one_run_per_seed
+from ftlib.harness.studies import RECORD_GOALS_S, REFERENCE, SIGNIFICANCE, TARGET_LOSS
+from ftlib.views.leaderboard import SIGNIFICANT, leaderboard, on_device, one_run_per_seed, stop_of
 from ftlib.views.tables import table_view
 
 
@@ -99,3 +101,38 @@ def limits(rows: list[dict[str, Any]], device: str, goals: Mapping[float, float]
                      f"(best loss {ref['best loss (mean)']:.4f} on average, lowest {ref['best loss (min)']:.4f}).")
         lines.append(line)
     return "\n".join(lines)
+
+
+def muon_trial(rows: list[dict[str, Any]], device: str) -> tuple[pd.DataFrame, str]:
+    """The same-call trial of the grouped Muon update against the per-matrix one (suite
+    ``speedrun-muon-trial``) on ``device``: per variant, seeds, seeds that reached 1.50, mean time to it and
+    time per step, and the mean best validation loss; then a sentence with Welch's t-test (scipy) on the
+    seeds' best losses, which the two executions of one update should leave equal."""
+    out = []
+    for r in on_device(rows, device):
+        b, s = _best_of(r), stop_of(r, TARGET_LOSS)
+        if b is None or s is None:
+            continue
+        steps = r["history"][-1]["step"]
+        out.append({"variant": "grouped" if "grouped Muon" in r["model"] else "per matrix", "seed": r.get("seed"),
+                    "reached": s["reached"], "time to 1.50 s": s["time_s"], "best loss": b["best loss"],
+                    # the steps after the first: the startup (compilation, capture) is not a step's time
+                    "ms per step": 1e3 * (r["train_time_s"] - r.get("startup_s", 0.0)) / steps if steps else None})
+    if not out:
+        return pd.DataFrame(), (f"{device}: the Muon trial has no rows "
+                                "(python ci/gpu_train.py --suites speedrun-muon-trial).")
+    df = pd.DataFrame(out)
+    g = df.groupby("variant")
+    tab = pd.DataFrame({"seeds": g.size(), "reached 1.50": g["reached"].sum(),
+                        "time to 1.50 s (mean)": g["time to 1.50 s"].mean(),
+                        "ms per step (mean)": g["ms per step"].mean(),
+                        "best loss (mean)": g["best loss"].mean(), "best loss (min)": g["best loss"].min(),
+                        "best loss (max)": g["best loss"].max()}).reset_index()
+    losses = {v: d["best loss"].to_numpy() for v, d in g}
+    if set(losses) != {"grouped", "per matrix"} or min(len(x) for x in losses.values()) < 2:
+        return tab, f"{device}: the Muon trial needs both variants with at least two seeds each."
+    t = stats.ttest_ind(losses["grouped"], losses["per matrix"], equal_var=False)
+    diff = losses["grouped"].mean() - losses["per matrix"].mean()
+    return tab, (f"{device}: grouped minus per-matrix mean best loss {diff:+.4f} over {len(losses['grouped'])} and "
+                 f"{len(losses['per matrix'])} seeds (Welch's t-test p = {t.pvalue:.2g}: "
+                 f"{'a difference beyond the seeds' if t.pvalue < SIGNIFICANCE else 'within the seeds spread'}).")
