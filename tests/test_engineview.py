@@ -156,3 +156,25 @@ def test_only_the_newest_profiled_commit_of_each_device_is_shown():
             probe("h200", "new", "2026-12-04T06:01:00Z", "c"), probe("t4", "old", "2026-12-01T00:00:00Z", "d"),
             {**probe("h200", "newer", "2026-12-05T00:00:00Z", "e"), "status": "error"}]
     assert [r["label"] for r in engineview.latest_probes(rows)] == ["b", "c", "d"]
+
+
+def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
+    mqa = {"n_head": 8, "n_kv_head": 1}
+    with_attention = ["rmsnorm", "attention", "embedding", "cross_entropy", "adamw"]
+
+    def row(kernels, notes=None, **ran):
+        return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": mqa, "extra": {},
+                "engine": {"kernels": kernels, "notes": notes or {}, **ran}}
+
+    # Strict fp32 keeps SDPA: no dK/dV split to sum, so today's engine runs without the fused split sum.
+    sdpa = row([k for k in with_attention if k != "attention"], grad_into_buffer=True, fuse_kv_split_sum=False)
+    assert engineview.engine_config(sdpa) == engineview.TODAY
+    assert engineview.engine_config({**sdpa, "engine": {**sdpa["engine"], "grad_into_buffer": False}}) == (
+        "without grad_into_buffer")
+    # On the attention kernel the split sum applies: a row without it ran an earlier engine.
+    assert engineview.engine_config(row(with_attention, grad_into_buffer=True, fuse_kv_split_sum=False)) == (
+        "without fuse_kv_split_sum")
+    # An option the engine noted as not applied to the step is not missing from it.
+    none = row(with_attention, {"grad_into_buffer": "not applied: no plain, bf16-shadow or bias-kernel Linear"},
+               grad_into_buffer=False, fuse_kv_split_sum=True)
+    assert engineview.engine_config(none) == engineview.TODAY

@@ -368,8 +368,15 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
 
 
 def _applies(name: str, row: dict[str, Any]) -> bool:
-    """Whether option ``name`` could change ``row``'s step: the split sum needs multi-query attention."""
-    cfg = row.get("config") or {}
+    """Whether option ``name`` could change ``row``'s step, by what its engine reported: not where the engine
+    noted it as not applied or not applicable; the split sum needs multi-query attention on the attention
+    kernel (strict fp32 keeps SDPA, which has no split to sum). Where the row does not say which kernels ran,
+    the option is taken to apply."""
+    ran = row.get("engine") if isinstance(row.get("engine"), dict) else {}
+    if str((ran.get("notes") or {}).get(name, "")).startswith(("not applied", "not applicable")):
+        return False
     if name == "fuse_kv_split_sum":
-        return cfg.get("n_kv_head", cfg.get("n_head")) != cfg.get("n_head")
+        cfg, kernels = row.get("config") or {}, ran.get("kernels")
+        return (cfg.get("n_kv_head", cfg.get("n_head")) != cfg.get("n_head")
+                and (kernels is None or "attention" in kernels))
     return True

@@ -1,0 +1,60 @@
+"""The findings (ftlib.views.findings) on synthetic baselines runs stored as the h200's rows: the engine's
+ratios come from the runs that measured today's engine alone, never pooled with runs of an engine that
+lacked one of today's defaults."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+
+import pytest
+from synthetic_results import baselines_run, fast
+
+from ftlib.views import findings
+
+# The engine's describe() in a run stored before two of today's defaults existed.
+OLDER = {("fasttransformer", "engine", "default"): {"engine": {"grad_into_buffer": False,
+                                                                "fuse_kv_split_sum": False}}}
+
+
+@pytest.fixture()
+def store(tmp_path, monkeypatch) -> Callable[[list[dict]], None]:
+    """Writes rows as the only stored baselines rows of the h200 (a temporary results folder)."""
+    root = tmp_path / "results"
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(root))
+    monkeypatch.delenv("FTLIB_MY_RESULTS", raising=False)
+
+    def write(rows: list[dict]) -> None:
+        (root / "h200").mkdir(parents=True, exist_ok=True)
+        (root / "h200" / "baselines.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return write
+
+
+def _three_runs() -> list[dict]:
+    """Runs r1 and r2 measured the older engine (2x and 3x the strongest compiled step), run r3 today's
+    engine (1.25x); the strongest compiled step is reduce-overhead with fused AdamW in each."""
+    def ms(engine: float, compiled: float) -> dict:
+        return fast(fasttransformer__engine__default=engine, fasttransformer__compile_ro__fused=compiled)
+
+    return (baselines_run("r1", "m1", ms(2.0, 4.0), bad=OLDER) + baselines_run("r2", "m2", ms(2.0, 6.0), bad=OLDER)
+            + baselines_run("r3", "m3", ms(4.0, 5.0)))
+
+
+def test_the_engine_headline_is_the_ratio_of_todays_engine_alone(store):
+    store(_three_runs())
+    (ft,) = [a for a in findings.additions("h200") if "fastest FastTransformer step" in a]
+    # r3's 1.25x alone: pooled with r1 and r2 it would read 2.00× (1.25–3.00× over runs).
+    assert "bf16 1.25× against compile reduce-overhead, fused AdamW outside (too few runs" in ft
+    assert "over runs" not in ft and "earlier engine" not in ft
+    # Where only the older engine was measured, its ratio stands alone, named by what it lacked.
+    store(_three_runs()[: 2 * len(baselines_run("r", "m", {}))])
+    (old,) = [a for a in findings.additions("h200") if "fastest FastTransformer step" in a]
+    assert "bf16 2.50× (2.00–3.00× over runs)" in old
+    assert "(an earlier engine, without grad_into_buffer, fuse_kv_split_sum)" in old
+
+
+def test_the_lessons_count_the_runs_of_todays_engine_behind_its_ratio(store):
+    store(_three_runs())
+    text = findings.lessons("h200")
+    assert ("1.25× (1.25–1.25×) faster than the strongest compiled step of the run (over the 1 run on 1 "
+            "machine start that measured today's engine)") in text
