@@ -60,6 +60,11 @@ def compute_dtype(dtype: torch.dtype) -> tl.dtype:
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
+def accum_dtype(dtype: torch.dtype) -> torch.dtype:
+    """:func:`compute_dtype` as a torch dtype: what launchers allocate partial sums and statistics in."""
+    return torch.float64 if dtype == torch.float64 else torch.float32
+
+
 def row_tile_warps(rows: int, block_n: int) -> int:
     """Warps for a (rows, block_n) row tile: one per 1,024 elements, 1 to 8 (the row-tile norm
     kernels; 4 x 256 -> 1 warp, the RMSNorm winner in kernels.jsonl)."""

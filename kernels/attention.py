@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import triton
 
-from kernels._common import check_tensor, compute_dtype, interpret_mode, same_device
+from kernels._common import accum_dtype, check_tensor, compute_dtype, interpret_mode, same_device
 from kernels.attention_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_fwd_kernel
 from kernels.kv_split_sum import kv_split_sum
 from kernels.tiles import TILE_CANDIDATES, Tiles, launch_tiled, tiles_to_try
@@ -112,7 +112,7 @@ def attention_fwd(
     B, nh, T, hs = q.shape
     nkv = k.shape[1]
     sm_scale = 1.0 / math.sqrt(hs) if sm_scale is None else sm_scale
-    cd = torch.float64 if q.dtype == torch.float64 else torch.float32
+    cd = accum_dtype(q.dtype)
     o = torch.empty((B, nh, T, hs), dtype=q.dtype, device=q.device) if out is None else out
     if o.shape != q.shape or o.dtype != q.dtype or o.stride(-1) != 1:
         raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a unit last stride; got "
@@ -182,7 +182,7 @@ def attention_bwd(
     def launch_dkdv(t: Tiles) -> tuple[torch.Tensor, torch.Tensor, int]:
         n_split = _kv_split(B, nkv, nh // nkv, triton.cdiv(T, t.block_n), q.device)
         # With n_split > 1 the dK/dV kernel writes fp32 partials per split, summed below.
-        part_dtype = k.dtype if n_split == 1 else (torch.float64 if k.dtype == torch.float64 else torch.float32)
+        part_dtype = k.dtype if n_split == 1 else accum_dtype(k.dtype)
         dk = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=k.device)
         dv = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=v.device)
         _attn_bwd_dkdv_kernel[(triton.cdiv(T, t.block_n), B * nkv * n_split)](

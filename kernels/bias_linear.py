@@ -41,7 +41,7 @@ import triton
 import triton.language as tl
 from torch.autograd.function import once_differentiable
 
-from kernels._common import FLOAT_DTYPES, check_tensor, compute_dtype, interpret_mode, same_device
+from kernels._common import FLOAT_DTYPES, accum_dtype, check_tensor, compute_dtype, interpret_mode, same_device
 
 # (BLOCK_M, BLOCK_N, num_warps). GPU: 64 columns are 128 B (bf16) / 256 B (fp32) per row,
 # whole cache lines, and 64 columns keep enough column blocks that the row splits stay a few
@@ -124,7 +124,7 @@ def bias_grad(
     # Whole tiles per split, then drop the splits that would start past M.
     rows_per_split = triton.cdiv(triton.cdiv(M, S), block_m) * block_m
     S = triton.cdiv(M, rows_per_split)
-    acc_dtype = torch.float64 if dy2d.dtype == torch.float64 else torch.float32
+    acc_dtype = accum_dtype(dy2d.dtype)
     partials = torch.empty((S, N), dtype=acc_dtype, device=dy2d.device)  # (S, N)
     _col_sum_kernel[(triton.cdiv(N, block_n), S)](
         dy2d, partials, M, N, dy2d.stride(0), dy2d.stride(1), rows_per_split,

@@ -17,7 +17,7 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, compute_dtype, same_device
+from kernels._common import accum_dtype, check_tensor, compute_dtype, same_device
 
 MAX_BLOCK_V = 4096  # vocabularies above this loop over blocks (V=65 fits in one block of 128)
 
@@ -105,7 +105,7 @@ def cross_entropy_fwd(
     N, V = logits.shape
     if targets.shape[0] != N:
         raise ValueError(f"targets has {targets.shape[0]} entries for {N} rows of logits")
-    cd = torch.float64 if logits.dtype == torch.float64 else torch.float32
+    cd = accum_dtype(logits.dtype)
     dlogits = torch.empty((N, V), dtype=logits.dtype, device=logits.device)
     loss_rows = torch.empty(N, dtype=cd, device=logits.device)
     if check_targets and N > 0 and not (logits.is_cuda and torch.cuda.is_current_stream_capturing()):

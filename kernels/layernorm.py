@@ -15,7 +15,7 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, compute_dtype, num_programs, same_device
+from kernels._common import accum_dtype, check_tensor, compute_dtype, num_programs, same_device
 from kernels.rmsnorm import MAX_FUSED_BYTES
 
 
@@ -116,7 +116,7 @@ def layer_norm_fwd(
     _check_inputs(x, weight, bias)
     x2 = _rows(x)  # (M, N)
     M, N = x2.shape
-    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    cd = accum_dtype(x.dtype)
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
     mean = torch.empty(M, dtype=cd, device=x.device)
     rstd = torch.empty(M, dtype=cd, device=x.device)
@@ -140,7 +140,7 @@ def layer_norm_bwd(
         raise ValueError(f"dy shape {tuple(dy.shape)} != x shape {tuple(x.shape)}")
     x2, dy2 = _rows(x), _rows(dy)
     M, N = x2.shape
-    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    cd = accum_dtype(x.dtype)
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     P = num_programs(x.device, M)
     dw_partial = torch.zeros((P, N), dtype=cd, device=x.device)

@@ -58,6 +58,7 @@ import triton.language as tl
 
 from kernels._common import (
     ADD_NORM_DW_PARTIALS,
+    accum_dtype,
     check_dw_partials,
     check_tensor,
     compute_dtype,
@@ -250,7 +251,7 @@ def add_norm_fwd(
     N = x.shape[-1]
     M = x.numel() // max(N, 1)
     s, h = torch.empty_like(x), torch.empty_like(x, dtype=out_dtype or x.dtype)
-    rstd = torch.empty(M, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
+    rstd = torch.empty(M, dtype=accum_dtype(x.dtype), device=x.device)
     if M > 0:
         block_n = _block_n(N)
         _add_norm_fwd_kernel[(triton.cdiv(M, rows),)](
@@ -346,8 +347,7 @@ class AddNormFunction(torch.autograd.Function):
                 db_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         check_dw_partials(dw_partials, programs, ADD_NORM_DW_PARTIALS)
         if dw_out is not None or db_out is not None:  # checked now, not first in the backward
-            _check_outs(dw_partials, dw_out, db_out, w, torch.float64 if x.dtype == torch.float64 else torch.float32,
-                        b is not None)
+            _check_outs(dw_partials, dw_out, db_out, w, accum_dtype(x.dtype), b is not None)
         s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm, out_dtype, rows,
                                   p, seed, salt, rng4)
         ctx.save_for_backward(s, w, rstd)

@@ -23,6 +23,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import (
+    accum_dtype,
     check_dw_partials,
     check_tensor,
     compute_dtype,
@@ -162,7 +163,7 @@ def rms_norm_fwd(
         x2 = x2.contiguous()
     M, N = x2.shape
     y = torch.empty((M, N), dtype=x.dtype, device=x.device)
-    rstd = torch.empty(M, dtype=torch.float64 if x.dtype == torch.float64 else torch.float32, device=x.device)
+    rstd = torch.empty(M, dtype=accum_dtype(x.dtype), device=x.device)
     BLOCK_N = _block_n(x2)
     if M > 0:
         _rms_norm_fwd_kernel[(triton.cdiv(M, rows),)](
@@ -192,7 +193,7 @@ def rms_norm_bwd(
     x2 = x2 if x2.stride(-1) == 1 else x2.contiguous()
     dy2 = dy2 if dy2.stride(-1) == 1 else dy2.contiguous()
     M = x2.shape[0]
-    cd = torch.float64 if x.dtype == torch.float64 else torch.float32
+    cd = accum_dtype(x.dtype)
     dx = torch.empty((M, N), dtype=x.dtype, device=x.device)
     n_tiles = triton.cdiv(M, rows)
     BLOCK_N = _block_n(x2)
