@@ -269,7 +269,7 @@ else:
 
 # %%
 show_frame(br.engine_speedup_table(runs))
-# Runs whose engine rows ran before an option won its trial measured another engine: left out of the ratios, said here.
+# Runs whose engine rows ran before an option won its trial measured an earlier engine: its own lines, said here.
 display(Markdown(engineview.options_behind(baseline_rows, set(runs["run_id"])) if len(runs) else ""))
 for dev in sorted(set(runs["device_slug"])):
     show(br.config_figure(runs, dev, "bf16"), f"engine-configs-bf16-{dev}")

@@ -311,7 +311,8 @@ if written:
 from ftlib.training.data import load_tinyshakespeare
 
 winner = v["candidate"] if v is not None else REFERENCE
-ck = checkpoint_roundtrip(winner, load_tinyshakespeare(), device, CHECKPOINT, smoke=checkpoint_smoke(SMOKE))
+text_ds = load_tinyshakespeare()  # the character dataset (its training split also counts epochs below)
+ck = checkpoint_roundtrip(winner, text_ds, device, CHECKPOINT, smoke=checkpoint_smoke(SMOKE))
 print("saved to", CHECKPOINT)
 show_frame(cv.checkpoint_table(ck), digits=3)
 assert ck["max |logit difference|"] == 0.0 and ck["same sample"] and ck["config hash matches"]
@@ -329,11 +330,10 @@ print(ck["sample"])  # a few hundred characters from the reloaded model (varies 
 
 # %%
 print(cv.fair_findings(fair, "python ci/gpu_train.py --suites convergence-original,convergence"))
-train_tokens = len(load_tinyshakespeare().train)
 for dev in sorted(group_rows(speed)) or [device_slug(device)]:
     print()
     print(lb.findings(speed + record, dev))
-    print(rec.limits(speed + record, dev, train_tokens=train_tokens))
+    print(rec.limits(speed + record, dev, train_tokens=len(text_ds.train)))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

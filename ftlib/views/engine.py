@@ -352,8 +352,8 @@ def engine_config(row: dict[str, Any]) -> str:
 def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str] | None = None,
                    names: Iterable[str] = TRIAL_WINNERS) -> str:
     """Where stored engine rows (of ``run_ids``, if given) ran with one of ``names`` off that is on by
-    default now (:func:`options_off`): one line per device and option, with the number of runs, which the
-    engine's ratios leave out. Empty when none did."""
+    default now (:func:`options_off`): one line per device and option, with the number of runs, whose
+    ratios the engine tables keep apart from today's engine (:func:`engine_config`). Empty when none did."""
     wanted = None if run_ids is None else set(run_ids)
     seen: dict[tuple[str, str], set[str]] = {}
     for r in engine_rows:
@@ -363,7 +363,8 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
             seen.setdefault((r["device_slug"], name), set()).add(str(r.get("run_id")))
     return "\n".join(
         f"* On {dev}, the engine rows of {len(ids)} of these runs ran with `{name}` off; it is on by default "
-        f"now (its trial is in the section on engine options below), so the engine's ratios leave those runs out."
+        f"now (its trial is in the section on engine options below), so those runs' ratios are an earlier "
+        f"engine's, on lines of their own."
         for (dev, name), ids in sorted(seen.items()))
 
 

@@ -29,7 +29,7 @@ def _best_of(row: dict[str, Any]) -> dict[str, Any] | None:
         return None
     best = min(hist, key=lambda h: h["val_loss"])
     return {"best loss": best["val_loss"], "best step": best["step"], "tokens at best": best["tokens"],
-            "last step": hist[-1]["step"], "rise after best": hist[-1]["val_loss"] - best["val_loss"]}
+            "rise after best": hist[-1]["val_loss"] - best["val_loss"]}
 
 
 @table_view
