@@ -216,15 +216,19 @@ def engine_variants() -> list[Case]:
                 variants.append((" +flash-attn heads layout", {**flash, "attention_layout": "heads"})
                                 if cfg.attn_impl == "explicit" else (" heads layout", {"attention_layout": "heads"}))
             cases += [case(name + suffix, name, prec, extra) for suffix, extra in variants]
+    # (Appended, so the earlier cases keep their order.) The fused residual-norms' weight (and bias) gradients back on partial rows, a torch column sum
+    # and autograd's add per norm, instead of atomic adds into the flat gradient.
+    no_norm_dw_into = {"norm_dw_into_buffer": False}
+    for prec in ("bf16", "tf32"):
+        cases += [case("fasttransformer -norm-dw-into-buffer", "fasttransformer", prec, no_norm_dw_into),
+                  case("gpt2 +flash-attn -norm-dw-into-buffer", "gpt2", prec, {**flash, **no_norm_dw_into})]
     return cases
 
 
-# (label suffix, engine options) of each option on trial. grad_into_buffer and fuse_kv_split_sum won
-# theirs (chapter 6 keeps the rows) and are defaults now; an option waiting for a trial goes here.
-# norm_dw_into_buffer: the fused residual-norms' weight (and bias) gradients added into the flat
-# gradient by the norm backward itself, which removes a torch column sum and an autograd add per
-# norm (the step's ledger counts them among the reductions and the elementwise adds).
-CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = ((" +norm-dw-into-buffer", {"norm_dw_into_buffer": True}),)
+# (label suffix, engine options) of each option on trial. grad_into_buffer, fuse_kv_split_sum and
+# norm_dw_into_buffer won theirs (chapter 6 keeps the rows) and are defaults now; an option waiting
+# for a trial goes here.
+CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 def engine_candidates() -> list[Case]:

@@ -322,7 +322,7 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
 
 # Options that became defaults after winning their trial (suite engine_candidates): rows stored before
 # ran without them. Their engine is another engine: its ratios are never pooled with today's.
-TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum")
+TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer")
 TODAY = "today's defaults"
 
 
@@ -371,7 +371,8 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
 def _applies(name: str, row: dict[str, Any]) -> bool:
     """Whether option ``name`` could change ``row``'s step, by what its engine reported: not where the engine
     noted it as not applied or not applicable; the split sum needs multi-query attention on the attention
-    kernel (strict fp32 keeps SDPA, which has no split to sum). Where the row does not say which kernels ran,
+    kernel (strict fp32 keeps SDPA, which has no split to sum); the norms' atomic weight gradients need the
+    fused residual-norm. Where the row does not say which kernels ran,
     the option is taken to apply."""
     ran = row.get("engine") if isinstance(row.get("engine"), dict) else {}
     if str((ran.get("notes") or {}).get(name, "")).startswith(("not applied", "not applicable")):
@@ -380,4 +381,6 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
         cfg, kernels = row.get("config") or {}, ran.get("kernels")
         return (cfg.get("n_kv_head", cfg.get("n_head")) != cfg.get("n_head")
                 and (kernels is None or "attention" in kernels))
+    if name == "norm_dw_into_buffer":  # the atomic adds live in the fused residual-norm's backward
+        return ran.get("fuse_residual_norm", True) is not False
     return True

@@ -91,7 +91,7 @@ class EngineOptions:
                "cast and written into dk/dv (the packed d(qkv) views) by one kernel per layer "
                "(kernels/kv_split_sum.py) instead of a torch sum, cast and copy for each of dK and dV", keyless=False)
     norm_dw_into_buffer: bool = _option(
-        False, "with the fused residual-norm: its backward adds each norm's weight (and bias) gradient into that "
+        True, "with the fused residual-norm: its backward adds each norm's weight (and bias) gradient into that "
                "parameter's view of the flat gradient with atomic adds (kernels/residual_norm.py, "
                "dw_partials='atomic') instead of writing partial rows for a torch sum and autograd's add",
         keyless=False)
