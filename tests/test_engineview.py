@@ -132,18 +132,21 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
 
     def row(run, cfg, extra=None, **ran):
         return {"mode": "engine", "device_slug": "h200", "run_id": run, "config": cfg, "extra": extra or {},
-                "engine": {"grad_into_buffer": True, "fuse_kv_split_sum": True, **ran}}
+                "engine": {"grad_into_buffer": True, "fuse_kv_split_sum": True, "norm_dw_into_buffer": True, **ran}}
 
     rows = [row("a", mqa, grad_into_buffer=False, fuse_kv_split_sum=False),
             row("b", mha, grad_into_buffer=False, fuse_kv_split_sum=False),  # MHA: no split to sum
             row("c", mqa),  # as the engine runs now
             row("d", mqa, {"grad_into_buffer": False}, grad_into_buffer=False),  # an ablation that set it off
             {**row("e", mqa), "engine": {}},  # stored before either option existed: ran without both
-            {**row("f", mqa, grad_into_buffer=False), "mode": "compile-ro"}]  # not an engine row
+            {**row("f", mqa, grad_into_buffer=False), "mode": "compile-ro"},  # not an engine row
+            # the residual-norm left unfused: the norms' atomic weight gradients have no kernel to live in
+            row("g", mqa, fuse_residual_norm=False, norm_dw_into_buffer=False)]
     lines = engineview.options_behind(rows).splitlines()
-    assert len(lines) == 2
+    assert len(lines) == 3
     assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[0]  # a, e
     assert "3 of these runs ran with `grad_into_buffer` off" in lines[1]  # a, b, e
+    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[2]  # e, not g
     assert "1 of these runs ran with `grad_into_buffer`" in engineview.options_behind(rows, run_ids={"b", "c"})
     assert engineview.options_behind(rows, run_ids={"c", "d"}) == ""
 
@@ -164,7 +167,7 @@ def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
 
     def row(kernels, notes=None, **ran):
         return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": mqa, "extra": {},
-                "engine": {"kernels": kernels, "notes": notes or {}, **ran}}
+                "engine": {"kernels": kernels, "notes": notes or {}, "norm_dw_into_buffer": True, **ran}}
 
     # Strict fp32 keeps SDPA: no dK/dV split to sum, so today's engine runs without the fused split sum.
     sdpa = row([k for k in with_attention if k != "attention"], grad_into_buffer=True, fuse_kv_split_sum=False)

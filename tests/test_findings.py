@@ -14,7 +14,8 @@ from ftlib.views import findings
 
 # The engine's describe() in a run stored before two of today's defaults existed.
 OLDER = {("fasttransformer", "engine", "default"): {"engine": {"grad_into_buffer": False,
-                                                                "fuse_kv_split_sum": False}}}
+                                                                "fuse_kv_split_sum": False,
+                                                                "norm_dw_into_buffer": True}}}
 
 
 @pytest.fixture()

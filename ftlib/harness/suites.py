@@ -216,8 +216,9 @@ def engine_variants() -> list[Case]:
                 variants.append((" +flash-attn heads layout", {**flash, "attention_layout": "heads"})
                                 if cfg.attn_impl == "explicit" else (" heads layout", {"attention_layout": "heads"}))
             cases += [case(name + suffix, name, prec, extra) for suffix, extra in variants]
-    # (Appended, so the earlier cases keep their order.) The fused residual-norms' weight (and bias) gradients back on partial rows, a torch column sum
-    # and autograd's add per norm, instead of atomic adds into the flat gradient.
+    # The fused residual-norms' weight (and bias) gradients back on partial rows, a torch column sum
+    # and autograd's add per norm, instead of atomic adds into the flat gradient. Appended last, so
+    # the earlier cases keep their order.
     no_norm_dw_into = {"norm_dw_into_buffer": False}
     for prec in ("bf16", "tf32"):
         cases += [case("fasttransformer -norm-dw-into-buffer", "fasttransformer", prec, no_norm_dw_into),
