@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 from synthetic_results import BASELINE_CASES as CASES
+from synthetic_results import BASELINE_MODELS, fast
 from synthetic_results import baselines_run as run_rows
-from synthetic_results import fast
 
+from ftlib.harness.bench.cases import Case
+from ftlib.harness.suites import LATER_STEP_CONFIGS
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 
@@ -52,6 +54,25 @@ def test_incomplete_runs_and_uncommitted_code_are_left_out():
     assert bv.model_speedups(df)["run_id"].unique().tolist() == ["full"]  # a ratio needs both models
     mine = bv.load(CASES, rows=dirty, tag="this run")  # a reader's own run is shown, under its own name
     assert set(mine["device_slug"]) == {"h200 (this run)"}
+
+
+def test_a_configuration_added_later_counts_where_measured_and_is_not_required():
+    later = [Case(label, cfg, 32, 256, mode, "bf16", optimizer=opt) for label, cfg in BASELINE_MODELS.items()
+             for mode, opt in LATER_STEP_CONFIGS]
+    cases = CASES + later
+    old = run_rows("old", "m1", fast(fasttransformer__compile_ro__fused=3.0))  # stored before it existed
+    new = run_rows("new", "m2", {**fast(fasttransformer__compile_ro__fused=3.0),
+                                 ("fasttransformer", "compile-ro", "whole-step-ca"): 2.0}, cases=cases)
+    df = bv.load(cases, rows=old + new)
+    assert set(df["run_id"]) == {"old", "new"}  # the older run is still complete
+    best = bv.strongest(df).set_index(["run_id", "label"])
+    assert best.loc[("old", "fasttransformer"), "baseline_ms"] == 3.0
+    assert best.loc[("new", "fasttransformer"), "baseline"] == (
+        "compile reduce-overhead, whole step and compiled autograd")
+    assert best.loc[("new", "fasttransformer"), "baseline_ms"] == 2.0
+    # A configuration of the original list is still required.
+    short = run_rows("short", "m3", {}, skip=(("fasttransformer", "compile-ro", "whole-step"),), cases=cases)
+    assert "fasttransformer" not in set(bv.load(cases, rows=short)["label"])
 
 
 @pytest.mark.parametrize("lo,hi,runs,machines,want", [

@@ -30,7 +30,7 @@ from ftlib.core.device import DeviceInfo, device_slug, pick_device
 from ftlib.core.precision import PRECISIONS
 from ftlib.core.repo import repo_root
 from ftlib.harness.bench.cases import Case, bench_cases
-from ftlib.harness.bench.runners import COMPILE_MODES
+from ftlib.harness.bench.runners import COMPILE_MODES, WHOLE_STEP
 from ftlib.harness.custom_suites import CUSTOM, EXPLORATORY, FILES, parse_suites
 from ftlib.harness.precision_plan import case_why_not, plan_cases
 from ftlib.harness.provenance import git_commit, is_clean_commit, run_id
@@ -170,10 +170,12 @@ def warm(args: argparse.Namespace) -> int:
     device = pick_device(args.device)
     cases = [c for n in names if n in SUITES and "isolate_modes" not in SUITES[n].options
              for c in with_precisions(SUITES[n].cases(), args.precisions) if c.mode in COMPILE_MODES]
-    # The model alone compiles to the same graph whichever optimizer runs after it: one each.
+    # The model alone compiles to the same graph whichever optimizer runs after it: one each (and one
+    # per whole-step placement, which compiles the optimizer too).
     unique: dict[tuple, Case] = {}
     for c in cases:
-        unique.setdefault((c.config, c.B, c.T, c.mode, c.precision, c.optimizer == "whole-step"), c)
+        placement = c.optimizer if c.optimizer in WHOLE_STEP else ""
+        unique.setdefault((c.config, c.B, c.T, c.mode, c.precision, placement), c)
     cases = list(unique.values())
     t0 = time.monotonic()
 

@@ -31,6 +31,7 @@ import torch
 from ftlib.core.device import device_slug
 from ftlib.core.repo import repo_root
 from ftlib.harness.bench.cases import Case, bench_cases, make_cases
+from ftlib.harness.bench.runners import WHOLE_STEP
 from ftlib.harness.provenance import run_id
 from ftlib.harness.results import ResultStore
 from ftlib.model.config import preset
@@ -48,6 +49,11 @@ STEP_CONFIGS: tuple[tuple[str, str], ...] = (
     ("compile-ro", "default"), ("compile-ro", "fused"), ("compile-ro", "whole-step"),
     ("engine", "default"),
 )
+# Configurations that joined the suite after runs were stored without them: appended after the
+# others (earlier cases keep their order and keys), and a run without them is still complete
+# (ftlib.views.baselines.complete_runs). Compiled autograd: the whole step with its backward traced
+# into a graph too (ftlib.harness.bench.step's docstring).
+LATER_STEP_CONFIGS: tuple[tuple[str, str], ...] = (("compile", "whole-step-ca"), ("compile-ro", "whole-step-ca"))
 # The FastTransformer with K/V passed as (B, 1, T, d), as the original code does; only in fp32,
 # where that layout decides which SDPA kernel runs (chapter 1).
 BROADCAST_CONFIGS: tuple[tuple[str, str], ...] = (
@@ -89,11 +95,15 @@ def baselines(models: Mapping | None = None, precisions: Sequence[str] = HEADLIN
     # fp16's loss scaler is not compiled into a step (ftlib.harness.bench.runners): no whole-step fp16 case.
     cases = [Case(label, cfg, B, T, mode, prec, optimizer=opt)
              for prec in precisions for label, cfg in models.items() for mode, opt in configs
-             if not (prec == "fp16" and opt == "whole-step")]
+             if not (prec == "fp16" and opt in WHOLE_STEP)]
     if broadcast and "fp32" in precisions and "fasttransformer" in models:
         bc = models["fasttransformer"].replace(kv_layout="broadcast")
         cases += [Case("fasttransformer-broadcast", bc, B, T, mode, "fp32", optimizer=opt)
                   for mode, opt in BROADCAST_CONFIGS]
+    if configs is STEP_CONFIGS:
+        cases += [Case(label, cfg, B, T, mode, prec, optimizer=opt)
+                  for prec in precisions if prec != "fp16" for label, cfg in models.items()
+                  for mode, opt in LATER_STEP_CONFIGS]
     return cases
 
 

@@ -28,6 +28,7 @@ from ftlib.harness.bench.cases import Case
 from ftlib.harness.bench.step import case_ident
 from ftlib.harness.provenance import is_clean_commit
 from ftlib.harness.results import load_rows
+from ftlib.harness.suites import LATER_STEP_CONFIGS
 from ftlib.views.engine import TODAY, engine_config
 
 SUITE = "baselines"
@@ -42,6 +43,8 @@ CONFIG_NAMES: dict[tuple[str, str], str] = {
     ("compile-ro", "default"): "compile reduce-overhead, foreach AdamW outside",
     ("compile-ro", "fused"): "compile reduce-overhead, fused AdamW outside",
     ("compile-ro", "whole-step"): "compile reduce-overhead, whole step compiled",
+    ("compile", "whole-step-ca"): "compile, whole step and compiled autograd",
+    ("compile-ro", "whole-step-ca"): "compile reduce-overhead, whole step and compiled autograd",
     ("engine", "default"): "engine",
 }
 # What a speed-up over PyTorch is measured against: every compiled configuration, and the manual
@@ -82,6 +85,9 @@ def complete_runs(df: pd.DataFrame, cases: Sequence[Case], bench: str = SUITE,
                   require_clean: bool = True) -> pd.DataFrame:
     """Only the rows of runs that hold every case of ``cases`` and come from one clean commit.
 
+    A configuration of ``LATER_STEP_CONFIGS`` (added to the suite after runs were stored without it)
+    is kept where a run measured it and not required where it did not.
+
     Completeness is judged per precision and model: every configuration of a model in a
     precision, or none of its rows. A run cut short in fp16 keeps the precisions it finished, and
     a run that measured one precision only (a T4 chapter's profile) counts for that precision.
@@ -91,15 +97,17 @@ def complete_runs(df: pd.DataFrame, cases: Sequence[Case], bench: str = SUITE,
     if df.empty:
         return df
     want: dict[tuple[str, str], set[str]] = {}
+    later: dict[tuple[str, str], set[str]] = {}  # configurations added after runs were stored without them
     for c in cases:
-        want.setdefault((c.precision, c.label), set()).add(c.ident(bench))
+        into = later if (c.mode, c.optimizer) in LATER_STEP_CONFIGS else want
+        into.setdefault((c.precision, c.label), set()).add(c.ident(bench))
     keep = []
     for (_, _, prec, label), g in df.groupby(["device_slug", "run_id", "precision", "label"], sort=False):
         commits = set(g["commit"])
         clean = len(commits) == 1 and is_clean_commit(next(iter(commits)))
         need = want.get((prec, label))
         if need and need <= set(g["ident"]) and (clean or not require_clean):
-            keep.append(g[g["ident"].isin(need)])
+            keep.append(g[g["ident"].isin(need | later.get((prec, label), set()))])
     return pd.concat(keep, ignore_index=True) if keep else df.iloc[0:0]
 
 

@@ -29,7 +29,13 @@ COMPILE_MODES: dict[str, str | None] = {
     "compile-ro": "reduce-overhead",
     "compile-max": "max-autotune-no-cudagraphs",
 }
-OPTIMIZERS = ("default", "fused", "whole-step")
+OPTIMIZERS = ("default", "fused", "whole-step", "whole-step-ca")
+# Placements that compile the optimizer into the step. 'whole-step' leaves the backward to the eager
+# autograd engine, which runs AOTAutograd's compiled backward graph as one node (PyTorch's
+# torch.compiler FAQ, "Does torch.compile support training?"); 'whole-step-ca' also turns on compiled
+# autograd, which traces the backward at run time into one graph of its own (PyTorch's "Compiled
+# Autograd" tutorial), so no autograd-engine work is left between the step's graphs.
+WHOLE_STEP = ("whole-step", "whole-step-ca")
 # Steps the cudagraph mode runs eagerly on a side stream before capture (PyTorch's recipe uses 3).
 GRAPH_WARMUP = 3
 
@@ -85,9 +91,18 @@ def check_optimizer(mode: str, kind: str) -> None:
     """Refuse an optimizer placement the mode cannot have, with what to ask for instead."""
     if kind not in OPTIMIZERS:
         raise ValueError(f"unknown optimizer {kind!r}; expected one of {OPTIMIZERS}")
-    if kind == "whole-step" and mode not in COMPILE_MODES:
-        raise ValueError(f"optimizer='whole-step' compiles the step with torch.compile: it needs a compile mode "
+    if kind in WHOLE_STEP and mode not in COMPILE_MODES:
+        raise ValueError(f"optimizer={kind!r} compiles the step with torch.compile: it needs a compile mode "
                          f"({', '.join(COMPILE_MODES)}), not {mode!r}")
+
+
+def autograd_context(kind: str) -> contextlib.AbstractContextManager:
+    """Compiled autograd on for the 'whole-step-ca' placement while its step runs, off again after."""
+    if kind != "whole-step-ca":
+        return contextlib.nullcontext()
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(compiled_autograd=True)
 
 
 def make_step_optimizer(model: torch.nn.Module, kind: str, mode: str, device: torch.device) -> torch.optim.Optimizer:
@@ -97,7 +112,7 @@ def make_step_optimizer(model: torch.nn.Module, kind: str, mode: str, device: to
         return make_optimizer(model, fused=True, capturable=True), "adamw-fused-capturable"
     if kind == "fused":
         return make_optimizer(model, fused=True), "adamw-fused"
-    if kind == "whole-step":
+    if kind in WHOLE_STEP:
         # The default AdamW, traced by Dynamo inside the compiled step (it keeps the step count
         # on the device itself, so the compiled step can also be CUDA-graphed).
         return make_optimizer(model), "adamw-compiled-in-step"
@@ -219,7 +234,7 @@ def make_runner(mode: str, model: torch.nn.Module, opt: torch.optim.Optimizer, p
         return _eager_runner(model, opt, pool, scaler)
     if mode == "cudagraph":
         return _cudagraph_runner(model, opt, pool, scaler)
-    return _compile_runner(model, opt, pool, mode, whole_step=optimizer == "whole-step", scaler=scaler)
+    return _compile_runner(model, opt, pool, mode, whole_step=optimizer in WHOLE_STEP, scaler=scaler)
 
 
 def compile_counters() -> dict[str, Any]:

@@ -29,6 +29,10 @@ step is short enough that launching AdamW's kernels from Python is a visible sha
   compiled function, so Inductor also generates the optimizer's kernels (PyTorch's FAQ on
   training with ``torch.compile``: Dynamo captures the forward and ``optimizer.step()``; the
   backward comes from AOTAutograd).
+* ``whole-step-ca`` - the same, with compiled autograd on: the backward is traced at run time into a
+  graph of its own instead of being run by the eager autograd engine (PyTorch's "Compiled Autograd"
+  tutorial). Where the step is short enough for the host to show, this is the compiler's fullest
+  capture of it.
 
 The manual ``cudagraph`` mode always uses the fused, capturable AdamW (capture needs it).
 
@@ -59,6 +63,8 @@ from ftlib.harness.bench.runners import (
     COMPILE_MODES,
     GRAPH_WARMUP,
     STEP_MODES,
+    WHOLE_STEP,
+    autograd_context,
     check_optimizer,
     compile_counters,
     compile_report,
@@ -136,7 +142,7 @@ def _reference_losses(cfg, seed, pool, n_steps, opt_kind, mode, device, precisio
     The whole-step placement's reference is the default AdamW run eagerly (the same math).
     """
     model = build_model(cfg, seed=seed).to(device)
-    opt, _ = make_step_optimizer(model, "default" if opt_kind == "whole-step" else opt_kind, mode, device)
+    opt, _ = make_step_optimizer(model, "default" if opt_kind in WHOLE_STEP else opt_kind, mode, device)
     scaler = grad_scaler(precision, device)
     losses = [train_step(model, opt, *pool[k % len(pool)], scaler=scaler).item() for k in range(n_steps)]
     del model, opt
@@ -225,7 +231,7 @@ def bench_step(
     try:
         cfg.check_sequence(T)
         # precision() opens autocast with its weight-cast cache off, so each step casts fresh weights.
-        with precision_region(prec, dev), compile_ctx:
+        with precision_region(prec, dev), compile_ctx, autograd_context(optimizer if mode in COMPILE_MODES else ""):
             pool = _batch_pool(cfg.vocab_size, B, T, n_batches, dev, seed + 1)
             first_k = GRAPH_WARMUP if mode == "cudagraph" else 0
             check_k = first_k + 1  # the step after the mode's first update
