@@ -130,7 +130,10 @@ show_frame(cv.recipe_table(FAIR))
 # The curves below show the mean over seeds with the min–max range as bars. Their loss axis runs
 # from just under the lowest loss to the loss of the second evaluation, so that the end of
 # training, where the models differ, is readable; the first evaluation (about 4.2, the loss of
-# a uniform guess over 65 characters) is above the frame.
+# a uniform guess over 65 characters) is above the frame. The time axis counts the training steps
+# after the first: the startup (building the model and the first, compiling step) is in the table
+# above the curves, because a process with a cold compile cache pays it once and the seeds after
+# it barely at all.
 
 # %%
 fair = stored("convergence")

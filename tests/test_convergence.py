@@ -346,6 +346,25 @@ def test_convergence_summary_never_pools_devices_or_sizes():
     assert lines[("h200", 4_837_888)]["seeds"] == 3 and lines[("cpu", 12_345)]["seeds"] == 3
 
 
+def test_the_time_axis_leaves_out_each_runs_startup():
+    """A cold compile cache makes the first seed's startup long and the others' short: over the steps
+    after it, the seeds ran alike, and the curve's clock must say so."""
+    from ftlib.views.convergence import aggregate, loss_figures
+
+    def run(seed: int, startup: float) -> dict:
+        hist = [{"step": k, "tokens": k * 10, "time_s": 0.0 if k == 0 else startup + 0.01 * (k - 1),
+                 "val_loss": 2.0 - k / 1000, "train_loss": 2.0} for k in (0, 100, 200)]
+        return {**_run("h200", 1_000, "full", seed), "history": hist, "startup_s": startup}
+
+    rows = [run(0, 10.0), run(1, 0.1), run(2, 0.1)]
+    pts = aggregate(rows)["gpt2"]
+    assert [p["steady_s"] for p in pts] == pytest.approx([0.0, 0.99, 1.99])
+    assert pts[1]["time_s"] == pytest.approx(0.99 + 10.2 / 3)  # the clock with the startup: skewed by seed 0
+    (time_fig,) = [f for name, f in loss_figures(rows) if "steady_s" in name]
+    assert list(time_fig.data[0].x) == pytest.approx([0.0, 0.99, 1.99])
+    assert "excluding startup" in time_fig.layout.xaxis.title.text
+
+
 def test_suite_rows_keep_the_suites_own_size():
     full, smoke = (suites(s)["convergence"]["runs"]["gpt2"][0].config_hash() for s in (False, True))
     rs = [{"model": "gpt2", "config_hash": full}, {"model": "gpt2", "config_hash": smoke},

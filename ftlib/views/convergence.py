@@ -50,16 +50,24 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     for (dev, model, _), rs in groups.items():
         name = model if names.count(model) == 1 else f"{model} ({dev}, {rs[0].get('params', 0):,} params)"
         by_step: dict[int, list[dict]] = {}
+        steady: dict[int, list[float]] = {}  # the clock without the run's startup, where every run recorded it
+        timed = all(r.get("startup_s") is not None for r in rs)
         for r in rs:
             for ev in r["history"]:
                 by_step.setdefault(ev["step"], []).append(ev)
+                if timed:
+                    # From step 1 on the clock holds the startup (build and first step): a cold
+                    # compile cache pays it once per process, so seeds differ by it, not by their steps.
+                    steady.setdefault(ev["step"], []).append(max(ev["time_s"] - r["startup_s"], 0.0))
         pts = []
         for step in sorted(by_step):
             evs = by_step[step]
             vals = [e["val_loss"] for e in evs]
+            st = steady.get(step)
             pts.append({
                 "step": step, "tokens": evs[0]["tokens"], "n_seeds": len(evs),
                 "time_s": sum(e["time_s"] for e in evs) / len(evs),
+                "steady_s": sum(st) / len(st) if st else None,
                 "val_mean": sum(vals) / len(vals), "val_min": min(vals), "val_max": max(vals),
                 "train_mean": sum(e["train_loss"] for e in evs) / len(evs),
             })
@@ -142,15 +150,19 @@ def recipe_table(rec: Recipe) -> list[dict[str, Any]]:
 
 
 def loss_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
-    """(name, figure) per device and x axis (step, tokens, training time): validation loss, the mean over
-    seeds with the min–max range as bars, the axis from the lowest loss to the second evaluation's."""
+    """(name, figure) per device and x axis (step, tokens, training time without the startup, as the
+    speedrun's figures count it): validation loss, the mean over seeds with the min–max range as bars, the
+    axis from the lowest loss to the second evaluation's."""
     out = []
     for dev, dev_rows in group_rows(rows).items():
         agg = aggregate(dev_rows)
         colors = {m: MODEL_COLORS.get(m) or PALETTE[2 + i] for i, m in enumerate(agg)}
-        for axis, label in (("step", "optimizer step"), ("tokens", "tokens seen"), ("time_s", "training time (s)")):
+        axes = [("step", "optimizer step"), ("tokens", "tokens seen"),
+                ("steady_s", "training time excluding startup (s)")]
+        for axis, label in axes:
             fig = go.Figure()
             for model, pts in agg.items():
+                pts = [p for p in pts if p[axis] is not None]
                 fig.add_trace(go.Scatter(x=[p[axis] for p in pts], y=[p["val_mean"] for p in pts], mode="lines",
                                          name=model, line=dict(color=colors[model]),
                                          error_y=dict(type="data", symmetric=False, thickness=1,
