@@ -119,3 +119,18 @@ def test_matmul_driver_checks_every_precision(capsys):
     for variant in ("v3 triton ieee", "v4 triton tf32x3", "v5 triton tf32"):
         assert variant in out
     assert "FAIL" not in out
+
+
+@pytest.mark.kernels
+def test_the_attention_tile_sweep_checks_each_tile_against_the_reference(capsys):
+    """On the CPU every tile of the interpreter's grid; on a GPU the default tile of each pass (the
+    full sweep is a measurement, run with --record)."""
+    import torch
+
+    from benchmarks.kernels import attention_tiles_dev as mod
+
+    names = [f"{p} {mod.tile_name((64, 64, 4, 2))}" for p in ("fwd", "bwd")] if torch.cuda.is_available() else []
+    rc = mod.main(["--check-only"] + (["--variants", ",".join(names)] if names else []))
+    out = capsys.readouterr().out
+    assert rc == 0 and "FAIL" not in out and "ERROR" not in out, out
+    assert out.count(" OK") == (len(names) or 2 * len(mod.CPU_GRID)), out
