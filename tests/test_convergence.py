@@ -14,6 +14,7 @@ from ftlib.harness.convergence import run_key, run_study, speedrun_finalists
 from ftlib.harness.studies import (
     ALL_SEEDS,
     EXPLORING,
+    EXPLORING_FASTER,
     EXPLORING_GROUPED,
     FINALIST_SEEDS,
     REFERENCE,
@@ -63,7 +64,7 @@ def test_rows_of_candidates_no_longer_listed_are_still_shown():
 
 def test_speedrun_candidates_are_well_formed():
     cands = speedrun_candidates()
-    exploring = [name for name, *_ in EXPLORING + EXPLORING_GROUPED]
+    exploring = [name for name, *_ in EXPLORING + EXPLORING_GROUPED + EXPLORING_FASTER]
     assert list(cands) == [REFERENCE, *ALL_SEEDS, *exploring]
     engine = {n: (c, r) for n, (c, r) in cands.items() if r.engine}
     assert set(engine) == set(ALL_SEEDS) | set(exploring)
@@ -80,6 +81,7 @@ def test_speedrun_candidates_are_well_formed():
             assert rec.steps == 2 * rec.decay_steps and rec.optimizer == "muon" and f"Muon {rec.muon_lr:g}" in name
             assert ("ReLU²" in name) == (cfg.activation == "relu2") and ("QK-norm" in name) == cfg.qk_norm
             assert ("grouped Muon" in name) == (("muon_grouped", True) in rec.engine_options)
+            assert f"AdamW {rec.lr:.0e}".replace("e-03", "e-3") in name and rec.min_lr == pytest.approx(rec.lr / 10)
         width, depth = name.split(" ", 1)[0].split("x") if name[0].isdigit() else (None, None)
         if width is not None:  # a label that opens with the model's shape names it right
             assert (cfg.n_embd, cfg.n_layer) == (int(width), int(depth)), name
