@@ -161,6 +161,27 @@ def test_only_the_newest_profiled_commit_of_each_device_is_shown():
     assert [r["label"] for r in engineview.latest_probes(rows)] == ["b", "c", "d"]
 
 
+def test_probes_are_named_against_todays_defaults():
+    """Profiled while norm_dw_into_buffer was on trial: the default case ran without it, the trial case set
+    it. Now that it is a default, the trial case is today's engine and the old default case is the one
+    without it."""
+    mqa = {"n_head": 8, "n_kv_head": 1}
+    ran = {"grad_into_buffer": True, "fuse_kv_split_sum": True, "fuse_residual_norm": True,
+           "kernels": ["rmsnorm", "attention"], "notes": {}}
+
+    def probe(label, kw, **engine):
+        return {"status": "ok", "device_slug": "h200", "commit": "c", "date": "d", "label": label, "config": mqa,
+                "engine_kw": kw, "describe": {**ran, **engine}}
+
+    rows = [probe("fasttransformer", {}, norm_dw_into_buffer=False),
+            probe("fasttransformer norm_dw_into_buffer=True", {"norm_dw_into_buffer": "True"},
+                  norm_dw_into_buffer=True),
+            probe("fasttransformer fuse_kv_split_sum=False", {"fuse_kv_split_sum": "False"}, fuse_kv_split_sum=False,
+                  norm_dw_into_buffer=True)]
+    assert [r["label"] for r in engineview.latest_probes(rows)] == [
+        "fasttransformer norm_dw_into_buffer=False", "fasttransformer", "fasttransformer fuse_kv_split_sum=False"]
+
+
 def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
     mqa = {"n_head": 8, "n_kv_head": 1}
     with_attention = ["rmsnorm", "attention", "embedding", "cross_entropy", "adamw"]

@@ -262,13 +262,27 @@ def probe_category(kernel_name: str) -> str:
 
 def latest_probes(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The profiles of each device's newest profiled commit: cases profiled on older code (another engine)
-    are left out rather than shown beside today's."""
+    are left out rather than shown beside today's. Each is named against today's defaults
+    (:func:`probe_label`)."""
     rows = [r for r in probe_rows if r.get("status") == "ok"]
     newest: dict[str, tuple[str, str]] = {}
     for r in rows:
         dev, mark = r.get("device_slug"), (str(r.get("date")), str(r.get("commit")))
         newest[dev] = max(newest.get(dev, mark), mark)
-    return [r for r in rows if str(r.get("commit")) == newest[r.get("device_slug")][1]]
+    return [{**r, "label": probe_label(r)} for r in rows if str(r.get("commit")) == newest[r.get("device_slug")][1]]
+
+
+def probe_label(r: dict[str, Any]) -> str:
+    """A profiled case's name against today's engine defaults: an option the case set that is a default
+    now leaves the name, and a default the case ran without (it was profiled before the option won its
+    trial) enters it as ``<option>=False``. So the case named by its model alone is today's engine."""
+    label, kw = r["label"], r.get("engine_kw") or {}
+    now = dataclasses.asdict(EngineOptions())
+    for k, v in kw.items():
+        if k in TRIAL_WINNERS and str(now.get(k)) == str(v):
+            label = label.replace(f" {k}={v}", "")
+    off = options_off({"mode": "engine", "engine": r.get("describe"), "extra": kw, "config": r.get("config")})
+    return label + "".join(f" {k}=False" for k in off or [])
 
 
 @table_view
