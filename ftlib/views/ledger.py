@@ -244,9 +244,14 @@ def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str, boundary_us
     n = max(1, len(cases))
     ncols = min(n, PANELS_PER_ROW)
     nrows = math.ceil(n / ncols)
+    titles = ["<br>".join(textwrap.wrap(short_case(r), 32)) for r in cases]
+    title_lines = max((t.count("<br>") + 1 for t in titles), default=1)
+    # Pixels: a row's panels, and between rows the x-axis ticks and title plus the next titles' lines.
+    height, top = 160 + 380 * nrows, 90 + 18 * title_lines
+    gap_px = 75 + 18 * title_lines
     fig = make_subplots(rows=nrows, cols=ncols, shared_yaxes=True, horizontal_spacing=0.04,
-                        vertical_spacing=0.22 / nrows if nrows > 1 else 0.0,
-                        subplot_titles=["<br>".join(textwrap.wrap(short_case(r), 32)) for r in cases])
+                        vertical_spacing=min(0.3, gap_px / (height - top - 100)) if nrows > 1 else 0.0,
+                        subplot_titles=titles)
     values: list[float] = []
     for i, r in enumerate(cases, start=1):
         at = dict(row=(i - 1) // ncols + 1, col=(i - 1) % ncols + 1)
@@ -270,7 +275,7 @@ def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str, boundary_us
         axis.update(range=[lo, hi], tickvals=ticks, ticktext=[f"{t:,.0f}" for t in ticks])
     fig.update_xaxes(title_text="µs per step", **axis)
     fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=list(CLASSES))
-    fig.update_layout(barmode="group", bargap=0.25, height=160 + 380 * nrows, margin=dict(l=140, t=110),
+    fig.update_layout(barmode="group", bargap=0.25, height=height, margin=dict(l=140, t=top),
                       title=f"The engine's step by kernel class, {device}: measured vs speed of light")
     return legend_below(fig)
 
