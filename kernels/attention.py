@@ -265,43 +265,52 @@ class PackedAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
-                block_m: int | None = None, block_n: int | None = None, fuse_kv_split_sum: bool = False
+                fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None, fuse_kv_split_sum: bool = False
                 ) -> torch.Tensor:
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
         y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
         o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
-        _, lse = attention_fwd(q, k, v, None, input_precision, block_m, block_n, out=o)
+        _, lse = attention_fwd(q, k, v, None, input_precision, **_tile_kw(fwd_tiles), out=o)
         ctx.save_for_backward(qkv, y, lse)
-        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, block_m, block_n, fuse_kv_split_sum)
+        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, fuse_kv_split_sum)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qkv, y, lse = ctx.saved_tensors
-        nh, nkv, hs, prec, bm, bn, fuse = ctx.cfg
+        nh, nkv, hs, prec, bwd_tiles, fuse = ctx.cfg
         B, T, C = y.shape
         q, k, v = _packed_views(qkv, nh, nkv, hs)
         o = y.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view
         do = dy.contiguous().view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view
         dqkv = torch.empty_like(qkv)
         dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
-        attention_bwd(do, q, k, v, o, lse, None, prec, bm, bn, dq_out=dq, dk_out=dk, dv_out=dv,
+        attention_bwd(do, q, k, v, o, lse, None, prec, **_tile_kw(bwd_tiles), dq_out=dq, dk_out=dk, dv_out=dv,
                       fuse_kv_split_sum=fuse)
         return dqkv, None, None, None, None, None, None, None
 
 
+def _tile_kw(t: Tiles | None) -> dict[str, int | None]:
+    """A pass's tiles as the launchers' keywords (all None: chosen from the device)."""
+    if t is None:
+        return dict(block_m=None, block_n=None, num_warps=None, num_stages=None)
+    return dict(block_m=t.block_m, block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
+
+
 def packed_attention(
     qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
-    block_m: int | None = None, block_n: int | None = None, fuse_kv_split_sum: bool = False,
+    fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None, fuse_kv_split_sum: bool = False,
 ) -> torch.Tensor:
     """Causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C), heads side by side.
+    ``fwd_tiles`` / ``bwd_tiles``: the forward's and the backward's kernels' tiles (both backward
+    kernels take the same), None to choose them from the device (:mod:`kernels.tiles`).
     ``fuse_kv_split_sum``: as in :func:`attention_bwd`."""
     if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
                          f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
                          f"{tuple(qkv.shape)} strides {qkv.stride()}")
-    return PackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, input_precision, block_m, block_n,
+    return PackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, input_precision, fwd_tiles, bwd_tiles,
                                          fuse_kv_split_sum)
 
 

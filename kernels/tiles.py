@@ -14,6 +14,7 @@ that names the kernel, its need and the limit.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -43,6 +44,29 @@ class Tiles:
         if self.num_warps not in (1, 2, 4, 8, 16) or self.num_stages < 1:
             raise ValueError(f"num_warps={self.num_warps} must be a power of two <= 16 and num_stages="
                              f"{self.num_stages} >= 1")
+
+    @property
+    def name(self) -> str:
+        """'<BLOCK_M>x<BLOCK_N> w<warps> s<stages>', what :func:`parse_tiles` reads."""
+        return f"{self.block_m}x{self.block_n} w{self.num_warps} s{self.num_stages}"
+
+
+_TILE_TEXT = re.compile(r"^\s*(\d+)x(\d+)\s+w(\d+)\s+s(\d+)\s*$")
+
+
+def parse_tiles(text: str) -> dict[str, Tiles]:
+    """'fwd 128x64 w4 s2; bwd 64x64 w8 s2' -> {'fwd': Tiles(...), 'bwd': Tiles(...)}: tiles per pass of the
+    attention (the backward's two kernels share theirs), either pass optional. A ValueError says what
+    is wrong."""
+    out: dict[str, Tiles] = {}
+    for part in (p.strip() for p in text.split(";")):
+        name, _, rest = part.partition(" ")
+        m = _TILE_TEXT.match(rest)
+        if name not in ("fwd", "bwd") or name in out or not m:
+            raise ValueError(f"attention tiles {text!r}: each part must read '<fwd|bwd> <M>x<N> w<warps> s<stages>' "
+                             f"(each pass once), e.g. 'fwd 128x64 w4 s2; bwd 64x64 w8 s2'; got {part!r}")
+        out[name] = Tiles(*(int(g) for g in m.groups()))
+    return out
 
 
 class SharedMemoryError(ValueError):

@@ -10,6 +10,7 @@ from kernel_tolerance import assert_within_lowp_error  # noqa: E402
 
 from ftlib.model.reference import causal_attention_ref  # noqa: E402
 from kernels.attention import FlashAttentionFunction, TritonCausalAttention, flash_attention  # noqa: E402
+from kernels.tiles import Tiles  # noqa: E402
 
 pytestmark = pytest.mark.kernels
 
@@ -143,7 +144,7 @@ def test_packed_attention_matches_reference_forward_and_qkv_gradient(nkv, kernel
     qkv = torch.randn(B, T, C + 2 * nkv * hs, generator=g, dtype=torch.float64).float()
     dy = torch.randn(B, T, C, generator=g, dtype=torch.float64).float()
     qkv_d = qkv.to(kernel_device).requires_grad_(True)
-    y = packed_attention(qkv_d, nh, nkv, hs, block_m=16, block_n=16)
+    y = packed_attention(qkv_d, nh, nkv, hs, fwd_tiles=Tiles(16, 16), bwd_tiles=Tiles(16, 16))
     (dqkv,) = torch.autograd.grad(y, qkv_d, dy.to(kernel_device))
     assert y.is_contiguous() and y.device == dqkv.device == qkv_d.device
     y, dqkv = y.detach().cpu(), dqkv.cpu()

@@ -32,7 +32,11 @@ CPU_GRID = [(16, 16, 4, 2), (32, 16, 4, 2)]
 
 
 def tile_name(t: tuple[int, int, int, int]) -> str:
-    return f"{t[0]}x{t[1]} w{t[2]} s{t[3]}"
+    """The tiles as the engine's ``attention_tiles`` option names them (``kernels.tiles.Tiles.name``), so a
+    winning variant's name, 'fwd 128x64 w4 s2', is the option's value for its pass."""
+    from kernels.tiles import Tiles  # after setup(): the interpreter must be chosen before Triton loads
+
+    return Tiles(*t).name
 
 
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:

@@ -334,6 +334,7 @@ class Engine:
             "linear_precision": o.linear_precision if self.notes.get("linear", "").startswith("Triton") else None,
             "attention_precision": o.attention_precision,
             "attention_layout": o.attention_layout if self.kernels["attention"] else None,
+            "attention_tiles": o.attention_tiles if self.kernels["attention"] else None,
             "fuse_residual_norm": self.fuse_residual_norm,
             "fuse_dropout": self.resid_dropout is not None,
             "bias_kernel": self.notes.get("bias", "").startswith("bias gradients"),

@@ -62,6 +62,10 @@ class EngineOptions:
         None, "the attention kernel's tl.dot precision for fp32 operands (default 'tf32' under tf32; in strict "
               "fp32 SDPA stays unless this is set)")
     attention_layout: str = _option("packed", "one of ATTENTION_LAYOUTS")
+    attention_tiles: str | None = _option(
+        None, "None: the attention kernels' tiles chosen from the device's shared memory (kernels/tiles.py); or "
+              "'fwd <M>x<N> w<warps> s<stages>; bwd ...' (either pass, kernels.tiles.parse_tiles), with the "
+              "packed layout")
     fuse_residual_norm: bool = _option(
         True, "every residual add fused into the norm after it (kernels/residual_norm.py), both ways")
     bias_kernel: bool = _option(
@@ -117,6 +121,15 @@ class EngineOptions:
                 bad.append(f"{name}={v!r}; expected None or one of {DOT_PRECISIONS}")
         if self.attention_layout not in ATTENTION_LAYOUTS:
             bad.append(f"attention_layout={self.attention_layout!r}; expected one of {ATTENTION_LAYOUTS}")
+        if self.attention_tiles is not None:
+            from kernels.tiles import parse_tiles  # here: the options import no Triton unless tiles are named
+
+            try:
+                parse_tiles(self.attention_tiles)
+            except (ValueError, TypeError) as e:
+                bad.append(str(e))
+            if self.attention_layout != "packed":
+                bad.append(f"attention_tiles={self.attention_tiles!r} needs attention_layout='packed'")
         if self.norm_dw_partials not in NORM_DW_PARTIALS:
             bad.append(f"norm_dw_partials={self.norm_dw_partials!r}; expected one of {NORM_DW_PARTIALS}")
         for f in dataclasses.fields(self):

@@ -67,22 +67,26 @@ class KernelCausalSelfAttention(nn.Module):
     no expand and no copy."""
 
     def __init__(self, attn: CausalSelfAttention, input_precision: str, layout: str = "heads",
-                 fuse_kv_split_sum: bool = False) -> None:
+                 fuse_kv_split_sum: bool = False, tiles: str | None = None) -> None:
         super().__init__()
         from kernels.attention import TritonCausalAttention
+        from kernels.tiles import parse_tiles
 
         self.n_head, self.n_kv_head, self.head_size = attn.n_head, attn.n_kv_head, attn.head_size
         self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
-        # Tiles chosen per kernel by the launchers from the device's shared memory (kernels.tiles).
+        # Tiles chosen per kernel by the launchers from the device's shared memory (kernels.tiles),
+        # unless ``tiles`` names them per pass (the packed layout only).
         self.core = TritonCausalAttention(input_precision, fuse_kv_split_sum=fuse_kv_split_sum)
         self.layout = layout
+        named = parse_tiles(tiles) if tiles else {}
+        self.fwd_tiles, self.bwd_tiles = named.get("fwd"), named.get("bwd")
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.layout == "packed":
             from kernels.attention import packed_attention
 
             y = packed_attention(self.qkv(x), self.n_head, self.n_kv_head, self.head_size,
-                                 self.core.input_precision, self.core.block_m, self.core.block_n,
+                                 self.core.input_precision, self.fwd_tiles, self.bwd_tiles,
                                  self.core.fuse_kv_split_sum)  # (B, T, C)
             return self.resid_dropout(self.proj(y))
         B, T, C = x.shape
@@ -278,7 +282,7 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
     if not blocked("attention", reason):
         for blk in model.blocks:
             blk.attn = KernelCausalSelfAttention(blk.attn, prec.fp32_dot, options.attention_layout,
-                                                 options.fuse_kv_split_sum)
+                                                 options.fuse_kv_split_sum, options.attention_tiles)
         out.applied["attention"] = True
     elif options.fused_softmax and cfg.attn_impl == "explicit" and not cfg.qk_norm:
         # The explicit softmax kept, as written, with its three elementwise passes fused.
