@@ -79,6 +79,7 @@ from ftlib.views import baselines as bv
 from ftlib.views import engine as engineview
 from ftlib.views import kernels as kernelview
 from ftlib.views import ledger as ledgerview
+from ftlib.views import steadiness
 from ftlib.views.bench import devices, ok_rows, provenance_line
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
@@ -285,6 +286,18 @@ for dev in sorted(set(runs["device_slug"])):
 show_frame(br.placement_effect(runs))
 
 # %% [markdown]
+# ### How steady the baseline is from run to run
+# A ratio of two rows of one run cancels what the GPU does between runs, not what each step waits on.
+# A step that leaves work to the host every step (a graph break, an optimizer launched from Python)
+# takes as long as the host lets it once its GPU work is short: then its time moves with the machine
+# start, and so does the engine's ratio against it. The engine replays one CUDA graph. Below, the
+# strongest baseline of each run over all runs, beside today's engine.
+
+# %%
+show_frame(steadiness.steadiness_table(runs))
+display(Markdown("\n".join(steadiness.steadiness_findings(runs, model) for model in ("fasttransformer", "gpt2"))))
+
+# %% [markdown]
 # ### What each kernel buys
 # The engine with one kernel switched off (falling back to the PyTorch op the model uses),
 # with none, uncaptured, and for GPT-2 with the fused attention replacing its explicit
@@ -432,6 +445,8 @@ else:
 
 # %%
 display(Markdown(br.chapter6_findings(runs)))
+# The ratios above divide rows of one run; how much the baseline itself moves between runs:
+display(Markdown(steadiness.steadiness_findings(runs, "fasttransformer", precisions=("bf16", "tf32"))))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

@@ -1,0 +1,96 @@
+"""How steady the strongest compiled step is from run to run, beside the engine's.
+
+A same-run ratio divides two rows of one run, which removes the drift of the GPU between runs. It does
+not remove what each step's own time depends on: a compiled step whose graphs leave host work between
+them (Python, guards, the autograd engine running the compiled backward as one node; ``graph_breaks``
+in the rows) waits on the host once its GPU work is short, so its time follows the host the machine
+start got. The engine replays one CUDA graph per step. Read per device, model and precision, never
+pooled.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+
+from ftlib.views import baselines as bv
+
+_COLUMNS = ["device", "model", "precision", "runs", "strongest baseline ms (min–max)", "compiled spread %",
+            "strongest configurations", "graph breaks", "engine runs", "engine ms (min–max)", "engine spread %"]
+
+
+def host_work(config: str, graph_breaks: int | None) -> str | None:
+    """What a compiled configuration leaves to the host every step (None: nothing, one graph replay)."""
+    if config.startswith("manual CUDA graph"):
+        return None
+    if "whole step" in config:
+        return f"{graph_breaks} graph breaks" if graph_breaks else "the autograd engine between its graphs"
+    if "outside" in config:
+        return "AdamW launched from Python"
+    return None
+
+
+def _span(values: pd.Series) -> tuple[str, float]:
+    lo, hi = float(values.min()), float(values.max())
+    return f"{values.median():.3f} ({lo:.3f}–{hi:.3f})", 100.0 * (hi / lo - 1.0)
+
+
+def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:
+    """Per device, model and precision: the strongest baseline of each run (``baselines.strongest``: median,
+    min–max over the runs, and max / min - 1 in %), which configurations it was, the most graph breaks its
+    rows reported, and today's engine the same way."""
+    best = bv.strongest(df)
+    if best.empty:
+        return pd.DataFrame(columns=_COLUMNS)
+    v = bv.valid_rows(df)
+    rows = best.merge(v[["device_slug", "run_id", "label", "precision", "config", "graph_breaks"]],
+                      left_on=["device_slug", "run_id", "label", "precision", "baseline"],
+                      right_on=["device_slug", "run_id", "label", "precision", "config"], how="left")
+    engine = bv.todays_engine(df)
+    out = []
+    for (dev, label, prec), g in rows.groupby(["device_slug", "label", "precision"], sort=True):
+        text, spread = _span(g["baseline_ms"])
+        line = {"device": dev, "model": bv.MODEL_NAMES.get(label, label), "precision": prec,
+                "runs": g["run_id"].nunique(), "strongest baseline ms (min–max)": text,
+                "compiled spread %": round(spread, 1),
+                "strongest configurations": "; ".join(f"{c} ({n})" for c, n in g["baseline"].value_counts().items()),
+                "graph breaks": None if g["graph_breaks"].isna().all() else int(g["graph_breaks"].max()),
+                "engine runs": 0, "engine ms (min–max)": None, "engine spread %": None}
+        e = engine[(engine["device_slug"] == dev) & (engine["label"] == label) & (engine["precision"] == prec)]
+        if len(e):
+            etext, espread = _span(e["median_ms"])
+            line.update({"engine runs": e["run_id"].nunique(), "engine ms (min–max)": etext,
+                         "engine spread %": round(espread, 1)})
+        out.append(line)
+    return pd.DataFrame(out, columns=_COLUMNS)
+
+
+def steadiness_findings(df: pd.DataFrame, model: str = "fasttransformer", steady_pct: float = 5.0,
+                        precisions: tuple[str, ...] | None = None) -> str:
+    """Markdown, one item per device and precision of ``model``: how far apart the strongest baseline
+    of its runs lies, and whether that is more than ``steady_pct`` %: then the same-run ratio also measures
+    the host of each machine start, and the spread of the ratio over runs says how much."""
+    tab = steadiness_table(df)
+    name = bv.MODEL_NAMES.get(model, model)
+    tab = tab[(tab["model"] == name) & (tab["runs"] > 1)]
+    if precisions is not None:
+        tab = tab[tab["precision"].isin(precisions)]
+    lines = []
+    for _, r in tab.iterrows():
+        spread, n_engine = r["compiled spread %"], int(r["engine runs"])
+        breaks = None if pd.isna(r["graph breaks"]) else int(r["graph breaks"])
+        engine = (f"; today's engine {r['engine ms (min–max)']} ms over {n_engine} run{'s' if n_engine != 1 else ''}"
+                  if n_engine else "")
+        if spread <= steady_pct:
+            verdict = "steady"
+        else:
+            configs = [c.rsplit(" (", 1)[0] for c in r["strongest configurations"].split("; ")]
+            work = sorted({w for c in configs if (w := host_work(c, breaks))})
+            verdict = f"more than {steady_pct:g}% apart"
+            if work:
+                verdict += (f". The strongest configurations of these runs leave work to the host every step "
+                            f"({'; '.join(work)}), so their time, and the engine's ratio against them, depend on "
+                            "the host the run got")
+        lines.append(f"- **{r['device']}, {name}, {r['precision']}:** the strongest baseline took "
+                     f"{r['strongest baseline ms (min–max)']} ms over {r['runs']} runs, {spread:.0f}% from fastest "
+                     f"to slowest run: {verdict}{engine}.")
+    return "\n".join(lines)

@@ -1,0 +1,37 @@
+"""How steady the strongest baseline is from run to run (ftlib.views.steadiness)."""
+
+from __future__ import annotations
+
+from synthetic_results import BASELINE_CASES as CASES
+from synthetic_results import baselines_run as run_rows
+from synthetic_results import fast
+
+from ftlib.views import baselines as bv
+from ftlib.views import steadiness as st
+
+
+def _runs(whole_step_ms: list[float], breaks: int = 3):
+    rows = []
+    for i, ms in enumerate(whole_step_ms):
+        bad = {("fasttransformer", "compile-ro", "whole-step"): {"graph_breaks": breaks}}
+        rows += run_rows(f"r{i}", f"m{i % 2}", fast(fasttransformer__compile_ro__whole_step=ms,
+                                                    fasttransformer__engine__default=1.0), bad=bad)
+    return bv.load(CASES, rows=rows)
+
+
+def test_a_baseline_that_moves_between_runs_is_named_with_what_it_leaves_to_the_host():
+    tab = st.steadiness_table(_runs([1.6, 2.2, 1.7])).set_index("model").loc["FastTransformer"]
+    assert tab["runs"] == 3 and tab["compiled spread %"] == 37.5
+    assert tab["strongest baseline ms (min–max)"] == "1.700 (1.600–2.200)"
+    assert tab["strongest configurations"] == "compile reduce-overhead, whole step compiled (3)"
+    assert tab["graph breaks"] == 3 and tab["engine runs"] == 3 and tab["engine spread %"] == 0.0
+    text = st.steadiness_findings(_runs([1.6, 2.2, 1.7]))
+    assert "38% from fastest to slowest run: more than 5% apart" in text and "(3 graph breaks)" in text
+
+
+def test_a_steady_baseline_is_called_steady_and_a_manual_graph_leaves_nothing_to_the_host():
+    assert "1% from fastest to slowest run: steady" in st.steadiness_findings(_runs([1.60, 1.61, 1.60]))
+    assert st.host_work("manual CUDA graph of the whole step", 0) is None
+    assert st.host_work("compile reduce-overhead, fused AdamW outside", 0) == "AdamW launched from Python"
+    assert st.host_work("compile reduce-overhead, whole step compiled", 3) == "3 graph breaks"
+    assert st.steadiness_findings(_runs([1.6])) == ""  # one run: nothing to say about runs
