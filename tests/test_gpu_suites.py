@@ -121,7 +121,7 @@ def test_grid_compile_and_ladder_compile_every_config_with_shared_caches():
 def test_list_names_the_suites(capsys):
     gpu_bench.main(["list"])
     out = capsys.readouterr().out
-    assert "grid_compile   16 cases" in out and "baselines      82 cases" in out and "engine_check" in out
+    assert "grid_compile   16 cases" in out and "baselines      94 cases" in out and "engine_check" in out
 
 
 def _tiny_baselines(monkeypatch):
