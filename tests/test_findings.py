@@ -59,3 +59,15 @@ def test_the_lessons_count_the_runs_of_todays_engine_behind_its_ratio(store):
     text = findings.lessons("h200")
     assert ("1.25× (1.25–1.25×) faster than the strongest compiled step of the run (over the 1 run on 1 "
             "machine start that measured today's engine)") in text
+
+
+def test_a_baseline_that_moves_between_runs_is_said_beside_the_engine_ratio(store):
+    store(_three_runs())  # the strongest compiled step took 4, 6 and 5 ms in the three runs
+    (ft,) = [a for a in findings.additions("h200") if "fastest FastTransformer step" in a]
+    assert "The strongest baseline itself moves from run to run" in ft
+    assert "bf16 5.000 (4.000–6.000) ms over 3 runs" in ft
+    same = [r for i in range(3) for r in baselines_run(f"s{i}", f"m{i % 2}",
+                                                       fast(fasttransformer__compile_ro__fused=5.0))]
+    store(same)
+    (ft,) = [a for a in findings.additions("h200") if "fastest FastTransformer step" in a]
+    assert "moves from run to run" not in ft

@@ -59,23 +59,33 @@ def additions(device: str = "h200") -> list[str]:
     """What the book measured beyond the post, one sentence each, from the stored rows."""
     from ftlib.harness.suites import baselines
     from ftlib.views import baselines as bv
+    from ftlib.views.steadiness import steadiness_table
 
     out = []
     runs = bv.load(baselines())
     runs = runs[runs["device_slug"] == device]
     eng = bv.newest_engine(bv.engine_table(runs))
+    steady = steadiness_table(runs)
     for label in ("fasttransformer", "gpt2"):
-        parts = []
+        parts, moving = [], []
         for prec in ("bf16", "fp16", "tf32", "fp32"):
             e = eng[(eng["label"] == label) & (eng["precision"] == prec)]
             if not e.empty:
                 e = e.iloc[0]
                 parts.append(f"{prec} {bv.range_text(e['median'], e['min'], e['max'])} against {e['baseline']} "
                              f"({e['verdict']}){bv.engine_note(e['engine_config'])}")
+                s = steady[(steady["model"] == bv.MODEL_NAMES[label]) & (steady["precision"] == prec)]
+                if len(s) and s.iloc[0]["runs"] > 1 and s.iloc[0]["compiled spread %"] > 5:
+                    moving.append(f"{prec} {s.iloc[0]['strongest baseline ms (min–max)']} ms over "
+                                  f"{s.iloc[0]['runs']} runs")
         if parts:
-            out.append(f"The book's whole-step engine (Triton kernels, one CUDA graph) against the strongest "
-                       f"baseline of the same run, the fastest {bv.MODEL_NAMES[label]} step of torch.compile or a "
-                       f"manual CUDA graph (named; where runs differ, each run's): " + "; ".join(parts) + ".")
+            text = (f"The book's whole-step engine (Triton kernels, one CUDA graph) against the strongest "
+                    f"baseline of the same run, the fastest {bv.MODEL_NAMES[label]} step of torch.compile or a "
+                    f"manual CUDA graph (named; where runs differ, each run's): " + "; ".join(parts) + ".")
+            if moving:
+                text += (" The strongest baseline itself moves from run to run where its step leaves work to the "
+                         "host (chapter 6): " + "; ".join(moving) + ".")
+            out.append(text)
     speed = _speedrun(device)
     if speed:
         out.append(speed)
