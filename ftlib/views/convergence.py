@@ -219,5 +219,20 @@ def fair_findings(rows: list[dict[str, Any]], run_command: str) -> str:
             gap = ft["best val loss (mean)"] - g2["best val loss (mean)"]
             overlap = ft["min"] <= g2["max"] and g2["min"] <= ft["max"]
             lines.append(f"FastTransformer's mean is {abs(gap):.4f} {'above' if gap > 0 else 'below'} GPT-2's; "
-                         f"their seed ranges {'overlap' if overlap else 'do not overlap'}.")
+                         f"their seed ranges {'overlap' if overlap else 'do not overlap'}{_welch(rows, dev)}.")
     return "\n".join(lines)
+
+
+def _welch(rows: list[dict[str, Any]], device: str) -> str:
+    """', Welch's t-test p = ...' on the two models' best losses over their seeds (one config each on
+    ``device``), or '' where either has fewer than two seeds or several sizes."""
+    from scipy import stats
+
+    groups = {m: rs for (dev, m, _), rs in _runs_of_one_config(rows).items() if dev == device}
+    sizes = [m for (dev, m, _) in _runs_of_one_config(rows) if dev == device]
+    if any(sizes.count(m) != 1 or len(groups.get(m, [])) < 2 for m in ("fasttransformer", "gpt2")):
+        return ""
+    ft, g2 = ([r["best_val_loss"] for r in groups[m]] for m in ("fasttransformer", "gpt2"))
+    p = float(stats.ttest_ind(ft, g2, equal_var=False).pvalue)
+    tell = "a difference the seeds can tell apart" if p < 0.05 else "no difference the seeds can tell apart"
+    return f"; Welch's t-test over {len(ft)} and {len(g2)} seeds gives p = {p:.2g}: {tell}"
