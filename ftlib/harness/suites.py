@@ -84,13 +84,16 @@ def headline_models() -> dict:
 
 def baselines(models: Mapping | None = None, precisions: Sequence[str] = HEADLINE_PRECISIONS,
               shape: tuple[int, int] = (HEADLINE_B, HEADLINE_T),
-              configs: Sequence[tuple[str, str]] = STEP_CONFIGS, broadcast: bool = True) -> list[Case]:
-    """Every model x precision in every (mode, optimizer) of ``configs``, one (model, precision) at a time.
+              configs: Sequence[tuple[str, str]] | None = None, broadcast: bool = True) -> list[Case]:
+    """Every model x precision in every (mode, optimizer) of ``configs``, one (model, precision) at a time;
+    None: ``STEP_CONFIGS``, then ``LATER_STEP_CONFIGS`` after every other case.
 
     bf16 first, the precision the book's headline is about; within a (model, precision) the
     modes follow each other, so a slow drift of the machine touches all of them alike.
     """
     models = dict(models or headline_models())
+    later = LATER_STEP_CONFIGS if configs is None else ()
+    configs = STEP_CONFIGS if configs is None else configs
     B, T = shape
     # fp16's loss scaler is not compiled into a step (ftlib.harness.bench.runners): no whole-step fp16 case.
     cases = [Case(label, cfg, B, T, mode, prec, optimizer=opt)
@@ -100,10 +103,8 @@ def baselines(models: Mapping | None = None, precisions: Sequence[str] = HEADLIN
         bc = models["fasttransformer"].replace(kv_layout="broadcast")
         cases += [Case("fasttransformer-broadcast", bc, B, T, mode, "fp32", optimizer=opt)
                   for mode, opt in BROADCAST_CONFIGS]
-    if configs is STEP_CONFIGS:
-        cases += [Case(label, cfg, B, T, mode, prec, optimizer=opt)
-                  for prec in precisions if prec != "fp16" for label, cfg in models.items()
-                  for mode, opt in LATER_STEP_CONFIGS]
+    cases += [Case(label, cfg, B, T, mode, prec, optimizer=opt)
+              for prec in precisions if prec != "fp16" for label, cfg in models.items() for mode, opt in later]
     return cases
 
 

@@ -228,8 +228,8 @@ def _welch(rows: list[dict[str, Any]], device: str) -> str:
     ``device``), or '' where either has fewer than two seeds or several sizes."""
     from scipy import stats
 
-    groups = {m: rs for (dev, m, _), rs in _runs_of_one_config(rows).items() if dev == device}
-    sizes = [m for (dev, m, _) in _runs_of_one_config(rows) if dev == device]
+    mine = [(m, rs) for (dev, m, _), rs in _runs_of_one_config(rows).items() if dev == device]
+    sizes, groups = [m for m, _ in mine], dict(mine)
     if any(sizes.count(m) != 1 or len(groups.get(m, [])) < 2 for m in ("fasttransformer", "gpt2")):
         return ""
     ft, g2 = ([r["best_val_loss"] for r in groups[m]] for m in ("fasttransformer", "gpt2"))

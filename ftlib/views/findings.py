@@ -59,7 +59,7 @@ def additions(device: str = "h200") -> list[str]:
     """What the book measured beyond the post, one sentence each, from the stored rows."""
     from ftlib.harness.suites import baselines
     from ftlib.views import baselines as bv
-    from ftlib.views.steadiness import steadiness_table
+    from ftlib.views.steadiness import STEADY_PCT, steadiness_table
 
     out = []
     runs = bv.load(baselines())
@@ -75,7 +75,7 @@ def additions(device: str = "h200") -> list[str]:
                 parts.append(f"{prec} {bv.range_text(e['median'], e['min'], e['max'])} against {e['baseline']} "
                              f"({e['verdict']}){bv.engine_note(e['engine_config'])}")
                 s = steady[(steady["model"] == bv.MODEL_NAMES[label]) & (steady["precision"] == prec)]
-                if len(s) and s.iloc[0]["runs"] > 1 and s.iloc[0]["compiled spread %"] > 5:
+                if len(s) and s.iloc[0]["runs"] > 1 and s.iloc[0]["compiled spread %"] > STEADY_PCT:
                     moving.append(f"{prec} {s.iloc[0]['strongest baseline ms (min–max)']} ms over "
                                   f"{s.iloc[0]['runs']} runs")
         if parts:

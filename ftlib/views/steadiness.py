@@ -15,7 +15,9 @@ import pandas as pd
 from ftlib.views import baselines as bv
 
 _COLUMNS = ["device", "model", "precision", "runs", "strongest baseline ms (min–max)", "compiled spread %",
-            "strongest configurations", "graph breaks", "engine runs", "engine ms (min–max)", "engine spread %"]
+            "strongest configurations", "graph breaks", "host work each step", "engine runs", "engine ms (min–max)",
+            "engine spread %"]
+STEADY_PCT = 5.0  # a strongest baseline whose runs lie further apart (max / min - 1) is not steady
 
 
 def host_work(config: str, graph_breaks: int | None) -> str | None:
@@ -49,11 +51,13 @@ def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:
     out = []
     for (dev, label, prec), g in rows.groupby(["device_slug", "label", "precision"], sort=True):
         text, spread = _span(g["baseline_ms"])
+        breaks = None if g["graph_breaks"].isna().all() else int(g["graph_breaks"].max())
+        work = sorted({w for c in g["baseline"].unique() if (w := host_work(c, breaks))})
         line = {"device": dev, "model": bv.MODEL_NAMES.get(label, label), "precision": prec,
                 "runs": g["run_id"].nunique(), "strongest baseline ms (min–max)": text,
                 "compiled spread %": round(spread, 1),
                 "strongest configurations": "; ".join(f"{c} ({n})" for c, n in g["baseline"].value_counts().items()),
-                "graph breaks": None if g["graph_breaks"].isna().all() else int(g["graph_breaks"].max()),
+                "graph breaks": breaks, "host work each step": "; ".join(work) or None,
                 "engine runs": 0, "engine ms (min–max)": None, "engine spread %": None}
         e = engine[(engine["device_slug"] == dev) & (engine["label"] == label) & (engine["precision"] == prec)]
         if len(e):
@@ -64,7 +68,7 @@ def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out, columns=_COLUMNS)
 
 
-def steadiness_findings(df: pd.DataFrame, model: str = "fasttransformer", steady_pct: float = 5.0,
+def steadiness_findings(df: pd.DataFrame, model: str = "fasttransformer", steady_pct: float = STEADY_PCT,
                         precisions: tuple[str, ...] | None = None) -> str:
     """Markdown, one item per device and precision of ``model``: how far apart the strongest baseline
     of its runs lies, and whether that is more than ``steady_pct`` %: then the same-run ratio also measures
@@ -77,19 +81,16 @@ def steadiness_findings(df: pd.DataFrame, model: str = "fasttransformer", steady
     lines = []
     for _, r in tab.iterrows():
         spread, n_engine = r["compiled spread %"], int(r["engine runs"])
-        breaks = None if pd.isna(r["graph breaks"]) else int(r["graph breaks"])
         engine = (f"; today's engine {r['engine ms (min–max)']} ms over {n_engine} run{'s' if n_engine != 1 else ''}"
                   if n_engine else "")
         if spread <= steady_pct:
             verdict = "steady"
         else:
-            configs = [c.rsplit(" (", 1)[0] for c in r["strongest configurations"].split("; ")]
-            work = sorted({w for c in configs if (w := host_work(c, breaks))})
             verdict = f"more than {steady_pct:g}% apart"
-            if work:
+            if r["host work each step"]:
                 verdict += (f". The strongest configurations of these runs leave work to the host every step "
-                            f"({'; '.join(work)}), so their time, and the engine's ratio against them, depend on "
-                            "the host the run got")
+                            f"({r['host work each step']}), so their time, and the engine's ratio against them, "
+                            "depend on the host the run got")
         lines.append(f"- **{r['device']}, {name}, {r['precision']}:** the strongest baseline took "
                      f"{r['strongest baseline ms (min–max)']} ms over {r['runs']} runs, {spread:.0f}% from fastest "
                      f"to slowest run: {verdict}{engine}.")
