@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import re
+from dataclasses import dataclass
 
 import torch
 import triton.language as tl
@@ -100,6 +102,39 @@ ADD_NORM_DW_PARTIALS = DW_PARTIALS + ("atomic",)
 # per SM, so each SM keeps several tiles' loads in flight (one warp looping over its tiles alone
 # would wait out a memory latency per tile).
 PERSISTENT_WARPS_PER_SM = 4
+
+
+@dataclass(frozen=True)
+class RowGrid:
+    """A persistent row-tile grid: ``rows`` rows per tile and ``per_sm`` programs per SM.
+
+    Named '<rows> rows <per_sm>/SM' (:attr:`name`, what :meth:`parse` reads); :meth:`launch` gives
+    the launcher arguments (``rows``, ``programs``) on a device (the interpreter counts 4 SMs)."""
+
+    rows: int
+    per_sm: int
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.rows, int) and self.rows >= 1 and self.rows & (self.rows - 1) == 0):
+            raise ValueError(f"rows={self.rows!r} must be a power of two (a tl.arange length)")
+        if isinstance(self.per_sm, bool) or not isinstance(self.per_sm, int) or self.per_sm < 1:
+            raise ValueError(f"per_sm={self.per_sm!r} must be a positive int (programs per SM)")
+
+    @property
+    def name(self) -> str:
+        return f"{self.rows} rows {self.per_sm}/SM"
+
+    @classmethod
+    def parse(cls, text: str) -> RowGrid:
+        """'8 rows 16/SM' -> RowGrid(8, 16); a ValueError says what is wrong."""
+        m = re.fullmatch(r"\s*(\d+)\s+rows\s+(\d+)\s*/\s*SM\s*", text)
+        if m is None:
+            raise ValueError(f"grid {text!r}: expected '<rows> rows <programs>/SM', e.g. '8 rows 16/SM'")
+        return cls(int(m.group(1)), int(m.group(2)))
+
+    def launch(self, device: torch.device) -> dict[str, int]:
+        """The launcher's ``rows`` and ``programs`` (total: per_sm times the SM count)."""
+        return {"rows": self.rows, "programs": self.per_sm * num_programs(device, 1 << 30)}
 
 
 def check_dw_partials(dw_partials: str, programs: int | None = None,

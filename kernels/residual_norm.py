@@ -71,10 +71,9 @@ from kernels.dropout_mask import RNG4, SALTS, _block_n, _check_dropout, _keep, k
 __all__ = ["ROWS", "RNG4", "SALTS", "AddNormFunction", "add_layer_norm", "add_norm_bwd", "add_norm_fwd", "add_rms_norm",
            "keep_mask"]
 
-# Rows per program, with one warp per 1,024 elements (H200, 8192 x 256 fwd+bwd in a graph,
-# residual + RMSNorm fp32 / bf16: 4 rows 31.9 / 26.3 us, 8 rows 36.6 / 27.1, 16 rows 34.5 / 32.3;
-# + LayerNorm: 4 rows 41.5 / 37.3, 16 rows 47.6 / 48.5; data/results/h200/kernels.jsonl,
-# ops residual_rmsnorm and residual_layernorm).
+# Rows per program, with one warp per 1,024 elements: the fastest of 4, 8 and 16 rows for the fused
+# residual + RMSNorm and + LayerNorm, fp32 and bf16, forward + backward at 8192 x 256 on the H200
+# (benchmarks/kernels/residual_norm_dev.py; data/results/h200/kernels.jsonl).
 ROWS = 4
 
 
@@ -344,14 +343,14 @@ class AddNormFunction(torch.autograd.Function):
                 layer_norm: bool, out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0,
                 seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4, dw_partials: str = "tile",
                 programs: int | None = None, dw_out: torch.Tensor | None = None,
-                db_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                db_out: torch.Tensor | None = None, bwd_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         check_dw_partials(dw_partials, programs, ADD_NORM_DW_PARTIALS)
         if dw_out is not None or db_out is not None:  # checked now, not first in the backward
             _check_outs(dw_partials, dw_out, db_out, w, accum_dtype(x.dtype), b is not None)
         s, h, rstd = add_norm_fwd(x.contiguous(), r.contiguous(), w, b, eps, layer_norm, out_dtype, rows,
                                   p, seed, salt, rng4)
         ctx.save_for_backward(s, w, rstd)
-        ctx.r_dtype, ctx.layer_norm, ctx.has_bias, ctx.rows = r.dtype, layer_norm, b is not None, rows
+        ctx.r_dtype, ctx.layer_norm, ctx.has_bias, ctx.rows = r.dtype, layer_norm, b is not None, bwd_rows or rows
         ctx.p, ctx.seed, ctx.salt, ctx.rng4 = p, seed, salt, rng4  # the seed tensor: its value is read again
         ctx.dw_partials, ctx.programs, ctx.dw_out, ctx.db_out = dw_partials, programs, dw_out, db_out
         ctx.set_materialize_grads(False)  # an unused s arrives as None, not as a tensor of zeros
@@ -360,7 +359,7 @@ class AddNormFunction(torch.autograd.Function):
     @staticmethod
     def backward(ctx, ds: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         s, w, rstd = ctx.saved_tensors
-        none = (None,) * 14
+        none = (None,) * 15
         if dh is None:  # h unused: s's gradient passes through to x, and to r through the mask
             if ds is None:
                 return (None, None) + none
@@ -373,27 +372,29 @@ class AddNormFunction(torch.autograd.Function):
         g, gr, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias, ctx.rows, ctx.r_dtype,
                                      ctx.p, ctx.seed, ctx.salt, ctx.rng4, ctx.dw_partials, ctx.programs,
                                      ctx.dw_out, ctx.db_out)
-        return (g, gr, dw, db) + (None,) * 12
+        return (g, gr, dw, db) + (None,) * 13
 
 
 def add_rms_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-5, out_dtype: torch.dtype | None = None,
     rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
     dw_partials: str = "tile", programs: int | None = None, dw_out: torch.Tensor | None = None,
+    bwd_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, rms_norm(x + r) * w), differentiable in x, r and w; h in ``out_dtype`` (default x's).
     ``p`` > 0: r through dropout first (mask from ``seed`` and ``salt``: module docstring).
-    ``dw_partials``, ``programs``, ``dw_out``: the backward's dweight (:func:`add_norm_bwd`)."""
+    ``dw_partials``, ``programs``, ``dw_out``: the backward's dweight (:func:`add_norm_bwd`), on
+    ``bwd_rows``-row tiles (default ``rows``: the backward recomputes from s and rstd, any tiling)."""
     return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype, rows, p, seed, salt, rng4, dw_partials,
-                                 programs, dw_out, None)
+                                 programs, dw_out, None, bwd_rows)
 
 
 def add_layer_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None, eps: float = 1e-5,
     out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None,
     salt: int = 0, rng4: bool = RNG4, dw_partials: str = "tile", programs: int | None = None,
-    dw_out: torch.Tensor | None = None, db_out: torch.Tensor | None = None,
+    dw_out: torch.Tensor | None = None, db_out: torch.Tensor | None = None, bwd_rows: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, layer_norm(x + r) * w + b), differentiable in x, r, w and b; h in ``out_dtype``."""
     return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype, rows, p, seed, salt, rng4, dw_partials,
-                                 programs, dw_out, db_out)
+                                 programs, dw_out, db_out, bwd_rows)

@@ -134,3 +134,18 @@ def test_the_attention_tile_sweep_checks_each_tile_against_the_reference(capsys)
     out = capsys.readouterr().out
     assert rc == 0 and "FAIL" not in out and "ERROR" not in out, out
     assert out.count(" OK") == (len(names) or 2 * len(mod.CPU_GRID)), out
+
+
+@pytest.mark.kernels
+def test_the_norm_backward_grid_sweep_checks_each_grid_against_the_reference(capsys):
+    """On the CPU every grid of the interpreter's list; on a GPU the old tile partials and the default
+    grid (the full sweep is a measurement, run with --record)."""
+    import torch
+
+    from benchmarks.kernels import norm_bwd_grid_dev as mod
+
+    names = ["tile partials + sum", "atomic 4 rows 4/SM"] if torch.cuda.is_available() else []
+    rc = mod.main(["--check-only"] + (["--variants", ",".join(names)] if names else []))
+    out = capsys.readouterr().out
+    assert rc == 0 and "FAIL" not in out and "ERROR" not in out, out
+    assert out.count(" OK") == (len(names) or 1 + len(mod.CPU_GRID)), out

@@ -239,8 +239,13 @@ def engine_variants() -> list[Case]:
 
 # (label suffix, engine options) of each option on trial. grad_into_buffer, fuse_kv_split_sum and
 # norm_dw_into_buffer won theirs (chapter 6 keeps the rows) and are defaults now; an option waiting
-# for a trial goes here.
-CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = ()
+# for a trial goes here. The fused residual-norm backward on more programs per SM than its default
+# grid's 4 one-warp programs: more loads in flight for a memory-bound kernel, against more atomic
+# adds into each norm's weight gradient (benchmarks/kernels/norm_bwd_grid_dev.py times the grid).
+CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = (
+    (" +norm-bwd-grid 4 rows 16/SM", {"norm_bwd_grid": "4 rows 16/SM"}),
+    (" +norm-bwd-grid 8 rows 16/SM", {"norm_bwd_grid": "8 rows 16/SM"}),
+)
 
 
 def engine_candidates() -> list[Case]:

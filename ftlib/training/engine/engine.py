@@ -190,7 +190,7 @@ class Engine:
                                               "(mask from Philox, redrawn in the backward)")
         if self.fuse_residual_norm:
             self.model.add_norm = FusedAddNorm(self.model, norm_out, dropout, o.norm_dw_partials,
-                                               dw_into=o.norm_dw_into_buffer)
+                                               dw_into=o.norm_dw_into_buffer, bwd_grid=o.norm_bwd_grid)
         return dropout
 
     def _loss(self):
@@ -349,6 +349,7 @@ class Engine:
                                   and self.config.n_head > self.config.n_kv_head),
             "muon_grouped": self.muon is not None and self.muon.grouped,
             "norm_dw_into_buffer": bool(o.norm_dw_into_buffer and self.fuse_residual_norm),
+            "norm_bwd_grid": o.norm_bwd_grid if o.norm_dw_into_buffer and self.fuse_residual_norm else None,
             "loss_scale": self.optimizer.loss_scale_kind(),
             "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),
         }

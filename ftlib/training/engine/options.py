@@ -99,6 +99,10 @@ class EngineOptions:
                "parameter's view of the flat gradient with atomic adds (kernels/residual_norm.py, "
                "dw_partials='atomic') instead of writing partial rows for a torch sum and autograd's add",
         keyless=False)
+    norm_bwd_grid: str | None = _option(
+        None, "with norm_dw_into_buffer: None, the fused residual-norm backward's default persistent grid; or "
+              "'<rows> rows <programs>/SM' (kernels._common.RowGrid), the grid its atomic weight gradients run on "
+              "(benchmarks/kernels/norm_bwd_grid_dev.py times them)")
     muon_grouped: bool = _option(
         False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
                "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "
@@ -130,6 +134,15 @@ class EngineOptions:
                 bad.append(str(e))
             if self.attention_layout != "packed":
                 bad.append(f"attention_tiles={self.attention_tiles!r} needs attention_layout='packed'")
+        if self.norm_bwd_grid is not None:
+            from kernels._common import RowGrid  # here: the options import no Triton unless a grid is named
+
+            try:
+                RowGrid.parse(self.norm_bwd_grid)
+            except (ValueError, TypeError) as e:
+                bad.append(str(e))
+            if not self.norm_dw_into_buffer:
+                bad.append(f"norm_bwd_grid={self.norm_bwd_grid!r} needs norm_dw_into_buffer=True")
         if self.norm_dw_partials not in NORM_DW_PARTIALS:
             bad.append(f"norm_dw_partials={self.norm_dw_partials!r}; expected one of {NORM_DW_PARTIALS}")
         for f in dataclasses.fields(self):

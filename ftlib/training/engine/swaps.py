@@ -140,7 +140,8 @@ class FusedAddNorm(nn.Module):
     ``dw_partials``: the backward's weight-gradient partials (:func:`kernels.residual_norm.add_norm_bwd`).
     ``dw_into``: instead, the backward adds each norm's weight (and bias) gradient into that parameter's
     ``.grad`` with atomic adds (``dw_partials="atomic"``) and hands autograd nothing to add: for the
-    engine, whose ``.grad`` tensors are views of one flat buffer zeroed at the start of every step.
+    engine, whose ``.grad`` tensors are views of one flat buffer zeroed at the start of every step;
+    ``bwd_grid`` ('<rows> rows <P>/SM', :class:`kernels._common.RowGrid`) the grid that backward runs on.
 
     ``dropout`` = (p, seed tensor, rng4): each branch's residual dropout runs inside the kernel, for a
     model whose branch dropout modules are identities (:func:`fuse_residual_dropout_`). Call site k
@@ -150,8 +151,9 @@ class FusedAddNorm(nn.Module):
 
     def __init__(self, model: GPT, out_dtype: torch.dtype | None,
                  dropout: tuple[float, torch.Tensor, bool] | None = None, dw_partials: str = "tile",
-                 dw_into: bool = False) -> None:
+                 dw_into: bool = False, bwd_grid: str | None = None) -> None:
         super().__init__()
+        self.bwd_grid = bwd_grid
         self.layernorm = model.config.norm == "layernorm"
         self.out_dtype, self.dropout, self.dw_partials, self.dw_into = out_dtype, dropout, dw_partials, dw_into
         blocks = list(model.blocks)
@@ -170,6 +172,11 @@ class FusedAddNorm(nn.Module):
                 raise RuntimeError("dw_into needs each norm parameter's .grad to be its gradient buffer (the "
                                    "engine's flat-gradient views); it is None")
             kw.update(dw_partials="atomic", dw_out=norm.weight.grad)
+            if self.bwd_grid is not None:
+                from kernels._common import RowGrid
+
+                launch = RowGrid.parse(self.bwd_grid).launch(x.device)
+                kw.update(bwd_rows=launch["rows"], programs=launch["programs"])
             if self.layernorm:
                 kw["db_out"] = bias.grad if bias is not None else None
         if self.layernorm:

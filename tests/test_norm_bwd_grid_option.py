@@ -1,0 +1,64 @@
+"""The engine's ``norm_bwd_grid`` option: parsed and validated, the named grid reaches the fused residual-norm
+backward's launcher (its rows apart from the forward's), and the step trains as on the default grid."""
+
+from __future__ import annotations
+
+import inspect
+
+import pytest
+import torch
+
+from ftlib.harness.engine_check import pattern_batches
+from ftlib.model.config import preset
+from ftlib.training.engine import Engine, EngineOptions
+
+pytest.importorskip("triton")
+
+B, T = 2, 16
+FT2 = preset("fasttransformer", n_layer=2, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
+
+
+def test_grids_are_parsed_and_bad_text_is_refused():
+    from kernels._common import RowGrid
+
+    assert RowGrid.parse("8 rows 16/SM") == RowGrid(8, 16) and RowGrid.parse(" 4 rows 2 / SM ") == RowGrid(4, 2)
+    assert RowGrid.parse(RowGrid(16, 32).name) == RowGrid(16, 32)
+    for bad in ("8 rows", "6 rows 4/SM", "8 rows 0/SM", "rows 4/SM", ""):
+        with pytest.raises(ValueError):
+            RowGrid.parse(bad)
+    assert RowGrid(4, 8).launch(torch.device("cpu")) == {"rows": 4, "programs": 32}  # the interpreter: 4 SMs
+    with pytest.raises(ValueError, match="expected '<rows> rows"):
+        EngineOptions(norm_bwd_grid="8 rows")
+    with pytest.raises(ValueError, match="needs norm_dw_into_buffer=True"):
+        EngineOptions(norm_bwd_grid="8 rows 16/SM", norm_dw_into_buffer=False)
+
+
+def test_the_named_grid_reaches_the_backward_and_trains_like_the_default(kernel_device, monkeypatch):
+    import kernels.residual_norm as R
+
+    seen: dict[str, set] = {"fwd": set(), "bwd": set()}
+    fwd, bwd = R.add_norm_fwd, R.add_norm_bwd
+
+    def spy_fwd(*args, **kw):
+        seen["fwd"].add(inspect.signature(fwd).bind(*args, **kw).arguments.get("rows", R.ROWS))
+        return fwd(*args, **kw)
+
+    def spy_bwd(*args, **kw):
+        a = inspect.signature(bwd).bind(*args, **kw).arguments
+        seen["bwd"].add((a.get("rows", R.ROWS), a.get("programs"), a.get("dw_partials")))
+        return bwd(*args, **kw)
+
+    monkeypatch.setattr(R, "add_norm_fwd", spy_fwd)
+    monkeypatch.setattr(R, "add_norm_bwd", spy_bwd)
+    batches = pattern_batches(FT2.vocab_size, B, T, 3, seed=2, device=kernel_device)
+    losses = {}
+    for grid in (None, "8 rows 2/SM"):
+        for s in seen.values():
+            s.clear()
+        eng = Engine(FT2, B, T, "tf32", kernel_device, seed=3, norm_bwd_grid=grid, capture=False)
+        assert eng.describe()["norm_bwd_grid"] == grid and eng.describe()["norm_dw_into_buffer"]
+        losses[grid] = torch.stack([eng.step(x, y).detach().clone() for x, y in batches])
+        assert seen["fwd"] == {R.ROWS}, seen  # the forward keeps its rows either way
+        assert seen["bwd"] == ({(R.ROWS, None, "atomic")} if grid is None else {(8, 8, "atomic")}), seen
+    # The grid changes which program adds which rows' dweight (atomic adds: fp32 rounding), not the sums.
+    torch.testing.assert_close(losses[None], losses["8 rows 2/SM"], rtol=1e-5, atol=1e-5)
