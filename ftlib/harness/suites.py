@@ -243,8 +243,7 @@ def engine_variants() -> list[Case]:
 # grid's 4 one-warp programs: more loads in flight for a memory-bound kernel, against more atomic
 # adds into each norm's weight gradient (benchmarks/kernels/norm_bwd_grid_dev.py times the grid).
 CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = (
-    (" +norm-bwd-grid 4 rows 16/SM", {"norm_bwd_grid": "4 rows 16/SM"}),
-    (" +norm-bwd-grid 8 rows 16/SM", {"norm_bwd_grid": "8 rows 16/SM"}),
+    (" +norm-bwd-grid 8 rows 4/SM", {"norm_bwd_grid": "8 rows 4/SM"}),
 )
 
 
