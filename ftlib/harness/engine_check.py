@@ -38,6 +38,9 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # grad_into_buffer (under bf16 the weight gradients accumulate in fp32 instead of being rounded to
     # bf16 first), fuse_kv_split_sum and norm_dw_into_buffer (the norms' weight gradients added
     # atomically, in no fixed order) are defaults: the default checks above train with them.
+    # The norm backward on another grid (the atomic adds in another order).
+    *((prec, name, {"norm_bwd_grid": "8 rows 4/SM"}) for prec, name in (("bf16", "fasttransformer"),
+                                                                       ("bf16", "gpt2"))),
 )
 
 
