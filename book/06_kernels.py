@@ -79,7 +79,7 @@ from ftlib.views import baselines as bv
 from ftlib.views import engine as engineview
 from ftlib.views import kernels as kernelview
 from ftlib.views import ledger as ledgerview
-from ftlib.views import steadiness
+from ftlib.views import steadiness, sweeps
 from ftlib.views.bench import devices, ok_rows, provenance_line
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
@@ -346,22 +346,27 @@ else:
 # more than the spread and its 100-step check (below) passes. An option on trial is timed in its
 # own suite, `engine_candidates`, each case beside the default case it would change; once it wins,
 # it becomes a default and the engine table above shows it switched off again (`-grad-into-buffer`,
-# `-fused-kv-sum`). Two options went through this:
-# `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option
-# does (NVIDIA/Megatron-LM, with its `fused_weight_gradient_mlp_cuda` extension): each Linear's
-# backward writes its weight gradient straight into the flat fp32 gradient buffer, one GEMM with
-# an fp32 output, instead of a GEMM, a cast and an add. `fused-kv-sum` concerns multi-query
-# attention's backward: the dK/dV kernel is split over the query heads that share the K/V head and
-# writes one fp32 partial per split; the option sums those partials, casts them and writes them into
-# the packed gradient buffer in one kernel per layer (`kernels/kv_split_sum.py`), where PyTorch takes
-# a sum, a cast and a strided copy for each of dK and dV. GPT-2's multi-head attention has no split,
-# so the option changes nothing there. The `persistent norm dw` variant in the table above is an
-# option that did not win: the norm backwards' weight-gradient partials, one per program instead of
-# one per row tile. On trial now: `norm-dw-into-buffer`, where each fused residual-norm's backward adds
-# its weight (and bias) gradient straight into the parameter's view of the flat gradient with atomic
-# adds (`kernels/residual_norm.py`, `dw_partials="atomic"`), which leaves no partial rows for a torch sum
-# and nothing for autograd to add. The table shows each trial; the lines under it say which options are
-# defaults now.
+# `-fused-kv-sum`, `-norm-dw-into-buffer`). Three options went through this:
+#
+# * `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option does
+#   (NVIDIA/Megatron-LM, with its `fused_weight_gradient_mlp_cuda` extension): each Linear's backward
+#   writes its weight gradient straight into the flat fp32 gradient buffer, one GEMM with an fp32
+#   output, instead of a GEMM, a cast and an add.
+# * `fused-kv-sum` concerns multi-query attention's backward: the dK/dV kernel is split over the query
+#   heads that share the K/V head and writes one fp32 partial per split; the option sums those
+#   partials, casts them and writes them into the packed gradient buffer in one kernel per layer
+#   (`kernels/kv_split_sum.py`), where PyTorch takes a sum, a cast and a strided copy for each of dK
+#   and dV. GPT-2's multi-head attention has no split, so the option changes nothing there.
+# * `norm-dw-into-buffer`: each fused residual-norm's backward adds its weight (and bias) gradient
+#   straight into the parameter's view of the flat gradient with atomic adds (`kernels/residual_norm.py`,
+#   `dw_partials="atomic"`), which leaves no partial rows for a torch sum and nothing for autograd to add.
+#
+# The `persistent norm dw` variant in the table above is an option that did not win: the norm
+# backwards' weight-gradient partials, one per program instead of one per row tile. Neither did two
+# grids for the residual-norm backward with 16 programs per SM (4- and 8-row tiles): more loads in
+# flight did not pay for the extra atomic adds. On trial now is the grid the sweep below found fastest,
+# 8-row tiles with 4 programs per SM (`norm_bwd_grid`). The table shows each trial; the lines under it
+# say which options are defaults now.
 
 # %%
 cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)
@@ -372,6 +377,24 @@ if cand_rows:
     display(Markdown(engineview.candidate_summary(cand_rows, crows)))
 else:
     print("not measured yet: bash ci/gpu-run --only engine_candidates")
+
+# %% [markdown]
+# ### Tiles and grids, swept
+# Two launch choices were swept at the headline shape before any went on trial: the attention
+# kernels' tiles (block sizes, warps and pipeline stages, forward and backward apart;
+# `benchmarks/kernels/attention_tiles_dev.py`) and the residual-norm backward's grid (rows per tile,
+# programs per SM; `benchmarks/kernels/norm_bwd_grid_dev.py`). Each variant is checked against the
+# fp64 reference, then timed in a CUDA graph; below, each sweep's fastest variants and the default,
+# and whether the fastest differs from the default by more than the spread of the replays. Only such
+# a difference goes on trial in the engine, where the whole step decides.
+
+# %%
+sweep_tab = sweeps.sweep_table(krows)
+if len(sweep_tab):
+    show_frame(sweep_tab, digits=4)
+    display(Markdown("\n".join(f"- {s}" for s in sweeps.sweep_findings(krows))))
+else:
+    print("Not swept yet: python -m benchmarks.kernels.attention_tiles_dev --record (and norm_bwd_grid_dev) on a GPU.")
 
 # %% [markdown]
 # ### Where the engine's step goes

@@ -326,7 +326,7 @@ print(ck["sample"])  # a few hundred characters from the reloaded model (varies 
 # %% [markdown]
 # ## What we found
 # Computed from the rows above, per GPU: the fair comparison, the speedrun's leaderboard per
-# target, and each record goal against the closest result (for a target reached, its time split
+# target, the Muon trial, and each record goal against the closest result (for a target reached, its time split
 # into steps and time per step; for one not reached, the lowest best loss any candidate reached,
 # and how far its loss had risen again by the end of the run: a loss that turns up is the model
 # overfitting the training split, which more steps do not cure).
@@ -337,6 +337,8 @@ for dev in sorted(group_rows(speed)) or [device_slug(device)]:
     print()
     print(lb.findings(speed + record, dev))
     print(rec.limits(speed + record, dev, train_tokens=len(text_ds.train)))
+    if trial:  # grouped against per-matrix Muon: same seeds, one call
+        print(rec.muon_trial(trial, dev)[1])
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

@@ -171,3 +171,21 @@ def test_engine_ratios_never_pool_runs_of_another_engine():
     # GPT-2 has no split sum to fuse: its older engine lacks grad_into_buffer only.
     g2 = run_rows("r4", "m3", {}, bad={("gpt2", "engine", "default"): older})
     assert "engine, without grad_into_buffer" in set(bv.load(CASES, rows=g2)["config"])
+
+
+def test_compiled_autograd_is_set_against_the_same_whole_step_in_each_run():
+    later = [Case(label, cfg, 32, 256, mode, "bf16", optimizer=opt) for label, cfg in BASELINE_MODELS.items()
+             for mode, opt in LATER_STEP_CONFIGS]
+    cases = CASES + later
+    graphs = {"compiled_graphs": 4, "graph_breaks": 3}
+    ca = ("fasttransformer", "compile-ro", "whole-step-ca")
+    rows = []
+    for i, (whole, with_ca) in enumerate(((2.0, 4.0), (2.5, 4.5))):
+        rows += run_rows(f"r{i}", f"m{i}", {("fasttransformer", "compile-ro", "whole-step"): whole, ca: with_ca},
+                         cases=cases, bad={ca: graphs})
+    rows += run_rows("old", "m3", fast(fasttransformer__compile_ro__whole_step=1.0))  # no compiled autograd: left out
+    lines = br.compiled_autograd_findings(bv.load(cases, rows=rows), "h200")
+    ft = [s for s in lines if s.startswith("FastTransformer bf16")]
+    assert len(ft) == 1 and "1.90× (1.80–2.00× over runs) as long, slower (2 runs)" in ft[0], lines
+    assert "4 graphs and 3 graph breaks" in ft[0]
+    assert br.compiled_autograd_findings(bv.load(cases, rows=rows), "t4") == []

@@ -343,3 +343,17 @@ def test_tars_unpack_safely_where_python_has_no_data_filter(repo, mod, tmp_path,
     with tarfile.open(evil / "results.tar", "w") as t:
         t.addfile(link)
     assert mod.main([str(evil)]) != 0
+
+
+def test_an_older_copy_of_the_probe_file_does_not_undo_newer_rows(repo, mod):
+    # A GPU runner's results.tar packs the tree's engine_probe.jsonl as it was when the run started; the
+    # probe rows ingested since then are newer and stay.
+    store, back = repo
+    new = [{"key": "p", "v": 2, "device": "NVIDIA H200", "date": "2026-12-04T16:45:00Z"}]
+    (store / "engine_probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in new))
+    old = [{"key": "p", "v": 1, "device": "NVIDIA H200", "date": "2026-12-04T14:47:00Z"},
+           {"key": "s", "v": 5, "device": "NVIDIA H200", "date": "2026-12-04T14:47:00Z"}]
+    (back / "engine_probe.jsonl").write_text("".join(json.dumps(r) + "\n" for r in old))
+    assert mod.main([str(back)]) == 0
+    probe = {r["key"]: r["v"] for r in map(json.loads, (store / "engine_probe.jsonl").read_text().splitlines())}
+    assert probe == {"p": 2, "s": 5}

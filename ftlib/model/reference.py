@@ -24,6 +24,7 @@ __all__ = [
     "causal_softmax_ref",
     "cross_entropy_ref",
     "dropout_ref",
+    "gelu_mlp_ref",
     "gelu_tanh_ref",
     "kv_split_sum_ref",
     "layer_norm_ref",
@@ -133,6 +134,13 @@ def mlp_epilogue_ref(h: torch.Tensor, bias: torch.Tensor | None = None) -> torch
     if bias is not None:
         hf = hf + bias.to(hf.dtype)
     return F.gelu(hf, approximate="tanh").to(h.dtype)
+
+
+def gelu_mlp_ref(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
+                 b2: torch.Tensor | None, approximate: str = "tanh") -> torch.Tensor:
+    """The model's MLP without dropout, gelu(x W1^T + b1) W2^T + b2 (``ftlib.model.mlp.MLP``): what
+    ``kernels.gelu_mlp`` computes with the GELU in its GEMMs' epilogues."""
+    return F.linear(F.gelu(F.linear(x, w1, b1), approximate=approximate), w2, b2)
 
 
 def kv_split_sum_ref(part: torch.Tensor, nkv: int, out: torch.Tensor) -> torch.Tensor:

@@ -157,6 +157,7 @@ def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
             lines.append(f"- With each model at its fastest compiled configuration the ratio is "
                          f"{range_text(best['median'], best['min'], best['max'])} ({best['verdict']}).")
         lines += [f"- {s}" for s in ceiling_findings(df, dev, precision)]
+        lines += [f"- {s}" for s in compiled_autograd_findings(df, dev)]
         for label in ("gpt2", "fasttransformer"):
             e = lookup_row(eng, device_slug=dev, label=label, precision=precision)
             if e is not None:
@@ -165,6 +166,35 @@ def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
                              f"{engine_note(e['engine_config'])}.")
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def compiled_autograd_findings(df: pd.DataFrame, device: str, mode: str = "compile-ro") -> list[str]:
+    """Compiled autograd against the same whole step without it, per model and precision, in the runs
+    that measured both (a ratio per run, then its median and range over runs)."""
+    v = valid_rows(df).query("device_slug == @device and mode == @mode")
+    v = v[v["optimizer_kind"].isin(["whole-step", "whole-step-ca"])]
+    if v.empty:
+        return []
+    wide = v.pivot_table(index=["label", "precision", "run_id"], columns="optimizer_kind", values="median_ms",
+                         aggfunc="first")
+    if not {"whole-step", "whole-step-ca"} <= set(wide.columns):
+        return []
+    wide = wide.dropna()
+    graphs, out = v[v["optimizer_kind"] == "whole-step-ca"].groupby(["label", "precision"]), []
+    for (label, prec), g in wide.groupby(level=["label", "precision"]):
+        if label not in MODEL_NAMES:
+            continue
+        ratio = g["whole-step-ca"] / g["whole-step"]
+        rows = graphs.get_group((label, prec))
+        word = "slower" if ratio.min() > 1 else "faster" if ratio.max() < 1 else "no faster or slower over runs"
+        counts = rows[["compiled_graphs", "graph_breaks"]].max()
+        where = ("" if counts.isna().any() else
+                 f", with {counts['compiled_graphs']:.0f} graphs and {counts['graph_breaks']:.0f} graph breaks")
+        out.append(f"{MODEL_NAMES[label]} {prec}: {config_name(mode, 'whole-step-ca')} "
+                   f"{g['whole-step-ca'].median():.2f} ms against {g['whole-step'].median():.2f} ms without "
+                   f"compiled autograd: {range_text(ratio.median(), ratio.min(), ratio.max())} as long, {word} "
+                   f"({len(g)} runs){where}.")
+    return out
 
 
 def ceiling_findings(df: pd.DataFrame, device: str, precision: str = "fp32") -> list[str]:

@@ -328,7 +328,7 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
                   for r in rows]
         if any(counts):
             fig.add_trace(go.Bar(name=cat, y=labels, x=counts, orientation="h", marker_color=PALETTE[i % len(PALETTE)]))
-    fig.update_layout(barmode="stack", height=160 + 52 * len(rows), margin=dict(l=330),
+    fig.update_layout(barmode="stack", height=max(340, 160 + 52 * len(rows)), margin=dict(l=330),
                       title=f"Kernels per training step, by category, {device} (engine step, profiled uncaptured)",
                       xaxis_title="kernels launched per step", yaxis=dict(autorange="reversed"))
     return legend_below(fig)

@@ -41,6 +41,7 @@ from ftlib.core.device import DeviceInfo, pick_device
 from ftlib.model.config import ModelConfig, preset
 from ftlib.model.gpt import build_model
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
+from ftlib.training.engine.fused_mlp import fuse_mlps
 from ftlib.training.engine.grad_into import fp32_out_mm_available
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import (
@@ -147,6 +148,11 @@ class Engine:
                              grouped=self.options.muon_grouped) if muon else None
         self.flat_param16 = self._shadow_weights()
         self.grad_into = self._grad_into_buffer()
+        if self.options.fuse_mlp_act:  # last: it reads the Linears' bf16 shadows and gradient views
+            low = self.prec.base.autocast is not None
+            self.fused_mlps, self.notes["fuse_mlp_act"] = fuse_mlps(self.model, low, kernels_runnable(dev))
+        else:
+            self.fused_mlps = 0
 
         self.static_x = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) tokens
         self.static_y = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) targets
@@ -349,6 +355,7 @@ class Engine:
                                   and self.config.n_head > self.config.n_kv_head),
             "muon_grouped": self.muon is not None and self.muon.grouped,
             "norm_dw_into_buffer": bool(o.norm_dw_into_buffer and self.fuse_residual_norm),
+            "fuse_mlp_act": self.fused_mlps > 0,
             "norm_bwd_grid": o.norm_bwd_grid if o.norm_dw_into_buffer and self.fuse_residual_norm else None,
             "loss_scale": self.optimizer.loss_scale_kind(),
             "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),

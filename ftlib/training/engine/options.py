@@ -103,6 +103,10 @@ class EngineOptions:
         None, "with norm_dw_into_buffer: None, the fused residual-norm backward's default persistent grid; or "
               "'<rows> rows <programs>/SM' (kernels._common.RowGrid), the grid its atomic weight gradients run on "
               "(benchmarks/kernels/norm_bwd_grid_dev.py times them)")
+    fuse_mlp_act: bool = _option(
+        False, "under bf16/fp16: each MLP's GELU in the epilogues of a Triton GEMM, forward after the "
+               "up-projection, backward (GELU') after the product through the down-projection "
+               "(kernels/gelu_mlp.py), instead of an elementwise GELU kernel each way")
     muon_grouped: bool = _option(
         False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
                "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "

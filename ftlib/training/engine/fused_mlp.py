@@ -1,0 +1,74 @@
+"""The engine's MLPs with GELU in their GEMM epilogues (``kernels/gelu_mlp.py``; engine option ``fuse_mlp_act``).
+
+Each block's ``MLP`` (fc -> GELU -> proj -> dropout) runs as one :func:`kernels.gelu_mlp.gelu_mlp` call: the
+up-projection's GEMM writes the pre-activation and its GELU, the backward's GEMM through the
+down-projection multiplies by GELU' before it stores, so the two elementwise GELU kernels go. Everything
+else the engine did to the two Linears stays: their bf16 shadow weights are read (``bf16_weights``) and
+their weight gradients are written into the flat fp32 gradient (``grad_into_buffer``).
+
+Applied under bf16 / fp16 autocast only: the fused GEMM runs the products on tensor cores in the
+operands' dtype, as cuBLAS does there; in tf32 and fp32 cuBLAS keeps them (the Triton GEMM's fp32
+products are exact FMA products, a different algorithm, not what tf32 measures).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+import torch.nn as nn
+
+from ftlib.model.gpt import GPT
+from ftlib.model.mlp import MLP
+from ftlib.training.engine.grad_into import GradIntoLinear
+
+APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # the model's activation -> F.gelu's name
+
+
+class FusedMLP(MLP):
+    """Takes over an ``MLP`` whose two Linears the engine has set up (plain, bf16-shadow or grad-into:
+    the same modules, under the same names, so parameter names do not change) and, in training mode
+    with gradients on, runs fc, GELU and proj as :func:`kernels.gelu_mlp.gelu_mlp`; elsewhere
+    (evaluation, sampling) the MLP's own forward."""
+
+    def __init__(self, mlp: MLP) -> None:
+        nn.Module.__init__(self)  # not MLP.__init__: the Linears are the given MLP's, not new ones
+        self.fc, self.proj, self.dropout = mlp.fc, mlp.proj, mlp.dropout
+        self.activation, self.approximate = mlp.activation, APPROXIMATE[mlp.activation]
+        fc, proj = mlp.fc, mlp.proj
+        self.w1c, self.w2c = getattr(fc, "w16", None), getattr(proj, "w16", None)  # bf16 shadows, if any
+        into = isinstance(fc, GradIntoLinear) and isinstance(proj, GradIntoLinear)
+        self.dw1_out, self.dw2_out = (fc.grad, proj.grad) if into else (None, None)  # flat-gradient views
+        self.bias_grad: Callable[[torch.Tensor], torch.Tensor] | None = fc.bias_grad if into else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and torch.is_grad_enabled()):
+            return super().forward(x)
+        from kernels.gelu_mlp import gelu_mlp
+
+        y = gelu_mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias, self.approximate,
+                     w1c=self.w1c, w2c=self.w2c, dw1_out=self.dw1_out, dw2_out=self.dw2_out,
+                     bias_grad=self.bias_grad)
+        return self.dropout(y)
+
+    def extra_repr(self) -> str:
+        return (f"GELU ({self.approximate}) in the GEMM epilogues"
+                + (", bf16 shadows" if self.w1c is not None else "")
+                + (", dW into the flat gradient" if self.dw1_out is not None else ""))
+
+
+def fuse_mlps(model: GPT, low_precision: bool, why_not: str | None) -> tuple[int, str]:
+    """Every block's MLP onto :class:`FusedMLP` where it applies; returns (how many, a note saying so)."""
+    if why_not:
+        return 0, why_not
+    if not low_precision:
+        return 0, "not applied: bf16 / fp16 only (tf32 and fp32 keep cuBLAS's products)"
+    act = model.config.activation
+    if act not in APPROXIMATE:
+        return 0, f"not applicable: the MLP's activation is {act!r}, not GELU"
+    n = 0
+    for blk in model.blocks:
+        if type(blk.mlp) is MLP:
+            blk.mlp = FusedMLP(blk.mlp)
+            n += 1
+    return n, f"{n} MLPs with GELU in their GEMM epilogues (kernels/gelu_mlp.py)"

@@ -1,0 +1,87 @@
+"""Launch-parameter sweeps read back for chapter 6: which tile or grid is fastest, against the default.
+
+Two benchmarks in ``benchmarks/kernels`` time one kernel at many launch parameters and store their rows in
+kernels.jsonl (with ``--record``): ``attention_tiles_dev`` (op ``attention_tiles``: the attention kernels'
+tiles, forward and backward apart) and ``norm_bwd_grid_dev`` (op ``norm_bwd_grid``: the fused
+residual-norm backward's grid). Each row is one variant's in-graph time with its p20 and p80 over
+replays. A variant beats the default *beyond the spread* when its p80 is below the default's p20: only
+such a win is worth a trial in the engine (``engine_candidates``), where the step decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from ftlib.views.tables import table_view
+
+# The launchers' defaults, by op and pass, as the sweeps name their variants (tests/test_sweepview.py
+# checks these against kernels.tiles and kernels._common).
+DEFAULTS: dict[str, dict[str, str]] = {
+    "attention_tiles": {"fwd": "fwd 64x64 w4 s2", "bwd": "bwd 64x64 w4 s2"},
+    "norm_bwd_grid": {"": "atomic 4 rows 4/SM"},
+}
+SWEEP_NAMES = {"attention_tiles": "attention tiles", "norm_bwd_grid": "residual-norm backward grid"}
+
+
+def sweep_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
+    """The sweeps' in-graph rows that passed their check, newest run per (device, op, pass, variant)."""
+    keep = [{"device": r.get("device_slug") or r.get("device"), "op": r["op"],
+             "pass": (r.get("shape") or {}).get("pass", ""), "variant": r["variant"], "graph µs": r["median_us"],
+             "p20 µs": r.get("p20_us"), "p80 µs": r.get("p80_us"), "date": r.get("date", "")}
+            for r in rows if r.get("op") in DEFAULTS and r.get("timing") == "graph" and r.get("status") == "ok"
+            and r.get("check_ok", True) and r.get("median_us")]
+    if not keep:
+        return pd.DataFrame(columns=["device", "op", "pass", "variant", "graph µs", "p20 µs", "p80 µs", "date"])
+    df = pd.DataFrame(keep).sort_values("date")
+    return df.drop_duplicates(["device", "op", "pass", "variant"], keep="last").reset_index(drop=True)
+
+
+def _with_default(df: pd.DataFrame) -> pd.DataFrame:
+    """Each row beside its group's default: 'default / variant' (above 1: faster) and 'beyond spread'."""
+    out = []
+    for (_dev, op, p), g in df.groupby(["device", "op", "pass"], sort=True):
+        base = g[g["variant"] == DEFAULTS[op].get(p)]
+        if base.empty:
+            continue
+        b = base.iloc[0]
+        g = g.assign(**{"default / variant": b["graph µs"] / g["graph µs"],
+                        "beyond spread": (g["p80 µs"] < b["p20 µs"]) | (g["p20 µs"] > b["p80 µs"])})
+        out.append(g.sort_values("graph µs"))
+    return pd.concat(out, ignore_index=True) if out else df.iloc[0:0]
+
+
+@table_view
+def sweep_table(rows: Iterable[dict[str, Any]], top: int = 4) -> list[dict[str, Any]]:
+    """Per device, sweep and pass: the ``top`` fastest variants, and the default wherever it ranks."""
+    df = _with_default(sweep_frame(rows))
+    out = []
+    for (dev, op, p), g in df.groupby(["device", "op", "pass"], sort=True):
+        shown = g[(g["graph µs"].rank(method="first") <= top) | (g["variant"] == DEFAULTS[op][p])]
+        for r in shown.to_dict("records"):
+            out.append({"device": dev, "sweep": SWEEP_NAMES[op] + (f" ({p})" if p else ""), "variant": r["variant"],
+                        "rank": int((g["graph µs"] < r["graph µs"]).sum()) + 1, "of": len(g),
+                        **{k: r[k] for k in ("graph µs", "p20 µs", "p80 µs", "default / variant")},
+                        "differs beyond spread": bool(r["beyond spread"]) if r["variant"] != DEFAULTS[op][p] else None})
+    return out
+
+
+def sweep_findings(rows: Iterable[dict[str, Any]]) -> list[str]:
+    """One sentence per device, sweep and pass: the fastest variant against the default, and whether the
+    difference is beyond the spread of the replays."""
+    df = _with_default(sweep_frame(rows))
+    out = []
+    for (dev, op, p), g in df.groupby(["device", "op", "pass"], sort=True):
+        win, base = g.iloc[0], g[g["variant"] == DEFAULTS[op][p]].iloc[0]
+        name = f"{dev}, {SWEEP_NAMES[op]}" + (f" ({p})" if p else "") + f", {len(g)} variants"
+        if win["variant"] == base["variant"]:
+            out.append(f"{name}: the default, {base['variant']}, is the fastest "
+                       f"({base['graph µs']:.1f} µs in a graph).")
+            continue
+        verdict = ("beyond the spread of the replays: worth a trial in the engine" if win["beyond spread"]
+                   else "within the spread of the replays: no reason to change the default")
+        out.append(f"{name}: fastest {win['variant']} at {win['graph µs']:.1f} µs against the default "
+                   f"{base['variant']} at {base['graph µs']:.1f} µs ({win['default / variant']:.2f}×), {verdict}.")
+    return out

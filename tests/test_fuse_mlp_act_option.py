@@ -1,0 +1,60 @@
+"""The engine's ``fuse_mlp_act`` option: each MLP's GELU in the Triton GEMM's epilogues (kernels/gelu_mlp.py)
+under bf16, with the Linears' bf16 shadows and flat-gradient views kept; the step trains as without it,
+parameter names do not change, and where it does not apply a note says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ftlib.harness.engine_check import pattern_batches
+from ftlib.model.config import preset
+from ftlib.training.engine import Engine, EngineOptions
+
+pytest.importorskip("triton")
+
+B, T = 2, 16
+FT = preset("fasttransformer", n_layer=2, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
+GPT2 = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)  # biases, the exact erf GELU
+
+
+def _train(cfg, precision, device, **options):
+    eng = Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
+    batches = pattern_batches(cfg.vocab_size, B, T, 4, seed=2, device=device)
+    return eng, torch.stack([eng.step(x, y).detach().float().clone() for x, y in batches])
+
+
+@pytest.mark.parametrize("cfg", [FT, GPT2], ids=["fasttransformer", "gpt2"])
+def test_the_fused_mlps_train_like_the_unfused_ones_in_bf16(kernel_device, cfg):
+    from ftlib.training.engine.fused_mlp import FusedMLP
+
+    on, losses_on = _train(cfg, "bf16", kernel_device, fuse_mlp_act=True)
+    off, losses_off = _train(cfg, "bf16", kernel_device)
+    mlps = [blk.mlp for blk in on.model.blocks]
+    assert all(type(m) is FusedMLP for m in mlps) and on.describe()["fuse_mlp_act"]
+    assert not off.describe()["fuse_mlp_act"]
+    assert mlps[0].dw1_out is not None  # the gradient views kept, and the bf16 shadows where the Linears had them
+    assert (mlps[0].w1c is not None) == (cfg is FT)  # GPT-2's bias-kernel Linears cast their weights instead
+    assert [n for n, _ in on.model.named_parameters()] == [n for n, _ in off.model.named_parameters()]
+    assert "GEMM epilogues" in on.describe()["notes"]["fuse_mlp_act"]
+    # Both compute the same step in bf16: the fused GELU rounds z once, as F.linear then F.gelu do.
+    torch.testing.assert_close(losses_on, losses_off, rtol=2e-2, atol=2e-2)
+    assert losses_on[-1] < losses_on[0]
+    # The last step's gradients, as they reached the flat buffer (through the fused backward for the
+    # MLP weights), agree parameter by parameter to bf16 rounding.
+    for name, (off_, size) in on.spans.items():
+        g_on, g_off = on.flat_grad[off_:off_ + size], off.flat_grad[off_:off_ + size]
+        err = ((g_on - g_off).norm() / g_off.norm().clamp_min(1e-12)).item()
+        assert err < 3e-2, (name, err)
+
+
+def test_outside_bf16_the_option_leaves_the_mlp_and_says_why(kernel_device):
+    from ftlib.model.mlp import MLP
+
+    eng, _ = _train(FT, "tf32", kernel_device, fuse_mlp_act=True)
+    assert all(type(blk.mlp) is MLP for blk in eng.model.blocks) and not eng.describe()["fuse_mlp_act"]
+    assert "bf16 / fp16 only" in eng.describe()["notes"]["fuse_mlp_act"]
+    relu2 = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T, activation="relu2")
+    eng, _ = _train(relu2, "bf16", kernel_device, fuse_mlp_act=True)
+    assert "not GELU" in eng.describe()["notes"]["fuse_mlp_act"]
+    assert EngineOptions().fuse_mlp_act is False  # on trial, not a default

@@ -1,0 +1,49 @@
+"""The launch-parameter sweeps' view: the default found, the fastest variant set against it, and a win
+called only beyond the spread of the replays."""
+
+from __future__ import annotations
+
+from ftlib.views import sweeps
+
+
+def _row(op: str, variant: str, us: float, spread: float = 0.2, pass_: str = "", **kw) -> dict:
+    return {"op": op, "variant": variant, "timing": "graph", "status": "ok", "check_ok": True, "median_us": us,
+            "p20_us": us - spread, "p80_us": us + spread, "device_slug": "h200", "shape": {"pass": pass_},
+            "date": "2026-12-04T10:00:00Z", **kw}
+
+
+def test_the_defaults_are_the_launchers_defaults():
+    from kernels._common import PERSISTENT_WARPS_PER_SM, RowGrid, row_tile_warps
+    from kernels.residual_norm import ROWS
+    from kernels.tiles import TILE_CANDIDATES
+
+    tiles = TILE_CANDIDATES[0]
+    assert sweeps.DEFAULTS["attention_tiles"] == {p: f"{p} {tiles.name}" for p in ("fwd", "bwd")}
+    grid = RowGrid(ROWS, PERSISTENT_WARPS_PER_SM // row_tile_warps(ROWS, 256))
+    assert sweeps.DEFAULTS["norm_bwd_grid"] == {"": f"atomic {grid.name}"}
+
+
+def test_a_win_is_called_only_beyond_the_spread():
+    base = "atomic 4 rows 4/SM"
+    rows = [_row("norm_bwd_grid", base, 24.0), _row("norm_bwd_grid", "atomic 8 rows 4/SM", 21.0),
+            _row("norm_bwd_grid", "atomic 4 rows 8/SM", 25.0),
+            _row("norm_bwd_grid", "atomic 8 rows 8/SM", 20.0, check_ok=False),  # failed its check: left out
+            _row("kernels", "v1", 1.0)]
+    text = sweeps.sweep_findings(rows)
+    assert len(text) == 1 and "fastest atomic 8 rows 4/SM at 21.0 µs" in text[0] and "1.14×" in text[0]
+    assert "beyond the spread" in text[0] and "3 variants" in text[0]
+    close = [_row("norm_bwd_grid", base, 24.0, 1.0), _row("norm_bwd_grid", "atomic 8 rows 4/SM", 23.5, 1.0)]
+    assert "within the spread" in sweeps.sweep_findings(close)[0]
+    table = sweeps.sweep_table.rows(rows, top=1)
+    assert [(r["variant"], r["rank"]) for r in table] == [("atomic 8 rows 4/SM", 1), (base, 2)]  # top 1 + default
+
+
+def test_each_pass_has_its_own_default_and_the_newest_run_counts():
+    rows = [_row("attention_tiles", "fwd 64x64 w4 s2", 18.0, pass_="fwd"),
+            _row("attention_tiles", "fwd 64x64 w4 s2", 30.0, pass_="fwd", date="2026-12-01T00:00:00Z"),  # older
+            _row("attention_tiles", "bwd 64x64 w4 s2", 45.0, pass_="bwd"),
+            _row("attention_tiles", "bwd 128x64 w4 s2", 49.0, pass_="bwd")]
+    text = sweeps.sweep_findings(rows)
+    assert text[0].startswith("h200, attention tiles (bwd), 2 variants: the default, bwd 64x64 w4 s2, is the fastest")
+    assert "(fwd), 1 variants: the default, fwd 64x64 w4 s2, is the fastest (18.0 µs" in text[1]
+    assert sweeps.sweep_findings([]) == [] and sweeps.sweep_table.rows([]) == []
