@@ -149,3 +149,12 @@ def test_the_norm_backward_grid_sweep_checks_each_grid_against_the_reference(cap
     out = capsys.readouterr().out
     assert rc == 0 and "FAIL" not in out and "ERROR" not in out, out
     assert out.count(" OK") == (len(names) or 1 + len(mod.CPU_GRID)), out
+
+
+@pytest.mark.kernels
+def test_the_gelu_mlp_driver_checks_the_fused_mlp_against_the_reference(capsys):
+    from benchmarks.kernels.gelu_mlp_dev import main
+
+    assert main(["--check-only"]) == 0
+    out = capsys.readouterr().out
+    assert "v3 triton GELU epilogues" in out and "FAIL" not in out and "ERROR" not in out, out

@@ -41,6 +41,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # The norm backward on another grid (the atomic adds in another order).
     *((prec, name, {"norm_bwd_grid": "8 rows 4/SM"}) for prec, name in (("bf16", "fasttransformer"),
                                                                        ("bf16", "gpt2"))),
+    # The MLPs' GELU in the GEMM epilogues (GELU of z as stored in bf16, as unfused).
+    *(("bf16", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
 )
 
 
