@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_device, interpret_mode, same_device
+from kernels._common import check_device, compute_dtype, interpret_mode, same_device
 from kernels.attention_kernels import _dot
 
 APPROXIMATIONS = ("none", "tanh")  # F.gelu's names: the exact erf form, the tanh approximation
@@ -80,7 +80,7 @@ def _gemm_gelu_tile_kernel(
     A, B, BIAS, Z, OUT,  # A (M, K), B (K, N) any strides; BIAS (N,); Z, OUT (M, N) row-major
     M, N, K, sam, sak, sbk, sbn,
     BACKWARD: tl.constexpr, TANH: tl.constexpr, HAS_BIAS: tl.constexpr, PREC: tl.constexpr, UPCAST: tl.constexpr,
-    GROUP_M: tl.constexpr,
+    CD: tl.constexpr, GROUP_M: tl.constexpr,
     BM: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
 ):
     """acc = A @ B (+ bias) on one (BM, BN) tile, fp32 accumulator, then the epilogue:
@@ -95,7 +95,7 @@ def _gemm_gelu_tile_kernel(
     pm = first_m + (pid % per_group) % size_m
     pn = (pid % per_group) // size_m
     rm, rn, rk = pm * BM + tl.arange(0, BM), pn * BN + tl.arange(0, BN), tl.arange(0, BK)
-    acc = tl.zeros((BM, BN), tl.float64 if A.dtype.element_ty == tl.float64 else tl.float32)
+    acc = tl.zeros((BM, BN), CD)  # fp32 (fp64 for fp64 operands, gradcheck)
     for k in range(0, K, BK):
         kk = k + rk
         a = tl.load(A + rm[:, None] * sam + kk[None, :] * sak, mask=(rm[:, None] < M) & (kk[None, :] < K), other=0.0)
@@ -147,7 +147,7 @@ def _launch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, z: torc
 
     _gemm_gelu_kernel[grid](a, b, bias if bias is not None else out, z, out, M, N, K, a.stride(0), a.stride(1),
                             b.stride(0), b.stride(1), BACKWARD=backward, TANH=approximate == "tanh",
-                            HAS_BIAS=bias is not None, GROUP_M=8,
+                            HAS_BIAS=bias is not None, CD=compute_dtype(a.dtype), GROUP_M=8,
                             PREC="ieee" if a.dtype in (torch.float32, torch.float64) else "tf32",
                             UPCAST=interpret_mode() and a.dtype in (torch.bfloat16, torch.float16))
 
