@@ -100,5 +100,5 @@ def test_the_muon_trial_compares_the_two_executions_of_one_update():
     assert t.loc["grouped", "ms per step (mean)"] == pytest.approx(3.0)  # (1.6 s - 1.0 s startup) / 200 steps
     assert "grouped minus per-matrix mean best loss +0.0100" in text and "a difference beyond the seeds" in text
     same = [r for r in rows if r["model"] == grouped] + [{**r, "model": per} for r in rows if r["model"] == grouped]
-    assert "within the seeds spread" in muon_trial(same, "h200")[1]
+    assert "within the seeds' spread" in muon_trial(same, "h200")[1]
     assert "no rows" in muon_trial(rows, "a100")[1]

@@ -135,4 +135,4 @@ def muon_trial(rows: list[dict[str, Any]], device: str) -> tuple[pd.DataFrame, s
     diff = losses["grouped"].mean() - losses["per matrix"].mean()
     return tab, (f"{device}: grouped minus per-matrix mean best loss {diff:+.4f} over {len(losses['grouped'])} and "
                  f"{len(losses['per matrix'])} seeds (Welch's t-test p = {t.pvalue:.2g}: "
-                 f"{'a difference beyond the seeds' if t.pvalue < SIGNIFICANCE else 'within the seeds spread'}).")
+                 + ("a difference beyond the seeds)." if t.pvalue < SIGNIFICANCE else "within the seeds' spread)."))
