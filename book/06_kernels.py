@@ -365,8 +365,12 @@ else:
 # backwards' weight-gradient partials, one per program instead of one per row tile. Neither did two
 # grids for the residual-norm backward with 16 programs per SM (4- and 8-row tiles): more loads in
 # flight did not pay for the extra atomic adds. On trial now is the grid the sweep below found fastest,
-# 8-row tiles with 4 programs per SM (`norm_bwd_grid`). The table shows each trial; the lines under it
-# say which options are defaults now.
+# 8-row tiles with 4 programs per SM (`norm_bwd_grid`). Built and waiting for its trial: `fuse_mlp_act`,
+# each MLP's GELU in the epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`; forward the
+# up-projection stores z and gelu(z), backward the product through the down-projection is multiplied by
+# gelu'(z) before it is stored), which removes the two elementwise GELU kernels of every block if its
+# GEMMs keep up with cuBLAS's at these shapes. The table shows each trial; the lines under it say which
+# options are defaults now.
 
 # %%
 cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)

@@ -30,9 +30,9 @@ GELU (Hendrycks & Gimpel 2016, sec. 2), exact and tanh-approximated, with their 
 
 computed in fp32 (fp64 for fp64 operands, for gradcheck) whatever the storage dtype; tanh(u) as
 2 / (1 + exp(-2u)) - 1, which saturates to +-1 without overflow trouble. z and a are stored in the
-operands' dtype (bf16 under bf16 autocast, what ``F.linear`` and ``F.gelu`` would store). fp32
-operands take fp32 products (``input_precision='ieee'``): the fusion is meant for bf16 and fp16,
-where the products run on tensor cores either way.
+operands' dtype (bf16 under bf16 autocast, what ``F.linear`` and ``F.gelu`` would store). bf16 and
+fp16 operands go to the tensor cores' MMA; fp32 operands take exact products
+(``input_precision='ieee'``) or TF32 ones (``'tf32'``, what a TF32 step's cuBLAS GEMMs compute).
 """
 
 from __future__ import annotations
@@ -47,6 +47,7 @@ from kernels._common import check_device, compute_dtype, interpret_mode, same_de
 from kernels.attention_kernels import _dot
 
 APPROXIMATIONS = ("none", "tanh")  # F.gelu's names: the exact erf form, the tanh approximation
+PRECISIONS = ("ieee", "tf32")  # tl.dot's products for fp32 operands: exact FMA, or TF32 tensor cores
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
 _SQRT_2_OVER_PI = 0.7978845608028654
 _INV_SQRT_2 = 0.7071067811865476
@@ -120,9 +121,12 @@ _gemm_gelu_kernel = triton.autotune(configs=_CPU_CONFIGS if interpret_mode() els
                                     key=["M", "N", "K", "BACKWARD"])(_gemm_gelu_tile_kernel)
 
 
-def _check(a: torch.Tensor, b: torch.Tensor, approximate: str, **more: torch.Tensor | None) -> tuple[int, int, int]:
+def _check(a: torch.Tensor, b: torch.Tensor, approximate: str, input_precision: str,
+           **more: torch.Tensor | None) -> tuple[int, int, int]:
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"approximate={approximate!r}; expected one of {APPROXIMATIONS}")
+    if input_precision not in PRECISIONS:
+        raise ValueError(f"input_precision={input_precision!r}; expected one of {PRECISIONS}")
     named = [("a", a), ("b", b)] + [(n, t) for n, t in more.items() if t is not None]
     for name, t in named:
         check_device(name, t)
@@ -136,7 +140,7 @@ def _check(a: torch.Tensor, b: torch.Tensor, approximate: str, **more: torch.Ten
 
 
 def _launch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, z: torch.Tensor, out: torch.Tensor,
-            backward: bool, approximate: str) -> None:
+            backward: bool, approximate: str, input_precision: str) -> None:
     M, K = a.shape
     N = b.shape[1]
     if M * N == 0:
@@ -148,29 +152,32 @@ def _launch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, z: torc
     _gemm_gelu_kernel[grid](a, b, bias if bias is not None else out, z, out, M, N, K, a.stride(0), a.stride(1),
                             b.stride(0), b.stride(1), BACKWARD=backward, TANH=approximate == "tanh",
                             HAS_BIAS=bias is not None, CD=compute_dtype(a.dtype), GROUP_M=8,
-                            PREC="ieee" if a.dtype in (torch.float32, torch.float64) else "tf32",
+                            PREC=input_precision if a.dtype == torch.float32 else "ieee" if a.dtype == torch.float64
+                            else "tf32",  # (ignored for bf16 / fp16 operands: their own MMA)
                             UPCAST=interpret_mode() and a.dtype in (torch.bfloat16, torch.float16))
 
 
-def gemm_gelu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None,
-              approximate: str = "tanh") -> tuple[torch.Tensor, torch.Tensor]:
-    """(z, gelu(z)) for z = a (M, K) @ b (K, N) + bias (N,), both (M, N) in a's dtype; a, b may be views."""
-    M, N, _ = _check(a, b, approximate, bias=bias)
+def gemm_gelu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "tanh",
+              input_precision: str = "ieee") -> tuple[torch.Tensor, torch.Tensor]:
+    """(z, gelu(z)) for z = a (M, K) @ b (K, N) + bias (N,), both (M, N) in a's dtype; a, b may be views.
+    ``input_precision``: the products of fp32 operands (:data:`PRECISIONS`)."""
+    M, N, _ = _check(a, b, approximate, input_precision, bias=bias)
     if bias is not None and bias.shape != (N,):
         raise ValueError(f"bias must be ({N},), got {tuple(bias.shape)}")
     z = torch.empty((M, N), device=a.device, dtype=a.dtype)
     out = torch.empty_like(z)
-    _launch(a, b, bias, z, out, False, approximate)
+    _launch(a, b, bias, z, out, False, approximate, input_precision)
     return z, out
 
 
-def gemm_dgelu(a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, approximate: str = "tanh") -> torch.Tensor:
+def gemm_dgelu(a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, approximate: str = "tanh",
+               input_precision: str = "ieee") -> torch.Tensor:
     """(a (M, K) @ b (K, N)) * gelu'(z), z (M, N) contiguous: the gradient at z, in a's dtype."""
-    M, N, _ = _check(a, b, approximate, z=z)
+    M, N, _ = _check(a, b, approximate, input_precision, z=z)
     if z.shape != (M, N) or not z.is_contiguous():
         raise ValueError(f"z must be a contiguous ({M}, {N}); got {tuple(z.shape)}")
     out = torch.empty((M, N), device=a.device, dtype=a.dtype)
-    _launch(a, b, None, z, out, True, approximate)
+    _launch(a, b, None, z, out, True, approximate, input_precision)
     return out
 
 
@@ -195,23 +202,26 @@ class GeluMLPFunction(torch.autograd.Function):
     ``w1c``, ``w2c``: the weights in the compute dtype (a bf16 copy kept by the caller), else cast
     here. ``dw1_out``, ``dw2_out``: fp32 buffers the weight gradients are written into (not added:
     the caller zeroes them once per step), None returned for those weights. ``bias_grad``: the
-    column sum for the bias gradients (default ``dy.sum(0)``)."""
+    column sum for the bias gradients (default ``dy.sum(0)``). ``input_precision``: the fused GEMMs'
+    products for fp32 operands ('tf32' where the step runs its matrix products in TF32)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
                 b2: torch.Tensor | None, approximate: str, w1c: torch.Tensor | None, w2c: torch.Tensor | None,
                 dw1_out: torch.Tensor | None, dw2_out: torch.Tensor | None,
-                bias_grad: Callable[[torch.Tensor], torch.Tensor] | None) -> torch.Tensor:
+                bias_grad: Callable[[torch.Tensor], torch.Tensor] | None, input_precision: str) -> torch.Tensor:
         dev = x.device.type
         cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         x2 = x.reshape(-1, x.shape[-1]).to(cdt)  # (..., C) -> (M, C); a no-op for a bf16 producer
         w1c = (w1c if w1c is not None else w1).to(cdt)
         w2c = (w2c if w2c is not None else w2).to(cdt)
-        z, a = gemm_gelu(x2, w1c.t(), b1.to(cdt) if b1 is not None else None, approximate)  # (M, F) each
+        z, a = gemm_gelu(x2, w1c.t(), b1.to(cdt) if b1 is not None else None, approximate,
+                         input_precision)  # (M, F) each
         with torch.autocast(dev, enabled=False):
             y = torch.nn.functional.linear(a, w2c, b2.to(cdt) if b2 is not None else None)  # (M, C)
         ctx.save_for_backward(x2, z, a, w1c, w2c)
         ctx.approximate, ctx.bias_grad, ctx.outs = approximate, bias_grad, (dw1_out, dw2_out)
+        ctx.prec = input_precision
         ctx.x_dtype, ctx.w_dtypes = x.dtype, (w1.dtype, w2.dtype)
         ctx.b_dtypes = (b1.dtype if b1 is not None else None, b2.dtype if b2 is not None else None)
         return y.view(*x.shape[:-1], w2.shape[0])  # (M, C) -> (..., C)
@@ -225,22 +235,26 @@ class GeluMLPFunction(torch.autograd.Function):
         with torch.autocast(dy.device.type, enabled=False):
             dw2 = _weight_grad(dy2, a, ctx.outs[1], ctx.w_dtypes[1]) if g[3] else None
             db2 = colsum(dy2).to(ctx.b_dtypes[1]) if g[4] else None
-            dz = gemm_dgelu(dy2, w2c, z, ctx.approximate)  # (M, C) @ (C, F), times gelu'(z)
+            dz = gemm_dgelu(dy2, w2c, z, ctx.approximate, ctx.prec)  # (M, C) @ (C, F), times gelu'(z)
             dw1 = _weight_grad(dz, x2, ctx.outs[0], ctx.w_dtypes[0]) if g[1] else None
             db1 = colsum(dz).to(ctx.b_dtypes[0]) if g[2] else None
             dx = (dz @ w1c).to(ctx.x_dtype).view(*dy.shape[:-1], w1c.shape[1]) if g[0] else None  # (..., C)
-        return dx, dw1, db1, dw2, db2, None, None, None, None, None, None
+        return dx, dw1, db1, dw2, db2, None, None, None, None, None, None, None
 
 
 def gelu_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
              b2: torch.Tensor | None, approximate: str = "tanh", *, w1c: torch.Tensor | None = None,
              w2c: torch.Tensor | None = None, dw1_out: torch.Tensor | None = None,
              dw2_out: torch.Tensor | None = None,
-             bias_grad: Callable[[torch.Tensor], torch.Tensor] | None = None) -> torch.Tensor:
+             bias_grad: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             input_precision: str = "ieee") -> torch.Tensor:
     """The MLP gelu(x W1^T + b1) W2^T + b2 on :class:`GeluMLPFunction` (keywords: its docstring)."""
     if approximate not in APPROXIMATIONS:
         raise ValueError(f"approximate={approximate!r}; expected one of {APPROXIMATIONS}")
     for name, out, w in (("dw1_out", dw1_out, w1), ("dw2_out", dw2_out, w2)):
         if out is not None and (out.shape != w.shape or out.dtype != torch.float32):
             raise ValueError(f"{name} must be fp32 of shape {tuple(w.shape)}; got {out.dtype} {tuple(out.shape)}")
-    return GeluMLPFunction.apply(x, w1, b1, w2, b2, approximate, w1c, w2c, dw1_out, dw2_out, bias_grad)
+    if input_precision not in PRECISIONS:
+        raise ValueError(f"input_precision={input_precision!r}; expected one of {PRECISIONS}")
+    return GeluMLPFunction.apply(x, w1, b1, w2, b2, approximate, w1c, w2c, dw1_out, dw2_out, bias_grad,
+                                 input_precision)

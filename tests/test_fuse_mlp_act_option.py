@@ -1,6 +1,6 @@
 """The engine's ``fuse_mlp_act`` option: each MLP's GELU in the Triton GEMM's epilogues (kernels/gelu_mlp.py)
-under bf16, with the Linears' bf16 shadows and flat-gradient views kept; the step trains as without it,
-parameter names do not change, and where it does not apply a note says why."""
+under bf16 and tf32, with the Linears' bf16 shadows and flat-gradient views kept; the step trains as without
+it, parameter names do not change, and where it does not apply (strict fp32, ReLU²) a note says why."""
 
 from __future__ import annotations
 
@@ -24,17 +24,20 @@ def _train(cfg, precision, device, **options):
     return eng, torch.stack([eng.step(x, y).detach().float().clone() for x, y in batches])
 
 
+@pytest.mark.parametrize("precision", ["bf16", "tf32"])
 @pytest.mark.parametrize("cfg", [FT, GPT2], ids=["fasttransformer", "gpt2"])
-def test_the_fused_mlps_train_like_the_unfused_ones_in_bf16(kernel_device, cfg):
+def test_the_fused_mlps_train_like_the_unfused_ones(kernel_device, cfg, precision):
     from ftlib.training.engine.fused_mlp import FusedMLP
 
-    on, losses_on = _train(cfg, "bf16", kernel_device, fuse_mlp_act=True)
-    off, losses_off = _train(cfg, "bf16", kernel_device)
+    on, losses_on = _train(cfg, precision, kernel_device, fuse_mlp_act=True)
+    off, losses_off = _train(cfg, precision, kernel_device)
     mlps = [blk.mlp for blk in on.model.blocks]
     assert all(type(m) is FusedMLP for m in mlps) and on.describe()["fuse_mlp_act"]
     assert not off.describe()["fuse_mlp_act"]
     assert mlps[0].dw1_out is not None  # the gradient views kept, and the bf16 shadows where the Linears had them
-    assert (mlps[0].w1c is not None) == (cfg is FT)  # GPT-2's bias-kernel Linears cast their weights instead
+    # bf16 shadows where the Linears had them: GPT-2's bias-kernel Linears cast their weights instead
+    assert (mlps[0].w1c is not None) == (cfg is FT and precision == "bf16")
+    assert mlps[0].input_precision == ("tf32" if precision == "tf32" else "ieee")
     assert [n for n, _ in on.model.named_parameters()] == [n for n, _ in off.model.named_parameters()]
     assert "GEMM epilogues" in on.describe()["notes"]["fuse_mlp_act"]
     # Both compute the same step in bf16: the fused GELU rounds z once, as F.linear then F.gelu do.
@@ -48,12 +51,12 @@ def test_the_fused_mlps_train_like_the_unfused_ones_in_bf16(kernel_device, cfg):
         assert err < 3e-2, (name, err)
 
 
-def test_outside_bf16_the_option_leaves_the_mlp_and_says_why(kernel_device):
+def test_in_strict_fp32_or_without_gelu_the_option_leaves_the_mlp_and_says_why(kernel_device):
     from ftlib.model.mlp import MLP
 
-    eng, _ = _train(FT, "tf32", kernel_device, fuse_mlp_act=True)
+    eng, _ = _train(FT, "fp32", kernel_device, fuse_mlp_act=True)
     assert all(type(blk.mlp) is MLP for blk in eng.model.blocks) and not eng.describe()["fuse_mlp_act"]
-    assert "bf16 / fp16 only" in eng.describe()["notes"]["fuse_mlp_act"]
+    assert "strict fp32 keeps" in eng.describe()["notes"]["fuse_mlp_act"]
     relu2 = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T, activation="relu2")
     eng, _ = _train(relu2, "bf16", kernel_device, fuse_mlp_act=True)
     assert "not GELU" in eng.describe()["notes"]["fuse_mlp_act"]

@@ -34,20 +34,21 @@ def _inputs(M, C, F_, dtype, device, bias=True, seed=0):
 
 
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype,prec", [(torch.float32, "ieee"), (torch.float32, "tf32"), (torch.bfloat16, "ieee")])
 @pytest.mark.parametrize("M,C,F_", SHAPES)
-def test_the_launchers_match_gelu_and_its_derivative(kernel_device, approximate, dtype, M, C, F_):
+def test_the_launchers_match_gelu_and_its_derivative(kernel_device, approximate, dtype, prec, M, C, F_):
     x, w1, b1, w2, _ = _inputs(M, C, F_, dtype, kernel_device)
-    z, a = gemm_gelu(x, w1.t(), b1, approximate)
+    tol = TOL[dtype] if prec == "ieee" else 5e-3  # TF32 products: 10 explicit mantissa bits
+    z, a = gemm_gelu(x, w1.t(), b1, approximate, prec)
     z_ref = F.linear(x.double(), w1.double(), b1.double())
     assert z.dtype == a.dtype == dtype and z.shape == a.shape == (M, F_)
-    assert _rel(z, z_ref) < TOL[dtype]
+    assert _rel(z, z_ref) < tol
     # The activation is gelu of z as stored, rounded to its dtype (what F.gelu of F.linear's output gives).
     assert _rel(a, F.gelu(z.double(), approximate=approximate)) < TOL[dtype] / 4
     dy = torch.randn(M, C, generator=torch.Generator().manual_seed(1)).to(kernel_device, dtype)
     zz = z.double().requires_grad_(True)
     (da_ref,) = torch.autograd.grad(F.gelu(zz, approximate=approximate), zz, dy.double() @ w2.double())
-    assert _rel(gemm_dgelu(dy, w2, z, approximate), da_ref) < TOL[dtype]
+    assert _rel(gemm_dgelu(dy, w2, z, approximate, prec), da_ref) < tol
 
 
 @pytest.mark.parametrize("approximate", ["tanh", "none"])
@@ -99,5 +100,7 @@ def test_bad_arguments_are_refused_with_clear_messages(kernel_device):
         gemm_gelu(x, w1.t(), b2)
     with pytest.raises(ValueError, match="z must be a contiguous"):
         gemm_dgelu(x, w1.t(), torch.empty(32, 8, device=kernel_device).t())
+    with pytest.raises(ValueError, match="input_precision="):
+        gemm_dgelu(x, w1.t(), torch.empty(8, 32, device=kernel_device), input_precision="tf32x3")
     with pytest.raises(ValueError, match="dw1_out must be fp32"):
         gelu_mlp(x, w1, b1, w2, b2, dw1_out=torch.empty_like(w1, dtype=torch.bfloat16))

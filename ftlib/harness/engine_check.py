@@ -43,6 +43,7 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
                                                                        ("bf16", "gpt2"))),
     # The MLPs' GELU in the GEMM epilogues (GELU of z as stored in bf16, as unfused).
     *(("bf16", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
+    *(("tf32", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
 )
 
 

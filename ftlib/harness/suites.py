@@ -244,7 +244,7 @@ def engine_variants() -> list[Case]:
 # adds into each norm's weight gradient (benchmarks/kernels/norm_bwd_grid_dev.py times the grid).
 CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = (
     (" +norm-bwd-grid 8 rows 4/SM", {"norm_bwd_grid": "8 rows 4/SM"}),
-    # Each MLP's GELU in the epilogues of a Triton GEMM, both ways (kernels/gelu_mlp.py): bf16 only.
+    # Each MLP's GELU in the epilogues of a Triton GEMM, both ways (kernels/gelu_mlp.py): bf16 and tf32.
     (" +fuse-mlp-act", {"fuse_mlp_act": True}),
 )
 

@@ -150,7 +150,8 @@ class Engine:
         self.grad_into = self._grad_into_buffer()
         if self.options.fuse_mlp_act:  # last: it reads the Linears' bf16 shadows and gradient views
             low = self.prec.base.autocast is not None
-            self.fused_mlps, self.notes["fuse_mlp_act"] = fuse_mlps(self.model, low, kernels_runnable(dev))
+            self.fused_mlps, self.notes["fuse_mlp_act"] = fuse_mlps(self.model, low, self.prec.base.tf32,
+                                                                    kernels_runnable(dev))
         else:
             self.fused_mlps = 0
 

@@ -6,9 +6,9 @@ down-projection multiplies by GELU' before it stores, so the two elementwise GEL
 else the engine did to the two Linears stays: their bf16 shadow weights are read (``bf16_weights``) and
 their weight gradients are written into the flat fp32 gradient (``grad_into_buffer``).
 
-Applied under bf16 / fp16 autocast only: the fused GEMM runs the products on tensor cores in the
-operands' dtype, as cuBLAS does there; in tf32 and fp32 cuBLAS keeps them (the Triton GEMM's fp32
-products are exact FMA products, a different algorithm, not what tf32 measures).
+Applied under bf16 / fp16 autocast (the fused GEMMs multiply on the tensor cores in the operands'
+dtype, as cuBLAS does there) and in tf32 (TF32 products, as cuBLAS's there); not in strict fp32, whose
+products cuBLAS runs on the FMA units, a route the Triton GEMM would change rather than fuse.
 """
 
 from __future__ import annotations
@@ -31,10 +31,11 @@ class FusedMLP(MLP):
     with gradients on, runs fc, GELU and proj as :func:`kernels.gelu_mlp.gelu_mlp`; elsewhere
     (evaluation, sampling) the MLP's own forward."""
 
-    def __init__(self, mlp: MLP) -> None:
+    def __init__(self, mlp: MLP, input_precision: str = "ieee") -> None:
         nn.Module.__init__(self)  # not MLP.__init__: the Linears are the given MLP's, not new ones
         self.fc, self.proj, self.dropout = mlp.fc, mlp.proj, mlp.dropout
         self.activation, self.approximate = mlp.activation, APPROXIMATE[mlp.activation]
+        self.input_precision = input_precision  # the fused GEMMs' products for fp32 operands (tf32 steps)
         fc, proj = mlp.fc, mlp.proj
         self.w1c, self.w2c = getattr(fc, "w16", None), getattr(proj, "w16", None)  # bf16 shadows, if any
         into = isinstance(fc, GradIntoLinear) and isinstance(proj, GradIntoLinear)
@@ -48,7 +49,7 @@ class FusedMLP(MLP):
 
         y = gelu_mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias, self.approximate,
                      w1c=self.w1c, w2c=self.w2c, dw1_out=self.dw1_out, dw2_out=self.dw2_out,
-                     bias_grad=self.bias_grad)
+                     bias_grad=self.bias_grad, input_precision=self.input_precision)
         return self.dropout(y)
 
     def extra_repr(self) -> str:
@@ -57,18 +58,19 @@ class FusedMLP(MLP):
                 + (", dW into the flat gradient" if self.dw1_out is not None else ""))
 
 
-def fuse_mlps(model: GPT, low_precision: bool, why_not: str | None) -> tuple[int, str]:
-    """Every block's MLP onto :class:`FusedMLP` where it applies; returns (how many, a note saying so)."""
+def fuse_mlps(model: GPT, low_precision: bool, tf32: bool, why_not: str | None) -> tuple[int, str]:
+    """Every block's MLP onto :class:`FusedMLP` where it applies (``low_precision``: bf16 / fp16 autocast;
+    ``tf32``: fp32 storage with TF32 products); returns (how many, a note saying so)."""
     if why_not:
         return 0, why_not
-    if not low_precision:
-        return 0, "not applied: bf16 / fp16 only (tf32 and fp32 keep cuBLAS's products)"
+    if not (low_precision or tf32):
+        return 0, "not applied: strict fp32 keeps cuBLAS's FMA products (bf16, fp16 and tf32 only)"
     act = model.config.activation
     if act not in APPROXIMATE:
         return 0, f"not applicable: the MLP's activation is {act!r}, not GELU"
     n = 0
     for blk in model.blocks:
         if type(blk.mlp) is MLP:
-            blk.mlp = FusedMLP(blk.mlp)
+            blk.mlp = FusedMLP(blk.mlp, "tf32" if tf32 and not low_precision else "ieee")
             n += 1
     return n, f"{n} MLPs with GELU in their GEMM epilogues (kernels/gelu_mlp.py)"

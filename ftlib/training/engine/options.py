@@ -104,7 +104,7 @@ class EngineOptions:
               "'<rows> rows <programs>/SM' (kernels._common.RowGrid), the grid its atomic weight gradients run on "
               "(benchmarks/kernels/norm_bwd_grid_dev.py times them)")
     fuse_mlp_act: bool = _option(
-        False, "under bf16/fp16: each MLP's GELU in the epilogues of a Triton GEMM, forward after the "
+        False, "under bf16/fp16/tf32: each MLP's GELU in the epilogues of a Triton GEMM, forward after the "
                "up-projection, backward (GELU') after the product through the down-projection "
                "(kernels/gelu_mlp.py), instead of an elementwise GELU kernel each way")
     muon_grouped: bool = _option(
