@@ -474,6 +474,11 @@ else:
 display(Markdown(br.chapter6_findings(runs)))
 # The ratios above divide rows of one run; how much the baseline itself moves between runs:
 display(Markdown(steadiness.steadiness_findings(runs, "fasttransformer", precisions=("bf16", "tf32"))))
+# What each option on trial did to the step, and what the launch sweeps found:
+if cand_rows:
+    display(Markdown("Options tried against the default engine of the same run:\n\n"
+                     + engineview.candidate_summary(cand_rows, crows)))
+display(Markdown("\n".join(f"- {s}" for s in sweeps.sweep_findings(krows))))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;
