@@ -152,8 +152,7 @@ def _launch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, z: torc
     _gemm_gelu_kernel[grid](a, b, bias if bias is not None else out, z, out, M, N, K, a.stride(0), a.stride(1),
                             b.stride(0), b.stride(1), BACKWARD=backward, TANH=approximate == "tanh",
                             HAS_BIAS=bias is not None, CD=compute_dtype(a.dtype), GROUP_M=8,
-                            PREC=input_precision if a.dtype == torch.float32 else "ieee" if a.dtype == torch.float64
-                            else "tf32",  # (ignored for bf16 / fp16 operands: their own MMA)
+                            PREC=input_precision if a.dtype == torch.float32 else "ieee",  # tf32: fp32 operands only
                             UPCAST=interpret_mode() and a.dtype in (torch.bfloat16, torch.float16))
 
 
