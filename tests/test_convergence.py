@@ -16,6 +16,7 @@ from ftlib.harness.studies import (
     EXPLORING,
     EXPLORING_FASTER,
     EXPLORING_GROUPED,
+    EXPLORING_SMALL_BATCH,
     FINALIST_SEEDS,
     REFERENCE,
     speedrun_candidates,
@@ -64,7 +65,7 @@ def test_rows_of_candidates_no_longer_listed_are_still_shown():
 
 def test_speedrun_candidates_are_well_formed():
     cands = speedrun_candidates()
-    exploring = [name for name, *_ in EXPLORING + EXPLORING_GROUPED + EXPLORING_FASTER]
+    exploring = [name for name, *_ in EXPLORING + EXPLORING_GROUPED + EXPLORING_FASTER + EXPLORING_SMALL_BATCH]
     assert list(cands) == [REFERENCE, *ALL_SEEDS, *exploring]
     engine = {n: (c, r) for n, (c, r) in cands.items() if r.engine}
     assert set(engine) == set(ALL_SEEDS) | set(exploring)
@@ -82,6 +83,7 @@ def test_speedrun_candidates_are_well_formed():
             assert ("ReLU²" in name) == (cfg.activation == "relu2") and ("QK-norm" in name) == cfg.qk_norm
             assert ("grouped Muon" in name) == (("muon_grouped", True) in rec.engine_options)
             assert f"AdamW {rec.lr:.0e}".replace("e-03", "e-3") in name and rec.min_lr == pytest.approx(rec.lr / 10)
+        assert ("batch 32" in name) == (rec.batch_size == 32), name  # a batch other than 64 is named
         width, depth = name.split(" ", 1)[0].split("x") if name[0].isdigit() else (None, None)
         if width is not None:  # a label that opens with the model's shape names it right
             assert (cfg.n_embd, cfg.n_layer) == (int(width), int(depth)), name
