@@ -153,7 +153,11 @@ class FusedAddNorm(nn.Module):
                  dropout: tuple[float, torch.Tensor, bool] | None = None, dw_partials: str = "tile",
                  dw_into: bool = False, bwd_grid: str | None = None) -> None:
         super().__init__()
-        self.bwd_grid = bwd_grid
+        self.bwd_grid = None
+        if bwd_grid is not None:  # parsed once here, not at every forward
+            from kernels._common import RowGrid
+
+            self.bwd_grid = RowGrid.parse(bwd_grid)
         self.layernorm = model.config.norm == "layernorm"
         self.out_dtype, self.dropout, self.dw_partials, self.dw_into = out_dtype, dropout, dw_partials, dw_into
         blocks = list(model.blocks)
@@ -173,9 +177,7 @@ class FusedAddNorm(nn.Module):
                                    "engine's flat-gradient views); it is None")
             kw.update(dw_partials="atomic", dw_out=norm.weight.grad)
             if self.bwd_grid is not None:
-                from kernels._common import RowGrid
-
-                launch = RowGrid.parse(self.bwd_grid).launch(x.device)
+                launch = self.bwd_grid.launch(x.device)
                 kw.update(bwd_rows=launch["rows"], programs=launch["programs"])
             if self.layernorm:
                 kw["db_out"] = bias.grad if bias is not None else None
