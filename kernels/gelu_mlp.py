@@ -45,6 +45,7 @@ import triton.language as tl
 
 from kernels._common import check_device, compute_dtype, interpret_mode, same_device
 from kernels.attention_kernels import _dot
+from kernels.mm_into import weight_grad_into_
 
 APPROXIMATIONS = ("none", "tanh")  # F.gelu's names: the exact erf form, the tanh approximation
 PRECISIONS = ("ieee", "tf32")  # tl.dot's products for fp32 operands: exact FMA, or TF32 tensor cores
@@ -180,18 +181,13 @@ def gemm_dgelu(a: torch.Tensor, b: torch.Tensor, z: torch.Tensor, approximate: s
     return out
 
 
-def _weight_grad(dy2: torch.Tensor, x2: torch.Tensor, out: torch.Tensor | None,
-                 dtype: torch.dtype) -> torch.Tensor | None:
+def _weight_grad(dy2: torch.Tensor, x2: torch.Tensor, out: torch.Tensor | None, dtype: torch.dtype,
+                 fp32_out: bool) -> torch.Tensor | None:
     """dy2^T @ x2: written into ``out`` (fp32, e.g. a view of an optimizer's flat gradient) and None
-    returned, or returned in ``dtype``. A low-precision GEMM with an fp32 output where the build has it."""
+    returned (:func:`kernels.mm_into.weight_grad_into_`), or returned in ``dtype``."""
     if out is None:
         return (dy2.t() @ x2).to(dtype)
-    if dy2.dtype == out.dtype:
-        torch.mm(dy2.t(), x2, out=out)
-    elif dy2.is_cuda:
-        torch.mm(dy2.t(), x2, out_dtype=torch.float32, out=out)
-    else:
-        out.copy_(dy2.t() @ x2)
+    weight_grad_into_(out, dy2, x2, fp32_out)
     return None
 
 
@@ -201,14 +197,17 @@ class GeluMLPFunction(torch.autograd.Function):
     ``w1c``, ``w2c``: the weights in the compute dtype (a bf16 copy kept by the caller), else cast
     here. ``dw1_out``, ``dw2_out``: fp32 buffers the weight gradients are written into (not added:
     the caller zeroes them once per step), None returned for those weights. ``bias_grad``: the
-    column sum for the bias gradients (default ``dy.sum(0)``). ``input_precision``: the fused GEMMs'
+    column sum for the bias gradients (default ``dy.sum(0)``). ``fp32_out``: those writes are one GEMM
+    with an fp32 output (:func:`kernels.mm_into.fp32_out_mm_available`), else a low-precision GEMM
+    copied in. ``input_precision``: the fused GEMMs'
     products for fp32 operands ('tf32' where the step runs its matrix products in TF32)."""
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
                 b2: torch.Tensor | None, approximate: str, w1c: torch.Tensor | None, w2c: torch.Tensor | None,
                 dw1_out: torch.Tensor | None, dw2_out: torch.Tensor | None,
-                bias_grad: Callable[[torch.Tensor], torch.Tensor] | None, input_precision: str) -> torch.Tensor:
+                bias_grad: Callable[[torch.Tensor], torch.Tensor] | None, fp32_out: bool,
+                input_precision: str) -> torch.Tensor:
         dev = x.device.type
         cdt = torch.get_autocast_dtype(dev) if torch.is_autocast_enabled(dev) else x.dtype
         x2 = x.reshape(-1, x.shape[-1]).to(cdt)  # (..., C) -> (M, C); a no-op for a bf16 producer
@@ -220,7 +219,7 @@ class GeluMLPFunction(torch.autograd.Function):
             y = torch.nn.functional.linear(a, w2c, b2.to(cdt) if b2 is not None else None)  # (M, C)
         ctx.save_for_backward(x2, z, a, w1c, w2c)
         ctx.approximate, ctx.bias_grad, ctx.outs = approximate, bias_grad, (dw1_out, dw2_out)
-        ctx.prec = input_precision
+        ctx.prec, ctx.fp32_out = input_precision, fp32_out
         ctx.x_dtype, ctx.w_dtypes = x.dtype, (w1.dtype, w2.dtype)
         ctx.b_dtypes = (b1.dtype if b1 is not None else None, b2.dtype if b2 is not None else None)
         return y.view(*x.shape[:-1], w2.shape[0])  # (M, C) -> (..., C)
@@ -232,20 +231,20 @@ class GeluMLPFunction(torch.autograd.Function):
         colsum = ctx.bias_grad or (lambda t: t.sum(0))
         g = ctx.needs_input_grad
         with torch.autocast(dy.device.type, enabled=False):
-            dw2 = _weight_grad(dy2, a, ctx.outs[1], ctx.w_dtypes[1]) if g[3] else None
+            dw2 = _weight_grad(dy2, a, ctx.outs[1], ctx.w_dtypes[1], ctx.fp32_out) if g[3] else None
             db2 = colsum(dy2).to(ctx.b_dtypes[1]) if g[4] else None
             dz = gemm_dgelu(dy2, w2c, z, ctx.approximate, ctx.prec)  # (M, C) @ (C, F), times gelu'(z)
-            dw1 = _weight_grad(dz, x2, ctx.outs[0], ctx.w_dtypes[0]) if g[1] else None
+            dw1 = _weight_grad(dz, x2, ctx.outs[0], ctx.w_dtypes[0], ctx.fp32_out) if g[1] else None
             db1 = colsum(dz).to(ctx.b_dtypes[0]) if g[2] else None
             dx = (dz @ w1c).to(ctx.x_dtype).view(*dy.shape[:-1], w1c.shape[1]) if g[0] else None  # (..., C)
-        return dx, dw1, db1, dw2, db2, None, None, None, None, None, None, None
+        return dx, dw1, db1, dw2, db2, None, None, None, None, None, None, None, None
 
 
 def gelu_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: torch.Tensor,
              b2: torch.Tensor | None, approximate: str = "tanh", *, w1c: torch.Tensor | None = None,
              w2c: torch.Tensor | None = None, dw1_out: torch.Tensor | None = None,
              dw2_out: torch.Tensor | None = None,
-             bias_grad: Callable[[torch.Tensor], torch.Tensor] | None = None,
+             bias_grad: Callable[[torch.Tensor], torch.Tensor] | None = None, fp32_out: bool = False,
              input_precision: str = "ieee") -> torch.Tensor:
     """The MLP gelu(x W1^T + b1) W2^T + b2 on :class:`GeluMLPFunction` (keywords: its docstring)."""
     if approximate not in APPROXIMATIONS:
@@ -256,4 +255,4 @@ def gelu_mlp(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2: tor
     if input_precision not in PRECISIONS:
         raise ValueError(f"input_precision={input_precision!r}; expected one of {PRECISIONS}")
     return GeluMLPFunction.apply(x, w1, b1, w2, b2, approximate, w1c, w2c, dw1_out, dw2_out, bias_grad,
-                                 input_precision)
+                                 fp32_out, input_precision)

@@ -29,6 +29,7 @@ from ftlib.training.engine import engine as engine_module
 from ftlib.training.engine.flat import flatten_parameters_
 from ftlib.training.engine.options import key_items, option_docs, option_names
 from ftlib.training.engine.swaps import grad_into_linears
+from kernels import mm_into
 
 B, T = 2, 16
 FT1 = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
@@ -146,8 +147,8 @@ def test_the_fp32_output_gemm_where_the_device_has_it(dev, monkeypatch):
         torch.mm(a.float(), b.float(), out=out)
 
     if dev.type == "cpu":
-        assert not grad_into.fp32_out_mm_available(dev)
-        monkeypatch.setattr(grad_into, "_mm_fp32_out", fp32_out_mm)
+        assert not mm_into.fp32_out_mm_available(dev)
+        monkeypatch.setattr(mm_into, "_mm_fp32_out", fp32_out_mm)
         monkeypatch.setattr(engine_module, "fp32_out_mm_available", lambda device: True)
     default, into = _pair(FT1, "bf16", dev)
     assert "fp32 output" in into.notes["grad_into_buffer"]
@@ -166,19 +167,19 @@ def test_the_fp32_output_gemm_where_the_device_has_it(dev, monkeypatch):
 def test_without_the_fp32_output_gemm_the_bf16_gemm_is_copied_in(monkeypatch):
     """The probe says no where the overload has no kernel (the CPU) or no keyword (a torch before it):
     then the engine copies the bf16 GEMM into the view, and says so."""
-    grad_into.fp32_out_mm_available.cache_clear()
-    assert not grad_into.fp32_out_mm_available(torch.device("cpu"))
+    mm_into.fp32_out_mm_available.cache_clear()
+    assert not mm_into.fp32_out_mm_available(torch.device("cpu"))
     assert "copied in" in Engine(FT1, B, T, "bf16", "cpu", use_kernels=False, **ON).notes["grad_into_buffer"]
 
     def old_torch(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
         raise TypeError("mm() got an unexpected keyword argument 'out_dtype'")
 
-    monkeypatch.setattr(grad_into, "_mm_fp32_out", old_torch)
-    grad_into.fp32_out_mm_available.cache_clear()
+    monkeypatch.setattr(mm_into, "_mm_fp32_out", old_torch)
+    mm_into.fp32_out_mm_available.cache_clear()
     try:
-        assert not grad_into.fp32_out_mm_available(torch.device("meta"))
+        assert not mm_into.fp32_out_mm_available(torch.device("meta"))
     finally:
-        grad_into.fp32_out_mm_available.cache_clear()
+        mm_into.fp32_out_mm_available.cache_clear()
 
 
 @pytest.mark.parametrize("prec", ["fp32", "bf16"])

@@ -42,7 +42,6 @@ from ftlib.model.config import ModelConfig, preset
 from ftlib.model.gpt import build_model
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
 from ftlib.training.engine.fused_mlp import fuse_mlps
-from ftlib.training.engine.grad_into import fp32_out_mm_available
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import (
     FusedAddNorm,
@@ -54,6 +53,7 @@ from ftlib.training.engine.swaps import (
 )
 from ftlib.training.loss_scale import LossScaleConfig
 from ftlib.training.muon import is_muon_param
+from kernels.mm_into import fp32_out_mm_available
 
 # Side-stream steps before capture; PyTorch's whole-network example uses 3.
 WARMUP_STEPS = 3

@@ -41,6 +41,7 @@ class FusedMLP(MLP):
         into = isinstance(fc, GradIntoLinear) and isinstance(proj, GradIntoLinear)
         self.dw1_out, self.dw2_out = (fc.grad, proj.grad) if into else (None, None)  # flat-gradient views
         self.bias_grad: Callable[[torch.Tensor], torch.Tensor] | None = fc.bias_grad if into else None
+        self.fp32_out = fc.fp32_out if into else False  # the engine's probe, as the Linears write theirs
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if not (self.training and torch.is_grad_enabled()):
@@ -49,7 +50,7 @@ class FusedMLP(MLP):
 
         y = gelu_mlp(x, self.fc.weight, self.fc.bias, self.proj.weight, self.proj.bias, self.approximate,
                      w1c=self.w1c, w2c=self.w2c, dw1_out=self.dw1_out, dw2_out=self.dw2_out,
-                     bias_grad=self.bias_grad, input_precision=self.input_precision)
+                     bias_grad=self.bias_grad, fp32_out=self.fp32_out, input_precision=self.input_precision)
         return self.dropout(y)
 
     def extra_repr(self) -> str:

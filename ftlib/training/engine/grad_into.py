@@ -36,7 +36,6 @@ shared by two Linears is left on autograd (``swaps.grad_into_linears`` says whic
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Callable
 
 import torch
@@ -44,39 +43,10 @@ import torch.nn as nn
 import torch.nn.functional as F
 from torch.autograd.function import once_differentiable
 
+from kernels.mm_into import weight_grad_into_
+
 # db (N,) in the bias dtype from dy (M, N); None: dy.sum(0), cast by autograd like autocast's.
 BiasGrad = Callable[[torch.Tensor], torch.Tensor] | None
-
-
-def _mm_fp32_out(a: torch.Tensor, b: torch.Tensor, out: torch.Tensor) -> None:
-    """out (fp32) = a @ b for bf16 / fp16 a, b, in one cuBLAS call (``aten::mm.dtype_out``)."""
-    torch.mm(a, b, out_dtype=torch.float32, out=out)
-
-
-@functools.cache
-def fp32_out_mm_available(device: torch.device) -> bool:
-    """Whether ``torch.mm(bf16, bf16, out_dtype=torch.float32, out=...)`` runs on ``device`` (CUDA in
-    recent PyTorch; not the CPU). Probed once per device, outside any graph capture."""
-    a = torch.zeros(2, 2, dtype=torch.bfloat16, device=device)
-    out = torch.empty(2, 2, dtype=torch.float32, device=device)
-    try:
-        _mm_fp32_out(a, a, out)
-    except (TypeError, RuntimeError, NotImplementedError):
-        return False
-    return True
-
-
-def weight_grad_into_(grad: torch.Tensor, dy2: torch.Tensor, x2: torch.Tensor, fp32_out: bool) -> None:
-    """grad (N, K) = dy2^T @ x2 for dy2 (M, N), x2 (M, K), written in place (not added).
-
-    Operands in grad's dtype: one GEMM into ``grad``. Low-precision operands: one GEMM with an fp32
-    output where ``fp32_out`` (CUDA), else the low-precision GEMM copied (cast) into ``grad``."""
-    if dy2.dtype == grad.dtype:
-        torch.mm(dy2.t(), x2, out=grad)
-    elif fp32_out and grad.dtype == torch.float32:
-        _mm_fp32_out(dy2.t(), x2, grad)
-    else:
-        grad.copy_(torch.mm(dy2.t(), x2))
 
 
 class GradIntoLinearFunction(torch.autograd.Function):
@@ -84,7 +54,7 @@ class GradIntoLinearFunction(torch.autograd.Function):
 
     ``w16``: a bf16 copy of the weight kept by the engine (:mod:`ftlib.training.engine.bf16_weights`),
     read instead of casting ``weight`` under autocast. ``bias_grad``: see :data:`BiasGrad`.
-    ``fp32_out``: low-precision GEMMs may write fp32 directly (:func:`fp32_out_mm_available`).
+    ``fp32_out``: low-precision GEMMs may write fp32 directly (:func:`kernels.mm_into.fp32_out_mm_available`).
     Saves x and the weight in the dtype the GEMMs ran in, as ``F.linear`` under autocast does.
     """
 
