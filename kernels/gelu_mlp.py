@@ -50,9 +50,11 @@ from kernels.mm_into import weight_grad_into_
 APPROXIMATIONS = ("none", "tanh")  # F.gelu's names: the exact erf form, the tanh approximation
 PRECISIONS = ("ieee", "tf32")  # tl.dot's products for fp32 operands: exact FMA, or TF32 tensor cores
 _DTYPES = (torch.float32, torch.bfloat16, torch.float16, torch.float64)
-_SQRT_2_OVER_PI = 0.7978845608028654
-_INV_SQRT_2 = 0.7071067811865476
-_INV_SQRT_2PI = 0.3989422804014327
+# tl.constexpr: a @triton.jit function may read a module global only when it is a constexpr (the
+# interpreter reads any global, so only a compile for a GPU catches a plain float here).
+_SQRT_2_OVER_PI = tl.constexpr(0.7978845608028654)
+_INV_SQRT_2 = tl.constexpr(0.7071067811865476)
+_INV_SQRT_2PI = tl.constexpr(0.3989422804014327)
 
 # Tile configurations the autotuner tries per (M, N, K) on the GPU: at the first call of each shape,
 # i.e. in the engine's warm-up, never inside a graph capture.

@@ -132,7 +132,8 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
 
     def row(run, cfg, extra=None, **ran):
         return {"mode": "engine", "device_slug": "h200", "run_id": run, "config": cfg, "extra": extra or {},
-                "engine": {"grad_into_buffer": True, "fuse_kv_split_sum": True, "norm_dw_into_buffer": True, **ran}}
+                "engine": {"grad_into_buffer": True, "fuse_kv_split_sum": True, "norm_dw_into_buffer": True,
+                           "norm_bwd_grid": "8 rows 4/SM", **ran}}
 
     rows = [row("a", mqa, grad_into_buffer=False, fuse_kv_split_sum=False),
             row("b", mha, grad_into_buffer=False, fuse_kv_split_sum=False),  # MHA: no split to sum
@@ -141,12 +142,15 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
             {**row("e", mqa), "engine": {}},  # stored before either option existed: ran without both
             {**row("f", mqa, grad_into_buffer=False), "mode": "compile-ro"},  # not an engine row
             # the residual-norm left unfused: the norms' atomic weight gradients have no kernel to live in
-            row("g", mqa, fuse_residual_norm=False, norm_dw_into_buffer=False)]
+            row("g", mqa, fuse_residual_norm=False, norm_dw_into_buffer=False, norm_bwd_grid=None),
+            row("h", mqa, norm_bwd_grid=None)]  # the atomic adds on the launcher's grid, not the default's
     lines = engineview.options_behind(rows).splitlines()
-    assert len(lines) == 3
+    assert len(lines) == 4
     assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[0]  # a, e
     assert "3 of these runs ran with `grad_into_buffer` off" in lines[1]  # a, b, e
-    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[2]  # e, not g
+    # h only: e and g had no atomic adds for a grid to run (they count under norm_dw_into_buffer)
+    assert "1 of these runs ran with `norm_bwd_grid` off" in lines[2]
+    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[3]  # e, not g
     assert "1 of these runs ran with `grad_into_buffer`" in engineview.options_behind(rows, run_ids={"b", "c"})
     assert engineview.options_behind(rows, run_ids={"c", "d"}) == ""
 
@@ -167,7 +171,7 @@ def test_probes_are_named_against_todays_defaults():
     without it."""
     mqa = {"n_head": 8, "n_kv_head": 1}
     ran = {"grad_into_buffer": True, "fuse_kv_split_sum": True, "fuse_residual_norm": True,
-           "kernels": ["rmsnorm", "attention"], "notes": {}}
+           "norm_bwd_grid": "8 rows 4/SM", "kernels": ["rmsnorm", "attention"], "notes": {}}
 
     def probe(label, kw, **engine):
         return {"status": "ok", "device_slug": "h200", "commit": "c", "date": "d", "label": label, "config": mqa,
@@ -188,7 +192,8 @@ def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
 
     def row(kernels, notes=None, **ran):
         return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": mqa, "extra": {},
-                "engine": {"kernels": kernels, "notes": notes or {}, "norm_dw_into_buffer": True, **ran}}
+                "engine": {"kernels": kernels, "notes": notes or {}, "norm_dw_into_buffer": True,
+                           "norm_bwd_grid": "8 rows 4/SM", **ran}}
 
     # Strict fp32 keeps SDPA: no dK/dV split to sum, so today's engine runs without the fused split sum.
     sdpa = row([k for k in with_attention if k != "attention"], grad_into_buffer=True, fuse_kv_split_sum=False)

@@ -29,12 +29,14 @@ def test_grids_are_parsed_and_bad_text_is_refused():
     assert RowGrid(4, 8).launch(torch.device("cpu")) == {"rows": 4, "programs": 32}  # the interpreter: 4 SMs
     with pytest.raises(ValueError, match="expected '<rows> rows"):
         EngineOptions(norm_bwd_grid="8 rows")
-    with pytest.raises(ValueError, match="needs norm_dw_into_buffer=True"):
-        EngineOptions(norm_bwd_grid="8 rows 16/SM", norm_dw_into_buffer=False)
+    # The default grid is the sweep's winner; without the atomic weight gradients it does not apply.
+    assert EngineOptions().norm_bwd_grid == "8 rows 4/SM" and RowGrid.parse(EngineOptions().norm_bwd_grid)
+    assert EngineOptions(norm_dw_into_buffer=False).norm_bwd_grid == "8 rows 4/SM"
 
 
 def test_the_named_grid_reaches_the_backward_and_trains_like_the_default(kernel_device, monkeypatch):
     import kernels.residual_norm as R
+    from kernels._common import RowGrid
 
     seen: dict[str, set] = {"fwd": set(), "bwd": set()}
     fwd, bwd = R.add_norm_fwd, R.add_norm_bwd
@@ -62,3 +64,12 @@ def test_the_named_grid_reaches_the_backward_and_trains_like_the_default(kernel_
         assert seen["bwd"] == ({(R.ROWS, None, "atomic")} if grid is None else {(8, 8, "atomic")}), seen
     # The grid changes which program adds which rows' dweight (atomic adds: fp32 rounding), not the sums.
     torch.testing.assert_close(losses[None], losses["8 rows 2/SM"], rtol=1e-5, atol=1e-5)
+    # The default engine runs the default grid; without the atomic weight gradients no grid applies.
+    seen["bwd"].clear()
+    eng = Engine(FT2, B, T, "tf32", kernel_device, seed=3, capture=False)
+    eng.step(*batches[0])
+    launch = RowGrid.parse("8 rows 4/SM").launch(kernel_device)
+    assert eng.describe()["norm_bwd_grid"] == "8 rows 4/SM"
+    assert seen["bwd"] == {(launch["rows"], launch["programs"], "atomic")}, seen
+    eng = Engine(FT2, B, T, "tf32", kernel_device, seed=3, norm_dw_into_buffer=False, capture=False)
+    assert eng.describe()["norm_bwd_grid"] is None and not eng.describe()["norm_dw_into_buffer"]

@@ -234,17 +234,19 @@ def engine_variants() -> list[Case]:
     for prec in ("bf16", "tf32"):
         cases += [case("fasttransformer -norm-dw-into-buffer", "fasttransformer", prec, no_norm_dw_into),
                   case("gpt2 +flash-attn -norm-dw-into-buffer", "gpt2", prec, {**flash, **no_norm_dw_into})]
+    # The fused residual-norm backward back on its launcher's grid (4-row tiles) instead of 8-row tiles.
+    launcher_grid = {"norm_bwd_grid": None}
+    for prec in ("bf16", "tf32"):
+        cases += [case("fasttransformer -norm-bwd-grid", "fasttransformer", prec, launcher_grid),
+                  case("gpt2 +flash-attn -norm-bwd-grid", "gpt2", prec, {**flash, **launcher_grid})]
     return cases
 
 
-# (label suffix, engine options) of each option on trial. grad_into_buffer, fuse_kv_split_sum and
-# norm_dw_into_buffer won theirs (chapter 6 keeps the rows) and are defaults now; an option waiting
-# for a trial goes here. The fused residual-norm backward on more programs per SM than its default
-# grid's 4 one-warp programs: more loads in flight for a memory-bound kernel, against more atomic
-# adds into each norm's weight gradient (benchmarks/kernels/norm_bwd_grid_dev.py times the grid).
+# (label suffix, engine options) of each option on trial. grad_into_buffer, fuse_kv_split_sum,
+# norm_dw_into_buffer and norm_bwd_grid won theirs (chapter 6 keeps the rows) and are defaults now; an
+# option waiting for a trial goes here. Each MLP's GELU in the epilogues of a Triton GEMM, both ways
+# (kernels/gelu_mlp.py): bf16 and tf32.
 CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = (
-    (" +norm-bwd-grid 8 rows 4/SM", {"norm_bwd_grid": "8 rows 4/SM"}),
-    # Each MLP's GELU in the epilogues of a Triton GEMM, both ways (kernels/gelu_mlp.py): bf16 and tf32.
     (" +fuse-mlp-act", {"fuse_mlp_act": True}),
 )
 

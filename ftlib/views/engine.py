@@ -282,7 +282,7 @@ def probe_label(r: dict[str, Any]) -> str:
         if k in TRIAL_WINNERS and str(now.get(k)) == str(v):
             label = label.replace(f" {k}={v}", "")
     off = options_off({"mode": "engine", "engine": r.get("describe"), "extra": kw, "config": r.get("config")})
-    return label + "".join(f" {k}=False" for k in off or [])
+    return label + "".join(f" {k}={'False' if isinstance(now[k], bool) else None}" for k in off or [])
 
 
 @table_view
@@ -336,7 +336,7 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
 
 # Options that became defaults after winning their trial (suite engine_candidates): rows stored before
 # ran without them. Their engine is another engine: its ratios are never pooled with today's.
-TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer")
+TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid")
 TODAY = "today's defaults"
 
 
@@ -349,9 +349,9 @@ def options_off(row: dict[str, Any], names: Iterable[str] = TRIAL_WINNERS) -> li
     ran = row.get("engine")
     if not isinstance(ran, dict):
         return None
-    now = dataclasses.asdict(EngineOptions())
-    return [n for n in names if n not in (row.get("extra") or {}) and now.get(n) is True
-            and ran.get(n, False) is False and _applies(n, row)]
+    now = dataclasses.asdict(EngineOptions())  # a default that is True, or a named grid, against False/None
+    return [n for n in names if n not in (row.get("extra") or {}) and now.get(n) not in (None, False)
+            and ran.get(n) in (None, False) and _applies(n, row)]
 
 
 def engine_config(row: dict[str, Any]) -> str:
@@ -386,8 +386,7 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
     """Whether option ``name`` could change ``row``'s step, by what its engine reported: not where the engine
     noted it as not applied or not applicable; the split sum needs multi-query attention on the attention
     kernel (strict fp32 keeps SDPA, which has no split to sum); the norms' atomic weight gradients need the
-    fused residual-norm. Where the row does not say which kernels ran,
-    the option is taken to apply."""
+    fused residual-norm, their grid those adds. Where the row does not say which kernels ran, it applies."""
     ran = row.get("engine") if isinstance(row.get("engine"), dict) else {}
     if str((ran.get("notes") or {}).get(name, "")).startswith(("not applied", "not applicable")):
         return False
@@ -397,4 +396,4 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
                 and (kernels is None or "attention" in kernels))
     if name == "norm_dw_into_buffer":  # the atomic adds live in the fused residual-norm's backward
         return ran.get("fuse_residual_norm", True) is not False
-    return True
+    return name != "norm_bwd_grid" or ran.get("norm_dw_into_buffer") is True  # the grid those adds run on

@@ -100,9 +100,10 @@ class EngineOptions:
                "dw_partials='atomic') instead of writing partial rows for a torch sum and autograd's add",
         keyless=False)
     norm_bwd_grid: str | None = _option(
-        None, "with norm_dw_into_buffer: None, the fused residual-norm backward's default persistent grid; or "
-              "'<rows> rows <programs>/SM' (kernels._common.RowGrid), the grid its atomic weight gradients run on "
-              "(benchmarks/kernels/norm_bwd_grid_dev.py times them)")
+        "8 rows 4/SM", "with norm_dw_into_buffer (ignored without it): '<rows> rows <programs>/SM' "
+                       "(kernels._common.RowGrid), the grid the fused residual-norm backward and its atomic weight "
+                       "gradients run on, or None for the launcher's own (4-row tiles, 4 programs per SM); "
+                       "benchmarks/kernels/norm_bwd_grid_dev.py times the grids")
     fuse_mlp_act: bool = _option(
         False, "under bf16/fp16/tf32: each MLP's GELU in the epilogues of a Triton GEMM, forward after the "
                "up-projection, backward (GELU') after the product through the down-projection "
@@ -145,8 +146,6 @@ class EngineOptions:
                 RowGrid.parse(self.norm_bwd_grid)
             except (ValueError, TypeError) as e:
                 bad.append(str(e))
-            if not self.norm_dw_into_buffer:
-                bad.append(f"norm_bwd_grid={self.norm_bwd_grid!r} needs norm_dw_into_buffer=True")
         if self.norm_dw_partials not in NORM_DW_PARTIALS:
             bad.append(f"norm_dw_partials={self.norm_dw_partials!r}; expected one of {NORM_DW_PARTIALS}")
         for f in dataclasses.fields(self):
