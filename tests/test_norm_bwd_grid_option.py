@@ -61,7 +61,9 @@ def test_the_named_grid_reaches_the_backward_and_trains_like_the_default(kernel_
         assert eng.describe()["norm_bwd_grid"] == grid and eng.describe()["norm_dw_into_buffer"]
         losses[grid] = torch.stack([eng.step(x, y).detach().clone() for x, y in batches])
         assert seen["fwd"] == {R.ROWS}, seen  # the forward keeps its rows either way
-        assert seen["bwd"] == ({(R.ROWS, None, "atomic")} if grid is None else {(8, 8, "atomic")}), seen
+        named = None if grid is None else RowGrid.parse(grid).launch(kernel_device)  # programs: per SM x SMs
+        assert seen["bwd"] == ({(R.ROWS, None, "atomic")} if grid is None
+                               else {(named["rows"], named["programs"], "atomic")}), seen
     # The grid changes which program adds which rows' dweight (atomic adds: fp32 rounding), not the sums.
     torch.testing.assert_close(losses[None], losses["8 rows 2/SM"], rtol=1e-5, atol=1e-5)
     # The default engine runs the default grid; without the atomic weight gradients no grid applies.
