@@ -345,8 +345,9 @@ else:
 # An engine option becomes a default only when it beats the default engine of the same run by
 # more than the spread and its 100-step check (below) passes. An option on trial is timed in its
 # own suite, `engine_candidates`, each case beside the default case it would change; once it wins,
-# it becomes a default and the engine table above shows it switched off again (`-grad-into-buffer`,
-# `-fused-kv-sum`, `-norm-dw-into-buffer`). Three options went through this:
+# it becomes a default and the engine suite gains a case that switches it off again (the table above:
+# `-grad-into-buffer`, `-fused-kv-sum`, `-norm-dw-into-buffer`, `-norm-bwd-grid`). Four options went
+# through this:
 #
 # * `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option does
 #   (NVIDIA/Megatron-LM, with its `fused_weight_gradient_mlp_cuda` extension): each Linear's backward
@@ -360,17 +361,18 @@ else:
 # * `norm-dw-into-buffer`: each fused residual-norm's backward adds its weight (and bias) gradient
 #   straight into the parameter's view of the flat gradient with atomic adds (`kernels/residual_norm.py`,
 #   `dw_partials="atomic"`), which leaves no partial rows for a torch sum and nothing for autograd to add.
+# * `norm-bwd-grid`: that backward on 8-row tiles instead of its launcher's 4, still 4 programs per SM
+#   (`norm_bwd_grid`), the grid the sweep below found fastest.
 #
-# The `persistent norm dw` variant in the table above is an option that did not win: the norm
-# backwards' weight-gradient partials, one per program instead of one per row tile. Neither did two
-# grids for the residual-norm backward with 16 programs per SM (4- and 8-row tiles): more loads in
-# flight did not pay for the extra atomic adds. On trial now is the grid the sweep below found fastest,
-# 8-row tiles with 4 programs per SM (`norm_bwd_grid`). Built and waiting for its trial: `fuse_mlp_act`,
-# each MLP's GELU in the epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`; forward the
-# up-projection stores z and gelu(z), backward the product through the down-projection is multiplied by
-# gelu'(z) before it is stored), which removes the two elementwise GELU kernels of every block if its
-# GEMMs keep up with cuBLAS's at these shapes. The table shows each trial; the lines under it say which
-# options are defaults now.
+# Options that did not win stay options, off by default. The `persistent norm dw` variant in the table
+# above puts the norm backwards' weight-gradient partials one per program instead of one per row tile.
+# Two grids for the residual-norm backward with 16 programs per SM (4- and 8-row tiles) put more loads in
+# flight, which did not pay for the extra atomic adds. `fuse_mlp_act` puts each MLP's GELU in the
+# epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`; forward the up-projection stores z and
+# gelu(z), backward the product through the down-projection is multiplied by gelu'(z) before it is
+# stored). It removes the two elementwise GELU kernels of every block, but its GEMMs are slower than
+# cuBLAS's at these shapes by more than the GELU kernels cost, and by far more with TF32 products. The
+# table shows each trial; the lines under it say which options are defaults now.
 
 # %%
 cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)

@@ -149,3 +149,9 @@ def kv_split_sum_ref(part: torch.Tensor, nkv: int, out: torch.Tensor) -> torch.T
     the splits, cast to ``out``'s dtype and copied into ``out`` (B, nkv, T, hs), which may be a view."""
     B, heads, T, hs = part.shape
     return out.copy_(part.view(B, nkv, heads // nkv, T, hs).sum(2).to(out.dtype))  # (B, nkv, T, hs)
+
+
+def wgrad_ref(dy2: torch.Tensor, x2: torch.Tensor) -> torch.Tensor:
+    """A Linear's weight gradient dW = dY^T X (N, K) for dY (M, N), X (M, K), in fp64: what
+    ``kernels.wgrad.wgrad_add_`` adds into its fp32 buffer."""
+    return dy2.double().t() @ x2.double()

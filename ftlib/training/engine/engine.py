@@ -31,6 +31,7 @@ when an engine that uses them is built.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -229,11 +230,13 @@ class Engine:
     def _grad_into_buffer(self) -> int:
         """The Linear layers write their weight gradients into the flat gradient themselves
         (``grad_into.py``); returns how many do."""
+        self.wgrad_splitk = False
         if not self.options.grad_into_buffer:
             return 0
         low = self.prec.base.autocast is not None
         fp32_out = low and fp32_out_mm_available(self.device)
-        n, left = grad_into_linears(self.model, self.flat_grad, self.spans, fp32_out)
+        add_wgrad = self._wgrad_splitk(low)
+        n, left = grad_into_linears(self.model, self.flat_grad, self.spans, fp32_out, add_wgrad)
         if n == 0:
             self.notes["grad_into_buffer"] = ("not applied: no plain, bf16-shadow or bias-kernel Linear "
                                               "(the Triton GEMM's Linears keep their own backward)")
@@ -243,6 +246,22 @@ class Engine:
         kept = f"; left on autograd: {left}" if left else ""
         self.notes["grad_into_buffer"] = f"{n} Linear weight gradients written into the flat buffer{how}{kept}"
         return n
+
+    def _wgrad_splitk(self, low: bool) -> Callable | None:
+        """With ``wgrad_splitk``: the split-K kernel that adds each weight gradient into the flat gradient
+        (zeroed at the start of every step, so adding is writing), or None with a note saying why not."""
+        if not self.options.wgrad_splitk:
+            return None
+        why_not = kernels_runnable(self.device) or (
+            None if low or self.prec.base.tf32 else "not applied: strict fp32 keeps cuBLAS's FMA products")
+        if why_not:
+            self.notes["wgrad_splitk"] = why_not
+            return None
+        from kernels.wgrad import wgrad_add_
+
+        self.wgrad_splitk = True
+        self.notes["wgrad_splitk"] = "weight gradients added by the split-K kernel (kernels/wgrad.py)"
+        return partial(wgrad_add_, input_precision="ieee" if low else "tf32")
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -357,6 +376,7 @@ class Engine:
             "muon_grouped": self.muon is not None and self.muon.grouped,
             "norm_dw_into_buffer": bool(o.norm_dw_into_buffer and self.fuse_residual_norm),
             "fuse_mlp_act": self.fused_mlps > 0,
+            "wgrad_splitk": self.wgrad_splitk and self.grad_into > 0,
             "norm_bwd_grid": o.norm_bwd_grid if o.norm_dw_into_buffer and self.fuse_residual_norm else None,
             "loss_scale": self.optimizer.loss_scale_kind(),
             "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),

@@ -47,6 +47,8 @@ from kernels.mm_into import weight_grad_into_
 
 # db (N,) in the bias dtype from dy (M, N); None: dy.sum(0), cast by autograd like autocast's.
 BiasGrad = Callable[[torch.Tensor], torch.Tensor] | None
+# (grad, dy2, x2) -> None, adding dy2^T x2 into grad; None: written by kernels.mm_into.weight_grad_into_.
+AddWGrad = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None
 
 
 class GradIntoLinearFunction(torch.autograd.Function):
@@ -55,12 +57,14 @@ class GradIntoLinearFunction(torch.autograd.Function):
     ``w16``: a bf16 copy of the weight kept by the engine (:mod:`ftlib.training.engine.bf16_weights`),
     read instead of casting ``weight`` under autocast. ``bias_grad``: see :data:`BiasGrad`.
     ``fp32_out``: low-precision GEMMs may write fp32 directly (:func:`kernels.mm_into.fp32_out_mm_available`).
+    ``add_wgrad``: instead, a function (grad, dy2, x2) that *adds* dy2^T x2 into ``grad`` (the split-K
+    kernel, :func:`kernels.wgrad.wgrad_add_`), for a ``grad`` zeroed before the backward, as the engine's is.
     Saves x and the weight in the dtype the GEMMs ran in, as ``F.linear`` under autocast does.
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grad: torch.Tensor,
-                w16: torch.Tensor | None, bias_grad: BiasGrad, fp32_out: bool) -> torch.Tensor:
+                w16: torch.Tensor | None, bias_grad: BiasGrad, fp32_out: bool, add_wgrad: AddWGrad) -> torch.Tensor:
         dev = x.device.type
         ctx.x_dtype = x.dtype
         wc = weight
@@ -73,6 +77,7 @@ class GradIntoLinearFunction(torch.autograd.Function):
             y = F.linear(x, wc, bias)
         ctx.save_for_backward(x, wc)
         ctx.grad, ctx.bias_grad, ctx.fp32_out, ctx.has_bias = grad, bias_grad, fp32_out, bias is not None
+        ctx.add_wgrad = add_wgrad
         return y
 
     @staticmethod
@@ -86,11 +91,13 @@ class GradIntoLinearFunction(torch.autograd.Function):
         with torch.autocast(dy.device.type, enabled=False):
             if ctx.needs_input_grad[0]:
                 dx = torch.mm(dy2, wc).view(*dy.shape[:-1], K).to(ctx.x_dtype)  # (M, N) @ (N, K) -> (..., K)
-            if ctx.needs_input_grad[1]:
+            if ctx.needs_input_grad[1] and ctx.add_wgrad is not None:
+                ctx.add_wgrad(ctx.grad, dy2, x.reshape(-1, K))  # x: (..., K) -> (M, K)
+            elif ctx.needs_input_grad[1]:
                 weight_grad_into_(ctx.grad, dy2, x.reshape(-1, K), ctx.fp32_out)  # x: (..., K) -> (M, K)
             if ctx.has_bias and ctx.needs_input_grad[2]:
                 db = dy2.sum(0) if ctx.bias_grad is None else ctx.bias_grad(dy2)  # (N,)
-        return dx, None, db, None, None, None, None
+        return dx, None, db, None, None, None, None, None
 
 
 class GradIntoLinear(nn.Module):
@@ -101,7 +108,7 @@ class GradIntoLinear(nn.Module):
     Outside the training step (evaluation, sampling) an ordinary Linear on the fp32 weights."""
 
     def __init__(self, lin: nn.Module, grad: torch.Tensor, *, w16: torch.Tensor | None = None,
-                 bias_grad: BiasGrad = None, fp32_out: bool = False) -> None:
+                 bias_grad: BiasGrad = None, fp32_out: bool = False, add_wgrad: AddWGrad = None) -> None:
         super().__init__()
         w = lin.weight
         if grad.shape != w.shape or grad.dtype != torch.float32 or grad.device != w.device:
@@ -111,12 +118,12 @@ class GradIntoLinear(nn.Module):
         self.in_features, self.out_features = lin.in_features, lin.out_features
         # Plain attributes, not buffers: views into the engine's flat gradient and bf16 shadow.
         self.grad, self.w16 = grad, w16
-        self.bias_grad, self.fp32_out = bias_grad, fp32_out
+        self.bias_grad, self.fp32_out, self.add_wgrad = bias_grad, fp32_out, add_wgrad
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
             return GradIntoLinearFunction.apply(x, self.weight, self.bias, self.grad, self.w16, self.bias_grad,
-                                                self.fp32_out)
+                                                self.fp32_out, self.add_wgrad)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:

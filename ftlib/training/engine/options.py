@@ -108,6 +108,11 @@ class EngineOptions:
         False, "under bf16/fp16/tf32: each MLP's GELU in the epilogues of a Triton GEMM, forward after the "
                "up-projection, backward (GELU') after the product through the down-projection "
                "(kernels/gelu_mlp.py), instead of an elementwise GELU kernel each way")
+    wgrad_splitk: bool = _option(
+        False, "with grad_into_buffer, under bf16/fp16/tf32: each Linear's weight gradient added into the flat "
+               "gradient by one split-K Triton GEMM with atomic adds (kernels/wgrad.py) instead of cuBLAS's GEMM "
+               "with an fp32 output, which at these skinny shapes splits the reduction and sums the slices' "
+               "partials in a second kernel")
     muon_grouped: bool = _option(
         False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
                "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "

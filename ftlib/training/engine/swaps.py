@@ -353,7 +353,7 @@ def shadow_linears(model: GPT, flat_param16: torch.Tensor, spans: dict[str, tupl
 
 
 def grad_into_linears(model: GPT, flat_grad: torch.Tensor, spans: dict[str, tuple[int, int]],
-                      fp32_out: bool) -> tuple[int, dict[str, str]]:
+                      fp32_out: bool, add_wgrad: Callable | None = None) -> tuple[int, dict[str, str]]:
     """Every plain, bf16-shadow or bias-kernel Linear onto :class:`GradIntoLinear`, its weight gradient
     written into ``flat_grad``'s span of the weight; returns (how many, {Linear left on autograd: why}).
 
@@ -390,6 +390,7 @@ def grad_into_linears(model: GPT, flat_grad: torch.Tensor, spans: dict[str, tupl
         off, size = span_of[id(lin.weight)]
         grad = flat_grad[off : off + size].view_as(lin.weight)  # (size,) -> (N, K)
         db = partial(bias_grad, out_dtype=lin.bias.dtype) if type(lin) is bias_linear else None
-        return GradIntoLinear(lin, grad, w16=getattr(lin, "w16", None), bias_grad=db, fp32_out=fp32_out)
+        return GradIntoLinear(lin, grad, w16=getattr(lin, "w16", None), bias_grad=db, fp32_out=fp32_out,
+                              add_wgrad=add_wgrad)
 
     return _replace(model, nn.Module, into, when=lambda m: id(m) in chosen), left
