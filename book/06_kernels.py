@@ -235,6 +235,26 @@ display(Markdown(kernelview.kernel_math("cross_entropy")))
 display(Markdown(kernelview.kernel_math("adamw")))
 
 # %% [markdown]
+# ### Two GEMM kernels that did not beat cuBLAS
+# The engine leaves its matrix products to cuBLAS. Two kernels tried to take a small job off the
+# side of a product, and the table below times each against cuBLAS and torch.compile:
+#
+# * **GELU in the GEMM epilogues** (`kernels/gelu_mlp.py`). The up-projection stores z and gelu(z)
+#   from the accumulator; backward, the product through the down-projection is multiplied by gelu'(z)
+#   before it is stored. That removes the MLP's two elementwise GELU kernels; cuBLASLt offers the
+#   same fusion as its GELU and DGELU epilogues.
+# * **Weight gradients without a reduce kernel** (`kernels/wgrad.py`). A weight gradient reduces
+#   over all 8,192 rows of a batch into a small output, so cuBLAS splits the reduction and sums the
+#   slices with a second kernel. This kernel adds each slice into the fp32 gradient with atomic adds
+#   instead: one kernel per gradient.
+#
+# Both are Triton tile GEMMs, and at these skinny shapes cuBLAS's Hopper kernels are faster by more
+# than the work each fusion removes. They stay as engine options, off by default.
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("gelu_mlp") + "\n\n" + kernelview.kernel_math("wgrad")))
+
+# %% [markdown]
 # ### Measured: eager vs in a graph, against the ceilings
 # Per op and case: the median eager and in-graph time of each variant, the rate in the
 # graph (GB/s for memory-bound ops, TFLOP/s for attention), the floor from the measured
@@ -371,8 +391,9 @@ else:
 # epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`; forward the up-projection stores z and
 # gelu(z), backward the product through the down-projection is multiplied by gelu'(z) before it is
 # stored). It removes the two elementwise GELU kernels of every block, but its GEMMs are slower than
-# cuBLAS's at these shapes by more than the GELU kernels cost, and by far more with TF32 products. The
-# table shows each trial; the lines under it say which options are defaults now.
+# cuBLAS's at these shapes by more than the GELU kernels cost, and by far more with TF32 products.
+# `wgrad_splitk` never went on trial: its kernel lost to cuBLAS's on its own (section 2). The table
+# shows each trial; the lines under it say which options are defaults now.
 
 # %%
 cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)

@@ -60,4 +60,4 @@ def test_where_it_does_not_apply_nothing_changes(kernel_device):
     assert not eng.describe()["wgrad_splitk"] and "strict fp32 keeps" in eng.describe()["notes"]["wgrad_splitk"]
     eng, _ = _train(FT, "bf16", kernel_device, wgrad_splitk=True, grad_into_buffer=False)
     assert not eng.describe()["wgrad_splitk"]  # autograd writes the weight gradients: no kernel to swap
-    assert EngineOptions().wgrad_splitk is False  # on trial, not a default
+    assert EngineOptions().wgrad_splitk is False  # its kernel lost to cuBLAS's: not a default

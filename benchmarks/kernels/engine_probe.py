@@ -101,9 +101,7 @@ def main() -> int:
              ("fasttransformer", "fp32", {"linear_precision": "tf32x3", "attention_precision": "tf32x3"}),
              ("fasttransformer", "fp32", {}), ("gpt2", "fp32", {}),
              # the MLPs' GELU in the GEMM epilogues: two elementwise kernels per block go
-             ("fasttransformer", "bf16", {"fuse_mlp_act": True}), ("gpt2", "tf32", {"fuse_mlp_act": True}),
-             # the weight gradients by the split-K kernel with atomic adds: cuBLAS's splitKreduce kernels go
-             ("fasttransformer", "bf16", {"wgrad_splitk": True}), ("gpt2", "tf32", {"wgrad_splitk": True})]
+             ("fasttransformer", "bf16", {"fuse_mlp_act": True}), ("gpt2", "tf32", {"fuse_mlp_act": True})]
     # The speedrun's step (chapter 8): 256x6 FT-style, B=64, residual dropout 0.2 (fused), bf16.
     from ftlib.harness.studies import SPEEDRUN_PROBE, speedrun_candidates
 

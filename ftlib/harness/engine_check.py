@@ -44,8 +44,6 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # The MLPs' GELU in the GEMM epilogues (GELU of z as stored in bf16, as unfused).
     *(("bf16", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
     *(("tf32", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
-    # The weight gradients added by the split-K kernel (the slices' partials in no fixed order).
-    *((prec, name, {"wgrad_splitk": True}) for prec in ("bf16", "tf32") for name in ("fasttransformer", "gpt2")),
 )
 
 

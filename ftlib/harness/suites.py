@@ -245,12 +245,9 @@ def engine_variants() -> list[Case]:
 # (label suffix, engine options) of each option on trial; an option waiting for a trial goes here.
 # grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer and norm_bwd_grid won theirs and are defaults
 # now; the 16-programs-per-SM grids and fuse_mlp_act (the MLP's GELU in the epilogues of a Triton GEMM)
-# lost theirs and stay options. Chapter 6 keeps every trial's rows. On trial: each Linear's weight
-# gradient added into the flat gradient by one split-K Triton GEMM with atomic adds (kernels/wgrad.py),
-# in place of cuBLAS's split-K GEMM and its reduce kernel.
-CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = (
-    (" +wgrad-splitk", {"wgrad_splitk": True}),
-)
+# lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py)
+# never went on trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
+CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = ()
 
 
 def engine_candidates() -> list[Case]:

@@ -28,11 +28,12 @@ from ftlib.views.tables import records, table_view
 BENCH = "kernels"
 # The kernel benchmark's ops the chapter's table shows, in its order.
 KERNEL_TABLE_OPS = ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_rmsnorm",
-                    "residual_layernorm", "bias_grad")
+                    "residual_layernorm", "bias_grad", "gelu_mlp", "wgrad")
 OP_NAMES = {"rmsnorm": "RMSNorm fwd+bwd", "layernorm": "LayerNorm fwd+bwd", "cross_entropy": "cross-entropy fwd+bwd",
             "adamw": "AdamW step", "attention": "causal attention fwd+bwd",
             "residual_rmsnorm": "residual add + RMSNorm fwd+bwd",
-            "residual_layernorm": "residual add + LayerNorm fwd+bwd", "bias_grad": "bias gradient (column sum)"}
+            "residual_layernorm": "residual add + LayerNorm fwd+bwd", "bias_grad": "bias gradient (column sum)",
+            "gelu_mlp": "MLP fwd+bwd, GELU in the GEMM epilogues", "wgrad": "weight gradient dY^T X into fp32"}
 CEILING_NAMES = {"copy": "bandwidth", "matmul fp32": "fp32", "matmul tf32": "tf32", "matmul bf16": "bf16"}
 KERNELS_DIR = repo_root() / "kernels"
 
