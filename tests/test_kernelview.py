@@ -78,3 +78,11 @@ def test_floor_uses_the_rate_of_the_rows_precision():
     assert kernelview.floor_us({**row, "precision": "tf32x3"}, ceil) == pytest.approx(1e9 / (400e12 / 3) * 1e6)
     assert kernelview.floor_us({**row, "precision": "bf16"}, ceil) == pytest.approx(4e6 / 4000e9 * 1e6)  # no bf16
     assert kernelview.floor_us(row, {}) is None
+
+
+def test_gemm_cases_are_named_by_their_roles():
+    """The GEMM drivers' shapes are stored as sorted dicts; their labels name each dimension."""
+    wgrad = {"op": "wgrad", "shape": {"K": 256, "M": 8192, "N": 320}, "dtype": "bf16"}
+    assert kernelview.case_label(wgrad) == "dW (320, 256) over M=8192 bf16"
+    mlp = {"op": "gelu_mlp", "shape": {"C": 768, "F": 3072, "M": 8192, "bias": True}, "dtype": "bf16"}
+    assert kernelview.case_label(mlp) == "M=8192 C=768 F=3072 +bias bf16"
