@@ -17,6 +17,7 @@ from ftlib.harness.studies import (
     EXPLORING_FASTER,
     EXPLORING_GROUPED,
     EXPLORING_SMALL_BATCH,
+    EXPLORING_SMALLER,
     FINALIST_SEEDS,
     REFERENCE,
     speedrun_candidates,
@@ -65,7 +66,8 @@ def test_rows_of_candidates_no_longer_listed_are_still_shown():
 
 def test_speedrun_candidates_are_well_formed():
     cands = speedrun_candidates()
-    exploring = [name for name, *_ in EXPLORING + EXPLORING_GROUPED + EXPLORING_FASTER + EXPLORING_SMALL_BATCH]
+    exploring = [name for name, *_ in EXPLORING + EXPLORING_GROUPED + EXPLORING_FASTER + EXPLORING_SMALL_BATCH
+                 + EXPLORING_SMALLER]
     assert list(cands) == [REFERENCE, *ALL_SEEDS, *exploring]
     engine = {n: (c, r) for n, (c, r) in cands.items() if r.engine}
     assert set(engine) == set(ALL_SEEDS) | set(exploring)
