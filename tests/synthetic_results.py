@@ -210,7 +210,8 @@ def baselines_run(run: str, machine: str, ms: dict[tuple[str, str, str], float],
                "date": "2026-12-03T10:00:00Z"}
         if c.mode == "engine":  # the engine's describe(): today's options, as applied
             row["engine"] = {"grad_into_buffer": True, "fuse_kv_split_sum": c.config.n_kv_head < c.config.n_head,
-                             "fuse_residual_norm": True, "norm_dw_into_buffer": True}
+                             "fuse_residual_norm": True, "norm_dw_into_buffer": True,
+                             "norm_bwd_grid": "8 rows 4/SM"}
         row.update((bad or {}).get(ident, {}))
         rows.append(row)
     return rows

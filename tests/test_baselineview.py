@@ -144,7 +144,8 @@ def test_a_run_cut_short_keeps_the_precisions_it_completed():
 def test_engine_ratios_never_pool_runs_of_another_engine():
     # Runs r1 and r2 measured an engine without an option that is a default now (2x and 3x); run r3 measured
     # today's engine (1.25x). The engine's ratio is r3's alone; the older engine is its own configuration.
-    older = {"engine": {"grad_into_buffer": False, "fuse_kv_split_sum": False, "norm_dw_into_buffer": True}}
+    older = {"engine": {"grad_into_buffer": False, "fuse_kv_split_sum": False, "norm_dw_into_buffer": True,
+                        "norm_bwd_grid": "8 rows 4/SM"}}
     bad = {("fasttransformer", "engine", "default"): older}
     def ms(engine: float, compiled: float) -> dict:
         return fast(fasttransformer__engine__default=engine, fasttransformer__compile_ro__fused=compiled)

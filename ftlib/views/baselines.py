@@ -274,7 +274,10 @@ def runs_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def fmt_range(median: float, lo: float, hi: float, unit: str = "×") -> str:
-    """'1.29× (1.12–1.32×)': a median over runs with its min and max."""
+    """'1.29× (1.12–1.32×)': a median over runs with its min and max; '1.29×' alone where they agree to
+    two decimals (one run, say)."""
+    if f"{lo:.2f}" == f"{hi:.2f}":
+        return f"{median:.2f}{unit}"
     return f"{median:.2f}{unit} ({lo:.2f}–{hi:.2f}{unit})"
 
 

@@ -33,7 +33,8 @@ def host_work(config: str, graph_breaks: int | None) -> str | None:
 
 def _span(values: pd.Series) -> tuple[str, float]:
     lo, hi = float(values.min()), float(values.max())
-    return f"{values.median():.3f} ({lo:.3f}–{hi:.3f})", 100.0 * (hi / lo - 1.0)
+    text = f"{values.median():.3f}" + (f" ({lo:.3f}–{hi:.3f})" if f"{lo:.3f}" != f"{hi:.3f}" else "")
+    return text, 100.0 * (hi / lo - 1.0)
 
 
 def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:

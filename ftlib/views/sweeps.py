@@ -80,8 +80,26 @@ def sweep_findings(rows: Iterable[dict[str, Any]]) -> list[str]:
             out.append(f"{name}: the default, {base['variant']}, is the fastest "
                        f"({base['graph µs']:.1f} µs in a graph).")
             continue
-        verdict = ("beyond the spread of the replays: worth a trial in the engine" if win["beyond spread"]
-                   else "within the spread of the replays: no reason to change the default")
+        verdict = ("within the spread of the replays: no reason to change the default" if not win["beyond spread"]
+                   else "beyond the spread of the replays; it won its trial and the engine runs it by default"
+                   if win["variant"] == engine_choice(op, p)
+                   else "beyond the spread of the replays: worth a trial in the engine")
         out.append(f"{name}: fastest {win['variant']} at {win['graph µs']:.1f} µs against the default "
                    f"{base['variant']} at {base['graph µs']:.1f} µs ({win['default / variant']:.2f}×), {verdict}.")
     return out
+
+
+def engine_choice(op: str, pass_: str = "") -> str | None:
+    """The variant of sweep ``op`` (and pass) the engine runs by default, named as the sweep names it; None
+    where the engine leaves the launcher's own default (an engine option set to None)."""
+    from ftlib.training.engine import EngineOptions  # here: the views' other functions need no engine
+
+    opts = EngineOptions()
+    if op == "norm_bwd_grid" and opts.norm_bwd_grid is not None:
+        return f"atomic {opts.norm_bwd_grid}"
+    if op == "attention_tiles" and opts.attention_tiles is not None:
+        from kernels.tiles import parse_tiles
+
+        tiles = parse_tiles(opts.attention_tiles).get(pass_)
+        return f"{pass_} {tiles.name}" if tiles else None
+    return None
