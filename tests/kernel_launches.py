@@ -192,15 +192,20 @@ def mlp(cfg: ModelConfig, step: Step) -> None:
 
 def linears(cfg: ModelConfig, step: Step) -> None:
     """The Linear layers' bias gradients on the Triton column sum (engine option bias_kernel, configs with
-    biases: qkv, the attention's and the MLP's projections, the MLP's up-projection); in fp32 storage the
+    biases: qkv, the attention's and the MLP's projections, the MLP's up-projection); their weight gradients
+    on the split-K kernel (engine option wgrad_splitk: autocast steps and tf32); in fp32 storage the
     Linear on the Triton GEMM (engine option linear_precision) instead, forward, dx and dW."""
     from kernels.bias_linear import bias_grad
     from kernels.linear import linear
+    from kernels.wgrad import wgrad_add_
 
     C = cfg.n_embd
     if cfg.bias:
         for N in (3 * C, C, cfg.d_ff):
             bias_grad(_t(M, N, dtype=step.dt), F32)
+    if step.dt != F32 or step.prec == "tf32":
+        wgrad_add_(torch.zeros(cfg.d_ff, C), _t(M, cfg.d_ff, dtype=step.dt), _t(M, C, dtype=step.dt),
+                   "tf32" if step.dt == F32 else "ieee")
     if step.dt == F32 and step.triton_dot:
         b = _t(cfg.d_ff, grad=True) if cfg.bias else None
         _backward(linear(_t(GEMM_M, C, grad=True), _t(cfg.d_ff, C, grad=True), b, step.prec))
