@@ -141,7 +141,7 @@ def attention_bwd(
     sm_scale: float | None = None, input_precision: str = "ieee", block_m: int | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
     dq_out: torch.Tensor | None = None, dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None,
-    fuse_kv_split_sum: bool = False,
+    fuse_kv_split_sum: bool = False, kv_split: int | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for o, lse = attention_fwd(q, k, v, ...); dk, dv have k's shape (B, nkv, T, hs).
 
@@ -151,9 +151,16 @@ def attention_bwd(
     the most in shared memory and may get smaller tiles than the dQ kernel).
     ``fuse_kv_split_sum``: where the dK/dV kernel is split over query heads (MQA/GQA), sum its
     partials, cast and write them into dk/dv in one launch (:mod:`kernels.kv_split_sum`) instead
-    of PyTorch's sum, cast and copy for each of dK and dV.
+    of PyTorch's sum, cast and copy for each of dK and dV. ``kv_split``: how many programs share one
+    K/V head's query heads in the dK/dV kernel (a power of two dividing nh // nkv); None: enough for about
+    two programs per SM (``_kv_split``). 1 writes dk/dv directly, with no partials to sum.
     """
     _check_qkv(q, k, v, input_precision)
+    group = q.shape[1] // k.shape[1]
+    if kv_split is not None and (isinstance(kv_split, bool) or not isinstance(kv_split, int) or kv_split < 1
+                                 or kv_split & (kv_split - 1) or group % kv_split):
+        raise ValueError(f"kv_split={kv_split!r} must be a power of two dividing the {group} query heads per "
+                         "K/V head, or None")
     check_tensor("do", do, dtypes=(q.dtype,), ndim=4, contiguous=False)
     if do.shape != q.shape:
         raise ValueError(f"do shape {tuple(do.shape)} != q shape {tuple(q.shape)}")
@@ -180,7 +187,7 @@ def attention_bwd(
         )
 
     def launch_dkdv(t: Tiles) -> tuple[torch.Tensor, torch.Tensor, int]:
-        n_split = _kv_split(B, nkv, nh // nkv, triton.cdiv(T, t.block_n), q.device)
+        n_split = kv_split or _kv_split(B, nkv, nh // nkv, triton.cdiv(T, t.block_n), q.device)
         # With n_split > 1 the dK/dV kernel writes fp32 partials per split, summed below.
         part_dtype = k.dtype if n_split == 1 else accum_dtype(k.dtype)
         dk = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=k.device)

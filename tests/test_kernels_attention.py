@@ -166,3 +166,33 @@ def test_packed_attention_rejects_a_mismatched_width(kernel_device):
 
     with pytest.raises(ValueError, match="qkv must be"):
         packed_attention(torch.randn(1, 8, 100, device=kernel_device), 4, 1, 16)
+
+
+@pytest.mark.parametrize("kv_split", [1, 2, 4])
+def test_every_split_of_the_query_heads_gives_the_same_gradients(kv_split, kernel_device, monkeypatch):
+    """MQA's dK/dV with the shared K/V head's 4 query heads on 1, 2 or 4 programs: 1 writes dk/dv directly,
+    more write fp32 partials that are summed (on torch, or the fused sum)."""
+    import kernels.attention as A
+    from kernels.attention import attention_bwd, attention_fwd
+
+    # The split given is the split run: the launcher's own choice is not asked for.
+    monkeypatch.setattr(A, "_kv_split", lambda *a: pytest.fail("kv_split was given; _kv_split must not run"))
+
+    q, k, v, do = _inputs(2, 4, 1, 37, 32, torch.float32, kernel_device, seed=4)
+    _, *want = _reference(q, k, v, do)
+    o, lse = attention_fwd(q.detach(), k.detach(), v.detach(), **BLK)
+    for fused in (False, True):
+        dq, dk, dv = attention_bwd(do, q.detach(), k.detach(), v.detach(), o, lse, **BLK, kv_split=kv_split,
+                                   fuse_kv_split_sum=fused)
+        for got, ref in zip((dq, dk, dv), want):
+            assert _rel_err(got, ref) < 1e-5
+
+
+def test_a_split_that_does_not_divide_the_query_heads_is_refused(kernel_device):
+    from kernels.attention import attention_bwd, attention_fwd
+
+    q, k, v, do = _inputs(1, 4, 1, 16, 32, torch.float32, kernel_device)
+    o, lse = attention_fwd(q.detach(), k.detach(), v.detach(), **BLK)
+    for bad in (3, 8, 0, True):
+        with pytest.raises(ValueError, match="kv_split"):
+            attention_bwd(do, q.detach(), k.detach(), v.detach(), o, lse, kv_split=bad)
