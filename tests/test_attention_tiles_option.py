@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from call_spy import record_calls
 
 from ftlib.harness.engine_check import pattern_batches
 from ftlib.model.config import preset
@@ -37,19 +38,11 @@ def test_tiles_are_parsed_per_pass_and_bad_text_is_refused():
 def test_named_tiles_reach_the_launchers_and_train_like_the_chosen_ones(kernel_device, monkeypatch):
     import kernels.attention as A
 
-    seen: dict[str, set] = {"fwd": set(), "bwd": set()}
-    fwd, bwd = A.attention_fwd, A.attention_bwd
+    def tiles_of(a: dict) -> tuple:
+        return a.get("block_m"), a.get("block_n"), a.get("num_warps"), a.get("num_stages")
 
-    def spy_fwd(*args, **kw):
-        seen["fwd"].add((kw.get("block_m"), kw.get("block_n"), kw.get("num_warps"), kw.get("num_stages")))
-        return fwd(*args, **kw)
-
-    def spy_bwd(*args, **kw):
-        seen["bwd"].add((kw.get("block_m"), kw.get("block_n"), kw.get("num_warps"), kw.get("num_stages")))
-        return bwd(*args, **kw)
-
-    monkeypatch.setattr(A, "attention_fwd", spy_fwd)
-    monkeypatch.setattr(A, "attention_bwd", spy_bwd)
+    seen = {"fwd": record_calls(monkeypatch, A, "attention_fwd", tiles_of),
+            "bwd": record_calls(monkeypatch, A, "attention_bwd", tiles_of)}
     batches = pattern_batches(FT1.vocab_size, B, T, 3, seed=2, device=kernel_device)
     losses = {}
     for tiles in (None, "fwd 16x16 w2 s1; bwd 16x16 w4 s1"):

@@ -3,10 +3,9 @@ backward's launcher (its rows apart from the forward's), and the step trains as 
 
 from __future__ import annotations
 
-import inspect
-
 import pytest
 import torch
+from call_spy import record_calls
 
 from ftlib.harness.engine_check import pattern_batches
 from ftlib.model.config import preset
@@ -38,20 +37,9 @@ def test_the_named_grid_reaches_the_backward_and_trains_like_the_default(kernel_
     import kernels.residual_norm as R
     from kernels._common import RowGrid
 
-    seen: dict[str, set] = {"fwd": set(), "bwd": set()}
-    fwd, bwd = R.add_norm_fwd, R.add_norm_bwd
-
-    def spy_fwd(*args, **kw):
-        seen["fwd"].add(inspect.signature(fwd).bind(*args, **kw).arguments.get("rows", R.ROWS))
-        return fwd(*args, **kw)
-
-    def spy_bwd(*args, **kw):
-        a = inspect.signature(bwd).bind(*args, **kw).arguments
-        seen["bwd"].add((a.get("rows", R.ROWS), a.get("programs"), a.get("dw_partials")))
-        return bwd(*args, **kw)
-
-    monkeypatch.setattr(R, "add_norm_fwd", spy_fwd)
-    monkeypatch.setattr(R, "add_norm_bwd", spy_bwd)
+    seen = {"fwd": record_calls(monkeypatch, R, "add_norm_fwd", lambda a: a.get("rows", R.ROWS)),
+            "bwd": record_calls(monkeypatch, R, "add_norm_bwd",
+                                lambda a: (a.get("rows", R.ROWS), a.get("programs"), a.get("dw_partials")))}
     batches = pattern_batches(FT2.vocab_size, B, T, 3, seed=2, device=kernel_device)
     losses = {}
     for grid in (None, "8 rows 2/SM"):

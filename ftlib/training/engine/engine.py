@@ -152,7 +152,7 @@ class Engine:
         if self.options.fuse_mlp_act:  # last: it reads the Linears' bf16 shadows and gradient views
             low = self.prec.base.autocast is not None
             self.fused_mlps, self.notes["fuse_mlp_act"] = fuse_mlps(self.model, low, self.prec.base.tf32,
-                                                                    kernels_runnable(dev))
+                                                                    self._triton_gemm_why_not(low))
         else:
             self.fused_mlps = 0
 
@@ -230,13 +230,14 @@ class Engine:
     def _grad_into_buffer(self) -> int:
         """The Linear layers write their weight gradients into the flat gradient themselves
         (``grad_into.py``); returns how many do."""
-        self.wgrad_splitk = False
+        self.wgrad_splitk = False  # whether some Linear adds its weight gradient with the split-K kernel
         if not self.options.grad_into_buffer:
             return 0
         low = self.prec.base.autocast is not None
         fp32_out = low and fp32_out_mm_available(self.device)
         add_wgrad = self._wgrad_splitk(low)
         n, left = grad_into_linears(self.model, self.flat_grad, self.spans, fp32_out, add_wgrad)
+        self.wgrad_splitk = add_wgrad is not None and n > 0
         if n == 0:
             self.notes["grad_into_buffer"] = ("not applied: no plain, bf16-shadow or bias-kernel Linear "
                                               "(the Triton GEMM's Linears keep their own backward)")
@@ -252,16 +253,22 @@ class Engine:
         (zeroed at the start of every step, so adding is writing), or None with a note saying why not."""
         if not self.options.wgrad_splitk:
             return None
-        why_not = kernels_runnable(self.device) or (
-            None if low or self.prec.base.tf32 else "not applied: strict fp32 keeps cuBLAS's FMA products")
+        why_not = self._triton_gemm_why_not(low)
         if why_not:
             self.notes["wgrad_splitk"] = why_not
             return None
         from kernels.wgrad import wgrad_add_
 
-        self.wgrad_splitk = True
         self.notes["wgrad_splitk"] = "weight gradients added by the split-K kernel (kernels/wgrad.py)"
         return partial(wgrad_add_, input_precision="ieee" if low else "tf32")
+
+    def _triton_gemm_why_not(self, low: bool) -> str | None:
+        """Why an option that moves a GEMM onto Triton (``fuse_mlp_act``, ``wgrad_splitk``) cannot apply to this
+        step, or None: no runnable kernels here, or strict fp32, whose products cuBLAS runs on the FMA units (a
+        Triton GEMM would change them rather than fuse around them)."""
+        return kernels_runnable(self.device) or (
+            None if low or self.prec.base.tf32
+            else "not applied: strict fp32 keeps cuBLAS's FMA products (bf16, fp16 and tf32 only)")
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -347,6 +354,7 @@ class Engine:
     def describe(self) -> dict[str, Any]:
         """What this engine runs, for result rows and the book."""
         o = self.options
+        dw_into = bool(o.norm_dw_into_buffer and self.fuse_residual_norm)  # atomic adds in the fused norm
         return {
             "kernels": [op for op in KERNEL_OPS if self.kernels[op]],
             "requested_off": [op for op in KERNEL_OPS if not self.requested[op]],
@@ -374,10 +382,10 @@ class Engine:
             "fuse_kv_split_sum": (o.fuse_kv_split_sum and self.kernels["attention"]
                                   and self.config.n_head > self.config.n_kv_head),
             "muon_grouped": self.muon is not None and self.muon.grouped,
-            "norm_dw_into_buffer": bool(o.norm_dw_into_buffer and self.fuse_residual_norm),
+            "norm_dw_into_buffer": dw_into,
             "fuse_mlp_act": self.fused_mlps > 0,
-            "wgrad_splitk": self.wgrad_splitk and self.grad_into > 0,
-            "norm_bwd_grid": o.norm_bwd_grid if o.norm_dw_into_buffer and self.fuse_residual_norm else None,
+            "wgrad_splitk": self.wgrad_splitk,
+            "norm_bwd_grid": o.norm_bwd_grid if dw_into else None,  # the grid of those atomic adds
             "loss_scale": self.optimizer.loss_scale_kind(),
             "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),
         }

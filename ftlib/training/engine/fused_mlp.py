@@ -60,12 +60,11 @@ class FusedMLP(MLP):
 
 
 def fuse_mlps(model: GPT, low_precision: bool, tf32: bool, why_not: str | None) -> tuple[int, str]:
-    """Every block's MLP onto :class:`FusedMLP` where it applies (``low_precision``: bf16 / fp16 autocast;
-    ``tf32``: fp32 storage with TF32 products); returns (how many, a note saying so)."""
+    """Every block's MLP onto :class:`FusedMLP` (``low_precision``: bf16 / fp16 autocast; ``tf32``: fp32
+    storage with TF32 products); returns (how many, a note saying so). ``why_not``: why the step cannot
+    take a Triton GEMM at all (no kernels here, strict fp32: the engine's ``_triton_gemm_why_not``)."""
     if why_not:
         return 0, why_not
-    if not (low_precision or tf32):
-        return 0, "not applied: strict fp32 keeps cuBLAS's FMA products (bf16, fp16 and tf32 only)"
     act = model.config.activation
     if act not in APPROXIMATE:
         return 0, f"not applicable: the MLP's activation is {act!r}, not GELU"

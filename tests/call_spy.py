@@ -1,0 +1,25 @@
+"""A test helper: record something about every call of a module's function while it still runs."""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+
+
+def record_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str,
+                 key: Callable[[dict[str, Any]], Any]) -> set:
+    """Replace ``module.name`` (for the test) by a wrapper that calls it and adds ``key(arguments)`` to the
+    returned set, ``arguments`` being the call's arguments bound to the function's parameters by name
+    (defaults left out)."""
+    real, seen = getattr(module, name), set()
+    signature = inspect.signature(real)
+
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        seen.add(key(signature.bind(*args, **kw).arguments))
+        return real(*args, **kw)
+
+    monkeypatch.setattr(module, name, wrapper)
+    return seen
