@@ -210,6 +210,22 @@ display(Markdown(kernelview.kernel_math("bias_linear")))
 display(Markdown(kernelview.kernel_math("causal_softmax")))
 
 # %% [markdown]
+# ### GPT-2's attention with its products fused, the probabilities still written
+# Around that softmax, GPT-2's attention runs two batched matrix products forward (q kᵀ and P v) and
+# four backward, on cuBLAS, which needs q, k, v and the output in head-major layout: the step copies
+# them there and back and concatenates the three gradients. Every (T, T) tensor in between (the
+# scores, the probabilities, their gradients) crosses memory. These three kernels keep what GPT-2
+# writes, P, and fuse the rest, FlashAttention-2's tiling with P stored instead of recomputed: the
+# forward takes each row's maximum and sum, then writes P (zeros above the diagonal, as GPT-2's masked
+# softmax writes them) and multiplies it by v as stored; the backward reads P back in two kernels,
+# with the softmax's row sums taken from P itself, as GPT-2's backward takes them. q, k and v are
+# read from the qkv projection's output and the result written in place, so the layout copies go
+# too. It is the engine option `fuse_softmax_matmuls`, on trial (below).
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("explicit_attention")))
+
+# %% [markdown]
 # ### Fused MQA attention
 # FlashAttention-2's forward and backward. The FastTransformer's single K/V head is read by
 # index from every query head (pointer arithmetic, `h // (nh // nkv)`), never expanded or
@@ -392,8 +408,10 @@ else:
 # gelu(z), backward the product through the down-projection is multiplied by gelu'(z) before it is
 # stored). It removes the two elementwise GELU kernels of every block, but its GEMMs are slower than
 # cuBLAS's at these shapes by more than the GELU kernels cost, and by far more with TF32 products.
-# `wgrad_splitk` never went on trial: its kernel lost to cuBLAS's on its own (section 2). The table
-# shows each trial; the lines under it say which options are defaults now.
+# `wgrad_splitk` never went on trial: its kernel lost to cuBLAS's on its own (section 2).
+# `fuse_softmax_matmuls` (GPT-2's attention on the kernels of section 2 that write P and fuse the
+# products around it) is on trial for GPT-2 as written, the one model whose attention it changes. The
+# table shows each trial; the lines under it say which options are defaults now.
 
 # %%
 cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)

@@ -153,18 +153,19 @@ def choose_tiles(kernel: str, head_size: int, dtype: torch.dtype, T: int, limits
                             f"{limits.label()}; keep attention on PyTorch's SDPA there")
 
 
-# (kernel, device, head size, dtype, T's tile cap, limits) -> the tiles that loaded.
+# (family, kernel, device, head size, dtype, T's tile cap, limits) -> the tiles that loaded.
 _CHOSEN: dict[tuple, Tiles] = {}
 
 
 def tiles_to_try(kernel: str, head_size: int, dtype: torch.dtype, T: int, device: torch.device,
-                explicit: Tiles | None) -> tuple[tuple | None, list[Tiles]]:
+                explicit: Tiles | None, family: str = "flash") -> tuple[tuple | None, list[Tiles]]:
     """(cache key, tiles to try in order): the explicit tiles alone; else the cached choice; else
-    :func:`tile_order` for the device."""
+    :func:`tile_order` for the device. ``family``: whose kernels these are ('flash', or 'explicit' for
+    ``kernels.explicit_attention``'s, estimated as the flash kernel of the same role), kept apart in the cache."""
     if explicit is not None:
         return None, [explicit]
     limits = device_limits(device)
-    key = (kernel, str(device), head_size, dtype, candidate_tiles(T)[0], limits)
+    key = (family, kernel, str(device), head_size, dtype, candidate_tiles(T)[0], limits)
     if key in _CHOSEN:
         return key, [_CHOSEN[key]]
     return key, tile_order(kernel, head_size, dtype, T, limits)

@@ -44,6 +44,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # The MLPs' GELU in the GEMM epilogues (GELU of z as stored in bf16, as unfused).
     *(("bf16", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
     *(("tf32", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
+    # GPT-2's explicit attention with the products fused around its softmax (the probabilities still written).
+    *((prec, "gpt2", {"fuse_softmax_matmuls": True}) for prec in ("bf16", "tf32")),
 )
 
 

@@ -242,30 +242,36 @@ def engine_variants() -> list[Case]:
     return cases
 
 
-# (label suffix, engine options) of each option on trial; an option waiting for a trial goes here.
-# grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer and norm_bwd_grid won theirs and are defaults
-# now; the 16-programs-per-SM grids and fuse_mlp_act (the MLP's GELU in the epilogues of a Triton GEMM)
-# lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py)
-# never went on trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
-CANDIDATES: tuple[tuple[str, dict[str, Any]], ...] = ()
+# (label suffix, engine options, the base cases it applies to) of each option on trial; an option waiting
+# for a trial goes here. grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer and norm_bwd_grid won
+# theirs and are defaults now; the 16-programs-per-SM grids and fuse_mlp_act (the MLP's GELU in the epilogues
+# of a Triton GEMM) lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk
+# (kernels/wgrad.py) never went on trial: its kernel lost to cuBLAS's on its own
+# (benchmarks/kernels/wgrad_dev.py). fuse_softmax_matmuls changes GPT-2's explicit attention only.
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = (
+    (" +fuse-softmax-matmuls", {"fuse_softmax_matmuls": True}, ("gpt2",)),
+)
 
 
 def engine_candidates() -> list[Case]:
     """Engine options built but not yet measured, each beside the default engine it would change, both
     in the same run: per precision and model (GPT-2 also with the attention kernel), the default
-    case, then one case per candidate option. An option that wins becomes a default (its ablation then
-    joins ``engine``); one that loses leaves this list. Rows go to their own file, so ``engine``'s keys
-    and its table in chapter 6 stay as they are; chapter 6 shows these beside it
-    (``ftlib.views.engine.candidate_table``).
+    case, then one case per candidate option that applies to it; a default case no candidate applies
+    to is left out. An option that wins becomes a default (its ablation then joins ``engine``); one
+    that loses leaves this list. Rows go to their own file, so ``engine``'s keys and its table in
+    chapter 6 stay as they are; chapter 6 shows these beside it (``ftlib.views.engine.candidate_table``).
     """
-    if not CANDIDATES:  # no option on trial: the suite has no cases
-        return []
     configs = headline_models()
     bases = [("fasttransformer", "fasttransformer", {}), ("gpt2", "gpt2", {}),
              ("gpt2 +flash-attn", "gpt2", {"attention_for_explicit": True})]
-    return [Case(label + suffix, configs[name], HEADLINE_B, HEADLINE_T, "engine", prec, {**base, **extra})
-            for prec in ("bf16", "tf32") for label, name, base in bases
-            for suffix, extra in [("", {}), *CANDIDATES]]
+    cases = []
+    for prec in ("bf16", "tf32"):
+        for label, name, base in bases:
+            mine = [(suffix, extra) for suffix, extra, on in CANDIDATES if label in on]
+            if mine:
+                cases += [Case(label + suffix, configs[name], HEADLINE_B, HEADLINE_T, "engine", prec,
+                               {**base, **extra}) for suffix, extra in [("", {}), *mine]]
+    return cases
 
 
 # Suites whose compile time is not what they measure compile against shared caches

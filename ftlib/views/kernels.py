@@ -28,12 +28,13 @@ from ftlib.views.tables import records, table_view
 BENCH = "kernels"
 # The kernel benchmark's ops the chapter's table shows, in its order.
 KERNEL_TABLE_OPS = ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_rmsnorm",
-                    "residual_layernorm", "bias_grad", "gelu_mlp", "wgrad")
+                    "residual_layernorm", "bias_grad", "gelu_mlp", "wgrad", "explicit_attention")
 OP_NAMES = {"rmsnorm": "RMSNorm fwd+bwd", "layernorm": "LayerNorm fwd+bwd", "cross_entropy": "cross-entropy fwd+bwd",
             "adamw": "AdamW step", "attention": "causal attention fwd+bwd",
             "residual_rmsnorm": "residual add + RMSNorm fwd+bwd",
             "residual_layernorm": "residual add + LayerNorm fwd+bwd", "bias_grad": "bias gradient (column sum)",
-            "gelu_mlp": "MLP fwd+bwd, GELU in the GEMM epilogues", "wgrad": "weight gradient dY^T X into fp32"}
+            "gelu_mlp": "MLP fwd+bwd, GELU in the GEMM epilogues", "wgrad": "weight gradient dY^T X into fp32",
+            "explicit_attention": "GPT-2's attention fwd+bwd, P written"}
 CEILING_NAMES = {"copy": "bandwidth", "matmul fp32": "fp32", "matmul tf32": "tf32", "matmul bf16": "bf16"}
 KERNELS_DIR = repo_root() / "kernels"
 
@@ -84,6 +85,8 @@ def case_label(r: dict[str, Any]) -> str:
     s, dt = r.get("shape") or {}, r.get("dtype", "")
     if r.get("op") == "attention":
         return f"B={s.get('B')} nh={s.get('nh')} nkv={s.get('nkv')} T={s.get('T')} hs={s.get('hs')} {dt}"
+    if r.get("op") == "explicit_attention":  # multi-head: no nkv
+        return f"B={s.get('B')} nh={s.get('nh')} T={s.get('T')} hs={s.get('hs')} {dt}"
     if r.get("op") == "adamw":
         return f"{s.get('n_params', 0):,} params x{s.get('steps')} steps {dt}"
     if r.get("op") == "gelu_mlp":

@@ -45,6 +45,7 @@ from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_paramete
 from ftlib.training.engine.fused_mlp import fuse_mlps
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import (
+    FUSED_WITH_PRODUCTS,
     FusedAddNorm,
     fuse_residual_dropout_,
     grad_into_linears,
@@ -375,6 +376,7 @@ class Engine:
             "bf16_norm_out": self.norm_out_dtype is not None,
             "bf16_weights": self.flat_param16 is not None,
             "fused_softmax": self.notes.get("softmax", "").startswith("scale"),
+            "fuse_softmax_matmuls": FUSED_WITH_PRODUCTS in self.notes.get("softmax", ""),
             "grad_into_buffer": self.grad_into > 0,
             # Where an RMSNorm or fused residual-norm backward runs (the LayerNorm kernel's is always persistent).
             "norm_dw_partials": o.norm_dw_partials if self.fuse_residual_norm or self.kernels["rmsnorm"] else None,

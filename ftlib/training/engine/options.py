@@ -82,6 +82,11 @@ class EngineOptions:
         True, "the fused dropout draws one Philox call per 4 columns (False: one per element)", keyless=False)
     fused_softmax: bool = _option(
         True, "for explicit attention kept as written: scale, causal mask and softmax in one kernel each way")
+    fuse_softmax_matmuls: bool = _option(
+        False, "for explicit attention kept as written (GPT-2): q k^T, the scale, mask and softmax, and P v in one "
+               "kernel forward, the (B, nh, T, T) probabilities still written and read back by the backward's two "
+               "kernels (kernels/explicit_attention.py), instead of cuBLAS batched GEMMs around the fused softmax "
+               "with their layout copies")
     grad_into_buffer: bool = _option(
         True, "each Linear's backward writes its weight gradient into that weight's view of the flat gradient "
                "(one GEMM; under bf16/fp16 with an fp32 output where CUDA has it) instead of autograd adding a "

@@ -17,7 +17,6 @@ a bf16 copy) and :func:`grad_into_linears` (Linear weight gradients written into
 
 from __future__ import annotations
 
-import math
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -25,12 +24,15 @@ from functools import partial
 
 import torch
 import torch.nn as nn
-import torch.nn.functional as F
 
 from ftlib.core.device import DeviceInfo
-from ftlib.model.attention import CausalSelfAttention
 from ftlib.model.gpt import GPT
 from ftlib.model.norm import LayerNorm, RMSNorm
+from ftlib.training.engine.attention import (
+    FusedExplicitSelfAttention,
+    FusedSoftmaxSelfAttention,
+    KernelCausalSelfAttention,
+)
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 
 # Head sizes the attention kernel takes (tl.dot needs a power of two in [16, 128]).
@@ -58,78 +60,6 @@ def triton_dot_blocked(info: DeviceInfo | None, dot: str) -> str | None:
         return None
     return (f"not applied: Triton's tl.dot has no tensor cores for {dot} on {info.label()} "
             "(FMA arithmetic below sm_80)")
-
-
-class KernelCausalSelfAttention(nn.Module):
-    """``CausalSelfAttention`` with its attention core on the Triton kernel, taking over its ``qkv``
-    and ``proj`` Linears and dropout. K and V stay (B, nkv, T, hs) strided views of the qkv output:
-    the kernel maps query head h to K/V head h // (nh // nkv) by pointer arithmetic, so MQA/GQA needs
-    no expand and no copy."""
-
-    def __init__(self, attn: CausalSelfAttention, input_precision: str, layout: str = "heads",
-                 fuse_kv_split_sum: bool = False, tiles: str | None = None) -> None:
-        super().__init__()
-        from kernels.attention import TritonCausalAttention
-        from kernels.tiles import parse_tiles
-
-        self.n_head, self.n_kv_head, self.head_size = attn.n_head, attn.n_kv_head, attn.head_size
-        self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
-        # Tiles chosen per kernel by the launchers from the device's shared memory (kernels.tiles),
-        # unless ``tiles`` names them per pass (the packed layout only).
-        self.core = TritonCausalAttention(input_precision, fuse_kv_split_sum=fuse_kv_split_sum)
-        self.layout = layout
-        named = parse_tiles(tiles) if tiles else {}
-        self.fwd_tiles, self.bwd_tiles = named.get("fwd"), named.get("bwd")
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.layout == "packed":
-            from kernels.attention import packed_attention
-
-            y = packed_attention(self.qkv(x), self.n_head, self.n_kv_head, self.head_size,
-                                 self.core.input_precision, self.fwd_tiles, self.bwd_tiles,
-                                 self.core.fuse_kv_split_sum)  # (B, T, C)
-            return self.resid_dropout(self.proj(y))
-        B, T, C = x.shape
-        kv_dim = self.n_kv_head * self.head_size
-        q, k, v = self.qkv(x).split([C, kv_dim, kv_dim], dim=-1)
-        q = q.view(B, T, self.n_head, self.head_size).transpose(1, 2)  # (B, nh, T, hs), a view
-        k = k.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)  # (B, nkv, T, hs), a view
-        v = v.view(B, T, self.n_kv_head, self.head_size).transpose(1, 2)  # (B, nkv, T, hs), a view
-        y = self.core(q, k, v)  # (B, nh, T, hs), contiguous
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C), heads side by side
-        return self.resid_dropout(self.proj(y))
-
-
-class FusedSoftmaxSelfAttention(nn.Module):
-    """GPT-2's explicit attention as written (the (B, nh, T, T) probabilities materialized for
-    ``att @ v``) with scale, causal mask and softmax in one Triton kernel each way
-    (``kernels/causal_softmax.py``), the fusion torch.compile makes of the same three ops.
-    ``out_dtype``: the dtype the probabilities are written in (bf16 under bf16 autocast, what the
-    ``att @ v`` matmul would cast them to; None keeps the scores' dtype)."""
-
-    def __init__(self, attn: CausalSelfAttention, out_dtype: torch.dtype | None = None) -> None:
-        super().__init__()
-        from kernels.causal_softmax import CausalSoftmax
-
-        self.n_head, self.n_kv_head, self.head_size = attn.n_head, attn.n_kv_head, attn.head_size
-        self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
-        self.attn_dropout_p = attn.dropout
-        self.softmax = CausalSoftmax(1.0 / math.sqrt(self.head_size))
-        self.out_dtype = out_dtype
-
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
-        B, T, C = x.shape
-        nh, nkv, hs = self.n_head, self.n_kv_head, self.head_size
-        q, k, v = self.qkv(x).split([C, nkv * hs, nkv * hs], dim=-1)
-        q = q.view(B, T, nkv, nh // nkv, hs).permute(0, 2, 3, 1, 4)  # (B, nkv, r, T, hs)
-        k = k.view(B, T, nkv, hs).transpose(1, 2).unsqueeze(2)  # (B, nkv, 1, T, hs)
-        v = v.view(B, T, nkv, hs).transpose(1, 2).unsqueeze(2)  # (B, nkv, 1, T, hs)
-        att = self.softmax(q @ k.transpose(-2, -1), self.out_dtype)  # (B, nkv, r, T, T)
-        if self.training and self.attn_dropout_p > 0:
-            att = F.dropout(att, p=self.attn_dropout_p)
-        y = (att @ v).reshape(B, nh, T, hs)  # (B, nh, T, hs)
-        y = y.transpose(1, 2).contiguous().view(B, T, C)  # (B, T, C), heads side by side
-        return self.resid_dropout(self.proj(y))
 
 
 class FusedAddNorm(nn.Module):
@@ -293,16 +223,41 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
             blk.attn = KernelCausalSelfAttention(blk.attn, prec.fp32_dot, options.attention_layout,
                                                  options.fuse_kv_split_sum, options.attention_tiles)
         out.applied["attention"] = True
-    elif options.fused_softmax and cfg.attn_impl == "explicit" and not cfg.qk_norm:
-        # The explicit softmax kept, as written, with its three elementwise passes fused.
+    elif (options.fused_softmax or options.fuse_softmax_matmuls) and cfg.attn_impl == "explicit" and not cfg.qk_norm:
+        # The explicit softmax kept, as written, with its three elementwise passes fused, and with
+        # fuse_softmax_matmuls the products on either side of it too.
         if why_not:
             out.notes["softmax"] = why_not
         elif not any_kernel:
             out.notes["softmax"] = "off: every kernel is switched off (use_kernels=False)"
         else:
-            for blk in model.blocks:
-                blk.attn = FusedSoftmaxSelfAttention(blk.attn, prec.low_dtype)
-            out.notes["softmax"] = "scale + causal mask + softmax fused (kernels/causal_softmax.py)"
+            unfit = _explicit_kernel_why_not(cfg, prec, info) if options.fuse_softmax_matmuls else None
+            if options.fuse_softmax_matmuls and unfit is None:
+                for blk in model.blocks:
+                    blk.attn = FusedExplicitSelfAttention(blk.attn, prec.low_dtype, prec.fp32_dot)
+                out.notes["softmax"] = (f"scale + causal mask + softmax {FUSED_WITH_PRODUCTS}, the probabilities "
+                                        "still written (kernels/explicit_attention.py)")
+            elif options.fused_softmax:
+                for blk in model.blocks:
+                    blk.attn = FusedSoftmaxSelfAttention(blk.attn, prec.low_dtype)
+                out.notes["softmax"] = "scale + causal mask + softmax fused (kernels/causal_softmax.py)"
+            else:
+                out.notes["softmax"] = "not fused (fused_softmax=False)"
+            if unfit:
+                out.notes["softmax"] += f"; fuse_softmax_matmuls {unfit}"
+
+
+# How the "softmax" note says the products were fused with it (Engine.describe reads it).
+FUSED_WITH_PRODUCTS = "fused with the products around it (q k^T, P v)"
+
+
+def _explicit_kernel_why_not(cfg, prec: StepPrecision, info: DeviceInfo | None) -> str | None:
+    """Why GPT-2's explicit attention cannot run on kernels/explicit_attention.py (None: it can)."""
+    if cfg.head_size not in ATTN_HEAD_SIZES:
+        return f"not applicable: head size {cfg.head_size} not in {ATTN_HEAD_SIZES}"
+    if cfg.attn_dropout_p > 0:
+        return f"not applicable: the kernel has no attention dropout (attention dropout {cfg.attn_dropout_p})"
+    return triton_dot_blocked(info, prec.attention_dot)
 
 
 def _swap_linears(model: GPT, options: EngineOptions, prec: StepPrecision, info: DeviceInfo | None,

@@ -1,0 +1,187 @@
+"""GPT-2's explicit attention, its (B, nh, T, T) probabilities written, in three kernels.
+
+kernels (:mod:`kernels.explicit_attention_kernels`, where the algorithm is stated) -> launchers
+(``explicit_attention_fwd``, ``explicit_attention_bwd``) -> ``ExplicitPackedAttentionFunction`` ->
+:func:`explicit_attention_packed`. References: :func:`ftlib.model.reference.causal_attention_ref`
+for the output and the gradients, :func:`ftlib.model.attention.causal_softmax_ref` for P.
+
+Why: GPT-2 as written materializes the softmax (its definition of the model, kept by the book's
+GPT-2 baseline), and on PyTorch ops each (T, T) tensor around it (the scores, the probabilities, their
+gradients) crosses memory several times, with layout copies for the batched GEMMs on strided q, k, v.
+These kernels keep what GPT-2 writes, P, and fuse everything else: the products with K and V read q,
+k, v straight from the packed qkv projection and write the output (B, T, C) and d(qkv) in place.
+
+Tiles: as the flash-attention kernels choose theirs (``kernels/tiles.py``; the operand tiles are the
+same, the stored P tile is registers forward and one more tile load backward), under their own cache
+entries (``family='explicit'``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn as nn
+import triton
+
+from kernels._common import accum_dtype, check_tensor, compute_dtype
+from kernels.attention import _check_qkv, _packed_views, _prec, _upcast
+from kernels.explicit_attention_kernels import (
+    _explicit_attn_bwd_dkdv_kernel,
+    _explicit_attn_bwd_dq_kernel,
+    _explicit_attn_fwd_kernel,
+)
+from kernels.tiles import Tiles, launch_tiled, tiles_to_try
+
+LOG2E = 1.4426950408889634
+FAMILY = "explicit"  # the tile cache's name for these kernels (kernels.tiles.tiles_to_try)
+
+
+def _out_view(name: str, t: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype,
+              device: torch.device) -> torch.Tensor:
+    """``t`` checked as a destination of ``shape`` and ``dtype`` with a unit last stride, or a new tensor."""
+    if t is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if tuple(t.shape) != shape or t.dtype != dtype or t.stride(-1) != 1:
+        raise ValueError(f"{name} must be {shape} {dtype} with a unit last stride; got {tuple(t.shape)} {t.dtype} "
+                         f"strides {t.stride()}")
+    return t
+
+
+def explicit_attention_fwd(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_dtype: torch.dtype | None = None,
+    input_precision: str = "ieee", tiles: Tiles | None = None, out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(o (B, nh, T, hs), p (B, nh, T, T)) with p = softmax(q k^T / sqrt(hs) + causal mask), zeros above the
+    diagonal, stored in ``p_dtype`` (None: q's dtype; bf16 under bf16 autocast, what GPT-2's ``att @ v``
+    casts it to), and o = p v from p as stored. q (B, nh, T, hs) and k, v (B, nkv, T, hs) may be strided
+    views (unit last stride); ``out``: a strided view to write o into (e.g. of the (B, T, C) output).
+    ``input_precision``: the products' tl.dot precision for fp32 operands ('ieee', 'tf32', 'tf32x3')."""
+    _check_qkv(q, k, v, input_precision)
+    B, nh, T, hs = q.shape
+    nkv = k.shape[1]
+    p_dtype = q.dtype if p_dtype is None else p_dtype
+    if p_dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
+        raise TypeError(f"p_dtype {p_dtype} is not a float dtype the kernels store")
+    o = _out_view("out", out, (B, nh, T, hs), q.dtype, q.device)
+    p = torch.empty((B, nh, T, T), dtype=p_dtype, device=q.device)
+    if B * nh * T == 0:
+        return o, p
+
+    def launch(t: Tiles) -> None:
+        _explicit_attn_fwd_kernel[(triton.cdiv(T, t.block_m), B * nh)](
+            q, k, v, o, p, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+            nh, T, LOG2E / math.sqrt(hs), nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+            PREC=_prec(q.dtype, input_precision), UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype),
+            num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+
+    key, order = tiles_to_try("fwd", hs, q.dtype, T, q.device, tiles, family=FAMILY)
+    launch_tiled("fwd", launch, order, key)
+    return o, p
+
+
+def explicit_attention_bwd(
+    do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor,
+    input_precision: str = "ieee", tiles: Tiles | None = None, dq_out: torch.Tensor | None = None,
+    dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(dq, dk, dv) for _, p = explicit_attention_fwd(q, k, v, ...), from the stored p (never recomputed; the
+    output is not needed: the softmax backward's row sums come from p and dP).
+    ``dq_out``/``dk_out``/``dv_out``: strided views to write into (e.g. of one packed d(qkv) buffer)."""
+    _check_qkv(q, k, v, input_precision)
+    B, nh, T, hs = q.shape
+    nkv = k.shape[1]
+    check_tensor("do", do, dtypes=(q.dtype,), ndim=4, contiguous=False)
+    check_tensor("p", p, ndim=4)
+    if do.shape != q.shape or do.stride(-1) != 1:
+        raise ValueError(f"do must be {tuple(q.shape)} with a unit last stride; got {tuple(do.shape)} strides "
+                         f"{do.stride()}")
+    if tuple(p.shape) != (B, nh, T, T):
+        raise ValueError(f"p must be (B, nh, T, T) = {(B, nh, T, T)}, got {tuple(p.shape)}")
+    dq = _out_view("dq_out", dq_out, (B, nh, T, hs), q.dtype, q.device)
+    dk = _out_view("dk_out", dk_out, (B, nkv, T, hs), k.dtype, k.device)
+    dv = _out_view("dv_out", dv_out, (B, nkv, T, hs), v.dtype, v.device)
+    if B * nh * T == 0:
+        return dq, dk.zero_(), dv.zero_()
+    delta = torch.empty((B, nh, T), dtype=accum_dtype(q.dtype), device=q.device)
+    prec, upcast, cd = _prec(q.dtype, input_precision), _upcast(q.dtype), compute_dtype(q.dtype)
+    sm_scale = 1.0 / math.sqrt(hs)
+
+    def launch_dq(t: Tiles) -> None:  # first: it also writes D = rowsum(P * dP) for the dK/dV kernel
+        _explicit_attn_bwd_dq_kernel[(triton.cdiv(T, t.block_m), B * nh)](
+            k, v, do, p, delta, dq, *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
+            *dq.stride()[:3], nh, T, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+            PREC=prec, UPCAST=upcast, CD=cd, num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+
+    def launch_dkdv(t: Tiles) -> None:
+        _explicit_attn_bwd_dkdv_kernel[(triton.cdiv(T, t.block_n), B * nkv)](
+            q, v, do, p, delta, dk, dv, *q.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3],
+            *dv.stride()[:3], nh, nkv, T, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
+            PREC=prec, UPCAST=upcast, CD=cd, num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+
+    key, order = tiles_to_try("bwd_dq", hs, q.dtype, T, q.device, tiles, family=FAMILY)
+    launch_tiled("bwd_dq", launch_dq, order, key)
+    key, order = tiles_to_try("bwd_dkdv", hs, q.dtype, T, q.device, tiles, family=FAMILY)
+    launch_tiled("bwd_dkdv", launch_dkdv, order, key)
+    return dq, dk, dv
+
+
+class ExplicitPackedAttentionFunction(torch.autograd.Function):
+    """From the packed qkv projection (B, T, C + 2 nkv hs) to the (B, T, C) output and back: q, k, v are
+    read as strided views, o is written through a (B, nh, T, hs) view of the output and dq, dk, dv
+    through views of one d(qkv) buffer, so no layout copy runs either way. Saves qkv and P."""
+
+    @staticmethod
+    def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int,
+                p_dtype: torch.dtype | None = None, input_precision: str = "ieee") -> torch.Tensor:
+        B, T, _ = qkv.shape
+        q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
+        y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
+        o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
+        _, p = explicit_attention_fwd(q, k, v, p_dtype, input_precision, out=o)
+        ctx.save_for_backward(qkv, p)
+        ctx.cfg = (n_head, n_kv_head, head_size, input_precision)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        qkv, p = ctx.saved_tensors
+        nh, nkv, hs, prec = ctx.cfg
+        B, T, _ = qkv.shape
+        q, k, v = _packed_views(qkv, nh, nkv, hs)
+        do = dy.contiguous().view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view (dy is contiguous here)
+        dqkv = torch.empty_like(qkv)
+        dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
+        explicit_attention_bwd(do, q, k, v, p, prec, dq_out=dq, dk_out=dk, dv_out=dv)
+        return dqkv, None, None, None, None, None
+
+
+def explicit_attention_packed(
+    qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
+    input_precision: str = "ieee",
+) -> torch.Tensor:
+    """GPT-2's explicit causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C),
+    its probabilities written in ``p_dtype`` (None: qkv's dtype) as :func:`explicit_attention_fwd` says."""
+    if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
+        raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
+                         f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
+                         f"{tuple(qkv.shape)} strides {qkv.stride()}")
+    return ExplicitPackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, p_dtype, input_precision)
+
+
+class TritonExplicitAttention(nn.Module):
+    """Thin module over :func:`explicit_attention_packed` (no parameters: the projections stay with the
+    attention block that owns them)."""
+
+    def __init__(self, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
+                 input_precision: str = "ieee") -> None:
+        super().__init__()
+        self.n_head, self.n_kv_head, self.head_size = n_head, n_kv_head, head_size
+        self.p_dtype, self.input_precision = p_dtype, input_precision
+
+    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        return explicit_attention_packed(qkv, self.n_head, self.n_kv_head, self.head_size, self.p_dtype,
+                                         self.input_precision)

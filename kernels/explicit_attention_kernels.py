@@ -1,0 +1,199 @@
+"""GPT-2's explicit attention with its probabilities written, fused with the two products around them.
+
+GPT-2 as written (Radford et al. 2019; nanoGPT's ``CausalSelfAttention`` without flash) computes
+
+    S = q k^T,  P = softmax(scale * S + causal mask)  (written: (B, nh, T, T)),  O = P v
+
+and its backward from the stored P (the softmax Jacobian, Bridle 1990):
+
+    dV = P^T dO,  dP = dO v^T,  dS = P * (dP - rowsum(P * dP)),  dq = scale * dS k,  dk = scale * dS^T q
+
+On PyTorch ops that is a batched GEMM writing S, a softmax kernel reading S and writing P, a batched
+GEMM reading P (and the layout copies the batched GEMMs need around strided q, k, v), and five more
+kernels backward, each moving a (T, T) tensor per head. Here the same function runs as three kernels,
+written after the FlashAttention-2 kernels (``kernels.attention_kernels``: the same tiling, grids and
+the same two-kernel backward without atomics) but with P stored as GPT-2 stores it and read back:
+
+* forward, one program per (query block, batch * head): pass 1 takes each row's max m and sum l over
+  the keys up to the diagonal (online, Milakov & Gimelshein 2018); pass 2 recomputes the scores,
+  writes P = exp(s - m) / l for every key (zeros above the diagonal, as GPT-2's masked softmax
+  writes them) and accumulates O = P v from P as stored (GPT-2 multiplies the stored P by v).
+* backward, dQ kernel, one program per (query block, batch * head), two passes over the key blocks:
+  D = rowsum(P * dP) from the stored P, as the softmax backward computes it (FlashAttention-2's
+  rowsum(dO * O), Dao 2023 sec. 3.1.2, is equal in exact arithmetic, but with P rounded to bf16 and O
+  stored in bf16 it is not the D of that P, and dS = P * (dP - D) cancels), then
+  dS = P * (dO v^T - D), dq += dS k.
+* backward, dK/dV kernel, one program per (key block, batch * kv head), over the group's query heads
+  and the query blocks at or after the key block: dV += P^T dO, dK += (P^T * (v dO^T - D)) q.
+
+The scores S, the gradients dP and dS never reach memory; P is written once and read back three times
+(its lower triangle: the upper one is known to be zero).
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from kernels.attention_kernels import _dot
+
+
+@triton.jit
+def _explicit_attn_fwd_kernel(
+    Q, K, V, Out, P,  # Q, Out: (B, nh, T, HS) strided; K, V: (B, nkv, T, HS) strided; P: (B, nh, T, T) contiguous
+    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
+    nh, T, qk_scale, group,  # qk_scale = softmax scale * log2(e); group = nh // nkv
+    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+):
+    """P and O for one (query block, batch * head). In base-2 units s2 = s * log2 e:
+
+        pass 1 (keys <= diagonal):  m = max_j s2_j,  l = sum_j exp2(s2_j - m)   (online)
+        pass 2 (every key):         P_j = exp2(s2_j - m) / l  (0 above the diagonal), stored;
+                                    O = sum_j P_j v_j  with P_j as stored (rounded to P's dtype)
+    """
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // nh).to(tl.int64)
+    h = bh % nh
+    kvh = (h // group).to(tl.int64)
+    h = h.to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HS)
+    row_ok = offs_m < T
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    k_base = K + b * skb + kvh * skh
+    v_base = V + b * svb + kvh * svh
+    p_rows = P + (b * nh + h) * T * T + offs_m[:, None].to(tl.int64) * T  # (BLOCK_M, 1) row starts
+
+    m_i = tl.full((BLOCK_M,), float("-inf"), CD)
+    l_i = tl.zeros((BLOCK_M,), CD)
+    hi = tl.minimum((start_m + 1) * BLOCK_M, T)  # causal: keys <= the block's last query
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kt = tl.load(k_base + cols[None, :] * skt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)  # (HS, BN)
+        s = _dot(q, kt, PREC, UPCAST).to(CD) * qk_scale  # (BLOCK_M, BLOCK_N)
+        s = tl.where((offs_m[:, None] >= cols[None, :]) & (cols[None, :] < T), s, float("-inf"))
+        m_new = tl.maximum(m_i, tl.max(s, axis=1))  # finite: key 0 is in the first block for every row
+        l_i = l_i * tl.exp2(m_i - m_new) + tl.sum(tl.exp2(s - m_new[:, None]), axis=1)
+        m_i = m_new
+    inv_l = 1.0 / l_i
+
+    acc = tl.zeros((BLOCK_M, HS), CD)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        kt = tl.load(k_base + cols[None, :] * skt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)
+        s = _dot(q, kt, PREC, UPCAST).to(CD) * qk_scale
+        keep = (offs_m[:, None] >= cols[None, :]) & (cols[None, :] < T)
+        p = tl.where(keep, tl.exp2(s - m_i[:, None]) * inv_l[:, None], 0.0).to(P.dtype.element_ty)
+        tl.store(p_rows + cols[None, :], p, mask=row_ok[:, None] & (cols[None, :] < T))
+        v = tl.load(v_base + cols[:, None] * svt + offs_d[None, :], mask=cols[:, None] < T, other=0.0)  # (BN, HS)
+        acc += _dot(p.to(v.dtype), v, PREC, UPCAST).to(CD)
+    zeros = tl.zeros((BLOCK_M, BLOCK_N), P.dtype.element_ty)
+    for start_n in range(tl.cdiv(hi, BLOCK_N) * BLOCK_N, T, BLOCK_N):  # key blocks above the diagonal
+        cols = start_n + offs_n
+        tl.store(p_rows + cols[None, :], zeros, mask=row_ok[:, None] & (cols[None, :] < T))
+    tl.store(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], acc.to(Out.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+@triton.jit
+def _explicit_attn_bwd_dq_kernel(
+    K, V, DO, P, DELTA, DQ,  # DELTA: (B, nh, T) written here, read by the dK/dV kernel
+    skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot, sdqb, sdqh, sdqt,
+    nh, T, sm_scale, group,
+    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+):
+    """dq for one (query block, batch * head) from the stored P, in two passes over the key blocks:
+
+        pass 1:  D = rowsum(P * dP) with dP = dO v^T   (stored for the dK/dV kernel)
+        pass 2:  dS = P * (dP - D),  dq = scale * dS k
+    """
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = (bh // nh).to(tl.int64)
+    h = bh % nh
+    kvh = (h // group).to(tl.int64)
+    h = h.to(tl.int64)
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = tl.arange(0, BLOCK_N)
+    offs_d = tl.arange(0, HS)
+    row_ok = offs_m < T
+    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    k_base = K + b * skb + kvh * skh
+    v_base = V + b * svb + kvh * svh
+    p_rows = P + (b * nh + h) * T * T + offs_m[:, None].to(tl.int64) * T
+    hi = tl.minimum((start_m + 1) * BLOCK_M, T)
+
+    delta = tl.zeros((BLOCK_M,), CD)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        keep = (offs_m[:, None] >= cols[None, :]) & (cols[None, :] < T) & row_ok[:, None]
+        p = tl.load(p_rows + cols[None, :], mask=keep, other=0.0).to(CD)  # (BLOCK_M, BLOCK_N), as stored
+        vt = tl.load(v_base + cols[None, :] * svt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)  # (HS, BN)
+        delta += tl.sum(p * _dot(do, vt, PREC, UPCAST).to(CD), axis=1)
+    tl.store(DELTA + (b * nh + h) * T + offs_m, delta, mask=row_ok)
+
+    dq = tl.zeros((BLOCK_M, HS), CD)
+    for start_n in range(0, hi, BLOCK_N):
+        cols = start_n + offs_n
+        keep = (offs_m[:, None] >= cols[None, :]) & (cols[None, :] < T) & row_ok[:, None]
+        p = tl.load(p_rows + cols[None, :], mask=keep, other=0.0).to(CD)
+        vt = tl.load(v_base + cols[None, :] * svt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)
+        ds = p * (_dot(do, vt, PREC, UPCAST).to(CD) - delta[:, None])
+        kt = tl.load(k_base + cols[None, :] * skt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)
+        dq += _dot(ds.to(kt.dtype), tl.trans(kt), PREC, UPCAST).to(CD)
+    dq = dq * sm_scale
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+@triton.jit
+def _explicit_attn_bwd_dkdv_kernel(
+    Q, V, DO, P, DELTA, DK, DV,  # DK, DV: (B, nkv, T, HS) strided
+    sqb, sqh, sqt, svb, svh, svt, sdob, sdoh, sdot, sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
+    nh, nkv, T, sm_scale, group,
+    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+):
+    """dk, dv for one (key block, batch * kv head), over the group's query heads and the query blocks
+    at or after the key block (causal), from the stored P read transposed:
+
+        dV += P^T dO,  dS^T = P^T * (v dO^T - D),  dK += scale * dS^T q
+    """
+    start_n = tl.program_id(0)
+    bk = tl.program_id(1)
+    b = (bk // nkv).to(tl.int64)
+    kvh = (bk % nkv).to(tl.int64)
+    offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_m0 = tl.arange(0, BLOCK_M)
+    offs_d = tl.arange(0, HS)
+    col_ok = offs_n < T
+    v = tl.load(V + b * svb + kvh * svh + offs_n[:, None] * svt + offs_d[None, :], mask=col_ok[:, None], other=0.0)
+    dk = tl.zeros((BLOCK_N, HS), CD)
+    dv = tl.zeros((BLOCK_N, HS), CD)
+    lo = (start_n * BLOCK_N // BLOCK_M) * BLOCK_M  # first query block that sees these keys
+    for g in range(0, group):
+        h = kvh * group + g
+        q_base = Q + b * sqb + h * sqh
+        do_base = DO + b * sdob + h * sdoh
+        row_base = (b * nh + h) * T
+        p_base = P + row_base * T
+        for start_m in range(lo, T, BLOCK_M):
+            offs_m = start_m + offs_m0
+            row_ok = offs_m < T
+            keep = (offs_m[None, :] >= offs_n[:, None]) & row_ok[None, :] & col_ok[:, None]
+            pt = tl.load(p_base + offs_m[None, :].to(tl.int64) * T + offs_n[:, None], mask=keep, other=0.0)  # (BN, BM)
+            do = tl.load(do_base + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            q = tl.load(q_base + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+            dv += _dot(pt.to(do.dtype), do, PREC, UPCAST).to(CD)
+            dst = pt.to(CD) * (_dot(v, tl.trans(do), PREC, UPCAST).to(CD) - delta[None, :])
+            dk += _dot(dst.to(q.dtype), q, PREC, UPCAST).to(CD)
+    dk = dk * sm_scale
+    tl.store(DK + b * sdkb + kvh * sdkh + offs_n[:, None] * sdkt + offs_d[None, :], dk.to(DK.dtype.element_ty),
+             mask=col_ok[:, None])
+    tl.store(DV + b * sdvb + kvh * sdvh + offs_n[:, None] * sdvt + offs_d[None, :], dv.to(DV.dtype.element_ty),
+             mask=col_ok[:, None])

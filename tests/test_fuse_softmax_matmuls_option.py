@@ -1,0 +1,65 @@
+"""The engine's ``fuse_softmax_matmuls`` option: GPT-2's explicit attention on kernels/explicit_attention.py
+(the products with K and V fused with the softmax, the probabilities still written). The step trains as
+with the fused softmax alone, parameter names do not change, and where it does not apply (attention
+dropout, the attention kernel already swapped in, a head size the kernels do not take) a note says why."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ftlib.harness.engine_check import pattern_batches
+from ftlib.model.config import preset
+from ftlib.training.engine import Engine, EngineOptions
+
+pytest.importorskip("triton")
+
+B, T = 2, 16
+GPT2 = preset("gpt2", n_layer=2, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
+GPT2_MQA = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)  # the explicit grid's MQA cell
+
+
+def _train(cfg, precision, device, **options):
+    eng = Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
+    batches = pattern_batches(cfg.vocab_size, B, T, 4, seed=2, device=device)
+    return eng, torch.stack([eng.step(x, y).detach().float().clone() for x, y in batches])
+
+
+@pytest.mark.parametrize("precision,tol", [("bf16", 3e-2), ("tf32", 1e-4), ("fp32", 1e-4)])
+@pytest.mark.parametrize("cfg", [GPT2, GPT2_MQA], ids=["gpt2", "gpt2-mqa"])
+def test_the_fused_attention_trains_like_the_fused_softmax(kernel_device, cfg, precision, tol):
+    from ftlib.training.engine.attention import FusedExplicitSelfAttention, FusedSoftmaxSelfAttention
+
+    on, losses_on = _train(cfg, precision, kernel_device, fuse_softmax_matmuls=True)
+    off, losses_off = _train(cfg, precision, kernel_device)
+    assert all(type(blk.attn) is FusedExplicitSelfAttention for blk in on.model.blocks)
+    assert all(type(blk.attn) is FusedSoftmaxSelfAttention for blk in off.model.blocks)
+    d_on, d_off = on.describe(), off.describe()
+    assert d_on["fuse_softmax_matmuls"] and d_on["fused_softmax"] and not d_off["fuse_softmax_matmuls"]
+    assert "probabilities still written" in d_on["notes"]["softmax"]
+    assert on.model.blocks[0].attn.core.p_dtype == (torch.bfloat16 if precision == "bf16" else None)
+    assert [n for n, _ in on.model.named_parameters()] == [n for n, _ in off.model.named_parameters()]
+    torch.testing.assert_close(losses_on, losses_off, rtol=tol, atol=tol)
+    assert torch.isfinite(losses_on).all()
+    for name, (o, size) in on.spans.items():  # the last step's gradients, parameter by parameter
+        g_on, g_off = on.flat_grad[o:o + size], off.flat_grad[o:o + size]
+        err = ((g_on - g_off).norm() / g_off.norm().clamp_min(1e-12)).item()
+        assert err < 10 * tol, (name, err)
+
+
+def test_where_it_does_not_apply_the_note_says_why(kernel_device):
+    from ftlib.training.engine.attention import FusedSoftmaxSelfAttention, KernelCausalSelfAttention
+
+    dropout = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T, attn_dropout=0.1)
+    eng, _ = _train(dropout, "fp32", kernel_device, fuse_softmax_matmuls=True)
+    assert type(eng.model.blocks[0].attn) is FusedSoftmaxSelfAttention
+    assert "no attention dropout" in eng.describe()["notes"]["softmax"] and not eng.describe()["fuse_softmax_matmuls"]
+    eng, _ = _train(dropout, "fp32", kernel_device, fuse_softmax_matmuls=True, fused_softmax=False)
+    assert eng.describe()["notes"]["softmax"].startswith("not fused")
+    big = preset("gpt2", n_layer=1, n_embd=96, n_head=2, n_kv_head=2, block_size=T)  # head size 48
+    eng, _ = _train(big, "fp32", kernel_device, fuse_softmax_matmuls=True)
+    assert "head size 48" in eng.describe()["notes"]["softmax"]
+    eng, _ = _train(GPT2, "fp32", kernel_device, fuse_softmax_matmuls=True, attention_for_explicit=True)
+    assert type(eng.model.blocks[0].attn) is KernelCausalSelfAttention  # the flash kernel took it
+    assert not eng.describe()["fuse_softmax_matmuls"]
+    assert EngineOptions().fuse_softmax_matmuls is False  # on trial, not a default

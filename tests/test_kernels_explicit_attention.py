@@ -1,0 +1,141 @@
+"""GPT-2's explicit attention in three kernels (kernels/explicit_attention.py) vs the references: the output
+and gradients against ftlib.model.reference.causal_attention_ref, the stored probabilities against
+ftlib.model.attention.causal_softmax_ref, in fp64 on the CPU; on kernel_device (tests/conftest.py)."""
+
+import pytest
+import torch
+
+pytest.importorskip("triton")
+
+from kernel_tolerance import assert_within_lowp_error  # noqa: E402
+
+from ftlib.model.attention import causal_softmax_ref  # noqa: E402
+from ftlib.model.reference import causal_attention_ref  # noqa: E402
+from kernels.explicit_attention import (  # noqa: E402
+    TritonExplicitAttention,
+    explicit_attention_bwd,
+    explicit_attention_fwd,
+    explicit_attention_packed,
+)
+from kernels.tiles import Tiles  # noqa: E402
+
+pytestmark = pytest.mark.kernels
+
+SMALL = Tiles(16, 16)  # T=37 spans 3 blocks, the last ragged
+
+
+def _inputs(B, nh, nkv, T, hs, dtype, device, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(device, dtype)  # noqa: E731
+    return mk(B, nh, T, hs), mk(B, nkv, T, hs), mk(B, nkv, T, hs), mk(B, nh, T, hs)
+
+
+def _reference(q, k, v, do):
+    """fp64 (o, dq, dk, dv) and P on the CPU from the same (rounded) inputs."""
+    qr, kr, vr = (t.detach().cpu().double().requires_grad_(True) for t in (q, k, v))
+    o = causal_attention_ref(qr, kr, vr)
+    grads = torch.autograd.grad(o, (qr, kr, vr), do.cpu().double())
+    kx = kr.detach().repeat_interleave(q.shape[1] // k.shape[1], 1)  # (B, nh, T, hs)
+    p = causal_softmax_ref(qr.detach() @ kx.transpose(-2, -1), q.shape[-1] ** -0.5)
+    return (o.detach(), *grads), p
+
+
+def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
+    return ((a.detach().cpu().double() - ref).abs().max() / ref.abs().max()).item()
+
+
+CASES = [(torch.float32, "ieee", 1e-5), (torch.float32, "tf32", 5e-3), (torch.bfloat16, "ieee", 3e-2)]
+GRID = [(32, nkv, *c) for nkv in (1, 4) for c in CASES] + [(64, 2, torch.float32, "ieee", 1e-5)]
+
+
+@pytest.mark.parametrize("hs,nkv,dtype,prec,tol", GRID)
+def test_matches_reference(hs, nkv, dtype, prec, tol, kernel_device):
+    q, k, v, do = _inputs(2, 4, nkv, 37, hs, dtype, kernel_device)
+    o, p = explicit_attention_fwd(q, k, v, input_precision=prec, tiles=SMALL)
+    grads = explicit_attention_bwd(do, q, k, v, p, prec, tiles=SMALL)
+    ref, p_ref = _reference(q, k, v, do)
+    assert p.shape == p_ref.shape and p.dtype == dtype and o.dtype == dtype
+    assert _rel_err(p, p_ref) < tol, f"P: relative error {_rel_err(p, p_ref):.2e}"
+    # Above the diagonal P is written, and written as zeros (GPT-2's masked softmax).
+    upper = torch.ones(37, 37, dtype=torch.bool).triu(1)
+    assert (p.cpu()[..., upper] == 0).all()
+    for name, got, want in zip(("o", "dq", "dk", "dv"), (o, *grads), ref):
+        assert got.shape == want.shape, name
+        assert _rel_err(got, want) < tol, f"{name}: relative error {_rel_err(got, want):.2e} >= {tol}"
+    if dtype == torch.bfloat16:
+        # Against PyTorch's own bf16 attention's error too (tests/kernel_tolerance.py), which a
+        # systematic error of a few percent fails.
+        low = [t.detach().cpu().requires_grad_(True) for t in (q, k, v)]
+        ol = causal_attention_ref(*low)
+        lows = (ol, *torch.autograd.grad(ol, low, do.cpu()))
+        for name, got, want, lowp in zip(("o", "dq", "dk", "dv"), (o, *grads), ref, lows):
+            assert_within_lowp_error(got, want, lowp, name)
+
+
+def test_unequal_tiles_and_short_sequences(kernel_device):
+    for T, tiles in ((37, Tiles(32, 16)), (37, Tiles(16, 32)), (5, SMALL), (16, SMALL)):
+        q, k, v, do = _inputs(1, 2, 1, T, 32, torch.float32, kernel_device, seed=T)
+        o, p = explicit_attention_fwd(q, k, v, tiles=tiles)
+        grads = explicit_attention_bwd(do, q, k, v, p, tiles=tiles)
+        ref, p_ref = _reference(q, k, v, do)
+        assert _rel_err(p, p_ref) < 1e-5, (T, tiles)
+        for name, got, want in zip(("o", "dq", "dk", "dv"), (o, *grads), ref):
+            assert _rel_err(got, want) < 1e-5, (T, tiles, name)
+
+
+def test_backward_reads_the_stored_probabilities(kernel_device):
+    """The backward uses P as stored, not a recomputation: scaling P's rows changes dV accordingly."""
+    q, k, v, do = _inputs(1, 2, 2, 37, 32, torch.float64, kernel_device)
+    o, p = explicit_attention_fwd(q, k, v, tiles=SMALL)
+    _, _, dv = explicit_attention_bwd(do, q, k, v, p, tiles=SMALL)
+    _, _, dv2 = explicit_attention_bwd(do, q, k, v, 2 * p, tiles=SMALL)
+    torch.testing.assert_close(dv2.cpu(), 2 * dv.cpu())
+
+
+def test_probabilities_in_a_lower_dtype(kernel_device):
+    """fp32 operands, P stored in bf16 (what autocast's ``att @ v`` reads): O is P as stored times v."""
+    q, k, v, _ = _inputs(1, 2, 1, 37, 32, torch.float32, kernel_device)
+    o, p = explicit_attention_fwd(q, k, v, torch.bfloat16, tiles=SMALL)
+    assert p.dtype == torch.bfloat16 and o.dtype == torch.float32
+    want = p.cpu().double() @ v.cpu().double()  # (B, 2, T, hs): one K/V head broadcast
+    assert _rel_err(o, want) < 1e-5
+
+
+def test_packed_writes_the_layout_of_the_module(kernel_device):
+    """From the packed qkv to (B, T, C) and d(qkv), the same as the strided views through the reference."""
+    B, T, nh, nkv, hs = 2, 37, 4, 2, 32
+    g = torch.Generator().manual_seed(3)
+    qkv = torch.randn(B, T, (nh + 2 * nkv) * hs, generator=g, dtype=torch.float64).to(kernel_device)
+    qkv.requires_grad_(True)
+    dy = torch.randn(B, T, nh * hs, generator=g, dtype=torch.float64).to(kernel_device)
+    y = TritonExplicitAttention(nh, nkv, hs)(qkv)
+    (dqkv,) = torch.autograd.grad(y, qkv, dy)
+    ref_in = qkv.detach().cpu().requires_grad_(True)
+    q, k, v = ref_in.split([nh * hs, nkv * hs, nkv * hs], dim=-1)
+    q, k, v = (t.view(B, T, -1, hs).transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hs)
+    y_ref = causal_attention_ref(q, k, v).transpose(1, 2).reshape(B, T, nh * hs)
+    (dqkv_ref,) = torch.autograd.grad(y_ref, ref_in, dy.cpu())
+    torch.testing.assert_close(y.detach().cpu(), y_ref.detach())
+    torch.testing.assert_close(dqkv.cpu(), dqkv_ref)
+
+
+def test_gradcheck(kernel_device):
+    qkv = torch.randn(1, 9, 4 * 16, dtype=torch.float64).to(kernel_device).requires_grad_(True)
+    assert torch.autograd.gradcheck(lambda t: explicit_attention_packed(t, 2, 1, 16), (qkv,), eps=1e-6, atol=1e-6)
+
+
+def test_bad_arguments_say_what_is_wrong(kernel_device):
+    q, k, v, do = _inputs(1, 4, 1, 8, 32, torch.float32, kernel_device)
+    with pytest.raises(ValueError, match="n_kv_head=3 must divide"):
+        explicit_attention_fwd(q, torch.cat([k] * 3, 1), torch.cat([v] * 3, 1))
+    with pytest.raises(TypeError, match="p_dtype"):
+        explicit_attention_fwd(q, k, v, torch.int32)
+    with pytest.raises(ValueError, match="out must be"):
+        explicit_attention_fwd(q, k, v, out=torch.empty(1, 4, 8, 16, device=kernel_device))
+    o, p = explicit_attention_fwd(q, k, v)
+    with pytest.raises(ValueError, match=r"p must be \(B, nh, T, T\)"):
+        explicit_attention_bwd(do, q, k, v, p[..., :4].contiguous())
+    with pytest.raises(ValueError, match="dk_out must be"):
+        explicit_attention_bwd(do, q, k, v, p, dk_out=torch.empty(1, 2, 8, 32, device=kernel_device))
+    with pytest.raises(ValueError, match="qkv must be"):
+        explicit_attention_packed(torch.empty(1, 8, 100, device=kernel_device), 4, 1, 32)
