@@ -96,5 +96,18 @@ def test_rehearsed_t4_tiles_compute_the_same_attention(monkeypatch):
     refs = (ref, *torch.autograd.grad(ref, (qr, kr, vr), do.double()))
     for got, want in zip((o, dq, dk, dv), refs):
         torch.testing.assert_close(got.double(), want, rtol=1e-4, atol=1e-5)
-    chosen = {key[0]: t for key, t in TL._CHOSEN.items()}
+    chosen = {key[1]: t for key, t in TL._CHOSEN.items() if key[0] == "flash"}  # key: (family, kernel, ...)
     assert chosen["fwd"] == Tiles(64, 64) and (chosen["bwd_dkdv"].block_m, chosen["bwd_dkdv"].block_n) != (64, 64)
+
+
+def test_each_family_of_kernels_keeps_its_own_choice(monkeypatch):
+    """The explicit-attention kernels choose and cache their tiles apart from the flash kernels of the same
+    role: a choice one made (here a fallback forced on the flash forward) is not the other's."""
+    from kernels.explicit_attention import explicit_attention_fwd
+
+    q, k, v = (torch.randn(1, 2, 40, 32) for _ in range(3))
+    key_flash, _ = TL.tiles_to_try("fwd", 32, torch.float32, 40, q.device, None)
+    TL._CHOSEN[key_flash] = Tiles(32, 16)  # as if the flash forward had fallen back
+    explicit_attention_fwd(q, k, v)
+    chosen = {key[:2]: t for key, t in TL._CHOSEN.items()}
+    assert chosen[("flash", "fwd")] == Tiles(32, 16) and chosen[("explicit", "fwd")] == Tiles(64, 64)
