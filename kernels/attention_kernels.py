@@ -28,6 +28,20 @@ def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
+def _query_program(nh, group, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HS: tl.constexpr):
+    """Where a program of a (query blocks, B * nh) grid works: its query block's start, batch, query head
+    and the K/V head it reads (h // group: MQA/GQA by indexing, no copy), the batch and heads as int64
+    since they scale the pointer offsets; its rows, a key block's columns, the head dims, and which
+    rows are inside T."""
+    start_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    h = bh % nh
+    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    return (start_m, (bh // nh).to(tl.int64), h.to(tl.int64), (h // group).to(tl.int64), offs_m,
+            tl.arange(0, BLOCK_N), tl.arange(0, HS), offs_m < T)
+
+
+@triton.jit
 def _attn_fwd_kernel(
     Q, K, V, Out, LSE,  # Q, Out: (B, nh, T, HS); K, V: (B, nkv, T, HS); LSE: (B, nh, T) in CD
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
@@ -45,17 +59,9 @@ def _attn_fwd_kernel(
     deferred to the end, sec. 3.1.1). Keys beyond the diagonal block are never loaded
     (causal block skipping); the causal and T masks are applied as -inf before the max.
     """
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // nh).to(tl.int64)
-    h = bh % nh
-    kvh = (h // group).to(tl.int64)  # the shared K/V head: indexing, no copy
-    h = h.to(tl.int64)
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HS)
+    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
     q_ptrs = Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :]
-    q = tl.load(q_ptrs, mask=offs_m[:, None] < T, other=0.0)  # (BLOCK_M, HS)
+    q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, HS)
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh
 
@@ -77,7 +83,6 @@ def _attn_fwd_kernel(
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC, UPCAST).to(CD)
         m_i = m_new
     acc = acc / l_i[:, None]
-    row_ok = offs_m < T
     tl.store(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], acc.to(Out.dtype.element_ty),
              mask=row_ok[:, None])
     tl.store(LSE + (b * nh + h) * T + offs_m, m_i + tl.log2(l_i), mask=row_ok)
@@ -96,16 +101,7 @@ def _attn_bwd_dq_kernel(
         D = rowsum(dO * O)  (stored for the dK/dV kernel: this kernel is its preprocessing)
         P = exp2(s2 - lse2),  dP = dO V^T,  dS = P * (dP - D),  dQ = scale * dS K
     """
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // nh).to(tl.int64)
-    h = bh % nh
-    kvh = (h // group).to(tl.int64)
-    h = h.to(tl.int64)
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HS)
-    row_ok = offs_m < T
+    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     o = tl.load(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], mask=row_ok[:, None], other=0.0)

@@ -35,7 +35,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_kernels import _dot
+from kernels.attention_kernels import _dot, _query_program
 
 
 @triton.jit
@@ -52,16 +52,7 @@ def _explicit_attn_fwd_kernel(
         pass 2 (every key):         P_j = exp2(s2_j - m) / l  (0 above the diagonal), stored;
                                     O = sum_j P_j v_j  with P_j as stored (rounded to P's dtype)
     """
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // nh).to(tl.int64)
-    h = bh % nh
-    kvh = (h // group).to(tl.int64)
-    h = h.to(tl.int64)
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HS)
-    row_ok = offs_m < T
+    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh
@@ -111,16 +102,7 @@ def _explicit_attn_bwd_dq_kernel(
         pass 1:  D = rowsum(P * dP) with dP = dO v^T   (stored for the dK/dV kernel)
         pass 2:  dS = P * (dP - D),  dq = scale * dS k
     """
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    b = (bh // nh).to(tl.int64)
-    h = bh % nh
-    kvh = (h // group).to(tl.int64)
-    h = h.to(tl.int64)
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    offs_n = tl.arange(0, BLOCK_N)
-    offs_d = tl.arange(0, HS)
-    row_ok = offs_m < T
+    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh

@@ -46,6 +46,8 @@ ROOT = Path(__file__).resolve().parent.parent
 # (inlined there), so it is compiled as part of them. jit_helpers_are_called() keeps this list honest.
 JIT_HELPERS: dict[str, str] = {
     "kernels.attention_kernels._dot": "tl.dot or its fp32 upcast; inside the attention and GELU-GEMM kernels",
+    "kernels.attention_kernels._query_program": "a query-block program's place and offsets; inside the attention "
+                                                "kernels over query blocks",
     "kernels.gelu_mlp._gelu_parts": "gelu(z) and gelu'(z); inside _gemm_gelu_tile_kernel's epilogues",
     "kernels.dropout_mask._keep": "the Philox keep mask; inside _keep_mask_kernel and the residual-norm kernels",
     "kernels.residual_norm._add_norm_bwd_rows": "one row tile of the backward; inside both backward kernels",
