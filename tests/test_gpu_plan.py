@@ -1,0 +1,42 @@
+"""ci/gpu-plan's plan handling without a GPU: arguments checked, steps that do not fit the budget not
+started, steps an earlier call finished skipped, and what ran packed in plan.tar either way."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import tarfile
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _plan(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run(["bash", "ci/gpu-plan", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+
+
+def _log(out: Path) -> str:
+    with tarfile.open(out / "plan.tar") as tar:
+        return tar.extractfile("./plan.log").read().decode()
+
+
+def test_steps_that_do_not_fit_are_not_started_and_finished_ones_are_skipped(tmp_path):
+    state = tmp_path / "done"
+    state.write_text("kv-split\n")
+    r = _plan("--out", str(tmp_path / "o"), "--budget-s", "0", "--state", str(state), "kv-split", "probe")
+    assert r.returncode == 3, r.stdout + r.stderr  # a step left out is not a success
+    log = _log(tmp_path / "o")
+    assert "kv-split: done in an earlier call, skipped" in log
+    assert re.search(r"probe: not started \(-?\d+ s left, it takes about 120 s\)", log), log
+    assert state.read_text() == "kv-split\n"  # nothing new marked done
+
+
+def test_bad_plans_say_what_is_wrong(tmp_path):
+    r = _plan("--out", str(tmp_path), "kv-split", "warp-speed")
+    assert r.returncode == 2 and "unknown step warp-speed" in r.stderr
+    r = _plan("kv-split")
+    assert r.returncode == 2 and "--out DIR is required" in r.stderr
+    r = _plan("--out", str(tmp_path), "--budget-s", "soon", "kv-split")
+    assert r.returncode == 2 and "whole seconds" in r.stderr
+    r = subprocess.run(["bash", "ci/ingest-plan", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
+    assert r.returncode == 2 and "no plan.tar" in r.stderr
