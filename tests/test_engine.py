@@ -362,28 +362,6 @@ def test_bf16_weights_shadow_every_linear_and_train_like_the_default(dev):
     assert not Engine(GPT4, B, T, "fp32", dev, bf16_weights=True).describe()["bf16_weights"]
 
 
-def test_fused_softmax_only_for_explicit_attention_left_as_written(dev):
-    gpt = Engine(GPT4, B, T, "fp32", dev, fused_softmax=True)
-    assert type(gpt.model.blocks[0].attn).__name__ == "FusedSoftmaxSelfAttention"
-    assert gpt.describe()["fused_softmax"] and "causal_softmax" in gpt.notes["softmax"]
-    assert [n for n, _ in gpt.model.named_parameters()] == [n for n, _ in build_model(GPT4).named_parameters()]
-    # The attention kernel replaces the whole attention where it is asked for; SDPA models have no softmax.
-    flash = Engine(GPT4, B, T, "fp32", dev, fused_softmax=True, attention_for_explicit=True)
-    assert flash.kernels["attention"] and "softmax" not in flash.notes and not flash.describe()["fused_softmax"]
-    assert not Engine(FT1, B, T, "fp32", dev, fused_softmax=True).describe()["fused_softmax"]
-    off = Engine(GPT4, B, T, "fp32", dev, use_kernels=False, fused_softmax=True)
-    assert "switched off" in off.notes["softmax"] and not off.describe()["fused_softmax"]
-    assert Engine(GPT4, B, T, "fp32", dev).describe()["fused_softmax"]  # on by default
-    assert not Engine(GPT4, B, T, "fp32", dev, fused_softmax=False).describe()["fused_softmax"]
-
-
-def test_fused_softmax_under_bf16_writes_bf16_probabilities_and_stays_close(dev):
-    eng = Engine(GPT4, B, T, "bf16", dev, fused_softmax=True)
-    assert eng.model.blocks[0].attn.out_dtype == torch.bfloat16
-    r = check_against_reference(GPT4, steps=2, device=dev, precision="bf16", B=B, T=T, fused_softmax=True)
-    assert r["ok"] and r["fused_softmax"], r["max_rel_err"]
-
-
 def test_the_uncaptured_cuda_step_skips_the_target_check_that_direct_calls_keep(dev, monkeypatch):
     # The fused cross-entropy checks its targets with a host sync: the engine's step on CUDA must
     # not sync (its targets are its own static buffer), a direct call keeps the check.

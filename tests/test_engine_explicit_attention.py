@@ -1,28 +1,55 @@
-"""The engine's ``fuse_softmax_matmuls`` option: GPT-2's explicit attention on kernels/explicit_attention.py
-(the products with K and V fused with the softmax, the probabilities still written). The step trains as
-with the fused softmax alone, parameter names do not change, and where it does not apply (attention
-dropout, the attention kernel already swapped in, a head size the kernels do not take) a note says why."""
+"""The engine's paths for GPT-2's explicit attention kept as written: ``fused_softmax`` (scale, mask and softmax
+in one kernel each way, kernels/causal_softmax.py; a default) and ``fuse_softmax_matmuls`` (the products with K
+and V fused with the softmax too, the probabilities still written, kernels/explicit_attention.py). Each trains
+as the path before it, parameter names do not change, and where one does not apply (SDPA models, attention
+dropout, the attention kernel swapped in, a head size the kernels do not take) a note says why."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ftlib.harness.engine_check import pattern_batches
+from ftlib.harness.engine_check import check_against_reference, pattern_batches
 from ftlib.model.config import preset
+from ftlib.model.gpt import build_model
 from ftlib.training.engine import Engine, EngineOptions
 
 pytest.importorskip("triton")
+pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (conftest)
 
 B, T = 2, 16
 GPT2 = preset("gpt2", n_layer=2, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
 GPT2_MQA = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)  # the explicit grid's MQA cell
+GPT_MHA = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
+FT_MQA = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
 
 
 def _train(cfg, precision, device, **options):
     eng = Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
     batches = pattern_batches(cfg.vocab_size, B, T, 4, seed=2, device=device)
     return eng, torch.stack([eng.step(x, y).detach().float().clone() for x, y in batches])
+
+
+def test_fused_softmax_only_for_explicit_attention_left_as_written(kernel_device):
+    gpt = Engine(GPT_MHA, B, T, "fp32", kernel_device, fused_softmax=True)
+    assert type(gpt.model.blocks[0].attn).__name__ == "FusedSoftmaxSelfAttention"
+    assert gpt.describe()["fused_softmax"] and "causal_softmax" in gpt.notes["softmax"]
+    assert [n for n, _ in gpt.model.named_parameters()] == [n for n, _ in build_model(GPT_MHA).named_parameters()]
+    # The attention kernel replaces the whole attention where it is asked for; SDPA models have no softmax.
+    flash = Engine(GPT_MHA, B, T, "fp32", kernel_device, fused_softmax=True, attention_for_explicit=True)
+    assert flash.kernels["attention"] and "softmax" not in flash.notes and not flash.describe()["fused_softmax"]
+    assert not Engine(FT_MQA, B, T, "fp32", kernel_device, fused_softmax=True).describe()["fused_softmax"]
+    off = Engine(GPT_MHA, B, T, "fp32", kernel_device, use_kernels=False, fused_softmax=True)
+    assert "switched off" in off.notes["softmax"] and not off.describe()["fused_softmax"]
+    assert Engine(GPT_MHA, B, T, "fp32", kernel_device).describe()["fused_softmax"]  # on by default
+    assert not Engine(GPT_MHA, B, T, "fp32", kernel_device, fused_softmax=False).describe()["fused_softmax"]
+
+
+def test_fused_softmax_under_bf16_writes_bf16_probabilities_and_stays_close(kernel_device):
+    eng = Engine(GPT_MHA, B, T, "bf16", kernel_device, fused_softmax=True)
+    assert eng.model.blocks[0].attn.out_dtype == torch.bfloat16
+    r = check_against_reference(GPT_MHA, steps=2, device=kernel_device, precision="bf16", B=B, T=T, fused_softmax=True)
+    assert r["ok"] and r["fused_softmax"], r["max_rel_err"]
 
 
 @pytest.mark.parametrize("precision,tol", [("bf16", 3e-2), ("tf32", 1e-4), ("fp32", 1e-4)])
