@@ -410,8 +410,10 @@ else:
 # cuBLAS's at these shapes by more than the GELU kernels cost, and by far more with TF32 products.
 # `wgrad_splitk` never went on trial: its kernel lost to cuBLAS's on its own (section 2).
 # `fuse_softmax_matmuls` (GPT-2's attention on the kernels of section 2 that write P and fuse the
-# products around it) is on trial for GPT-2 as written, the one model whose attention it changes. The
-# table shows each trial; the lines under it say which options are defaults now.
+# products around it) is on trial for GPT-2 as written, the one model whose attention it changes, and
+# `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against
+# the launcher's 4) for the FastTransformer. The table shows each trial; the lines under it say which
+# options are defaults now.
 
 # %%
 cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)

@@ -46,6 +46,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     *(("tf32", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
     # GPT-2's explicit attention with the products fused around its softmax (the probabilities still written).
     *((prec, "gpt2", {"fuse_softmax_matmuls": True}) for prec in ("bf16", "tf32")),
+    # MQA's dK/dV partial sums grouped otherwise (the same gradients, summed in another order).
+    *(("bf16", "fasttransformer", {"attention_kv_split": n}) for n in (8, 2)),
 )
 
 

@@ -247,9 +247,13 @@ def engine_variants() -> list[Case]:
 # theirs and are defaults now; the 16-programs-per-SM grids and fuse_mlp_act (the MLP's GELU in the epilogues
 # of a Triton GEMM) lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk
 # (kernels/wgrad.py) never went on trial: its kernel lost to cuBLAS's on its own
-# (benchmarks/kernels/wgrad_dev.py). fuse_softmax_matmuls changes GPT-2's explicit attention only.
+# (benchmarks/kernels/wgrad_dev.py). fuse_softmax_matmuls changes GPT-2's explicit attention only;
+# attention_kv_split, MQA's dK/dV programs per K/V head (the launcher takes 4 at the headline), the
+# FastTransformer's only (benchmarks/kernels/attention_kv_split_dev.py times the splits alone).
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = (
     (" +fuse-softmax-matmuls", {"fuse_softmax_matmuls": True}, ("gpt2",)),
+    (" kv-split 8", {"attention_kv_split": 8}, ("fasttransformer",)),
+    (" kv-split 2", {"attention_kv_split": 2}, ("fasttransformer",)),
 )
 
 

@@ -370,6 +370,8 @@ class Engine:
             "attention_precision": o.attention_precision,
             "attention_layout": o.attention_layout if self.kernels["attention"] else None,
             "attention_tiles": o.attention_tiles if self.kernels["attention"] else None,
+            "attention_kv_split": (o.attention_kv_split if self.kernels["attention"]
+                                   and "attention_kv_split" not in self.notes else None),
             "fuse_residual_norm": self.fuse_residual_norm,
             "fuse_dropout": self.resid_dropout is not None,
             "bias_kernel": self.notes.get("bias", "").startswith("bias gradients"),

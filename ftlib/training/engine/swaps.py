@@ -219,9 +219,14 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
         reason = ("not applied in strict fp32: SDPA's kernel is faster than the 'ieee' one "
                   "(attention_precision='tf32x3' or 'ieee' selects it)")
     if not blocked("attention", reason):
+        kv_split = options.attention_kv_split
+        if kv_split is not None and (cfg.n_head // cfg.n_kv_head) % kv_split:
+            out.notes["attention_kv_split"] = (f"not applicable: {kv_split} does not divide the "
+                                               f"{cfg.n_head // cfg.n_kv_head} query heads per K/V head")
+            kv_split = None
         for blk in model.blocks:
             blk.attn = KernelCausalSelfAttention(blk.attn, prec.fp32_dot, options.attention_layout,
-                                                 options.fuse_kv_split_sum, options.attention_tiles)
+                                                 options.fuse_kv_split_sum, options.attention_tiles, kv_split)
         out.applied["attention"] = True
     elif (options.fused_softmax or options.fuse_softmax_matmuls) and cfg.attn_impl == "explicit" and not cfg.qk_norm:
         # The explicit softmax kept, as written, with its three elementwise passes fused, and with
