@@ -57,6 +57,18 @@ def same_device(*named: tuple[str, torch.Tensor]) -> None:
         raise ValueError(f"tensors on different devices: {devs}")
 
 
+def out_tensor(name: str, t: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype,
+               device: torch.device) -> torch.Tensor:
+    """``t`` checked as a destination of ``shape`` and ``dtype`` with a unit last stride (a strided view a
+    kernel writes through), or, for None, a new tensor."""
+    if t is None:
+        return torch.empty(shape, dtype=dtype, device=device)
+    if tuple(t.shape) != shape or t.dtype != dtype or t.stride(-1) != 1:
+        raise ValueError(f"{name} must be {shape} {dtype} with a unit last stride; got {tuple(t.shape)} {t.dtype} "
+                         f"strides {t.stride()}")
+    return t
+
+
 def compute_dtype(dtype: torch.dtype) -> tl.dtype:
     """Accumulate in fp32 for fp32/bf16/fp16 storage (as Liger does), in fp64 for fp64."""
     return tl.float64 if dtype == torch.float64 else tl.float32

@@ -24,7 +24,7 @@ import torch
 import torch.nn as nn
 import triton
 
-from kernels._common import accum_dtype, check_tensor, compute_dtype, interpret_mode, same_device
+from kernels._common import accum_dtype, check_tensor, compute_dtype, interpret_mode, out_tensor, same_device
 from kernels.attention_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_fwd_kernel
 from kernels.kv_split_sum import kv_split_sum
 from kernels.tiles import TILE_CANDIDATES, Tiles, launch_tiled, tiles_to_try
@@ -113,10 +113,7 @@ def attention_fwd(
     nkv = k.shape[1]
     sm_scale = 1.0 / math.sqrt(hs) if sm_scale is None else sm_scale
     cd = accum_dtype(q.dtype)
-    o = torch.empty((B, nh, T, hs), dtype=q.dtype, device=q.device) if out is None else out
-    if o.shape != q.shape or o.dtype != q.dtype or o.stride(-1) != 1:
-        raise ValueError(f"out must be {tuple(q.shape)} {q.dtype} with a unit last stride; got "
-                         f"{tuple(o.shape)} {o.dtype} strides {o.stride()}")
+    o = out_tensor("out", out, (B, nh, T, hs), q.dtype, q.device)
     lse = torch.empty((B, nh, T), dtype=cd, device=q.device)
     if B * nh * T == 0:
         return o, lse

@@ -24,8 +24,8 @@ import torch
 import torch.nn as nn
 import triton
 
-from kernels._common import accum_dtype, check_tensor, compute_dtype
-from kernels.attention import _check_qkv, _packed_views, _prec, _upcast
+from kernels._common import accum_dtype, check_tensor, compute_dtype, out_tensor
+from kernels.attention import LOG2E, _check_qkv, _packed_views, _prec, _upcast
 from kernels.explicit_attention_kernels import (
     _explicit_attn_bwd_dkdv_kernel,
     _explicit_attn_bwd_dq_kernel,
@@ -33,19 +33,7 @@ from kernels.explicit_attention_kernels import (
 )
 from kernels.tiles import Tiles, launch_tiled, tiles_to_try
 
-LOG2E = 1.4426950408889634
 FAMILY = "explicit"  # the tile cache's name for these kernels (kernels.tiles.tiles_to_try)
-
-
-def _out_view(name: str, t: torch.Tensor | None, shape: tuple[int, ...], dtype: torch.dtype,
-              device: torch.device) -> torch.Tensor:
-    """``t`` checked as a destination of ``shape`` and ``dtype`` with a unit last stride, or a new tensor."""
-    if t is None:
-        return torch.empty(shape, dtype=dtype, device=device)
-    if tuple(t.shape) != shape or t.dtype != dtype or t.stride(-1) != 1:
-        raise ValueError(f"{name} must be {shape} {dtype} with a unit last stride; got {tuple(t.shape)} {t.dtype} "
-                         f"strides {t.stride()}")
-    return t
 
 
 def explicit_attention_fwd(
@@ -63,7 +51,7 @@ def explicit_attention_fwd(
     p_dtype = q.dtype if p_dtype is None else p_dtype
     if p_dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         raise TypeError(f"p_dtype {p_dtype} is not a float dtype the kernels store")
-    o = _out_view("out", out, (B, nh, T, hs), q.dtype, q.device)
+    o = out_tensor("out", out, (B, nh, T, hs), q.dtype, q.device)
     p = torch.empty((B, nh, T, T), dtype=p_dtype, device=q.device)
     if B * nh * T == 0:
         return o, p
@@ -99,9 +87,9 @@ def explicit_attention_bwd(
                          f"{do.stride()}")
     if tuple(p.shape) != (B, nh, T, T):
         raise ValueError(f"p must be (B, nh, T, T) = {(B, nh, T, T)}, got {tuple(p.shape)}")
-    dq = _out_view("dq_out", dq_out, (B, nh, T, hs), q.dtype, q.device)
-    dk = _out_view("dk_out", dk_out, (B, nkv, T, hs), k.dtype, k.device)
-    dv = _out_view("dv_out", dv_out, (B, nkv, T, hs), v.dtype, v.device)
+    dq = out_tensor("dq_out", dq_out, (B, nh, T, hs), q.dtype, q.device)
+    dk = out_tensor("dk_out", dk_out, (B, nkv, T, hs), k.dtype, k.device)
+    dv = out_tensor("dv_out", dv_out, (B, nkv, T, hs), v.dtype, v.device)
     if B * nh * T == 0:
         return dq, dk.zero_(), dv.zero_()
     delta = torch.empty((B, nh, T), dtype=accum_dtype(q.dtype), device=q.device)

@@ -22,8 +22,6 @@ Not part of the ``kernels`` suite: run it with ``--record`` to store its rows in
 
 from __future__ import annotations
 
-import contextlib
-
 from benchmarks.kernels._harness import Recorder, Variant, parse_args, run, setup
 
 
@@ -33,6 +31,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     import torch
     import torch.nn as nn
 
+    from ftlib.core.precision import Precision
     from ftlib.model.attention import CausalSelfAttention
     from ftlib.model.config import preset
     from ftlib.model.reference import causal_attention_ref
@@ -93,7 +92,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
         variants = [Variant(n, fwd_bwd(m), tol, gpu_only=(impl == "compile"), impl=impl,
                             precision="tf32" if tf32 else "") for n, m, impl in paths]
         n_p = B * nh * T * T
-        with tf32_matmuls(torch, tf32):
+        with Precision.of("tf32" if tf32 else "fp32").matmul_flags():  # cuBLAS's fp32 products as the step's
             return run(f"GPT-2 explicit attention fwd+bwd B={B} nh={nh} T={T} hs={hs} {name}", args, device,
                        reference, variants, unit="GB/s", op="explicit_attention",
                        flops=4 * B * nh * T * T * hs / 2 * (1 + 2.5),
@@ -103,17 +102,6 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     for dtype, tf32 in ((torch.bfloat16, False), (torch.float32, True)):
         ok &= case(dtype, tf32)
     return 0 if ok else 1
-
-
-@contextlib.contextmanager
-def tf32_matmuls(torch, on: bool):
-    """cuBLAS's fp32 matmuls on TF32 tensor cores inside the block (the tf32 step's setting), restored after."""
-    before = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = on
-    try:
-        yield
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = before
 
 
 if __name__ == "__main__":

@@ -29,6 +29,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     device = setup(args)
     import torch
 
+    from ftlib.core.precision import Precision
     from ftlib.model.reference import wgrad_ref
     from kernels.mm_into import fp32_out_mm_available, weight_grad_into_
     from kernels.wgrad import wgrad_add_
@@ -67,14 +68,10 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
                    variants, work=2 * M * N * K, unit="TFLOP/s", op="wgrad", shape={"M": M, "N": N, "K": K},
                    dtype=dtype)
 
-    old = torch.backends.cuda.matmul.allow_tf32
-    torch.backends.cuda.matmul.allow_tf32 = True  # a tf32 step's cuBLAS products, for the fp32 cases
-    try:
+    with Precision.of("tf32").matmul_flags():  # a tf32 step's cuBLAS products, for the fp32 cases
         for name, N, K in shapes:
             for dtype, tol in ((torch.bfloat16, 1e-2), (torch.float32, 5e-3)):
                 ok &= case(name, N, K, dtype, tol)
-    finally:
-        torch.backends.cuda.matmul.allow_tf32 = old
     return 0 if ok else 1
 
 

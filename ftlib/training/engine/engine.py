@@ -41,11 +41,11 @@ import torch.nn.functional as F
 from ftlib.core.device import DeviceInfo, pick_device
 from ftlib.model.config import ModelConfig, preset
 from ftlib.model.gpt import build_model
+from ftlib.training.engine.attention import FusedExplicitSelfAttention
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
 from ftlib.training.engine.fused_mlp import fuse_mlps
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import (
-    FUSED_WITH_PRODUCTS,
     FusedAddNorm,
     fuse_residual_dropout_,
     grad_into_linears,
@@ -356,6 +356,7 @@ class Engine:
         """What this engine runs, for result rows and the book."""
         o = self.options
         dw_into = bool(o.norm_dw_into_buffer and self.fuse_residual_norm)  # atomic adds in the fused norm
+        attn = self.model.blocks[0].attn if len(self.model.blocks) else None  # every block's is swapped alike
         return {
             "kernels": [op for op in KERNEL_OPS if self.kernels[op]],
             "requested_off": [op for op in KERNEL_OPS if not self.requested[op]],
@@ -370,15 +371,14 @@ class Engine:
             "attention_precision": o.attention_precision,
             "attention_layout": o.attention_layout if self.kernels["attention"] else None,
             "attention_tiles": o.attention_tiles if self.kernels["attention"] else None,
-            "attention_kv_split": (o.attention_kv_split if self.kernels["attention"]
-                                   and "attention_kv_split" not in self.notes else None),
+            "attention_kv_split": getattr(attn, "kv_split", None),  # the flash kernel's module, where it applied
             "fuse_residual_norm": self.fuse_residual_norm,
             "fuse_dropout": self.resid_dropout is not None,
             "bias_kernel": self.notes.get("bias", "").startswith("bias gradients"),
             "bf16_norm_out": self.norm_out_dtype is not None,
             "bf16_weights": self.flat_param16 is not None,
             "fused_softmax": self.notes.get("softmax", "").startswith("scale"),
-            "fuse_softmax_matmuls": FUSED_WITH_PRODUCTS in self.notes.get("softmax", ""),
+            "fuse_softmax_matmuls": isinstance(attn, FusedExplicitSelfAttention),
             "grad_into_buffer": self.grad_into > 0,
             # Where an RMSNorm or fused residual-norm backward runs (the LayerNorm kernel's is always persistent).
             "norm_dw_partials": o.norm_dw_partials if self.fuse_residual_norm or self.kernels["rmsnorm"] else None,

@@ -26,6 +26,7 @@ import torch
 import torch.nn as nn
 
 from ftlib.core.device import DeviceInfo
+from ftlib.model.config import ModelConfig
 from ftlib.model.gpt import GPT
 from ftlib.model.norm import LayerNorm, RMSNorm
 from ftlib.training.engine.attention import (
@@ -205,14 +206,8 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
     if cfg.attn_impl == "explicit" and not options.attention_for_explicit:
         reason = ("not applied: attn_impl='explicit' materializes the softmax by design "
                   "(attention_for_explicit=True swaps it too)")
-    elif cfg.head_size not in ATTN_HEAD_SIZES:
-        reason = f"not applicable: head size {cfg.head_size} not in {ATTN_HEAD_SIZES}"
-    elif cfg.qk_norm:
-        reason = "not applicable: qk_norm normalizes q and k between the projection and the kernel"
-    elif cfg.attn_dropout_p > 0:
-        reason = f"not applicable: the kernel has no attention dropout (attention dropout {cfg.attn_dropout_p})"
-    elif triton_dot_blocked(info, prec.attention_dot):
-        reason = triton_dot_blocked(info, prec.attention_dot) + "; SDPA kept"
+    elif unfit := _attention_kernel_unfit(cfg, prec, info, "; SDPA kept"):
+        reason = unfit
     elif prec.base.name == "fp32" and cfg.attn_impl == "sdpa" and options.attention_precision is None:
         # In a CUDA graph SDPA's memory-efficient kernel beat the kernel's strict-fp32 ('ieee', FMA)
         # dots (the attention rows of kernels.jsonl); 'tf32x3' or 'ieee' selects the kernel.
@@ -236,12 +231,12 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
         elif not any_kernel:
             out.notes["softmax"] = "off: every kernel is switched off (use_kernels=False)"
         else:
-            unfit = _explicit_kernel_why_not(cfg, prec, info) if options.fuse_softmax_matmuls else None
+            unfit = _attention_kernel_unfit(cfg, prec, info) if options.fuse_softmax_matmuls else None
             if options.fuse_softmax_matmuls and unfit is None:
                 for blk in model.blocks:
                     blk.attn = FusedExplicitSelfAttention(blk.attn, prec.low_dtype, prec.fp32_dot)
-                out.notes["softmax"] = (f"scale + causal mask + softmax {FUSED_WITH_PRODUCTS}, the probabilities "
-                                        "still written (kernels/explicit_attention.py)")
+                out.notes["softmax"] = ("scale + causal mask + softmax fused with the products around it "
+                                        "(q k^T, P v), the probabilities still written (kernels/explicit_attention.py)")
             elif options.fused_softmax:
                 for blk in model.blocks:
                     blk.attn = FusedSoftmaxSelfAttention(blk.attn, prec.low_dtype)
@@ -252,17 +247,20 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
                 out.notes["softmax"] += f"; fuse_softmax_matmuls {unfit}"
 
 
-# How the "softmax" note says the products were fused with it (Engine.describe reads it).
-FUSED_WITH_PRODUCTS = "fused with the products around it (q k^T, P v)"
-
-
-def _explicit_kernel_why_not(cfg, prec: StepPrecision, info: DeviceInfo | None) -> str | None:
-    """Why GPT-2's explicit attention cannot run on kernels/explicit_attention.py (None: it can)."""
+def _attention_kernel_unfit(cfg: ModelConfig, prec: StepPrecision, info: DeviceInfo | None,
+                            kept: str = "") -> str | None:
+    """Why neither attention kernel (the flash one, kernels/attention.py; GPT-2's explicit one,
+    kernels/explicit_attention.py) can take this model's attention in this step, or None: a head size
+    tl.dot does not take, qk_norm, attention dropout, or no tensor cores for tl.dot (then ``kept`` says
+    what runs instead)."""
     if cfg.head_size not in ATTN_HEAD_SIZES:
         return f"not applicable: head size {cfg.head_size} not in {ATTN_HEAD_SIZES}"
+    if cfg.qk_norm:
+        return "not applicable: qk_norm normalizes q and k between the projection and the kernel"
     if cfg.attn_dropout_p > 0:
         return f"not applicable: the kernel has no attention dropout (attention dropout {cfg.attn_dropout_p})"
-    return triton_dot_blocked(info, prec.attention_dot)
+    blocked = triton_dot_blocked(info, prec.attention_dot)
+    return blocked + kept if blocked else None
 
 
 def _swap_linears(model: GPT, options: EngineOptions, prec: StepPrecision, info: DeviceInfo | None,
