@@ -89,14 +89,10 @@ for device in device_folders():  # every GPU with stored results, each audited o
 # they teach.
 
 # %%
-from IPython.display import Markdown, display
+from ftlib.views.findings import show_findings
 
-from ftlib.views.findings import additions_markdown, findings_table, preamble
-
-for device in device_folders():  # a notebook shows tables as HTML, so the table and the text go apart
-    display(Markdown(preamble(device)))
-    show_frame(findings_table(device), caption=f"The post's headline claims on {device}")
-    display(Markdown(additions_markdown(device)))
+for device in device_folders():
+    show_findings(device)
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

@@ -63,17 +63,14 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 from IPython.display import Markdown, display
 
 from ftlib.harness.results import device_folders
-from ftlib.views.findings import additions_markdown, findings_table, lessons, preamble
-from ftlib.views.tables import show_frame
+from ftlib.views.findings import lessons, show_findings
 
 # %% [markdown]
 # ## The verdicts
 
 # %%
-for device in device_folders():  # a notebook shows tables as HTML, so the table and the text go apart
-    display(Markdown(preamble(device)))
-    show_frame(findings_table(device), caption=f"The post's headline claims on {device}")
-    display(Markdown(additions_markdown(device)))
+for device in device_folders():
+    show_findings(device)
 
 # %% [markdown]
 # ## What the measurements teach

@@ -42,17 +42,43 @@ def _three_runs() -> list[dict]:
             + baselines_run("r3", "m3", ms(4.0, 5.0)))
 
 
+def _ft_bf16(device: str = "h200") -> dict:
+    tab = findings.engine_results(device)
+    (row,) = tab[(tab["model"] == "FastTransformer") & (tab["precision"] == "bf16")].to_dict("records")
+    return row
+
+
 def test_the_engine_headline_is_the_ratio_of_todays_engine_alone(store):
     store(_three_runs())
-    (ft,) = [a for a in findings.additions("h200") if "fastest FastTransformer step" in a]
-    # r3's 1.25x alone: pooled with r1 and r2 it would read 2.00× (1.25–3.00× over runs).
-    assert "bf16 1.25× against compile reduce-overhead, fused AdamW outside (too few runs" in ft
-    assert "over runs" not in ft and "earlier engine" not in ft
+    ft = _ft_bf16()
+    # r3's 1.25x alone: pooled with r1 and r2 it would read 2.00× (1.25–3.00×).
+    assert ft["engine speed-up"] == "1.25×"
+    assert ft["strongest baseline of the same run"] == "compile reduce-overhead, fused AdamW outside"
+    assert (ft["engine ms"], ft["its ms"]) == (4.0, 5.0)
+    assert (ft["runs"], ft["verdict"], ft["engine"]) == ("1 run on 1 machine start", "too few runs", "today's")
     # Where only the older engine was measured, its ratio stands alone, named by what it lacked.
     store(_three_runs()[: 2 * len(baselines_run("r", "m", {}))])
-    (old,) = [a for a in findings.additions("h200") if "fastest FastTransformer step" in a]
-    assert "bf16 2.50× (2.00–3.00× over runs)" in old
-    assert "(an earlier engine, without grad_into_buffer, fuse_kv_split_sum)" in old
+    old = _ft_bf16()
+    assert old["engine speed-up"] == "2.50× (2.00–3.00×)"
+    assert old["engine"] == "earlier: without grad_into_buffer, fuse_kv_split_sum"
+    assert old["runs"] == "2 runs on 2 machine starts"
+
+
+def test_the_readme_block_shows_the_engine_table_and_no_sentence_for_it(store):
+    store(_three_runs())
+    text = findings.markdown("h200")
+    assert findings.ENGINE_INTRO in text
+    header = "| " + " | ".join(findings.ENGINE_COLUMNS) + " |"
+    line = next(x for x in text.splitlines() if x.startswith("| FastTransformer | bf16 |"))
+    assert header in text and line.split(" | ")[2:6] == ["4.000", "compile reduce-overhead, fused AdamW outside",
+                                                         "5.000", "1.25×"]
+    assert "fastest FastTransformer step" not in text
+
+
+def test_no_rows_no_engine_table(store):
+    store([])  # no speedrun rows in the store either
+    assert findings.engine_results("h200").empty
+    assert "Beyond the post" not in findings.markdown("h200")
 
 
 def test_the_lessons_count_the_runs_of_todays_engine_behind_its_ratio(store):
@@ -64,11 +90,12 @@ def test_the_lessons_count_the_runs_of_todays_engine_behind_its_ratio(store):
 
 def test_a_baseline_that_moves_between_runs_is_said_beside_the_engine_ratio(store):
     store(_three_runs())  # the strongest compiled step took 4, 6 and 5 ms in the three runs
-    (ft,) = [a for a in findings.additions("h200") if "fastest FastTransformer step" in a]
-    assert "The strongest baseline itself moves from run to run" in ft
-    assert "bf16 5.000 (4.000–6.000) ms over 3 runs" in ft
+    text = findings.moving_baseline("h200")
+    assert text is not None and "The strongest baseline itself moves from run to run" in text
+    assert "FastTransformer bf16 5.000 (4.000–6.000) ms over 3 runs" in text
+    assert text in findings.additions("h200")
     same = [r for i in range(3) for r in baselines_run(f"s{i}", f"m{i % 2}",
                                                        fast(fasttransformer__compile_ro__fused=5.0))]
     store(same)
-    (ft,) = [a for a in findings.additions("h200") if "fastest FastTransformer step" in a]
-    assert "moves from run to run" not in ft
+    assert findings.moving_baseline("h200") is None
+    assert not any("moves from run to run" in a for a in findings.additions("h200"))

@@ -40,3 +40,15 @@ def test_bad_plans_say_what_is_wrong(tmp_path):
     assert r.returncode == 2 and "whole seconds" in r.stderr
     r = subprocess.run(["bash", "ci/ingest-plan", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and "no plan.tar" in r.stderr
+
+
+def test_every_listed_step_has_an_estimate_and_a_command():
+    text = (ROOT / "ci" / "gpu-plan").read_text()
+    usage = text[text.index("Steps (estimated seconds"):text.index("Take the results in")]
+    listed = dict(re.findall(r"^  ([a-z0-9-]+) .*?(\d+)$", usage, re.M))
+    est = dict(re.findall(r"\[([a-z0-9-]+)\]=(\d+)", text))
+    cases = text[text.index("run_step() {"):text.index("rc=0")]
+    commands = {n for pat in re.findall(r"^    ([a-z0-9|-]+)\)", cases, re.M) for n in pat.split("|")}
+    assert "profiles" in listed
+    assert listed == est, (listed, est)
+    assert set(listed) == commands, (set(listed) ^ commands)

@@ -2,8 +2,9 @@
 introduction and its closing chapter, all computed from the committed result rows.
 
 ``findings_table(device)`` keeps the claims of chapter 7's audit that a reader asks about first;
-``additions(device)`` says what the book measured beyond the post (the engine against the
-strongest compiled step, the speedrun); ``markdown(device)`` writes both. ``ci/findings``
+``engine_results(device)`` puts the book's engine beside the strongest compiled step of each run and
+``additions(device)`` says the rest of what the book measured beyond the post (the speedrun);
+``markdown(device)`` writes all of it, ``show_findings(device)`` shows it in a notebook. ``ci/findings``
 writes that text between the ``<!-- findings -->`` markers of README.md and book/intro.md, and
 a test checks that the committed text is what the rows give.
 """
@@ -55,41 +56,68 @@ def findings_table(device: str = "h200") -> pd.DataFrame:
     return pd.DataFrame(out, columns=["the post's claim", "post says", "the book finds", "verdict"])
 
 
-def additions(device: str = "h200") -> list[str]:
-    """What the book measured beyond the post, one sentence each, from the stored rows."""
+# The engine's table: what a reader compares, in reading order.
+ENGINE_COLUMNS = ["model", "precision", "engine ms", "strongest baseline of the same run", "its ms",
+                  "engine speed-up", "runs", "verdict", "engine"]
+ENGINE_INTRO = ("The book's whole-step engine (its own Triton kernels, the whole training step replayed as one "
+                "CUDA graph; chapter 6) against the strongest baseline measured in the same run: the fastest step "
+                "of torch.compile's configurations or of a manual CUDA graph, named in the table (where the runs' "
+                "fastest differ, each one). The speed-up is the median over runs, with the slowest and fastest "
+                "run; a line measured only by an earlier engine names the default options it lacked (chapter 6 "
+                "describes each).")
+
+
+def engine_results(device: str = "h200") -> pd.DataFrame:
+    """One line per model and precision: the engine against the strongest compiled step of the same run.
+
+    The runs behind a line measured one engine (today's, or the earlier one closest to it, named in the
+    ``engine`` column); runs of engines with different defaults are never pooled."""
+    from ftlib.harness.suites import baselines
+    from ftlib.views import baselines as bv
+
+    runs = bv.load(baselines())
+    runs = runs[runs["device_slug"] == device]
+    if runs.empty:
+        return pd.DataFrame(columns=ENGINE_COLUMNS)
+    eng = bv.newest_engine(bv.engine_table(runs))
+    out = []
+    for label in ("fasttransformer", "gpt2"):
+        for prec in ("bf16", "fp16", "tf32", "fp32"):
+            e = bv.lookup_row(eng, label=label, precision=prec)
+            if e is None:
+                continue
+            verdict = "too few runs" if e["verdict"].startswith("too few runs") else e["verdict"]
+            out.append({"model": bv.MODEL_NAMES[label], "precision": prec, "engine ms": e["engine_ms"],
+                        "strongest baseline of the same run": e["baseline"], "its ms": e["baseline_ms"],
+                        "engine speed-up": bv.range_text(e["median"], e["min"], e["max"]).replace(" over runs", ""),
+                        "runs": bv.runs_on_starts(int(e["runs"]), int(e["machines"])), "verdict": verdict,
+                        "engine": "today's" if e["engine_config"] == bv.TODAY else f"earlier: {e['engine_config']}"})
+    return pd.DataFrame(out, columns=ENGINE_COLUMNS)
+
+
+def moving_baseline(device: str = "h200") -> str | None:
+    """A sentence naming the strongest baselines that move from run to run (None where none moves)."""
     from ftlib.harness.suites import baselines
     from ftlib.views import baselines as bv
     from ftlib.views.steadiness import STEADY_PCT, steadiness_table
 
-    out = []
     runs = bv.load(baselines())
     runs = runs[runs["device_slug"] == device]
-    eng = bv.newest_engine(bv.engine_table(runs))
+    if runs.empty:
+        return None
     steady = steadiness_table(runs)
-    for label in ("fasttransformer", "gpt2"):
-        parts, moving = [], []
-        for prec in ("bf16", "fp16", "tf32", "fp32"):
-            e = eng[(eng["label"] == label) & (eng["precision"] == prec)]
-            if not e.empty:
-                e = e.iloc[0]
-                parts.append(f"{prec} {bv.range_text(e['median'], e['min'], e['max'])} against {e['baseline']} "
-                             f"({e['verdict']}){bv.engine_note(e['engine_config'])}")
-                s = steady[(steady["model"] == bv.MODEL_NAMES[label]) & (steady["precision"] == prec)]
-                if len(s) and s.iloc[0]["runs"] > 1 and s.iloc[0]["compiled spread %"] > STEADY_PCT:
-                    moving.append(f"{prec} {s.iloc[0]['strongest baseline ms (min–max)']} ms over "
-                                  f"{s.iloc[0]['runs']} runs")
-        if parts:
-            text = (f"The book's whole-step engine (Triton kernels, one CUDA graph) against the strongest "
-                    f"baseline of the same run, the fastest {bv.MODEL_NAMES[label]} step of torch.compile or a "
-                    f"manual CUDA graph (named; where runs differ, each run's): " + "; ".join(parts) + ".")
-            if moving:
-                text += (" The strongest baseline itself moves from run to run where its step leaves work to the "
-                         "host (chapter 6): " + "; ".join(moving) + ".")
-            out.append(text)
-    speed = _speedrun(device)
-    if speed:
-        out.append(speed)
-    return out
+    moving = [f"{r['model']} {r['precision']} {r['strongest baseline ms (min–max)']} ms over {r['runs']} runs"
+              for _, r in steady.iterrows() if r["runs"] > 1 and r["compiled spread %"] > STEADY_PCT
+              and r["model"] in (bv.MODEL_NAMES["fasttransformer"], bv.MODEL_NAMES["gpt2"])]
+    if not moving:
+        return None
+    return ("The strongest baseline itself moves from run to run where its step leaves work to the host "
+            "(chapter 6): " + "; ".join(moving) + ".")
+
+
+def additions(device: str = "h200") -> list[str]:
+    """What the book measured beyond the post besides the engine's table, one sentence each."""
+    return [s for s in (moving_baseline(device), _speedrun(device)) if s]
 
 
 def _speedrun(device: str) -> str | None:
@@ -148,22 +176,50 @@ def preamble(device: str = "h200") -> str:
             "starts a verdict needs. \"not measured yet\": no stored rows; chapter 7 gives the command.")
 
 
+def _md_table(tab: pd.DataFrame, digits: int = 3) -> list[str]:
+    def cell(v: Any) -> str:
+        return f"{v:.{digits}f}" if isinstance(v, float) else _md_cell(v)
+    return (["| " + " | ".join(tab.columns) + " |", "|" + "---|" * len(tab.columns)]
+            + ["| " + " | ".join(cell(v) for v in row) + " |" for row in tab.itertuples(index=False)])
+
+
 def additions_markdown(device: str = "h200") -> str:
-    """What the book adds, as a Markdown list under its heading ('' when nothing is stored)."""
+    """What the book adds besides the engine's table, as a Markdown list ('' when nothing is stored)."""
     adds = additions(device)
-    return "\n".join(["Beyond the post:", ""] + [f"- {a}" for a in adds]) if adds else ""
+    return "\n".join(f"- {a}" for a in adds)
 
 
 def markdown(device: str = "h200") -> str:
     """The findings as Markdown (README.md, book/intro.md): the preamble, a table of the headline
-    claims, then what the book adds. A chapter shows the same as the table itself (``findings_table``)."""
-    tab = findings_table(device)
-    lines = [preamble(device), "", "| " + " | ".join(tab.columns) + " |", "|" + "---|" * len(tab.columns)]
-    lines += ["| " + " | ".join(_md_cell(v) for v in row) + " |" for row in tab.itertuples(index=False)]
+    claims, then what the book adds: the engine's table and the speedrun. A chapter shows the same
+    through :func:`show_findings`."""
+    lines = [preamble(device), ""] + _md_table(findings_table(device))
+    eng = engine_results(device)
     adds = additions_markdown(device)
+    if not eng.empty or adds:
+        lines += ["", "Beyond the post:"]
+    if not eng.empty:
+        lines += ["", ENGINE_INTRO, ""] + _md_table(eng)
     if adds:
         lines += ["", adds]
     return "\n".join(lines)
+
+
+def show_findings(device: str = "h200") -> None:
+    """The findings in a notebook: the same text and tables as :func:`markdown`, the tables as HTML."""
+    from IPython.display import Markdown, display
+
+    from ftlib.views.tables import show_frame
+
+    display(Markdown(preamble(device)))
+    show_frame(findings_table(device), caption=f"The post's headline claims on {device}")
+    eng = engine_results(device)
+    if not eng.empty:
+        display(Markdown("Beyond the post: " + ENGINE_INTRO))
+        show_frame(eng, caption=f"The book's engine against the strongest compiled step on {device}")
+    adds = additions_markdown(device)
+    if adds:
+        display(Markdown(adds))
 
 
 def replace_block(text: str, block: str) -> str:
