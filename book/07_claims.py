@@ -25,7 +25,11 @@
 # rule (`ftlib.views.audit`):
 #
 # * a derived number (parameters, FLOPs, bytes) **holds** when the book's derivation agrees
-#   within the stated tolerance;
+#   within the tolerance the code states beside it (`ftlib.views.audit`: 0.2% for arithmetic on
+#   the post's own figures, as close as their rounding allows; a few percent for counts the post
+#   rounds);
+# * **not measured yet** where the verdict needs a measurement that is not stored (the expected
+#   outcome, where the book has one, is given beside it);
 # * a timing claim was made on a Tesla T4: measured on another GPU it can at most **hold on
 #   H200 only**, and it needs every repeated run on the claim's side (the tolerance below
 #   allows for the run-to-run spread of the original's own measurements); otherwise **does not

@@ -75,6 +75,7 @@ import sys
 from pathlib import Path
 
 import torch
+from IPython.display import Markdown, display
 
 from ftlib.core.device import pick_device
 from ftlib.views import ddp
@@ -116,7 +117,7 @@ show(ddp.allreduce_figure(), "ddp-allreduce-volume")
 # %% [markdown]
 # ## What FastTransformer's smaller parameter count means here
 #
-# Multi-query attention (K and V one head wide) and the 2× MLP remove most of GPT-2's block
+# Multi-query attention (K and V one head wide) and the 2× MLP remove about half of GPT-2's
 # parameters, and with them the same share of the all-reduce. Below: that share, computed, and
 # the floor set beside the stored single-GPU H200 step of chapter 3 (eager, fp32, B = 32,
 # T = 256), the compute each GPU does between two all-reduces under weak scaling.
@@ -127,14 +128,13 @@ show_frame(ddp.floor_vs_step(ok_rows("baselines")))
 
 # %% [markdown]
 # Even at eight GPUs the bandwidth floor of the gradient all-reduce is a fraction of a percent
-# of one step: bandwidth is not what limits data parallelism for models this small. What can
-# limit it is latency (each bucket's all-reduce has a fixed cost of some microseconds), the
-# overlap DDP manages with backward, and launch overhead, which is why the measurements below,
-# not the floor, decide. FastTransformer's ~47% fewer bytes halve a cost that is already small;
-# what weighs more is the step the all-reduce hides behind. A shorter step leaves less backward
-# to overlap with and makes any fixed all-reduce cost a larger share, and which model's step is
-# shorter depends on the mode and precision (chapter 5: in eager fp32, above, FastTransformer's
-# is the longer one).
+# of one step (the last column): bandwidth is not what limits data parallelism for models this
+# small. What can limit it is latency (each bucket's all-reduce has a fixed cost of some
+# microseconds), the overlap DDP manages with backward, and launch overhead, which is why the
+# measurements below, not the floor, decide. FastTransformer's fewer bytes shrink a cost that
+# is already small; what weighs more is the step the all-reduce hides behind. A shorter step
+# leaves less backward to overlap with and makes any fixed all-reduce cost a larger share, and
+# which model's step is shorter depends on the mode and precision (chapter 5).
 
 # %% [markdown]
 # ## Measured: step time, throughput and scaling efficiency
@@ -150,9 +150,8 @@ show_frame(ddp.floor_vs_step(ok_rows("baselines")))
 
 # %%
 if not rows:
-    print("No multi-GPU rows stored yet: data/results/*/ddp.jsonl does not exist. Run "
-          "`OUT=<dir> bash ci/gpu_ddp.sh` on a machine with 2-8 GPUs and commit its ddp.jsonl into "
-          "data/results/<gpu>/ to fill this section. The accounting above does not depend on it.")
+    print("No multi-GPU measurement is stored in this edition. On a machine with 2 to 8 GPUs, "
+          "`OUT=<dir> bash ci/gpu_ddp.sh` measures this section (the README's 'Measure on a GPU').")
 else:
     show_frame(ddp.ddp_table(rows))
 
@@ -165,10 +164,16 @@ for name, fig in ddp.scaling_figures(rows):
 #
 # Data parallelism must not change what is learnt. With equal slices of one global batch, the
 # mean of the per-GPU mean losses is the full batch's mean loss, so DDP's averaged gradients
-# equal one process's gradients on the whole batch up to fp32 rounding. Every stored row
+# equal one process's gradients on the whole batch up to fp32 rounding. Each measured row
 # carries that check (`grads ok`: relative difference ≤ 1e-5, fp32), and
 # `tests/test_distributed.py` checks it on two CPU processes (gloo) to 1e-6, together with
 # three training steps whose losses match single-process training on the concatenated batch.
+
+# %% [markdown]
+# ## What we found
+
+# %%
+display(Markdown(ddp.findings(ok_rows("baselines"), rows)))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

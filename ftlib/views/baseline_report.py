@@ -27,10 +27,12 @@ from ftlib.views.baselines import (
     placement_table,
     range_text,
     runs_note,
+    runs_on_starts,
     spread,
     strongest,
     todays_engine,
     valid_rows,
+    verdict,
 )
 from ftlib.views.tables import table_view
 
@@ -145,9 +147,8 @@ def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
     for dev in sorted(set(df["device_slug"])):
         post = lookup_row(tab, device_slug=dev, precision=precision, config=config_name(*POST_CONFIG))
         best = lookup_row(tab, device_slug=dev, precision=precision, config="strongest baseline of each")
-        runs = df[df["device_slug"] == dev]
-        lines = [f"**{dev}** ({runs['run_id'].nunique()} runs on {runs['machine_id'].nunique()} machine starts, "
-                 f"{precision}):"]
+        runs = df[(df["device_slug"] == dev) & (df["precision"] == precision)]
+        lines = [f"**{dev}** ({runs_on_starts(runs['run_id'].nunique(), runs['machine_id'].nunique())}, {precision}):"]
         if post is not None:
             lines.append(f"- Under the post's configuration ({config_name(*POST_CONFIG)}), FastTransformer steps "
                          f"{range_text(post['median'], post['min'], post['max'])} faster than GPT-2 "
@@ -184,16 +185,15 @@ def compiled_autograd_findings(df: pd.DataFrame, device: str, mode: str = "compi
     for (label, prec), g in wide.groupby(level=["label", "precision"]):
         if label not in MODEL_NAMES:
             continue
-        ratio = g["whole-step-ca"] / g["whole-step"]
-        rows = graphs.get_group((label, prec))
-        word = "slower" if ratio.min() > 1 else "faster" if ratio.max() < 1 else "no faster or slower over runs"
+        ratio, rows = g["whole-step-ca"] / g["whole-step"], graphs.get_group((label, prec))
+        n, m = len(g), rows.loc[rows["run_id"].isin(g.index.get_level_values("run_id")), "machine_id"].nunique()
         counts = rows[["compiled_graphs", "graph_breaks"]].max()
         where = ("" if counts.isna().any() else
                  f", with {counts['compiled_graphs']:.0f} graphs and {counts['graph_breaks']:.0f} graph breaks")
         out.append(f"{MODEL_NAMES[label]} {prec}: {config_name(mode, 'whole-step-ca')} "
                    f"{g['whole-step-ca'].median():.2f} ms against {g['whole-step'].median():.2f} ms without "
-                   f"compiled autograd: {range_text(ratio.median(), ratio.min(), ratio.max())} as long, {word} "
-                   f"({len(g)} runs){where}.")
+                   f"compiled autograd: {range_text(ratio.median(), ratio.min(), ratio.max())} as long ({runs_on_starts(n, m)}; "
+                   f"verdict: {verdict(1 / ratio.max(), 1 / ratio.min(), n, m).split(' (')[0]}){where}.")
     return out
 
 

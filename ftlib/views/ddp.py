@@ -5,11 +5,12 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
+import numpy as np
 import plotly.graph_objects as go
 
 from ftlib.analysis.allreduce import NVLINK_GBS, allreduce_volume, ring_floor_s
 from ftlib.model.config import preset
-from ftlib.views.bench import pick
+from ftlib.views.baselines import MODEL_NAMES
 from ftlib.views.plots import MODEL_COLORS, log_ticks
 from ftlib.views.tables import table_view
 
@@ -76,17 +77,50 @@ def fewer_bytes_text(n: int = 8) -> str:
             f"GPT-2 ({ft['grad_bytes'] / 1e6:.2f} MB vs {g2['grad_bytes'] / 1e6:.2f} MB), at every GPU count.")
 
 
+def _eager_step_ms(step_rows: list[dict[str, Any]], device: str, label: str) -> tuple[float | None, int]:
+    """The median over stored runs of one model's eager fp32 single-GPU step on ``device``, and how many runs."""
+    ms = [r["median_ms"] for r in step_rows if r.get("device_slug") == device and r.get("label") == label
+          and r.get("mode") == "eager" and r.get("precision") == "fp32" and r.get("optimizer_kind") == "default"
+          and r.get("median_ms")]
+    return (float(np.median(ms)) if ms else None), len(ms)
+
+
 @table_view
 def floor_vs_step(step_rows: list[dict[str, Any]], device: str = "h200", n: int = 8) -> list[dict[str, Any]]:
-    """The ``n``-GPU all-reduce floor beside the stored single-GPU eager fp32 step of ``device``."""
+    """The ``n``-GPU all-reduce floor beside the stored single-GPU eager fp32 step of ``device`` (its median
+    over the stored runs)."""
     out = []
     for name, cfg in MODELS.items():
-        step = pick(step_rows, device_slug=device, label=name, mode="eager", precision="fp32", optimizer_kind="default")
+        step, runs = _eager_step_ms(step_rows, device, name)
         floor_ms = ring_floor_s(cfg, n, H200_LINK_GBS) * 1e3
-        out.append({"model": name, "H200 1-GPU eager step ms (stored)": step and step["median_ms"],
+        out.append({"model": name, "H200 1-GPU eager step ms (median of stored runs)": step, "runs": runs,
                     f"{n}-GPU all-reduce floor ms": floor_ms,
-                    "floor / step": (floor_ms / step["median_ms"]) if step else None})
+                    "floor, share of the step": (floor_ms / step) if step else None})
     return out
+
+
+def findings(step_rows: list[dict[str, Any]], ddp_rows: list[dict[str, Any]], device: str = "h200",
+             n: int = max(WORLD_SIZES)) -> str:
+    """Chapter 9's closing paragraph: the accounting's answer, and what the stored DDP rows add."""
+    fl = floor_vs_step.rows(step_rows, device, n)
+    shares = [f"{MODEL_NAMES[r['model']]} {r['floor, share of the step']:.2%}" for r in fl
+              if r["floor, share of the step"]]
+    text = fewer_bytes_text(n)
+    if shares:
+        text += (f" At {n} GPUs the bandwidth floor of that all-reduce is a small share of one eager fp32 step "
+                 f"on the {device.upper()} ({'; '.join(shares)}): bandwidth does not limit data parallelism "
+                 "at this size. What could is each all-reduce's fixed latency and how much backward is left to "
+                 "hide it behind, which only a multi-GPU measurement shows.")
+    mine = [r for r in scaling_table.rows(ddp_rows) if r.get("device_slug") == device and r.get("efficiency")]
+    if mine:
+        top = max(r["world_size"] for r in mine)
+        eff = "; ".join(f"{MODEL_NAMES[r['label']]} {r['precision']} {r['efficiency']:.0%}" for r in mine
+                        if r["world_size"] == top)
+        text += f" Measured weak-scaling efficiency at {top} GPUs: {eff}."
+    else:
+        text += (f" No multi-GPU step is stored for the {device.upper()}, so what DDP costs in practice (the "
+                 "exposed part of the all-reduce) is not measured in this edition.")
+    return text
 
 
 @table_view
