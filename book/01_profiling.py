@@ -89,6 +89,8 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     MEASURE, SMOKE = True, "t4"
 
 # %% tags=["hide-cell"]
+from IPython.display import Markdown, display
+
 from ftlib.core.device import device_slug, pick_device
 from ftlib.harness.plans import plan_here, run_plan
 from ftlib.harness.profiles import part, view_smoke
@@ -196,6 +198,12 @@ for title, table in pv.heaviest_kernels(rows):
 # per operation, Inductor fuses elementwise operations into fewer kernels, and a CUDA graph
 # needs one launch per graph. The next chapters ask whether the post's speed-up comes from
 # the architectural changes or from having fewer launches.
+
+# %% [markdown]
+# ## What we found
+
+# %%
+display(Markdown(pv.findings(rows)))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

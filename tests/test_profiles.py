@@ -266,3 +266,29 @@ def test_each_measuring_chapter_announces_its_plan_before_measuring(chapter):
                            text.find("run_plan(plan, device)"))
     assert -1 < plan < announce < run, chapter
     assert "MEASURE and SMOKE" not in text and "if SMOKE else" not in text  # sizes come from the profiles
+
+
+def _profile(preset_name: str, mode: str, fwd: float, bwd: float, gaps: float, gemm: float, other: float) -> dict:
+    """A stored profile row as ftlib.harness.profiling writes it (times in us per step)."""
+    return {"preset": preset_name, "mode": mode, "precision": "fp32", "B": 32, "T": 256, "device_slug": "h200",
+            "step_ms": (fwd + bwd + gaps) / 1e3, "sdpa_backend": "efficient", "phase_source": "trace",
+            "phases": [{"phase": "forward", "total_us": fwd}, {"phase": "backward", "total_us": bwd}],
+            "gaps_us": gaps, "kernels": [{"category": "matmul", "total_us": gemm, "name": "sgemm", "count": 1,
+                                          "phase": "forward"},
+                                         {"category": "elementwise", "total_us": other, "name": "add", "count": 1,
+                                          "phase": "forward"}]}
+
+
+def test_chapter1_findings_are_computed_from_the_profiles():
+    from ftlib.views import profile as pv
+
+    rows = [_profile("gpt2", "eager", 1000, 2000, 1000, 600, 400),
+            _profile("fasttransformer", "eager", 1000, 2500, 1500, 300, 700),
+            _profile("gpt2", "cudagraph", 1000, 2000, 0, 900, 100)]
+    text = pv.findings(rows)
+    assert "**h200, fp32:**" in text
+    assert "the backward takes 2.0–2.5× the forward's GPU time over 3 profiles" in text
+    # gaps: eager 1000/4000 and 1500/5000 of the step, the graph none
+    assert "25%–30% of the step in eager" in text and "0% in cudagraph" in text
+    assert "GEMMs are 30%–90% of the kernel time" in text
+    assert "cannot answer" in pv.findings([])

@@ -165,3 +165,38 @@ def heaviest_kernels(rows: list[dict[str, Any]], n: int = 10) -> list[tuple[str,
             [{"phase": k["phase"], "category": k["category"], "kernel": k["name"][:90], "per step": k["count"],
               "µs per step": k["total_us"]} for k in top])))
     return out
+
+
+def findings(rows: list[dict[str, Any]]) -> str:
+    """Chapter 1's closing paragraph from the stored profiles: how the backward compares with the forward,
+    what share of each step the launch gaps take per mode, and how much of the kernel time is GEMMs."""
+    if not rows:
+        return ("No profile of the full-size models is stored for a GPU yet, so this chapter cannot answer its "
+                "question here; `bash ci/gpu-run --out OUT --only profile` measures it on a GPU.")
+    parts = pd.DataFrame(phase_breakdown(rows))
+    out = []
+    for (dev, prec), g in parts.groupby(["device_slug", "precision"], sort=True):
+        wide = g.pivot_table(index=["preset", "mode"], columns="phase", values="ms", aggfunc="first")
+        steps = g.groupby(["preset", "mode"])["step_ms"].first()
+        lines = []
+        if {"forward", "backward"} <= set(wide.columns):
+            fb = (wide["backward"] / wide["forward"]).dropna()
+            if len(fb):
+                lines.append(f"the backward takes {fb.min():.1f}–{fb.max():.1f}× the forward's GPU time over "
+                             f"{len(fb)} profiles")
+        if "launch gaps" in wide.columns:
+            share = (wide["launch gaps"] / steps).dropna()
+            by_mode = share.groupby(level="mode").agg(["min", "max"])
+            lines.append("the launch gaps take " + "; ".join(
+                f"{lo:.0%}–{hi:.0%} of the step in {mode}" if f"{lo:.0%}" != f"{hi:.0%}" else f"{lo:.0%} in {mode}"
+                for mode, (lo, hi) in by_mode.iterrows()))
+        mine = [r for r in rows if r["device_slug"] == dev and r["precision"] == prec and r.get("kernels")]
+        mm = [sum(k["total_us"] for k in r["kernels"] if k["category"] == "matmul")
+              / max(sum(k["total_us"] for k in r["kernels"]), 1e-9) for r in mine]
+        if mm:
+            lines.append(f"GEMMs are {min(mm):.0%}–{max(mm):.0%} of the kernel time")
+        if lines:
+            out.append(f"**{dev}, {prec}:** " + "; ".join(lines) + ".")
+    out.append("The post's \"MLP phase\" is a component, not a phase: kernel names do not tell the MLP's GEMMs "
+               "from the attention projections', so chapter 2 counts it by FLOPs and bytes instead.")
+    return "\n\n".join(out)
