@@ -110,7 +110,8 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
         if ("fp32", config) in per_run.index:
             r = per_run.loc[("fp32", config)]
             out.append(_row(f"FastTransformer over GPT-2, compiled, fp32 ({what})", f"{claimed:.3f}x (+44.5%)",
-                            f"{bv.range_text(r['median'], r['min'], r['max'])} on {device}",
+                            f"{bv.range_text(r['median'], r['min'], r['max'])} on {device} "
+                            f"({bv.runs_on_starts(int(r['runs']), int(r['machines']))})",
                             _range_verdict(r["min"], r["max"], claimed, int(r["runs"]), int(r["machines"])), src))
     # The +44.5% and its own numbers: 116,080 / 80,869 tok/s. Arithmetic on the post's numbers, not a
     # timing: it must agree to the rounding of the figures it comes from (0.2%), not within TOL.
@@ -145,7 +146,8 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
         out.append(_row(f"compiler ceiling: a hand-written GPT-2 engine does not beat torch.compile ({prec})",
                         f"engine {hand:.2f} ms vs compile-ro {ro:.2f} ms (T4, fp32)",
                         f"the book's GPT-2 engine {e['engine_ms']:.2f} ms vs the strongest compiled step "
-                        f"{e['baseline_ms']:.2f} ms: {bv.range_text(e['median'], e['min'], e['max'])} on {device}"
+                        f"{e['baseline_ms']:.2f} ms: {bv.range_text(e['median'], e['min'], e['max'])} on {device} "
+                        f"({bv.runs_on_starts(int(e['runs']), int(e['machines']))})"
                         + bv.engine_note(e["engine_config"]),
                         verdict, f"baselines suite, the {bv.runs_on_starts(int(e['runs']), int(e['machines']))} "
                         "that measured this engine (chapter 6)"))
