@@ -31,7 +31,7 @@
 # forward and backward passes of every configuration and ablation.
 #
 # The conventions (what a FLOP is, which bytes count, how the causal mask is treated)
-# are in the docstring of `ftlib/accounting.py`; the short version: a matmul of
+# are in the docstring of `ftlib/analysis/accounting.py`; the short version: a matmul of
 # (m, k) by (k, n) is 2mnk FLOPs, backward matmuls cost twice the forward, and bytes are
 # what each ATen op of an eager step reads and writes once.
 
@@ -92,7 +92,7 @@ from ftlib.views.tables import show_frame
 # kernel skips).
 
 # %%
-show_frame(av.block_forward_table(), name="block-forward-gflop")
+show_frame(av.block_forward_table(), decimals=2, name="block-forward-gflop")
 
 # %% [markdown]
 # ## The 4% / 64% claim
@@ -108,10 +108,11 @@ display(Markdown(av.shares_text()))
 # ## The 2× MLP: 8.59 → 4.30 GFLOP
 #
 # This part of the post's arithmetic holds: halving the hidden width halves both MLP
-# matmuls (the exact half rounds to the post's figure or one hundredth below it).
+# matmuls (the exact half rounds to the post's figure or one hundredth below it; both columns
+# to two decimals, as the post gives them).
 
 # %%
-show_frame(av.mlp_table(), digits=4, name="mlp-gflop")
+show_frame(av.mlp_table(), decimals=2, name="mlp-gflop")
 
 # %% [markdown]
 # The shares move the other way in FastTransformer: with a smaller MLP and projection,
@@ -161,8 +162,10 @@ show_frame(av.step_table(), digits=4, name="step-summary")
 # ## Where a step's FLOPs and bytes go
 #
 # Forward + backward + optimizer, per component, summed over the six layers, as executed on
-# an H200 in fp32. The components are coloured by the part of the model they belong to:
-# blues for attention, oranges for the MLP, greens for the norms, greys for the rest.
+# an H200 in fp32. The components are coloured by the part of the model they belong to
+# (the legend's groups): blues and a violet for attention, oranges for the MLP, greens for the
+# norms with pink for the residual adds, greys for the embeddings, head and loss, and brown for
+# the optimizer.
 # The bars name the models short: *FT, original K/V* is FastTransformer as the post wrote
 # it, with the (B, 1, T, d) K/V; *FT, expanded K/V* hands SDPA the stride-0 expanded view.
 
@@ -198,7 +201,8 @@ show_frame(av.floors_table(), name="step-floors")
 show(av.intensity_figure(), "02-intensity-h200-tf32")
 
 # %% [markdown]
-# Every component sits left of the TF32 ridge point: at C = 256 even the matmuls do too
+# Every component sits left of the TF32 ridge point: at a model width of C = 256 (`n_embd`,
+# the size of every projection's input in both models) even the matmuls do too
 # few FLOPs per byte to be compute-bound with tensor cores. Cutting FLOPs (the 2× MLP)
 # therefore helps less than the FLOP counts suggest, and cutting bytes and kernels (fusion,
 # not materializing the probabilities) matters more: the subject of the next chapters.

@@ -37,7 +37,9 @@
 # Measured modes: eager and the manual whole-step CUDA graph in fp32 and tf32 (suite `grid`),
 # and `torch.compile` with reduce-overhead in fp32 (suites `ladder` and `grid_compile`).
 # Every table reads the stored rows through `ftlib.views.codesign`; a suite not run yet shows
-# as "–" with the command that measures it.
+# as "–" with the command that measures it. Each table says how many runs stand behind it, and
+# the closing section says which numbers carry a verdict (at least 3 runs on 2 machine starts)
+# and which describe fewer runs than that.
 
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/04_codesign.ipynb)
@@ -76,11 +78,14 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
     MEASURE, SMOKE = True, "t4"
 
 # %% tags=["hide-input"]
+from IPython.display import Markdown, display
+
 from ftlib.core.device import device_slug, pick_device
 from ftlib.harness.plans import plan_here, run_plan
 from ftlib.harness.profiles import part, view_smoke
 from ftlib.model.ablations import ladder
 from ftlib.views import codesign as cv
+from ftlib.views import codesign_findings as cf
 from ftlib.views.bench import devices, not_measured, ok_rows, provenance_line
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
@@ -110,7 +115,9 @@ print("Measured on:", provenance_line(rows) or "nothing stored yet")
 # %%
 table = cv.grid_table(rows, GRID, B, T)
 # Every table of this chapter holds the rows of one device, named in its caption.
-show_frame(table, preview=cv.GRID_PREVIEW, caption=f"measured on {dev}")
+grid_runs = cv.grid_runs(rows, GRID, B, T)
+show_frame(table, preview=cv.GRID_PREVIEW, caption=f"measured on {dev}; the runs behind each column below")
+show_frame(grid_runs, caption=f"the runs behind the grid, {dev}")
 missing = cv.unmeasured(table, "compile-ro", "fp32")
 if missing:
     print(f"compile-ro, {len(missing)} of {len(table)} cells:", not_measured("grid_compile"))
@@ -119,10 +126,17 @@ if missing:
 # ## Which change buys what
 # The effect of switching one change on, averaged over the 8 cells where it is off (so every
 # combination of the other three counts once): the ratio of step times with and without it.
-# A mode whose 16 cells are not all measured shows "–".
+# A mode whose 16 cells are not all measured shows "–". Eager steps launch every kernel from
+# Python and follow the host CPU of the machine start; the CUDA graph and compile-ro replay one
+# graph per step. The note under the table compares the eager effects with how far eager steps
+# scatter from run to run (the baselines suite's runs of GPT-2 and the FastTransformer, below).
 
 # %%
-show_frame(cv.switch_effects(table), caption=f"measured on {dev}")
+effects = cv.switch_effects(table)
+scatter = cv.run_scatter(rows, B, T)
+show_frame(effects, caption=f"measured on {dev}, {cv.runs_caption(grid_runs)}")
+show_frame(scatter, caption=f"one step from run to run, baselines suite, {dev}")
+display(Markdown(cf.effects_note(effects, grid_runs, scatter)))
 
 # %% [markdown]
 # ## The ladder: GPT-2 → FastTransformer, one change at a time
@@ -134,14 +148,18 @@ show_frame(cv.switch_effects(table), caption=f"measured on {dev}")
 
 # %%
 steps = cv.ladder_table(rows, LADDER, B, T)
+ladder_runs = cv.grid_runs(rows, LADDER, B, T, cv.LADDER_SOURCES)
 show(cv.ladder_figure(steps, dev, B, T), "ladder")
-show_frame(steps, preview=cv.LADDER_PREVIEW if len(steps) else None, caption=f"measured on {dev}")
+show_frame(steps, preview=cv.LADDER_PREVIEW if len(steps) else None,
+           caption=f"measured on {dev}, {cv.runs_caption(ladder_runs)}")
 if len(cv.unmeasured(steps, "compile-ro", "fp32", "rung")) == len(steps):
     print("compile-ro rungs:", not_measured("ladder"))
 
 # %% [markdown]
 # ## Grouped-query attention and the MLP ratio as curves
-# On the FastTransformer preset: K/V heads 1, 2, 4, 8 (multi-query → multi-head) and MLP ratio 1…4.
+# On the FastTransformer preset: K/V heads 1, 2, 4, 8 (multi-query → multi-head) and MLP ratio 1…4,
+# from the grid suite's run (eager and CUDA graph; colours as in the ladder). The dotted grey line is
+# the accounting's GFLOP per step, on the right axis.
 
 # %%
 for name, fig in cv.sweep_figures(rows, dev, B, T):
@@ -150,20 +168,33 @@ for name, fig in cv.sweep_figures(rows, dev, B, T):
 # %% [markdown]
 # ## The attention kernel that actually runs, and the cost of the math fallback
 # The profiler (chapter 1) reads the SDPA backend off each trace. The original FastTransformer
-# passes K/V as (B, 1, T, d); no fused kernel takes K/V with fewer heads than Q, so SDPA falls
-# back to its math backend, which materializes the (B, H, T, T) scores. `ftlib` passes a stride-0
+# passes K/V as (B, 1, T, d). Called as the original calls it, without `enable_gqa=True`, SDPA's
+# fused kernels do not take K/V with fewer heads than Q, so it falls back to its math backend,
+# which materializes the (B, H, T, T) scores. `ftlib` passes a stride-0
 # `expand`ed (B, H, T, d) view instead (no copy), which the memory-efficient kernel accepts.
 # "expected" is what the kernel rules in `ftlib.analysis.accounting` predict; the trace is what ran.
 
 # %%
-show_frame(cv.backend_table(dev, include_cpu=MEASURE), caption=f"profiled on {dev}")
+kernels = cv.backend_table(dev, include_cpu=MEASURE)
+show_frame(kernels, caption=f"profiled on {dev}")
+if len(kernels) and (kernels["SDPA backend (from trace)"] == cv.NOT_PROFILED).any():
+    print("SDPA backends from the profiler traces,", not_measured("profile"))
 
 # %% [markdown]
-# What the layout costs per mode (fp32, Figure 1's suite, both layouts timed in the same run):
-# the original layout's step time over the expanded view's.
+# What the layout costs per mode (fp32, Figure 1's suite, which times both layouts in the same
+# run): the original layout's step time over the expanded view's, per run, then the median with
+# the lowest and highest run over every run that measured both layouts; the step times are the
+# medians over the same runs.
 
 # %%
-show_frame(cv.fallback_cost(rows), caption=f"measured on {dev}")
+cost = cv.fallback_cost(rows, B, T)
+show_frame(cost, caption=f"measured on {dev}")
+
+# %% [markdown]
+# ## What we found
+
+# %%
+display(Markdown(cf.chapter4_findings(effects, grid_runs, ladder_runs, scatter, steps, cost)))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

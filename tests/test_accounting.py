@@ -293,3 +293,15 @@ def test_attention_dropout_zero_drops_only_the_probability_passes():
     t = {k: attention_matrix_traffic(c, 4, 64, "fp32", backend="math", training=True)
          for k, c in (("both", both), ("resid", resid_only), ("none", none))}
     assert t["resid"] == t["none"] != t["both"]
+
+
+def test_chapter2_shares_text_computes_its_ratio_to_the_post(monkeypatch):
+    from ftlib.analysis.claims import POST_CLAIMED
+    from ftlib.analysis.totals import attention_mlp_fractions
+    from ftlib.views import accounting as av
+
+    full = attention_mlp_fractions(preset("gpt2"), 32, 256)
+    ratio = full["attention"] / POST_CLAIMED["attention_share"]
+    assert f"{ratio:.1f} times the" in av.shares_text()
+    monkeypatch.setitem(POST_CLAIMED, "attention_share", 2 * POST_CLAIMED["attention_share"])
+    assert f"{ratio / 2:.1f} times the" in av.shares_text()

@@ -129,7 +129,10 @@ def test_kv_choice_is_visible():
     cfg = preset("fasttransformer")
     assert "stride-0 expand" in CausalSelfAttention(cfg).kv_description()
     assert "math backend" in CausalSelfAttention(cfg.replace(kv_layout="broadcast")).kv_description()
-    assert "explicit" in CausalSelfAttention(preset("gpt2")).kv_description()
+    gpt2 = CausalSelfAttention(preset("gpt2")).kv_description()
+    assert "explicit" in gpt2 and "broadcast" not in gpt2  # 8 K/V heads for 8 query heads: nothing to broadcast
+    mqa = CausalSelfAttention(preset("gpt2", n_kv_head=1)).kv_description()
+    assert "(B,1,T,32)" in mqa and "broadcast over 8 query heads" in mqa
 
 
 def test_determinism_under_seed():

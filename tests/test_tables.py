@@ -95,6 +95,13 @@ def test_show_table_keeps_its_signature(capsys):
     assert tables.md_table(rows(1), ["mode", "gpt2 ms"]).splitlines()[2] == "| m0 | 10 |"
 
 
+def test_decimals_give_every_plain_number_the_same_places():
+    got = tables.table_bundle([{"what": "a", "GFLOP": 4.3, "speed-up": 1.5}, {"what": "sum", "GFLOP": 15.0324}],
+                              decimals=2)["text/plain"]
+    assert "4.30" in got and "15.03" in got and "1.50×" in got
+    assert "| 4.3 |" in tables.table_bundle([{"what": "a", "GFLOP": 4.3}])["text/plain"]  # figures by default
+
+
 def test_to_frame_keeps_types_for_grouping():
     frame = tables.to_frame(rows(4) + [{"device": "cpu", "mode": "m9", "params": None}])
     assert str(frame["params"].dtype) == "Int64" and frame["params"].isna().sum() == 1

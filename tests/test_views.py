@@ -280,17 +280,81 @@ def test_backend_table_reads_each_variant_from_its_trace():
     assert lines[("gpt2", "fp32")]["step ms (profiler run)"] is None
 
 
-def test_fallback_cost_compares_the_two_layouts_of_one_baselines_run():
+def layout_pair(mode: str, expanded: float, original: float | None, run: str, machine: str, **extra) -> list[dict]:
     ft, fb = codesignview.VARIANTS["fasttransformer"], codesignview.VARIANTS["fasttransformer-broadcast"]
-    write(step_row("baselines", "fasttransformer", ft, 32, 256, "eager", "fp32", 10.0, run_id="a"),
-          step_row("baselines", "fasttransformer-broadcast", fb, 32, 256, "eager", "fp32", 12.0, run_id="a"),
-          # a newer run that measured only the broadcast layout must not be paired with run a
-          step_row("baselines", "fasttransformer-broadcast", fb, 32, 256, "eager", "fp32", 30.0, run_id="b",
-                   date="2026-12-05T10:00:00Z"),
+    out = [step_row("baselines", "fasttransformer", ft, 32, 256, mode, "fp32", expanded, run_id=run,
+                    machine_id=machine, **extra)]
+    if original is not None:
+        out.append(step_row("baselines", "fasttransformer-broadcast", fb, 32, 256, mode, "fp32", original,
+                            run_id=run, machine_id=machine, **extra))
+    return out
+
+
+def test_fallback_cost_pairs_the_layouts_within_each_run_then_spreads_over_runs():
+    ft = codesignview.VARIANTS["fasttransformer"]
+    write(*layout_pair("eager", 10.0, 12.0, "a", "m0"), *layout_pair("eager", 20.0, 30.0, "b", "m1"),
+          *layout_pair("eager", 10.0, 13.0, "c", "m0"),
+          # a newer run that measured only one layout must not be paired with another run's row
+          *layout_pair("eager", 1.0, None, "d", "m1", date="2026-12-05T10:00:00Z"),
+          *layout_pair("cudagraph", 7.0, 8.4, "a", "m0"),
           step_row("grid", "n_kv_head=1", ft, 32, 256, "eager", "fp32", 3.0))  # same config, other suite
     cost = {r["mode"]: r for r in codesignview.fallback_cost.rows(codesignview.measured(SLUG))}
-    assert cost["eager"]["expanded K/V ms"] == 10.0 and cost["eager"]["cost of the layout"] == pytest.approx(1.2)
-    assert cost["compile-ro"]["cost of the layout"] is None
+    e = cost["eager"]
+    assert e["cost of the layout"] == pytest.approx(1.3) and e["cost of the layout, lowest run"] == pytest.approx(1.2)
+    assert e["cost of the layout, highest run"] == pytest.approx(1.5)
+    assert e["expanded K/V ms"] == 10.0 and e["original (B,1,T,d) ms"] == 13.0  # medians over runs a, b, c
+    assert e["runs"] == "3 runs on 2 machine starts" and e["verdict"] == "the original layout is slower"
+    assert cost["cudagraph"]["runs"] == "1 run on 1 machine start" and "too few runs" in cost["cudagraph"]["verdict"]
+    assert cost["compile-ro"]["cost of the layout"] is None and cost["compile-ro"]["runs"] == 0
+
+
+def test_grid_runs_and_run_scatter_count_runs_and_machine_starts():
+    from ftlib.views import codesign_findings as findings
+
+    write(*[dict(r, run_id="g1", machine_id="m0") for r in grid_rows("eager", "grid")],
+          *[dict(r, run_id="c1", machine_id="m1") for r in grid_rows("compile-ro", "grid_compile")])
+    rows = codesignview.measured(SLUG)
+    runs = {r["column"]: r for r in codesignview.grid_runs.rows(rows)}
+    assert runs["eager fp32"]["runs"] == 1 and runs["eager fp32"]["measured"] == "16 of 16"
+    assert runs["cudagraph fp32"]["runs"] == 0 and runs["compile-ro fp32"]["suites"] == "grid_compile"
+    g, f = preset("gpt2"), codesignview.VARIANTS["fasttransformer"]
+    for i, (eager, graph) in enumerate(((10.0, 7.0), (18.0, 7.07), (12.0, 7.0))):
+        write(step_row("baselines", "fasttransformer", f, 32, 256, "eager", "fp32", eager, run_id=f"r{i}",
+                       machine_id=f"m{i % 2}", optimizer_kind="default"),
+              step_row("baselines", "fasttransformer", f, 32, 256, "cudagraph", "fp32", graph, run_id=f"r{i}",
+                       machine_id=f"m{i % 2}", optimizer_kind="fused"),
+              step_row("baselines", "gpt2", g, 32, 256, "eager", "fp32", 5.0, run_id=f"r{i}",
+                       machine_id=f"m{i % 2}", optimizer_kind="fused"))  # not the default placement
+    scatter = {(r["model"], r["mode"]): r for r in codesignview.run_scatter.rows(codesignview.measured(SLUG))}
+    assert set(scatter) == {("fasttransformer", "eager fp32"), ("fasttransformer", "cudagraph fp32")}
+    assert scatter[("fasttransformer", "eager fp32")]["slowest / fastest"] == pytest.approx(1.8)
+    assert scatter[("fasttransformer", "eager fp32")]["machine starts"] == 2
+    table = codesignview.grid_table(codesignview.measured(SLUG))
+    note = findings.effects_note(codesignview.switch_effects(table), codesignview.grid_runs(rows),
+                                 codesignview.run_scatter(codesignview.measured(SLUG)))
+    # Eager factors up to 1/0.7 = 43%: within an 80% scatter; the graph-replayed steps lie 1.0% apart.
+    assert "1 run on 1 machine start" in note and "80% apart" in note and "43%, lies within" in note
+    assert "at most 1.0% apart" in note
+
+
+def test_chapter4_findings_read_the_graph_replayed_modes_and_say_what_rmsnorm_does():
+    from ftlib.views import codesign_findings as findings
+
+    write(*grid_rows("eager", "grid"), *grid_rows("compile-ro", "grid_compile"),
+          *layout_pair("compile-ro", 6.0, 6.3, "a", "m0"))
+    rows = codesignview.measured(SLUG)
+    table = codesignview.grid_table(rows)
+    text = findings.chapter4_findings(codesignview.switch_effects(table), codesignview.grid_runs(rows),
+                                      codesignview.grid_runs(rows, ladder(), sources=codesignview.LADDER_SOURCES),
+                                      codesignview.run_scatter(rows), codesignview.ladder_table(rows),
+                                      codesignview.fallback_cost(rows))
+    assert "fewer than a verdict needs" in text
+    assert "**Fused SDPA**: speed-up 1.11× in compile-ro fp32." in text  # 1 / 0.9, eager left out
+    assert "eager" not in text.split("**The original K/V layout**")[0].split("\n", 1)[1]
+    # RMS factor 1.0 under compile-ro: no graph-replayed step is faster with it.
+    assert "makes no graph-replayed step faster: 1.00× in compile-ro fp32 (within 2%: no change)" in text
+    assert "compile-ro fp32, the 2× MLP (1.25×)" in text
+    assert "compile-ro 1.05×" in text and "too few runs" in text
 
 
 def test_profile_of_the_broadcast_layout_on_cpu_shows_the_math_backend():
@@ -340,3 +404,12 @@ def test_audit_convergence_claim_without_rows_stays_in_the_table_unmeasured():
     row = _claim(audit.audit_table.rows(SLUG), "perplexity at step 200")
     assert row["verdict"] == "not measured yet" and "ci/gpu_train.py --suites convergence-original" in row["book finds"]
     assert row["post says"] == "11.98 vs 12.45 (training batch)"
+
+
+def test_chapter0_states_the_posts_figure_from_the_claims(monkeypatch):
+    from ftlib.analysis.claims import POST_CLAIMED
+    from ftlib.views import setup
+
+    assert f"{POST_CLAIMED['speedup_compiled']:.3f}× as fast" in setup.claim_text()
+    monkeypatch.setitem(POST_CLAIMED, "speedup_compiled", 1.5)
+    assert "1.500× as fast" in setup.claim_text() and "+50.0%" in setup.claim_text()

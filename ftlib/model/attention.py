@@ -100,7 +100,10 @@ class CausalSelfAttention(nn.Module):
     def kv_description(self) -> str:
         """What K/V tensor the attention kernel receives, for summaries and the book."""
         if self.attn_impl == "explicit":
-            return f"explicit softmax, K/V (B,{self.n_kv_head},T,{self.head_size}) broadcast in matmul"
+            kv = f"explicit softmax, K/V (B,{self.n_kv_head},T,{self.head_size})"
+            if self.n_kv_head == self.n_head:
+                return f"{kv}, one K/V head per query head"
+            return f"{kv}, each K/V head broadcast over {self.n_head // self.n_kv_head} query heads in the matmul"
         if self.n_kv_head == self.n_head:
             return f"SDPA, K/V (B,{self.n_head},T,{self.head_size})"
         if self.kv_layout == "expand":

@@ -78,10 +78,13 @@ def shares_table() -> list[dict[str, Any]]:
 
 def shares_text() -> str:
     full, causal = _fractions(False), _fractions(True)
+    post_gflop = POST_CLAIMED["attention_share"] * full["block_gflop"]
     return (f"Attention is {full['attention']:.1%} of the block as GPT-2 executes it "
             f"({causal['attention']:.1%} counting only the causal half), not "
             f"{POST_CLAIMED['attention_share']:.0%}: a QKᵀ + A·V of "
-            f"{full['attention_gflop']:.2f} GFLOP, four times the post's figure. "
+            f"{full['attention_gflop']:.2f} GFLOP, {full['attention_gflop'] / post_gflop:.1f} times the "
+            f"{post_gflop:.2f} GFLOP that the post's {POST_CLAIMED['attention_share']:.0%} of this "
+            f"{full['block_gflop']:.2f} GFLOP block would be. "
             f"The MLP share is {full['mlp']:.1%} ({causal['mlp']:.1%} causal), not "
             f"{POST_CLAIMED['mlp_share']:.0%}.")
 

@@ -1,5 +1,6 @@
 """Chapter 4's views of stored rows: the 2^4 grid in every measured mode, what each switch
-buys, the ladder GPT-2 -> FastTransformer, and which attention kernel each variant gets.
+buys, the ladder GPT-2 -> FastTransformer, which attention kernel each variant gets and what the
+original K/V layout costs, with the runs behind each table.
 
 A configuration's step may have been measured by several suites (a ladder rung is also a
 grid cell; the last rung times like Figure 1's FastTransformer), so rows are found by their
@@ -20,7 +21,8 @@ from ftlib.analysis.backends import expected_backend
 from ftlib.analysis.totals import step_summary
 from ftlib.model.ablations import SWITCHES, grid, kv_head_sweep, ladder, mlp_ratio_sweep
 from ftlib.model.config import ModelConfig, preset
-from ftlib.views.bench import not_measured, ok_rows, same_config
+from ftlib.views.baselines import runs_on_starts, verdict
+from ftlib.views.bench import ok_rows, same_config
 from ftlib.views.plots import legend_below
 from ftlib.views.tables import records, table_view
 
@@ -28,6 +30,9 @@ B, T = 32, 256  # the post's shape, at which every chapter-4 suite measures
 # (mode, precision) columns of the grid and the ladder, in the order shown.
 COLUMNS = (("eager", "fp32"), ("cudagraph", "fp32"), ("eager", "tf32"), ("cudagraph", "tf32"),
            ("compile-ro", "fp32"))
+# One colour per column, the same in the ladder and the sweeps; the accounting's line is grey.
+COLUMN_COLORS = dict(zip(COLUMNS, ("#636efa", "#ef553b", "#00cc96", "#ab63fa", "#ffa15a")))
+ACCOUNTING_COLOR = "#7f7f7f"
 SOURCES = ("grid", "grid_compile", "ladder", "baselines")
 LADDER_SOURCES = ("ladder", "grid", "grid_compile", "baselines")  # the ladder's own run first
 # The attention variants whose SDPA backend chapter 4 reads from the profiler.
@@ -36,6 +41,7 @@ VARIANTS: dict[str, ModelConfig] = {
     "fasttransformer": preset("fasttransformer"),  # K/V expanded to (B, H, T, d): a stride-0 view
     "fasttransformer-broadcast": preset("fasttransformer", kv_layout="broadcast"),  # (B, 1, T, d), as the original
 }
+NOT_PROFILED = "not measured yet"
 KV_AS_PASSED = {"gpt2": "(B, H, T, d), explicit softmax", "fasttransformer": "(B, H, T, d) expanded view",
                 "fasttransformer-broadcast": "(B, 1, T, d), as the original"}
 
@@ -150,7 +156,8 @@ def backend_table(device: str | None, include_cpu: bool = False, precisions: tup
     """Eager profiles at b x t (default the post's 32 x 256): the SDPA backend each variant ran, from its trace.
 
     Beside it the backend the accounting's rules expect on that device, and the profiler
-    run's step time. A variant not profiled yet gets a line saying how to measure it.
+    run's step time. A variant not profiled yet reads "not measured yet" (the chapter names the
+    command once, :func:`ftlib.views.bench.not_measured`).
     ``overrides`` (config fields) with ``b``, ``t`` select smoke-run profiles of smaller models.
     """
     if device is None:  # no GPU has stored rows of this chapter's suites
@@ -166,33 +173,102 @@ def backend_table(device: str | None, include_cpu: bool = False, precisions: tup
             r = mine[-1] if mine else None
             cap = _capability(r) if r else (9, 0)
             out.append({"model": name, "K/V as passed": KV_AS_PASSED[name], "precision": prec,
-                        "SDPA backend (from trace)": r["sdpa_backend"] if r else not_measured("profile"),
+                        "SDPA backend (from trace)": r["sdpa_backend"] if r else NOT_PROFILED,
                         "expected (accounting)": expected_backend(cfg, prec, cap),
                         "step ms (profiler run)": r["step_ms"] if r else None})
     return out
 
 
-@table_view
-def fallback_cost(rows: list[dict]) -> list[dict[str, Any]]:
-    """Per mode (fp32, B=32, T=256): FastTransformer with expanded K/V vs the original (B,1,T,d) layout.
+def _run_of(r: dict) -> str:
+    """The run a row comes from (rows stored before runs were recorded: their commit and day)."""
+    return r.get("run_id") or f"{r.get('commit', '')}@{str(r.get('date', ''))[:10]}"
 
-    Both from one run of the baselines suite (the latest that has both), which times the two
-    layouts side by side in the same process.
-    """
-    base = [r for r in rows if r.get("bench") == "baselines" and r.get("run_id")]
-    by_run: dict[str, list[dict]] = {}
-    for r in sorted(base, key=lambda r: r.get("date", ""), reverse=True):
-        by_run.setdefault(r["run_id"], []).append(r)
+
+@table_view
+def grid_runs(rows: list[dict], configs: Mapping[str, ModelConfig] | None = None, b: int = B, t: int = T,
+              sources: tuple[str, ...] = SOURCES) -> list[dict[str, Any]]:
+    """Per measured column of the grid (or, with ``sources=LADDER_SOURCES``, the ladder): how many of its
+    lines have a time, and from how many runs and machine starts of which suites those times come."""
+    cfgs = configs or grid()
     out = []
-    for mode in ("eager", "cudagraph", "compile", "compile-ro"):
-        e = b = None
-        for run in by_run.values():
-            e = _ms(run, VARIANTS["fasttransformer"], mode, "fp32", sources=("baselines",))
-            b = _ms(run, VARIANTS["fasttransformer-broadcast"], mode, "fp32", sources=("baselines",))
-            if e and b:
-                break
-        out.append({"mode": mode, "expanded K/V ms": e, "original (B,1,T,d) ms": b,
-                    "cost of the layout": b / e if e and b else None})
+    for mode, prec in COLUMNS:
+        hits = [r for cfg in cfgs.values() if (r := find(rows, cfg, mode, prec, b, t, sources))]
+        out.append({"column": f"{mode} {prec}", "measured": f"{len(hits)} of {len(cfgs)}",
+                    "runs": len({_run_of(r) for r in hits}),
+                    "machine starts": len({r.get("machine_id") or _run_of(r) for r in hits}),
+                    "suites": ", ".join(sorted({r["bench"] for r in hits})) or None})
+    return out
+
+
+def runs_caption(runs: pd.DataFrame) -> str:
+    """'1 run on 1 machine start' for a table of :func:`grid_runs` whose measured columns agree, else
+    'runs per column as listed'."""
+    counts = {(r["runs"], r["machine starts"]) for r in records(runs) if r["runs"]}
+    if not counts:
+        return "no runs stored"
+    return runs_on_starts(*counts.pop()) if len(counts) == 1 else "runs per column as listed"
+
+
+@table_view
+def run_scatter(rows: list[dict], b: int = B, t: int = T, precision: str = "fp32") -> list[dict[str, Any]]:
+    """How far apart one configuration's step lies from run to run: the baselines suite's GPT-2 and
+    FastTransformer (PyTorch's default AdamW placement) per mode, fastest and slowest run, over every run."""
+    out = []
+    for name in ("gpt2", "fasttransformer"):
+        mine = [r for r in rows if r.get("bench") == "baselines" and r.get("run_id") and r["precision"] == precision
+                and (r["B"], r["T"]) == (b, t) and same_config(r, VARIANTS[name]) and _default_placement(r)]
+        df = pd.DataFrame([{"mode": r["mode"], "run": r["run_id"], "machine": r.get("machine_id") or r["run_id"],
+                            "ms": r["median_ms"]} for r in mine], columns=["mode", "run", "machine", "ms"])
+        for mode in ("eager", "cudagraph", "compile-ro"):
+            g = df[df["mode"] == mode]
+            if g.empty:
+                continue
+            out.append({"model": name, "mode": f"{mode} {precision}", "fastest run ms": g["ms"].min(),
+                        "slowest run ms": g["ms"].max(), "slowest / fastest": g["ms"].max() / g["ms"].min(),
+                        "runs": g["run"].nunique(), "machine starts": g["machine"].nunique()})
+    return out
+
+
+LAYOUT_MODES = ("eager", "cudagraph", "compile", "compile-ro")
+_LAYOUT_VERDICT = {"faster": "the original layout is slower", "slower": "the original layout is faster"}
+
+
+@table_view
+def fallback_cost(rows: list[dict], b: int = B, t: int = T) -> list[dict[str, Any]]:
+    """Per mode (fp32, default b x t 32 x 256): the original (B,1,T,d) K/V layout's step time over the
+    expanded view's on the FastTransformer.
+
+    The baselines suite times both layouts in the same process, so each run gives one ratio; a mode
+    shows the median ratio over every run that measured both layouts in it, its lowest and highest
+    run, the median step time of each layout over the same runs, and the verdict
+    (:func:`ftlib.views.baselines.verdict`).
+    """
+    names = {"fasttransformer": "expanded", "fasttransformer-broadcast": "original"}
+    recs = [{"run": r["run_id"], "machine": r.get("machine_id") or r["run_id"], "mode": r["mode"],
+             "layout": layout, "ms": r["median_ms"], "date": str(r.get("date", ""))}
+            for r in rows if r.get("bench") == "baselines" and r.get("run_id") and r["precision"] == "fp32"
+            and (r["B"], r["T"]) == (b, t) and r["mode"] in LAYOUT_MODES and _default_placement(r)
+            for name, layout in names.items() if same_config(r, VARIANTS[name])]
+    df = pd.DataFrame(recs, columns=["run", "machine", "mode", "layout", "ms", "date"])
+    df = df.sort_values("date").groupby(["run", "machine", "mode", "layout"]).last().reset_index()
+    per_run = df.pivot(index=["run", "machine", "mode"], columns="layout", values="ms")
+    per_run = per_run.reindex(columns=["expanded", "original"]).dropna().reset_index()
+    per_run["cost"] = per_run["original"] / per_run["expanded"]
+    out = []
+    for mode in LAYOUT_MODES:
+        g = per_run[per_run["mode"] == mode]
+        line: dict[str, Any] = {"mode": mode, "expanded K/V ms": None, "original (B,1,T,d) ms": None,
+                                "cost of the layout": None, "cost of the layout, lowest run": None,
+                                "cost of the layout, highest run": None, "runs": 0, "verdict": None}
+        if len(g):
+            n, m = g["run"].nunique(), g["machine"].nunique()
+            lo, hi = g["cost"].min(), g["cost"].max()
+            said = verdict(lo, hi, n, m)
+            line.update({"expanded K/V ms": g["expanded"].median(), "original (B,1,T,d) ms": g["original"].median(),
+                         "cost of the layout": g["cost"].median(), "cost of the layout, lowest run": lo,
+                         "cost of the layout, highest run": hi, "runs": runs_on_starts(n, m),
+                         "verdict": _LAYOUT_VERDICT.get(said, said)})
+        out.append(line)
     return out
 
 
@@ -214,7 +290,8 @@ def ladder_figure(steps: pd.DataFrame, device: str | None, b: int = B, t: int = 
     fig = go.Figure()
     for mode, prec in COLUMNS:
         fig.add_trace(go.Scatter(x=[r["rung"] for r in rows], y=[r[col(mode, prec)] for r in rows],
-                                 mode="lines+markers", name=f"{mode} {prec}"))
+                                 mode="lines+markers", name=f"{mode} {prec}",
+                                 line=dict(color=COLUMN_COLORS[(mode, prec)])))
     fig.update_layout(title=f"Cumulative ladder, {device} (B={b}, T={t})", yaxis_title="ms per step", height=430)
     return fig
 
@@ -230,9 +307,11 @@ def sweep_figures(rows: list[dict], device: str | None, b: int = B, t: int = T) 
             for mode in ("eager", "cudagraph"):
                 # By config, not label: n_kv_head=1 and mlp_ratio=2 are both the FastTransformer, one row.
                 ys = [(find(rows, cfg, mode, prec, b, t, ("grid",)) or {}).get("median_ms") for cfg in sweep.values()]
-                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{mode} {prec}"))
+                fig.add_trace(go.Scatter(x=xs, y=ys, mode="lines+markers", name=f"{mode} {prec}",
+                                         line=dict(color=COLUMN_COLORS[(mode, prec)])))
         fig.add_trace(go.Scatter(x=xs, y=[step_summary(c, B, T)["flops"] / 1e9 for c in sweep.values()],
-                                 name="GFLOP / step (accounting)", yaxis="y2", line=dict(dash="dot")))
+                                 name="GFLOP / step (accounting)", yaxis="y2",
+                                 line=dict(dash="dot", color=ACCOUNTING_COLOR)))
         fig.update_layout(title=f"{title} sweep on FastTransformer, {device}", xaxis=dict(title=title, tickvals=xs),
                           yaxis_title="ms per step", yaxis2=dict(overlaying="y", side="right", title="GFLOP per step",
                                                                  showgrid=False, tickmode="auto", nticks=6),

@@ -65,9 +65,10 @@ def unit_kind(column: str) -> str:
     return "number"
 
 
-def fmt(v: Any, digits: int = 3, column: str = "") -> str:
-    """One cell: '–' when missing, yes/no, thousands separators, ``digits`` significant figures;
-    ratios and fractions by the unit of ``column`` (see :func:`unit_kind`)."""
+def fmt(v: Any, digits: int = 3, column: str = "", decimals: int | None = None) -> str:
+    """One cell: '–' when missing, yes/no, thousands separators, ``digits`` significant figures (or
+    ``decimals`` places, for a column of figures compared digit by digit); ratios and fractions by the
+    unit of ``column`` (see :func:`unit_kind`)."""
     if _is_missing(v) or (isinstance(v, str) and not v.strip()):
         return MISSING
     if isinstance(v, (bool, np.bool_)):
@@ -83,6 +84,8 @@ def fmt(v: Any, digits: int = 3, column: str = "") -> str:
             return f"{100 * v:.{max(digits - 1, 0)}g}%" if abs(v) < 0.01 else f"{100 * v:.0f}%"
         if kind == "ratio":
             return f"{v:.2f}×" if abs(v) < 1000 else f"{v:,.0f}×"
+        if decimals is not None:
+            return f"{v:,.{decimals}f}"
         if abs(v) >= 1000:
             return f"{v:,.0f}"
         return f"{v:.{digits}g}"
@@ -128,9 +131,9 @@ def records(frame: pd.DataFrame) -> list[dict[str, Any]]:
     return [{k: (None if _is_missing(v) else v) for k, v in r.items()} for r in frame.to_dict("records")]
 
 
-def _text_frame(frame: pd.DataFrame, digits: int) -> pd.DataFrame:
+def _text_frame(frame: pd.DataFrame, digits: int, decimals: int | None = None) -> pd.DataFrame:
     """Every cell formatted by its column's unit."""
-    return pd.DataFrame({c: [fmt(v, digits, c) for v in frame[c].tolist()] for c in frame.columns},
+    return pd.DataFrame({c: [fmt(v, digits, c, decimals) for v in frame[c].tolist()] for c in frame.columns},
                         columns=frame.columns, index=range(len(frame)))
 
 
@@ -210,17 +213,18 @@ def _slug(text: str) -> str:
 
 def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None, digits: int = 3,
                  name: str | None = None, preview: Sequence[str] | None = None,
-                 caption: str | None = None) -> dict[str, str]:
+                 caption: str | None = None, decimals: int | None = None) -> dict[str, str]:
     """The mime bundle :func:`show_table` displays (text/html and text/plain).
 
     ``preview`` names the columns a wide table shows before its collapsed whole (default: the
-    first ``MAX_COLUMNS``); ``name`` (default: derived from the content) names its CSV file.
+    first ``MAX_COLUMNS``); ``name`` (default: derived from the content) names its CSV file;
+    ``decimals`` shows every plain number with that many places instead of ``digits`` figures.
     """
     frame = to_frame(rows, columns)
     if frame.empty:
         what = html.escape(caption + ": " if caption else "") + "no rows"
         return {"text/html": f"<p><em>{what}</em></p>", "text/plain": f"({what})"}
-    cells = _text_frame(frame, digits)
+    cells = _text_frame(frame, digits, decimals)
     nums = _numbers(frame)
     n_rows, n_cols = frame.shape
     key = "\x1f".join(map(str, cells.columns)) + "\x1e" + cells.to_csv(index=False) + (caption or "")
@@ -268,11 +272,13 @@ def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None =
 
 
 def show_table(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None, digits: int = 3, *,
-               name: str | None = None, preview: Sequence[str] | None = None, caption: str | None = None) -> None:
+               name: str | None = None, preview: Sequence[str] | None = None, caption: str | None = None,
+               decimals: int | None = None) -> None:
     """Display ``rows`` (dicts) as a table in a notebook: HTML with a plain-text twin (module docstring)."""
     from IPython.display import display
 
-    display(table_bundle(rows, columns, digits, name=name, preview=preview, caption=caption), raw=True)
+    display(table_bundle(rows, columns, digits, name=name, preview=preview, caption=caption, decimals=decimals),
+            raw=True)
 
 
 def show_frame(frame: pd.DataFrame, digits: int = 3, **kw: Any) -> None:
