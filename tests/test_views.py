@@ -59,7 +59,11 @@ def three_runs(make, *args, **kw) -> list[dict]:
 
 def test_sweep_table_ratios_and_filters():
     write(*sweep_pair(128, 16.0, 10.0), *sweep_pair(256, 13.0, 10.0), *sweep_pair(128, 9.0, 9.0, prec="tf32"))
-    write(step_row("tsweep", "gpt2", sweepview.sweep_config("gpt2", 512), 16, 512, "compile-ro", "fp32", 20.0))
+    write(step_row("tsweep", "gpt2", sweepview.sweep_config("gpt2", 512), 16, 512, "compile-ro", "fp32", 20.0,
+                   run_id="r0", machine_id="m0"))
+    # A row that does not name its run cannot be paired: it must not enter.
+    write(step_row("tsweep", "fasttransformer", sweepview.sweep_config("fasttransformer", 512), 16, 512,
+                   "compile-ro", "fp32", 1.0))
     # A smoke run of a smaller model at the same T and an other GPU's rows must not enter.
     write(step_row("tsweep", "fasttransformer", sweepview.sweep_config("fasttransformer", 128, n_layer=1), 64,
                    128, "compile-ro", "fp32", 1.0))
@@ -71,6 +75,30 @@ def test_sweep_table_ratios_and_filters():
     assert table[0]["fasttransformer tokens/s"] == pytest.approx(8192 / 0.010)
     assert sweepview.sweep_table.rows(sweepview.sweep_rows(SLUG), "tf32")[0]["speed-up"] == pytest.approx(1.0)
     assert sweepview.sweep_table.rows(sweepview.sweep_rows(SLUG), "fp32", "eager") == []
+    assert table[0]["runs"] == 1 and table[0]["verdict"].startswith("too few runs")
+
+
+def test_sweep_table_is_the_median_over_runs_not_the_latest_run():
+    # Three runs on two machine starts; the latest (r2) alone would say FastTransformer is slower.
+    write(*sweep_pair(512, 16.0, 10.0, run="r0", machine="m0"), *sweep_pair(512, 14.0, 10.0, run="r1", machine="m1"))
+    late = [dict(r, date="2026-12-04T10:00:00Z") for r in sweep_pair(512, 9.0, 10.0, run="r2", machine="m1")]
+    write(*late)
+    (line,) = sweepview.sweep_table.rows(sweepview.sweep_rows(SLUG))
+    assert line["speed-up"] == pytest.approx(1.4) and line["gpt2 ms"] == pytest.approx(14.0)
+    assert (line["speed-up min"], line["speed-up max"]) == (pytest.approx(0.9), pytest.approx(1.6))
+    assert (line["runs"], line["machine starts"]) == (3, 2) and line["verdict"] == "no verdict: the runs disagree"
+    assert sweepview.slower_at(sweepview.sweep_rows(SLUG), SLUG) == [
+        "h200, fp32, compile-ro: at no T is FastTransformer slower than GPT-2 in every run; "
+        "the runs disagree at T = 512."]
+
+
+def test_slower_at_names_the_T_as_prose():
+    for T in (128, 1024, 2048, 4096):
+        write(*three_runs(sweep_pair, T, 10.0 if T > 128 else 16.0, 12.0, prec="tf32"))
+    (line,) = sweepview.slower_at(sweepview.sweep_rows(SLUG), SLUG)
+    assert line == ("h200, tf32, compile-ro: FastTransformer steps slower than GPT-2 in every run at "
+                    "T = 1024, 2048 and 4096.")
+    assert "[" not in line
 
 
 def test_t4_projection_is_labelled_and_matches_the_roofline():
@@ -87,30 +115,61 @@ def test_t4_projection_is_labelled_and_matches_the_roofline():
 
 def test_compile_time_prefers_the_cold_process_rows():
     g, f = preset("gpt2"), preset("fasttransformer")
-    write(step_row("fig1", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=18.0),
-          step_row("fig1", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=8.0),
-          step_row("compile_time", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=20.0),
-          step_row("compile_time", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=5.0),
-          step_row("compile_time", "gpt2", g, 32, 256, "cudagraph", "fp32", 11.0, first_step_s=0.5))
+    run = dict(run_id="r0", machine_id="m0")
+    write(step_row("fig1", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=18.0, **run),
+          step_row("fig1", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=8.0, **run),
+          step_row("compile_time", "gpt2", g, 32, 256, "compile-ro", "fp32", 9.0, first_step_s=20.0, **run),
+          step_row("compile_time", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=5.0, **run),
+          step_row("compile_time", "gpt2", g, 32, 256, "cudagraph", "fp32", 11.0, first_step_s=0.5, **run))
     table = sweepview.compile_time_table.rows(SLUG)
-    assert table[0]["source"].startswith("compile_time") and table[0]["gpt2 / FT"] == pytest.approx(4.0)
-    cudagraph = [r for r in table if r["mode"] == "cudagraph"][0]
-    assert cudagraph["gpt2 / FT"] is None and cudagraph["gpt2 first step s"] == 0.5
+    assert table[0]["source"].startswith("compile_time") and table[0]["gpt2 / FT (median, min–max)"] == "4.00×"
+    assert table[0]["runs"] == "1 run on 1 machine start"
+    assert not [r for r in table if r["mode"] == "cudagraph"]  # no run measured both models there
     assert all(r["source"].startswith(("compile_time", "post")) for r in table)  # a warm process's first step
     post = table[-1]
-    assert post["device"] == POST_GPU and post["gpt2 / FT"] == pytest.approx(4.31 / 1.22)
+    assert post["device"] == POST_GPU and post["gpt2 / FT (median, min–max)"] == f"{4.31 / 1.22:.2f}×"
+
+
+def _compile_pair(g_s: float, f_s: float, run: str, machine: str, date: str = DATE) -> list[dict]:
+    return [step_row("compile_time", m, preset(m), 32, 256, "compile-ro", "fp32", 9.0, first_step_s=s,
+                     run_id=run, machine_id=machine, date=date) for m, s in (("gpt2", g_s), ("fasttransformer", f_s))]
+
+
+def test_compile_time_is_the_median_over_runs_and_agrees_with_the_audit():
+    # The latest run (1.1x) alone would misstate the median over the four (1.2x).
+    write(*_compile_pair(14.0, 11.2, "r0", "m0"), *_compile_pair(13.0, 10.4, "r1", "m1"),
+          *_compile_pair(18.0, 13.0, "r2", "m1"), *_compile_pair(14.3, 13.0, "r3", "m1", "2026-12-04T10:00:00Z"))
+    line = sweepview.compile_time_table.rows(SLUG)[0]
+    per_run = sorted([14.0 / 11.2, 13.0 / 10.4, 18.0 / 13.0, 14.3 / 13.0])
+    median = (per_run[1] + per_run[2]) / 2
+    assert line["gpt2 first step s"] == pytest.approx(14.15) and line["runs"] == "4 runs on 2 machine starts"
+    assert line["gpt2 / FT (median, min–max)"] == f"{median:.2f}× ({per_run[0]:.2f}–{per_run[-1]:.2f}×)"
+    row = _claim(audit.audit_table.rows(SLUG), "first step (compile)")
+    assert f"{median:.1f}x (4 runs" in row["book finds"] and "14.2 s -> " in row["book finds"]
 
 
 def test_eager_inversion_verdicts_come_from_the_rows():
     g, f = preset("gpt2"), preset("fasttransformer")
     write(step_row("fig1", "fasttransformer", f, 32, 256, "eager", "fp32", 16.8),
           step_row("fig1", "gpt2", g, 32, 256, "compile-ro", "fp32", 8.9))
-    write(*[r for r in sweep_pair(128, 7.0, 5.0, mode="eager") if r["label"] == "fasttransformer"],
-          *[r for r in sweep_pair(128, 6.0, 4.0) if r["label"] == "gpt2"])
+
+    def inversion_pair(T, ft_eager, gpt2_ro, run="r0", machine="m0"):
+        return [*[r for r in sweep_pair(T, 7.0, ft_eager, mode="eager", run=run, machine=machine)
+                  if r["label"] == "fasttransformer"],
+                *[r for r in sweep_pair(T, gpt2_ro, 4.0, run=run, machine=machine) if r["label"] == "gpt2"]]
+
+    write(*inversion_pair(128, 5.0, 6.0))
     lines = sweepview.eager_inversion_table.rows(SLUG)
-    assert lines[0]["source"].startswith("post") and lines[0]["verdict"] == "holds"  # 98 < 101.3 ms
+    assert lines[0]["source"].startswith("post") and lines[0]["verdict"] == "holds in the post's numbers"
     measured = {(r["source"].split(",")[0], r["T"]): r["verdict"] for r in lines[1:]}
-    assert measured == {("tsweep suite", 128): "holds"}  # B=32, T=256 comes from the repeated runs
+    assert measured == {("tsweep suite", 128): "too few runs (1 run on 1 machine start; a verdict needs 3 on 2)"}
+    write(*inversion_pair(128, 5.0, 6.0, "r1", "m1"), *inversion_pair(128, 5.0, 6.0, "r2", "m0"))
+    (line,) = sweepview.eager_inversion_table.rows(SLUG)[1:]
+    assert line["verdict"] == "holds" and line["runs"] == "3 runs on 2 machine starts"
+    # A latest run that says the opposite leaves the median, but takes the verdict away.
+    write(*[dict(r, date="2026-12-04T10:00:00Z") for r in inversion_pair(128, 7.0, 6.0, "r3", "m1")])
+    (line,) = sweepview.eager_inversion_table.rows(SLUG)[1:]
+    assert line["FT eager ms"] == 5.0 and line["verdict"] == "no verdict: the runs disagree"
 
 
 def test_eager_inversion_at_the_headline_shape_pairs_rows_of_each_run():
@@ -178,7 +237,7 @@ def test_audit_compile_time_claim_uses_compile_time_rows_first():
     write(*pair("r1", "m1"), *pair("r2", "m0"))
     row = _claim(audit.audit_table.rows(SLUG), "first step (compile)")
     assert row["verdict"] == "holds on H200 only" and row["from"].startswith("compile_time")  # 4.0x
-    assert "20.0 s -> 5.0 s: 4.0x (3 runs" in row["book finds"]
+    assert "20.0 s -> 5.0 s (medians over runs): 4.0x (3 runs" in row["book finds"]
 
 
 def profile_row(name: str, prec: str, backend: str, step_ms: float = 10.0, mode: str = "eager") -> dict:
@@ -390,14 +449,25 @@ def test_audit_compiler_ceiling_from_the_repeated_baselines_runs():
     assert speedup["verdict"] == "does not hold" and speedup["book finds"].startswith("1.00×")  # 10 vs 10 ms
 
 
-def test_sweep_findings_name_the_ends_of_the_sweep_and_the_runs_behind_them():
-    rows = [*sweep_pair(128, 16.0, 10.0), *sweep_pair(4096, 11.0, 10.0)]
-    write(*rows)
-    (line,) = sweepview.sweep_findings(sweepview.sweep_rows(SLUG), SLUG)
-    assert "1.60× at T=128 and 1.10× at T=4096" in line and "1 run on 1 machine start, too few" in line
-    write(*three_runs(sweep_pair, 128, 16.0, 10.0))
-    (line,) = sweepview.sweep_findings(sweepview.sweep_rows(SLUG), SLUG)
-    assert line.endswith("3 runs on 2 machine starts.")
+def test_what_we_found_speaks_per_precision_and_along_the_sweep():
+    from synthetic_results import baselines_run
+
+    from ftlib.harness.suites import baselines
+    from ftlib.views import baselines as bv
+    from ftlib.views.bench_findings import what_we_found
+
+    rows = []
+    for i, g in enumerate((15.0, 16.0, 17.0)):  # FastTransformer's strongest compiled step: 10 ms in every run
+        gpt2 = {(c.label, c.mode, c.optimizer): g for c in baselines() if c.label == "gpt2"}
+        rows += baselines_run(f"r{i}", f"m{i % 2}", gpt2, cases=baselines())
+    runs = bv.load(baselines(), rows=rows)
+    write(*three_runs(sweep_pair, 128, 16.0, 10.0), *three_runs(sweep_pair, 4096, 9.0, 10.0))
+    text = what_we_found(runs, {SLUG: sweepview.sweep_rows(SLUG)})
+    assert "1.60× (1.50–1.70× over runs); 3 runs on 2 machine starts; faster in every run." in text
+    assert "the gain shrinks from 1.60× at T = 128 to 0.90× at T = 4096" in text
+    assert "slower than GPT-2 in every run at T = 4096" in text
+    one = what_we_found(bv.load(baselines(), rows=rows[: len(rows) // 3]))
+    assert "too few runs for a verdict" in one and "faster in every run" not in one
 
 
 def test_audit_convergence_claim_without_rows_stays_in_the_table_unmeasured():

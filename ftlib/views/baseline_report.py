@@ -1,5 +1,5 @@
 """Chapters 3, 5 and 6 on the baselines suite: its tables with the spread written out, its figures
-and the chapters' closing paragraphs, from :mod:`ftlib.views.baselines`' per-run computations."""
+and chapters 3 and 6's closing paragraphs, from :mod:`ftlib.views.baselines`' per-run computations."""
 
 from __future__ import annotations
 
@@ -314,35 +314,6 @@ SHORT_GROUPS = {config_name(*POST_CONFIG): "post's setup", "fastest compiled": "
 
 
 HEADLINE_ORDER = ("fp32", "tf32", "bf16", "fp16")
-
-
-def chapter5_findings(df: pd.DataFrame) -> str:
-    """Chapter 5's closing paragraph, per device: the gain per precision, the setup's effect, the inversion."""
-    if df.empty:
-        return NO_RUNS
-    tab = spread(model_speedups(df), MODEL_KEYS)
-    inv = eager_inversion(df)
-    parts = []
-    for dev in sorted(set(df["device_slug"])):
-        lines = [f"**{dev}**:"]
-        for prec in HEADLINE_ORDER:
-            post = lookup_row(tab, device_slug=dev, precision=prec, config=config_name(*POST_CONFIG))
-            best = lookup_row(tab, device_slug=dev, precision=prec, config="strongest baseline of each")
-            if post is None or best is None:
-                continue
-            lines.append(f"- {prec}: FastTransformer over GPT-2 is "
-                         f"{range_text(post['median'], post['min'], post['max'])} under the post's setup "
-                         f"({post['verdict']}) and "
-                         f"{range_text(best['median'], best['min'], best['max'])} with each model at its fastest "
-                         f"compiled configuration ({best['verdict']}).")
-        row = lookup_row(inv, device=dev, precision="fp32", **{"GPT-2 compiled as": config_name(*POST_CONFIG)})
-        if row is not None:
-            lines.append(f"- The eager inversion {row['inversion']} here: FastTransformer run eagerly takes "
-                         f"{row['FastTransformer eager ms']:.2f} ms per step in fp32, GPT-2 compiled as the post "
-                         f"compiled it {row['GPT-2 compiled ms']:.2f} ms. Eager steps launch every kernel from "
-                         "Python, and on a GPU as fast as this one the host, not the GPU, sets their pace.")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
 
 
 def chapter6_findings(df: pd.DataFrame) -> str:

@@ -1,4 +1,4 @@
-"""Reading stored benchmark rows for the chapters: filter, pick, compare."""
+"""Reading stored benchmark rows for the chapters: filter, pick, describe their provenance."""
 
 from __future__ import annotations
 
@@ -29,23 +29,17 @@ def select(rows: Iterable[dict[str, Any]], **match: Any) -> list[dict[str, Any]]
 
 
 def pick(rows: Iterable[dict[str, Any]], **match: Any) -> dict[str, Any] | None:
-    """The single row matching ``match`` (the latest by date if several), or None."""
+    """The single row matching ``match`` (the latest by date if several), or None.
+
+    For a row that stands alone (one configuration's stored step, one seed's curve); a number a
+    reader compares across runs is their median over runs (:mod:`ftlib.views.per_run`).
+    """
     found = sorted(select(rows, **match), key=lambda r: r.get("date", ""))
     return found[-1] if found else None
 
 
 def devices(rows: Iterable[dict[str, Any]]) -> list[str]:
     return sorted({r["device_slug"] for r in rows})
-
-
-def ratio(
-    rows: list[dict[str, Any]], num: dict[str, Any], den: dict[str, Any], field: str = "median_ms"
-) -> float | None:
-    """den-row median over num-row median (a speed-up of num over den), or None if either is missing."""
-    a, b = pick(rows, **num), pick(rows, **den)
-    if a is None or b is None or not a.get(field) or not b.get(field):
-        return None
-    return b[field] / a[field]
 
 
 def provenance_line(rows: Iterable[dict[str, Any]]) -> str:

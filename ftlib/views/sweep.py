@@ -4,6 +4,9 @@ Each function returns a table (a DataFrame) or figures; the post's T4 numbers co
 ``ftlib.analysis.claims`` and are labelled as claims, the T4 roofline as a projection. Rows are
 matched on their whole model config (``ftlib.views.bench.same_config``), so a smoke run of a
 smaller model never lands in a full-size table; pass the smoke run's ``overrides`` to see it.
+Every measured number is read run by run (:mod:`ftlib.views.per_run`): a ratio within one run, shown
+as its median over runs with the slowest and fastest run, and a verdict only from 3 runs on 2 machine
+starts.
 """
 
 from __future__ import annotations
@@ -17,7 +20,8 @@ from plotly.subplots import make_subplots
 
 from ftlib.analysis.claims import POST_CLAIMED, POST_GPU, POST_STEP_MS, roofline_projection
 from ftlib.model.config import ModelConfig, preset
-from ftlib.views.bench import ok_rows, pick, same_config
+from ftlib.views.bench import ok_rows, same_config
+from ftlib.views.per_run import and_list, pair_runs, run_values, summary
 from ftlib.views.plots import legend_below, log_ticks
 from ftlib.views.tables import records, table_view
 
@@ -34,71 +38,53 @@ def sweep_config(name: str, T: int, **overrides: Any) -> ModelConfig:
 
 
 def sweep_rows(device: str, include_cpu: bool = False, tokens: int = TOKENS, **overrides: Any) -> list[dict]:
-    """ok tsweep rows of one device at ``tokens`` per step whose config is the sweep's own."""
+    """ok tsweep rows of one device at ``tokens`` per step whose config is the sweep's own, from runs
+    that name themselves (``run_id``): a row that does not cannot be paired within its run."""
     return [r for r in ok_rows("tsweep", include_cpu=include_cpu)
-            if r["device_slug"] == device and r.get("tokens") == tokens and r.get("label") in MODELS
+            if r["device_slug"] == device and r.get("run_id") and r.get("tokens") == tokens and r.get("label") in MODELS
             and same_config(r, sweep_config(r["label"], r["T"], **overrides), ignore=())]
+
+
+def _models_per_run(rows: list[dict], field: str, **match: Any) -> dict[str, float | None]:
+    """Each model's ``field``: the median over runs of each run's value (None where no run has it)."""
+    out: dict[str, float | None] = {}
+    for m in MODELS:
+        v = run_values(rows, field, label=m, **match)["value"]
+        out[m] = float(v.median()) if len(v) else None
+    return out
 
 
 @table_view
 def sweep_table(rows: Iterable[dict], precision: str = "fp32", mode: str = "compile-ro") -> list[dict[str, Any]]:
-    """Per T (ascending): each model's median step, tokens/s and peak memory, and the speed-up.
+    """Per T (ascending): each model's step, tokens/s and peak memory, and the speed-up, over runs.
 
-    The speed-up is GPT-2's step time over FastTransformer's at the same T; None where
-    either row is missing.
+    Each model's numbers are the median over the runs that measured it. The speed-up is GPT-2's step
+    time over FastTransformer's within one run; its median over runs stands with the slowest and
+    fastest run, the runs and machine starts behind it and the verdict (too few runs below 3 runs on 2
+    machine starts). None where no run measured both.
     """
-    rows = [r for r in rows if r["precision"] == precision and r["mode"] == mode]
+    rows = [r for r in rows if r["precision"] == precision and r["mode"] == mode and r.get("run_id")]
     out = []
     for T in sorted({r["T"] for r in rows}):
-        g, f = pick(rows, label="gpt2", T=T), pick(rows, label="fasttransformer", T=T)
-        line: dict[str, Any] = {"T": T, "B": (g or f)["B"]}
-        for name, r in (("gpt2", g), ("fasttransformer", f)):
-            line[f"{name} ms"] = r["median_ms"] if r else None
-            line[f"{name} tokens/s"] = r["tokens_per_s"] if r else None
-            line[f"{name} peak MB"] = r.get("peak_mem_mb") if r else None
-        line["speed-up"] = g["median_ms"] / f["median_ms"] if g and f else None
+        at = [r for r in rows if r["T"] == T]
+        line: dict[str, Any] = {"T": T, "B": at[0]["B"]}
+        for field, col in (("median_ms", "ms"), ("tokens_per_s", "tokens/s"), ("peak_mem_mb", "peak MB")):
+            for m, v in _models_per_run(at, field).items():
+                line[f"{m} {col}"] = v
+        s = summary(run_ratios(at, "median_ms"))
+        line.update({"speed-up": s and s["median"], "speed-up min": s and s["min"],
+                     "speed-up max": s and s["max"], "runs": s and s["runs"],
+                     "machine starts": s and s["machines"], "verdict": s and s["verdict"]})
         out.append(line)
     return out
 
 
 def run_ratios(rows: Iterable[dict], field: str, **match: Any) -> pd.DataFrame:
     """GPT-2's ``field`` over FastTransformer's, per run: rows of one ``run_id`` paired only with each
-    other (rows stored before runs were recorded are left out). Columns run_id, machine_id, ratio."""
-    recs = [{"run_id": r["run_id"], "machine_id": r.get("machine_id"), "label": r["label"], "v": r[field]}
-            for r in rows if r.get("run_id") and r.get(field) is not None
-            and all(r.get(k) == v for k, v in match.items())]
-    if not recs:
-        return pd.DataFrame(columns=["run_id", "machine_id", "ratio"])
-    wide = pd.DataFrame(recs).pivot_table(index=["run_id", "machine_id"], columns="label", values="v",
-                                          aggfunc="median")
-    if not set(MODELS) <= set(wide.columns):
-        return pd.DataFrame(columns=["run_id", "machine_id", "ratio"])
-    wide = wide.dropna(subset=list(MODELS))
-    return (wide["gpt2"] / wide["fasttransformer"]).rename("ratio").reset_index()
-
-
-def sweep_findings(rows: Iterable[dict], device: str) -> list[str]:
-    """Chapter 5's findings on the T sweep of one device: per precision under reduce-overhead, the
-    speed-up at the shortest and longest T, and at T=128 against the post's claim, with how many
-    runs stand behind it (a verdict needs as many as the baselines' do)."""
-    from ftlib.views.baselines import MIN_MACHINES, MIN_RUNS, enough_runs, runs_on_starts
-
-    rows = list(rows)
-    out = []
-    for prec in ("fp32", "tf32"):
-        table = [r for r in sweep_table.rows(rows, prec, "compile-ro") if r["speed-up"]]
-        if not table:
-            continue
-        lo, hi = table[0], table[-1]
-        per_run = run_ratios(rows, "median_ms", T=lo["T"], precision=prec, mode="compile-ro")
-        n, m = len(per_run), per_run["machine_id"].nunique() if len(per_run) else 0
-        line = (f"{device}, {prec}, reduce-overhead: FastTransformer over GPT-2 is {lo['speed-up']:.2f}× at "
-                f"T={lo['T']} and {hi['speed-up']:.2f}× at T={hi['T']}, at {TOKENS:,} tokens per step")
-        if prec == "fp32" and lo["T"] == 128:
-            line += f" (the post claims {POST_CLAIMED['speedup_T128']}× at T=128 on its T4)"
-        enough = "." if enough_runs(n, m) else f", too few for a verdict ({MIN_RUNS} on {MIN_MACHINES} needed)."
-        out.append(f"{line}; {runs_on_starts(n, m)}{enough}")
-    return out
+    other (rows that do not name their run are left out). Columns run_id, machine_id, gpt2,
+    fasttransformer, ratio."""
+    pairs = pair_runs(rows, field, {"label": "gpt2"}, {"label": "fasttransformer"}, **match)
+    return pairs.rename(columns={"slow": "gpt2", "fast": "fasttransformer"})
 
 
 @table_view
@@ -124,58 +110,78 @@ def post_sweep_claims() -> list[dict[str, Any]]:
              "fasttransformer tokens/s": POST_CLAIMED["tokens_per_s_T128"], "source": CLAIM}]
 
 
-COMPILE_SOURCES = (
-    ("compile_time", "a fresh process, empty compile caches"),
-)
+def compile_time_runs(device: str, mode: str = "compile-ro", include_cpu: bool = False,
+                      **overrides: Any) -> pd.DataFrame:
+    """Per run of the ``compile_time`` suite on ``device`` (fp32, B=32, T=256, a fresh process per case):
+    each model's first-step seconds (tracing and compilation included) and GPT-2's over FastTransformer's,
+    the form of the post's "3.5x faster". Columns run_id, machine_id, gpt2, fasttransformer, ratio.
+
+    Chapter 5's table and chapter 7's audit both read the compile time through this one function.
+    """
+    rows = [r for r in ok_rows("compile_time", include_cpu=include_cpu) if r["device_slug"] == device
+            and r["precision"] == "fp32" and r.get("label") in MODELS
+            and same_config(r, preset(r["label"], **overrides), ignore=())]
+    return run_ratios(rows, "first_step_s", mode=mode)
+
+
+COMPILE_SOURCE = "compile_time suite: a fresh process, empty compile caches"
 
 
 @table_view
 def compile_time_table(device: str, include_cpu: bool = False, **overrides: Any) -> list[dict[str, Any]]:
-    """First-step seconds per mode and model (fp32, B=32, T=256), from each source that has them.
+    """First-step seconds per mode and model (fp32, B=32, T=256), over runs, then the post's claim.
 
-    ``compile_time`` rows (a cold process per case), then the post's claim (compile-ro). The
-    ratio is GPT-2's first step over FastTransformer's, the form of the post's "3.5x faster".
+    Each model's seconds are the median over runs; the ratio (GPT-2's first step over FastTransformer's,
+    the form of the post's "3.5x faster") is taken within each run and shown as its median with the
+    slowest and fastest run, beside the runs and machine starts behind it.
     """
     out = []
-    for bench, how in COMPILE_SOURCES:
-        rows = [r for r in ok_rows(bench, include_cpu=include_cpu) if r["device_slug"] == device
-                and r["precision"] == "fp32" and r.get("first_step_s") is not None
-                and r.get("label") in MODELS and same_config(r, preset(r["label"], **overrides), ignore=())]
-        for mode in ("compile-ro", "compile", "cudagraph"):
-            g, f = pick(rows, label="gpt2", mode=mode), pick(rows, label="fasttransformer", mode=mode)
-            if g or f:
-                out.append({"source": f"{bench} suite: {how}", "device": device, "mode": mode,
-                            "gpt2 first step s": g and g["first_step_s"],
-                            "fasttransformer first step s": f and f["first_step_s"],
-                            "gpt2 / FT": g["first_step_s"] / f["first_step_s"] if g and f else None})
+    for mode in ("compile-ro", "compile", "cudagraph"):
+        per_run = compile_time_runs(device, mode, include_cpu, **overrides)
+        s = summary(per_run)
+        if s:
+            out.append({"source": COMPILE_SOURCE, "device": device, "mode": mode,
+                        "gpt2 first step s": float(per_run["gpt2"].median()),
+                        "fasttransformer first step s": float(per_run["fasttransformer"].median()),
+                        "gpt2 / FT (median, min–max)": s["range"],
+                        "runs": s["runs text"]})
     cs = POST_CLAIMED["compile_s"]
     out.append({"source": CLAIM, "device": POST_GPU, "mode": "compile-ro", "gpt2 first step s": cs["gpt2"],
                 "fasttransformer first step s": cs["fasttransformer"],
-                "gpt2 / FT": cs["gpt2"] / cs["fasttransformer"]})
+                "gpt2 / FT (median, min–max)": f"{cs['gpt2'] / cs['fasttransformer']:.2f}×",
+                "runs": "the post's one measurement"})
     return out
+
+
+INVERSION = {"faster": "holds", "slower": "does not hold", "ties": "does not hold"}
 
 
 @table_view
 def eager_inversion_table(device: str, include_cpu: bool = False, tokens: int = TOKENS,
                           **overrides: Any) -> list[dict[str, Any]]:
-    """FastTransformer in eager mode against GPT-2 compiled (reduce-overhead) along the T sweep.
+    """FastTransformer in eager mode against GPT-2 compiled (reduce-overhead) along the T sweep, over runs.
 
     The post's own pair (98 vs 101.3 ms on its T4) first. At B=32, T=256 the baselines suite
-    answers it with repeated runs (``ftlib.views.baselines.eager_inversion``). The inversion holds
-    where the eager FastTransformer step is the shorter one.
+    answers it with repeated runs (``ftlib.views.baselines.eager_inversion``). Per run, GPT-2's
+    compiled step over FastTransformer's eager step (above 1: the eager FastTransformer is faster);
+    the inversion holds where every run agrees, in at least 3 runs on 2 machine starts.
     """
     fe, gc = POST_STEP_MS[("fasttransformer", "eager")], POST_STEP_MS[("gpt2", "compile-ro")]
     out = [{"source": CLAIM, "precision": "fp32", "T": 256, "B": 32, "FT eager ms": fe, "GPT-2 compile-ro ms": gc,
-            "verdict": "holds" if fe < gc else "does not hold"}]
+            "GPT-2 compile-ro / FT eager (median, min–max)": f"{gc / fe:.2f}×", "runs": "the post's one measurement",
+            "verdict": "holds in the post's numbers" if fe < gc else "does not hold in the post's numbers"}]
     sweep = sweep_rows(device, include_cpu, tokens, **overrides)
     for prec in ("fp32", "tf32", "bf16"):
         for T in sorted({r["T"] for r in sweep}):
-            f = pick(sweep, label="fasttransformer", mode="eager", precision=prec, T=T)
-            g = pick(sweep, label="gpt2", mode="compile-ro", precision=prec, T=T)
-            if f and g:
-                out.append({"source": f"tsweep suite, {device}", "precision": prec, "T": T, "B": f["B"],
-                            "FT eager ms": f["median_ms"], "GPT-2 compile-ro ms": g["median_ms"],
-                            "verdict": "holds" if f["median_ms"] < g["median_ms"] else "does not hold"})
+            per_run = pair_runs(sweep, "median_ms", {"label": "gpt2", "mode": "compile-ro"},
+                                {"label": "fasttransformer", "mode": "eager"}, precision=prec, T=T)
+            s = summary(per_run)
+            if s:
+                out.append({"source": f"tsweep suite, {device}", "precision": prec, "T": T, "B": tokens // T,
+                            "FT eager ms": float(per_run["fast"].median()),
+                            "GPT-2 compile-ro ms": float(per_run["slow"].median()),
+                            "GPT-2 compile-ro / FT eager (median, min–max)": s["range"], "runs": s["runs text"],
+                            "verdict": INVERSION.get(s["verdict"], s["verdict"])})
     return out
 
 
@@ -183,7 +189,7 @@ def eager_inversion_table(device: str, include_cpu: bool = False, tokens: int = 
 # Chapter 5's sweep figures and the lines under them.
 
 # The columns a reader compares first; every column is in the collapsed table and its CSV.
-SWEEP_PREVIEW = ("T", "B", "gpt2 ms", "fasttransformer ms", "speed-up", "gpt2 tokens/s", "fasttransformer tokens/s")
+SWEEP_PREVIEW = ("T", "B", "gpt2 ms", "fasttransformer ms", "speed-up", "speed-up min", "speed-up max", "verdict")
 SHORT_PROJECTION, SHORT_CLAIM = f"{POST_GPU} roofline projection", f"post's claim ({POST_GPU})"
 MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer"}
 PREC_COLOR, MODE_DASH = {"fp32": "#1f77b4", "tf32": "#ff7f0e"}, {"compile-ro": "solid", "eager": "dash"}
@@ -212,7 +218,10 @@ def sweep_figures(rows: list[dict], device: str | None, tokens: int = TOKENS) ->
             pts = sweep_table.rows(rows, prec, mode)
             if pts:
                 style = dict(color=PREC_COLOR[prec], dash=MODE_DASH[mode])
-                speed.add_trace(go.Scatter(x=[p["T"] for p in pts], y=[p["speed-up"] for p in pts],
+                bars = dict(type="data", symmetric=False, thickness=1, width=3,
+                            array=[_gap(p["speed-up max"], p["speed-up"]) for p in pts],
+                            arrayminus=[_gap(p["speed-up"], p["speed-up min"]) for p in pts])
+                speed.add_trace(go.Scatter(x=[p["T"] for p in pts], y=[p["speed-up"] for p in pts], error_y=bars,
                                            mode="lines+markers", name=f"{prec} {mode}", line=style))
                 for i, m in enumerate(MODELS, start=1):
                     tput.add_trace(go.Scatter(x=[p["T"] for p in pts], y=[p[f"{m} tokens/s"] for p in pts],
@@ -227,7 +236,8 @@ def sweep_figures(rows: list[dict], device: str | None, tokens: int = TOKENS) ->
     ts = [p["T"] for p in proj]
     speed.update_layout(title=f"FastTransformer speed-up over GPT-2 vs T, {tokens:,} tokens/step, {where}",
                         xaxis=dict(title=f"T (B = {tokens} / T)", **log_ticks(ts)),
-                        yaxis_title="speed-up (GPT-2 step time / FastTransformer's)", height=460)
+                        yaxis_title="speed-up (GPT-2 step / FastTransformer's):<br>median over runs, "
+                                    "bars: slowest and fastest run", height=460)
     for i, m in enumerate(MODELS, start=1):
         tput.add_trace(go.Scatter(x=[p["T"] for p in proj], y=[p[f"{m} floor tokens/s"] for p in proj],
                                   name=SHORT_PROJECTION, mode="lines", line=dict(dash="dot", color="#7f7f7f"),
@@ -236,18 +246,33 @@ def sweep_figures(rows: list[dict], device: str | None, tokens: int = TOKENS) ->
                               name=SHORT_CLAIM, mode="markers", marker=dict(symbol="star", size=14, color="#333")),
                    row=1, col=2)
     tput.update_xaxes(title_text=f"T (B = {tokens} / T)", **log_ticks(ts))
-    tput.update_layout(title=f"Training throughput vs T (the post's Figure 5), {where}", yaxis_title="tokens / s",
-                       height=480)
+    tput.update_layout(title=f"Training throughput vs T (the post's Figure 5), medians over runs, {where}",
+                       yaxis_title="tokens / s", height=480)
     return [(f"fig5-speedup-{device}", legend_below(speed)), (f"fig5-throughput-{device}", legend_below(tput))]
 
 
+def _gap(a: float | None, b: float | None) -> float | None:
+    return None if a is None or b is None else a - b
+
+
 def slower_at(rows: list[dict], device: str | None) -> list[str]:
-    """One line per precision and mode: the T at which FastTransformer steps slower than GPT-2."""
+    """One sentence per precision and mode: the T at which FastTransformer steps slower than GPT-2 in every
+    run, and those where the runs disagree or are too few for a verdict."""
     lines = []
     for prec in ("fp32", "tf32"):
         for mode in ("compile-ro", "eager"):
-            pts = sweep_table.rows(rows, prec, mode)
-            slower = [p["T"] for p in pts if p["speed-up"] < 1]
-            if pts:
-                lines.append(f"{device} {prec} {mode}: FastTransformer slower than GPT-2 at T = {slower or 'none'}")
+            pts = [p for p in sweep_table.rows(rows, prec, mode) if p["speed-up"] is not None]
+            if not pts:
+                continue
+            slower = [p["T"] for p in pts if p["verdict"] == "slower"]
+            split = [p["T"] for p in pts if p["verdict"].startswith("no verdict")]
+            few = [p["T"] for p in pts if p["verdict"].startswith("too few")]
+            text = (f"{device}, {prec}, {mode}: FastTransformer steps slower than GPT-2 in every run at T = "
+                    f"{and_list(slower)}" if slower else
+                    f"{device}, {prec}, {mode}: at no T is FastTransformer slower than GPT-2 in every run")
+            if split:
+                text += f"; the runs disagree at T = {and_list(split)}"
+            if few:
+                text += f"; too few runs for a verdict at T = {and_list(few)}"
+            lines.append(text + ".")
     return lines
