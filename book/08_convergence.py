@@ -220,8 +220,9 @@ else:
 # %% [markdown]
 # ### The rules
 # The record the book aims at, per target loss (`ftlib.harness.studies.RECORD_GOALS_S`), is a claimed
-# time, over at least five seeds, within the goal's seconds of training steps; the verdicts follow
-# the leaderboard. The rules are those of the public NanoGPT speedrun (modded-nanogpt):
+# time (defined below), over at least the seeds the goals' table asks for, within the goal's seconds
+# of training steps; the table of goals, one verdict each, follows the leaderboard. The rules are
+# those of the public NanoGPT speedrun (modded-nanogpt):
 #
 # 1. **Only training steps are timed.** Compilation, the engine's kernel JIT, warm-up and graph
 #    capture are paid once before the first step; they are reported apart ("startup") and not
@@ -259,7 +260,6 @@ else:
 # in `ftlib.harness.studies.ALL_SEEDS` then run seeds 1-4.
 
 # %%
-verdicts = {}  # device -> one verdict per record goal
 leaders = {}  # device -> the stored name of its fastest claimed candidate to 1.50
 for dev, dev_rows in group_rows(speed + record).items():
     print("Measured on:", provenance_line(dev_rows))
@@ -270,8 +270,7 @@ for dev, dev_rows in group_rows(speed + record).items():
     show_frame(sr.runs_of(cv.ok_runs(dev_rows), dev, ids=ids), digits=5, preview=sr.RUNS_PREVIEW,
                caption=f"every run on {dev}")
     leaders[dev] = lb.leader(dev_rows, dev)
-    verdicts[dev] = rec.goal_verdicts(dev_rows, dev, ids=ids)
-    show_frame(verdicts[dev], digits=4, caption=f"the record goals on {dev}")
+    show_frame(rec.goal_verdicts(dev_rows, dev, ids=ids), digits=4, caption=f"the record goals on {dev}")
 
 # %% [markdown]
 # ### Grouped against per-matrix Muon, in one call

@@ -66,7 +66,7 @@ def test_one_verdict_per_goal_needs_a_claimed_time_over_enough_seeds():
     rows = ([_run("fast", s, [4.0, 1.6, 1.499 - s / 1000], 1.50, t_per_step=0.002) for s in range(5)]
             + [_run("few", s, [4.0, 1.490 - s / 1000], 1.50, t_per_step=0.002) for s in range(3)])
     (v,) = goal_verdicts.rows(rows, "h200", goals={1.50: 0.5})
-    assert v["target"] == "1.5000" and v["fastest claimed"] == "C1" and v["verdict"] == "met"
+    assert v["target"] == "1.5000" and v["fastest claimed"] == "C1" and v["verdict"] == "met" and v["seeds needed"] == 5
     (v,) = goal_verdicts.rows(rows, "h200", goals={1.50: 0.3})  # "few" is fast enough, on too few seeds
     assert v["fastest claimed"] == "C2" and v["verdict"] == "not met: 3 seeds, the goal needs 5"
     (v,) = goal_verdicts.rows(rows[:5], "h200", goals={1.50: 0.3})

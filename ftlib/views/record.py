@@ -94,7 +94,7 @@ def goal_verdicts(rows: list[dict[str, Any]], device: str, goals: Mapping[float,
             why = f"not met: {x['time to target s (mean)']:.2f} s, {x['time to target s (mean)'] / goal:.2f}x the goal"
         else:
             why = f"not met: {x['seeds']} seeds, the goal needs {GOAL_SEEDS}"
-        out.append({"device": device, "target": f"{target:.4f}", "goal s": goal,
+        out.append({"device": device, "target": f"{target:.4f}", "goal s": goal, "seeds needed": GOAL_SEEDS,
                     "fastest claimed": id_of(ids, x["candidate"]) if x else None,
                     "seeds reached": x["seeds reached"] if x else None,
                     "time s (mean)": x["time to target s (mean)"] if x else None, "verdict": why})
