@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ftlib.harness.studies import REFERENCE
-from ftlib.views.record import closest, limits
+from ftlib.views.record import closest, goal_verdicts, limits
 
 B, T = 64, 256
 
@@ -52,12 +52,27 @@ def test_limits_names_the_closest_where_no_candidate_reached():
     rows = ([_run("a", s, [4.0, 1.48, 1.50], 1.47) for s in range(3)]
             + [_run(REFERENCE, 0, [4.0, 1.46], 1.47)] + [_run(REFERENCE, s, [4.0, 1.475, 1.6], 1.47) for s in (1, 2)])
     text = limits(rows, "h200", goals={1.47: 3.0}, train_tokens=B * T * 50)
-    assert "no candidate reached it on every seed" in text and "Closest by the best validation loss: a, 1.4800" in text
+    # Candidates by short id: "a" ran first, so it is C1.
+    assert "no candidate has a claimed time" in text and "Closest by the best validation loss: C1, 1.4800" in text
     assert "at step 100 on average, 2.0 epochs" in text and "risen 0.0200 above that best" in text
-    assert "nanoGPT's own recipe reached 1.47 on 1 of 3 seeds" in text
+    assert "nanoGPT's own recipe reached 1.4700 on 1 of 3 seeds" in text
     # Runs that stop at 1.47 say nothing about 1.40.
     assert limits(rows, "h200", goals={1.40: 3.0}).endswith("no run aimed at it.")
     assert limits(rows, "a100", goals={1.47: 3.0}).endswith("no run aimed at it.")
+
+
+def test_one_verdict_per_goal_needs_a_claimed_time_over_enough_seeds():
+    # "fast" reaches 1.50 at step 200 (0.4 s) on five seeds; "few" at step 100 (0.2 s) on three seeds only.
+    rows = ([_run("fast", s, [4.0, 1.6, 1.499 - s / 1000], 1.50, t_per_step=0.002) for s in range(5)]
+            + [_run("few", s, [4.0, 1.490 - s / 1000], 1.50, t_per_step=0.002) for s in range(3)])
+    (v,) = goal_verdicts.rows(rows, "h200", goals={1.50: 0.5})
+    assert v["target"] == "1.5000" and v["fastest claimed"] == "C1" and v["verdict"] == "met" and v["seeds needed"] == 5
+    (v,) = goal_verdicts.rows(rows, "h200", goals={1.50: 0.3})  # "few" is fast enough, on too few seeds
+    assert v["fastest claimed"] == "C2" and v["verdict"] == "not met: 3 seeds, the goal needs 5"
+    (v,) = goal_verdicts.rows(rows[:5], "h200", goals={1.50: 0.3})
+    assert v["verdict"] == "not met: 0.40 s, 1.33x the goal"
+    (v,) = goal_verdicts.rows(rows, "h200", goals={1.4697: 3.0})
+    assert v["target"] == "1.4697" and v["verdict"] == "not met: no candidate has a claimed time"
 
 
 def _fair(model: str, seed: int, best: float, device: str = "h200") -> dict:

@@ -212,7 +212,7 @@ def checkpoint_roundtrip(name: str, ds: CharDataset, device: torch.device | str,
     with torch.no_grad():
         a, b = trained(x)[0], model(x)[0]
     text = sample_text(model, ds, device)
-    return {"model": name, "steps": out["steps_done"], "best val loss": out["best_val_loss"],
+    return {"model": name, "config": cfg.to_dict(), "steps": out["steps_done"], "best val loss": out["best_val_loss"],
             "checkpoint MB": path.stat().st_size / 2**20, "saved": sorted(ck),
             "config hash matches": ModelConfig(**ck["config"]).config_hash() == cfg.config_hash(),
             "max |logit difference|": (a - b).abs().max().item(),

@@ -195,9 +195,15 @@ def train_val_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]
 
 
 @table_view
-def checkpoint_table(check: dict[str, Any]) -> list[dict[str, Any]]:
-    """A checkpoint round trip's result (``ftlib.harness.convergence.checkpoint_roundtrip``), its sample aside."""
-    return [{k: v for k, v in check.items() if k != "sample"}]
+def checkpoint_table(check: dict[str, Any], label: str | None = None) -> list[dict[str, Any]]:
+    """A checkpoint round trip's result (``ftlib.harness.convergence.checkpoint_roundtrip``), its sample and
+    config aside: the model by ``label`` (its name by default), and what was trained, a tiny smoke model
+    (its config is the smoke size, ``ftlib.harness.studies.SMOKE_MODEL``) or the candidate at full size."""
+    cfg = check.get("config") or {}
+    size = (f"tiny smoke model: {cfg.get('n_layer')} layer of width {cfg.get('n_embd')}, not the candidate"
+            if is_smoke(cfg) else f"full size: {cfg.get('n_layer')} layers of width {cfg.get('n_embd')}")
+    return [{"model": label or check["model"], "trained": size,
+             **{k: v for k, v in check.items() if k not in ("sample", "config", "model")}}]
 
 
 def fair_findings(rows: list[dict[str, Any]], run_command: str) -> str:

@@ -5,15 +5,16 @@ time only (compilation, kernel JIT and warm-up are untimed and reported apart), 
 a claim needs p < 0.01 that the seeds' mean validation loss at the stop is at or below the target
 (a one-sided one-sample t-test); and only the model and the recipe may change. Here the claimed time
 of a run is ``time_to_target_excl_startup_s``: the training steps up to the first evaluation at or
-below the target, the startup excluded. A candidate enters the board only if every seed it ran
-reached the target. Rows of different devices are never pooled.
+below the target, the startup excluded. A candidate's time is claimed, ranked and compared with
+nanoGPT's only where every seed it ran reached the target, at least ``CLAIM_SEEDS`` seeds ran and
+p < ``SIGNIFICANCE``; the others are listed with the reason. Tables name candidates by their short
+ids (:mod:`ftlib.views.candidates`). Rows of different devices are never pooled.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import pandas as pd
@@ -21,15 +22,17 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from scipy import stats
 
-from ftlib.harness.studies import NANOGPT_BEST_LOSS, REFERENCE, SIGNIFICANCE, TARGET_LOSS, speedrun_candidates
-from ftlib.model.config import ModelConfig
-from ftlib.training.trainer import Recipe
+from ftlib.harness.studies import CLAIM_SEEDS, NANOGPT_BEST_LOSS, REFERENCE, SIGNIFICANCE, TARGET_LOSS
+from ftlib.views.candidates import id_of, in_words, short_ids
 from ftlib.views.plots import PALETTE, legend_below
 from ftlib.views.speedrun import speedrun_curves
 from ftlib.views.tables import table_view
 
 TARGETS = (TARGET_LOSS, NANOGPT_BEST_LOSS)
 DID_NOT_REACH = "did not reach"
+STOP_LOSS = "val loss at stop (mean)"  # every seed reached the target: the loss that stopped each
+ENDED_LOSS = "val loss at stop or last eval (mean)"  # some seed did not: its last evaluation counts
+NOT_CLAIMED = "not claimed because"
 SIGNIFICANT = f"p < {SIGNIFICANCE:g}"
 
 
@@ -125,70 +128,39 @@ def _num(v: Any) -> float | None:
     return None if v is None or pd.isna(v) else float(v)
 
 
-def _normal(kind: type, d: dict[str, Any]) -> dict[str, Any]:
-    """A stored config or recipe with every field at its value (defaults filled in); as stored if it no
-    longer builds."""
-    d = dict(d)
-    if kind is Recipe:
-        d["betas"] = tuple(d.get("betas", Recipe.betas))
-        d["engine_options"] = tuple(tuple(o) for o in d.get("engine_options", ()))
-    try:
-        return dataclasses.asdict(kind(**d))
-    except (TypeError, ValueError):
-        return d
-
-
-def _value(v: Any) -> str:
-    if isinstance(v, float):
-        return f"{v:g}"
-    if isinstance(v, (tuple, list)) and all(isinstance(o, (tuple, list)) and len(o) == 2 for o in v):
-        return "+".join(str(k) for k, on in v if on) or "none"  # engine options: the ones turned on
-    return str(v)
-
-
-def change_text(row: dict[str, Any], reference: dict[str, Any]) -> str:
-    """What a run changes relative to the reference run: its model and recipe fields that differ
-    (the seed aside), as 'model: field value, ...; recipe: field value, ...'."""
-    parts = []
-    for what, field, kind, skip in (("model", "config", ModelConfig, ()), ("recipe", "recipe", Recipe, ("seed",))):
-        a, b = _normal(kind, reference.get(field) or {}), _normal(kind, row.get(field) or {})
-        diff = [f"{k} {_value(b.get(k))}" for k in b if k not in skip and b.get(k) != a.get(k)]
-        if diff:
-            parts.append(f"{what}: " + ", ".join(diff))
-    return "; ".join(parts) or "none"
-
-
-def _reference_run(rows: list[dict[str, Any]]) -> dict[str, Any]:
-    """The reference's run of lowest seed on the device, else its config and recipe in the catalogue."""
-    refs = sorted((r for r in rows if r.get("model") == REFERENCE and r.get("config")), key=lambda r: r.get("seed", 0))
-    if refs:
-        return refs[0]
-    cfg, rec = speedrun_candidates()[REFERENCE]
-    return {"config": cfg.to_dict(), "recipe": dataclasses.asdict(rec)}
-
-
 def on_device(rows: Iterable[dict[str, Any]], device: str) -> list[dict[str, Any]]:
     return [r for r in rows if r.get("device_slug") == device]
 
 
-@table_view
-def leaderboard(rows: list[dict[str, Any]], device: str,
-                targets: Sequence[float] = TARGETS) -> list[dict[str, Any]]:
-    """The speedrun's leaderboard on one device (rows of other devices are ignored), per target.
+def _why_not(seeds: int, reached: int, p: float | None) -> str | None:
+    """Why a candidate's time is no claim (None where it is one): the rule needs every seed at the target,
+    at least ``CLAIM_SEEDS`` seeds and p below ``SIGNIFICANCE``."""
+    why = []
+    if reached < seeds:
+        why.append(f"{reached} of {seeds} seeds reached")
+    if seeds < CLAIM_SEEDS:
+        why.append(f"{seeds} seed{'s' if seeds != 1 else ''} (a claim needs {CLAIM_SEEDS})")
+    elif p is None:
+        why.append("no p-value")
+    elif p >= SIGNIFICANCE:
+        why.append(f"p = {p:.2g}")
+    return "; ".join(why) or None
 
-    Per candidate: seeds that reached the target of seeds run; mean time to target (s; the claimed
-    time, :func:`stop_of`) with its min–max; mean tokens and steps to target; the p-value
-    (:func:`p_value` over the seeds' whole-split losses at their stop where every seed has one, else over
-    the sampled estimates, and which of the two); the mean loss at the
-    stop, sampled and on the whole split; the change from nanoGPT's recipe and the speed-up over it.
-    Ranked (``rank``) are the candidates that reached the target on every seed, fastest first;
-    the rest follow, unranked, with how many seeds did not reach it. Only runs aimed at or below
-    a target count for it (:func:`aims_at`).
+
+def standings(rows: list[dict[str, Any]], device: str, targets: Sequence[float] = TARGETS) -> list[dict[str, Any]]:
+    """The speedrun's standings on one device (rows of other devices are ignored), per target, by the
+    stored candidate name.
+
+    Per candidate: seeds that reached the target of seeds run; mean time to target (s; :func:`stop_of`)
+    with its min–max; mean tokens and steps to target; the p-value (:func:`p_value` over the seeds'
+    whole-split losses at their stop where every seed has one, else over the sampled estimates, and
+    which of the two); the mean loss at the stop, sampled and on the whole split, where every seed
+    reached the target, else the mean loss where the seeds stopped or ended. A time is claimed (``rank``,
+    and a speed-up over nanoGPT's claimed time) only where every seed reached the target, at least
+    ``CLAIM_SEEDS`` seeds ran and p < ``SIGNIFICANCE``; the claimed come first, fastest first, the rest
+    follow with ``not claimed`` saying why. Only runs aimed at or below a target count for it (:func:`aims_at`).
     """
     mine = on_device(rows, device)
-    ref_run = _reference_run(mine)
-    changes = {r["model"]: change_text(r, ref_run) for r in sorted(mine, key=lambda r: r.get("seed", 0), reverse=True)
-               if r.get("config")}
     out = []
     for target in targets:
         stops = seed_stops(mine, target)
@@ -207,36 +179,60 @@ def leaderboard(rows: list[dict[str, Any]], device: str,
         # same step was not used to stop, so where every seed has it, the test is made on it.
         board["p from"] = board["p full"].notna().map({True: "whole split", False: "sampled estimate"})
         board["p"] = board["p full"].where(board["p full"].notna(), board["p sampled"])
-        board["ranked"] = board["reached"] == board["seeds"]
-        board = board.sort_values(["ranked", "time", "reached"], ascending=[False, True, False], na_position="last")
+        board["all"] = board["reached"] == board["seeds"]
+        board["why"] = [_why_not(int(b["seeds"]), int(b["reached"]), _num(b["p"])) for _, b in board.iterrows()]
+        board["claimed"] = board["why"].isna()
+        board = board.sort_values(["claimed", "all", "time", "reached"], ascending=[False, False, True, False],
+                                  na_position="last")
         ref = board.loc[board["model"] == REFERENCE]
-        t_ref = _num(ref["time"].iloc[0]) if len(ref) and ref["ranked"].iloc[0] else None
+        t_ref = _num(ref["time"].iloc[0]) if len(ref) and ref["claimed"].iloc[0] else None
         rank = 0
         for name, b in board.iterrows():
-            ranked = bool(b["ranked"])
-            rank += ranked
-            t = _num(b["time"]) if ranked else None
+            claimed, every = bool(b["claimed"]), bool(b["all"])
+            rank += claimed
+            t = _num(b["time"]) if every else None
             out.append({
-                "device": device, "target": target, "rank": rank if ranked else None, "candidate": name,
-                "seeds reached": f"{int(b['reached'])}/{int(b['seeds'])}",
-                DID_NOT_REACH: int(b["seeds"] - b["reached"]),
+                "device": device, "target": target, "rank": rank if claimed else None, "candidate": name,
+                "model": b["model"], "seeds reached": f"{int(b['reached'])}/{int(b['seeds'])}",
+                "seeds": int(b["seeds"]), DID_NOT_REACH: int(b["seeds"] - b["reached"]),
                 "time to target s (mean)": t,
                 "time to target s (min–max)": f"{b['time min']:.2f}–{b['time max']:.2f}" if t is not None else None,
-                "speed-up vs nanoGPT": (t_ref / t) if (t and t_ref) else None,
-                "tokens to target (mean)": _num(b["tokens"]) if ranked else None,
-                "steps to target (mean)": _num(b["steps"]) if ranked else None,
+                "speed-up vs nanoGPT": (t_ref / t) if (claimed and t and t_ref) else None,
+                "tokens to target (mean)": _num(b["tokens"]) if every else None,
+                "steps to target (mean)": _num(b["steps"]) if every else None,
                 "p-value": _num(b["p"]), "p-value from": b["p from"] if _num(b["p"]) is not None else None,
                 SIGNIFICANT: None if _num(b["p"]) is None else bool(b["p"] < SIGNIFICANCE),
-                "val loss at stop (mean)": _num(b["val"]),
-                "full-split loss at stop (mean)": _num(b["full"]) if ranked else None,
-                "change vs nanoGPT": ("reference: nanoGPT's shakespeare_char recipe" if b["model"] == REFERENCE
-                                      else changes.get(b["model"], "")),
+                STOP_LOSS: _num(b["val"]) if every else None,
+                "full-split loss at stop (mean)": _num(b["full"]) if every else None,
+                ENDED_LOSS: None if every else _num(b["val"]),
+                NOT_CLAIMED: b["why"],
             })
     return out
 
 
-LEADERBOARD_PREVIEW = ("target", "rank", "candidate", "seeds reached", "time to target s (mean)",
-                       "speed-up vs nanoGPT", "p-value", "full-split loss at stop (mean)")
+@table_view
+def leaderboard(rows: list[dict[str, Any]], device: str, targets: Sequence[float] = TARGETS,
+                ids: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """:func:`standings` as the chapter shows them: each candidate by its short id
+    (:func:`ftlib.views.candidates.short_ids` of ``rows`` unless ``ids`` is given), the target to four
+    decimals, the stored name and the bookkeeping columns left out."""
+    ids = short_ids(rows) if ids is None else ids
+    hidden = {"candidate", "model", "seeds", DID_NOT_REACH, SIGNIFICANT}
+    return [{"device": x["device"], "target": f"{x['target']:.4f}", "rank": x["rank"],
+             "id": id_of(ids, x["candidate"]),
+             **{k: v for k, v in x.items() if k not in hidden and k not in ("device", "target", "rank")}}
+            for x in standings(rows, device, targets)]
+
+
+def leader(rows: list[dict[str, Any]], device: str, target: float = TARGET_LOSS) -> str | None:
+    """The stored name of the fastest candidate other than the reference with a claimed time to ``target``
+    on ``device`` (:func:`standings`), else None."""
+    return next((x["model"] for x in standings(rows, device, (target,))
+                 if x["rank"] is not None and x["candidate"] != REFERENCE), None)
+
+
+LEADERBOARD_PREVIEW = ("target", "rank", "id", "seeds reached", "time to target s (mean)",
+                       "speed-up vs nanoGPT", "p-value", STOP_LOSS, ENDED_LOSS, NOT_CLAIMED)
 
 
 def _until(curve: dict[str, Any], target: float) -> dict[str, Any]:
@@ -248,19 +244,21 @@ def _until(curve: dict[str, Any], target: float) -> dict[str, Any]:
     return {**curve, **{k: curve[k][:hit + 1] for k in ("time_s", "tokens", "val_loss")}}
 
 
-def leaderboard_figure(rows: list[dict[str, Any]], device: str, target: float = TARGET_LOSS,
-                       top: int = 5) -> go.Figure:
+def leaderboard_figure(rows: list[dict[str, Any]], device: str, target: float = TARGET_LOSS, top: int = 5,
+                       ids: Mapping[str, str] | None = None) -> go.Figure:
     """Validation loss against training time (startup excluded) and against tokens, one colour per
     candidate and one line per seed: nanoGPT's recipe and the ``top`` ranked candidates of the
-    leaderboard for ``target``, labelled by their rank."""
-    board = [b for b in leaderboard.rows(rows, device, (target,)) if b["rank"] is not None]
+    leaderboard for ``target``, labelled by their rank and short id (``ids``, as in :func:`leaderboard`)."""
+    ids = short_ids(rows) if ids is None else ids
+    board = [b for b in standings(rows, device, (target,)) if b["rank"] is not None]
     shown = [b for b in board if b["candidate"] == REFERENCE] + [b for b in board if b["candidate"] != REFERENCE][:top]
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
                         subplot_titles=("against training time, startup excluded", "against tokens trained on"))
     mine = one_run_per_seed(on_device(rows, device), target)
     for i, b in enumerate(shown):
         ref = b["candidate"] == REFERENCE
-        label = ("nanoGPT (reference)" if ref else f"#{b['rank']}") + f", {b['time to target s (mean)']:.2f} s"
+        label = (f"#{b['rank']} {id_of(ids, b['candidate'])}" + (" (reference)" if ref else "")
+                 + f", {b['time to target s (mean)']:.2f} s")
         color = "#7f7f7f" if ref else PALETTE[i % len(PALETTE)]
         curves = [_until(c, target) for c in speedrun_curves(mine, [b["candidate"]])]
         for j, c in enumerate(curves):
@@ -274,55 +272,52 @@ def leaderboard_figure(rows: list[dict[str, Any]], device: str, target: float = 
     fig.update_xaxes(title_text="training time excluding startup (s)", row=1, col=1)
     fig.update_xaxes(title_text="tokens", row=1, col=2)
     fig.update_yaxes(title_text="validation loss (sampled)", range=[target - 0.1, 2.4], row=1, col=1)
-    fig.update_layout(title=f"Speedrun to {target:g}, {device}: the leaderboard's candidates by rank", height=480)
+    fig.update_layout(title=f"Speedrun to {target:.4f}, {device}: the claimed candidates by rank", height=480)
     return legend_below(fig)
 
 
 def _entry(b: dict[str, Any]) -> str:
     p = b["p-value"]
-    sig = ("no p-value (one seed)" if p is None else
+    sig = ("no p-value" if p is None else
            f"p = {p:.2g}, {'below' if p < SIGNIFICANCE else 'not below'} {SIGNIFICANCE:g}")
     full = b["full-split loss at stop (mean)"]
     return (f"{b['time to target s (mean)']:.2f} s ({b['time to target s (min–max)']} s) over {b['seeds reached']} "
-            f"seeds, {b['tokens to target (mean)'] / 1e6:.1f} M tokens, {sig}; loss at the stop "
-            f"{b['val loss at stop (mean)']:.4f} sampled, "
+            f"seeds, {b['steps to target (mean)']:.0f} steps, {b['tokens to target (mean)'] / 1e6:.1f} M tokens, "
+            f"{sig}; loss at the stop {b[STOP_LOSS]:.4f} sampled, "
             + ("not recorded on the whole split" if full is None else f"{full:.4f} on the whole split"))
 
 
-def findings(rows: list[dict[str, Any]], device: str, targets: Sequence[float] = TARGETS) -> str:
-    """'What we found' on one device, computed from the leaderboard: per target, how many candidates
-    ran and reached it on every seed, nanoGPT's recipe, the fastest candidate whose loss at the stop
-    is significantly at or below the target, and the fastest one if that is another."""
+def findings(rows: list[dict[str, Any]], device: str, targets: Sequence[float] = TARGETS,
+             ids: Mapping[str, str] | None = None) -> str:
+    """'What we found' on one device, computed from the standings: per target, how many candidates ran
+    and how many have a claimed time, nanoGPT's recipe, and the fastest claimed candidate (by its short
+    id, ``ids`` as in :func:`leaderboard`, and its model and recipe in words)."""
     mine = on_device(rows, device)
     if not mine:
         return f"{device}: no speedrun rows stored for this device."
-    board = leaderboard.rows(mine, device, targets)
+    ids = short_ids(rows) if ids is None else ids
+    board = standings(mine, device, targets)
     own = sorted({r["target"] for r in mine if r.get("target") is not None})
+    first = {r["model"]: r for r in sorted(mine, key=lambda r: r.get("seed", 0), reverse=True) if r.get("config")}
     lines = []
     for target in targets:
         b = [x for x in board if x["target"] == target]
         if not b:
-            lines.append(f"{device}, target {target:g}: no run aimed at it (these runs stop at the first evaluation "
-                         f"at or below {', '.join(f'{t:g}' for t in own) or 'their target'}).")
+            lines.append(f"{device}, target {target:.4f}: no run aimed at it (these runs stop at the first evaluation "
+                         f"at or below {', '.join(f'{t:.4f}' for t in own) or 'their target'}).")
             continue
-        ranked = [x for x in b if x["rank"] is not None]
-        lines.append(f"{device}, target {target:g}: {len(b)} candidates ran, {len(ranked)} reached it on every seed.")
-        ref = next((x for x in ranked if x["candidate"] == REFERENCE), None)
-        lines.append("  nanoGPT's recipe: " + (_entry(ref) if ref else "did not reach it on every seed") + ".")
-        timed = [x for x in ranked if x["candidate"] != REFERENCE and x["time to target s (mean)"] is not None]
-        fastest = timed[0] if timed else None
-        best = next((x for x in timed if x[SIGNIFICANT]), None)
-        if fastest is None:
-            lines.append("  No other candidate reached it on every seed.")
-        shown = [(f"Fastest with {SIGNIFICANT}", best)] + ([(f"Fastest, {SIGNIFICANT} not met", fastest)]
-                                                             if fastest is not best else [])
-        for what, x in shown:
-            if x is None:
-                continue
-            up = x["speed-up vs nanoGPT"]
-            lines += [f"  {what}, #{x['rank']}: " + _entry(x)
-                      + (f"; {up:.2f}x nanoGPT's recipe." if up else "; no speed-up without nanoGPT's time."),
-                      f"    {x['candidate']}", f"    changes: {x['change vs nanoGPT']}"]
-        if fastest is not None and best is None:
-            lines.append(f"  No candidate has {SIGNIFICANT} yet.")
+        claimed = [x for x in b if x["rank"] is not None]
+        lines.append(f"{device}, target {target:.4f}: {len(b)} candidates ran, {len(claimed)} with a claimed time "
+                     f"(every seed reached, at least {CLAIM_SEEDS} seeds, {SIGNIFICANT}).")
+        ref = next((x for x in b if x["candidate"] == REFERENCE), None)
+        lines.append("  nanoGPT's recipe: " + (_entry(ref) if ref and ref["rank"] is not None else
+                                               f"no claimed time ({ref[NOT_CLAIMED] if ref else 'not run'})") + ".")
+        x = next((x for x in claimed if x["candidate"] != REFERENCE), None)
+        if x is None:
+            lines.append("  No other candidate has a claimed time.")
+            continue
+        up = x["speed-up vs nanoGPT"]
+        lines += [f"  Fastest claimed, #{x['rank']} {id_of(ids, x['candidate'])}: " + _entry(x)
+                  + (f"; {up:.2f}x nanoGPT's recipe." if up else "; no speed-up without nanoGPT's claimed time."),
+                  f"    {id_of(ids, x['candidate'])}: {in_words(first[x['model']])}"]
     return "\n".join(lines)

@@ -17,8 +17,9 @@ from typing import Any
 import pandas as pd
 from scipy import stats
 
-from ftlib.harness.studies import RECORD_GOALS_S, REFERENCE, SIGNIFICANCE, TARGET_LOSS
-from ftlib.views.leaderboard import SIGNIFICANT, leaderboard, on_device, one_run_per_seed, stop_of
+from ftlib.harness.studies import GOAL_SEEDS, RECORD_GOALS_S, REFERENCE, SIGNIFICANCE, TARGET_LOSS
+from ftlib.views.candidates import id_of, short_ids
+from ftlib.views.leaderboard import on_device, one_run_per_seed, standings, stop_of
 from ftlib.views.tables import table_view
 
 
@@ -67,37 +68,71 @@ def _met(x: dict[str, Any], goal: float) -> str:
             f"{goal / ms * 1e3:.0f} steps")
 
 
+def _claimed(rows: list[dict[str, Any]], device: str, target: float) -> list[dict[str, Any]]:
+    """The candidates other than the reference with a claimed time to ``target``, fastest first."""
+    return [x for x in standings(rows, device, (target,)) if x["rank"] is not None and x["candidate"] != REFERENCE]
+
+
+@table_view
+def goal_verdicts(rows: list[dict[str, Any]], device: str, goals: Mapping[float, float] = RECORD_GOALS_S,
+                  ids: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """One verdict per record goal on ``device``: a goal is met by a claimed time (every seed at the target,
+    p below the significance level) over at least ``GOAL_SEEDS`` seeds at or under the goal's seconds. The
+    line names the candidate that meets it, else the fastest claimed one and what it misses."""
+    ids = short_ids(rows) if ids is None else ids
+    mine = on_device(rows, device)
+    out = []
+    for target, goal in goals.items():
+        claimed = _claimed(mine, device, target)
+        met = [x for x in claimed if x["seeds"] >= GOAL_SEEDS and x["time to target s (mean)"] <= goal]
+        x = (met or claimed or [None])[0]
+        if met:
+            why = "met"
+        elif x is None:
+            why = "not met: no candidate has a claimed time"
+        elif x["time to target s (mean)"] > goal:
+            why = f"not met: {x['time to target s (mean)']:.2f} s, {x['time to target s (mean)'] / goal:.2f}x the goal"
+        else:
+            why = f"not met: {x['seeds']} seeds, the goal needs {GOAL_SEEDS}"
+        out.append({"device": device, "target": f"{target:.4f}", "goal s": goal, "seeds needed": GOAL_SEEDS,
+                    "fastest claimed": id_of(ids, x["candidate"]) if x else None,
+                    "seeds reached": x["seeds reached"] if x else None,
+                    "time s (mean)": x["time to target s (mean)"] if x else None, "verdict": why})
+    return out
+
+
 def limits(rows: list[dict[str, Any]], device: str, goals: Mapping[float, float] = RECORD_GOALS_S,
-           train_tokens: int | None = None) -> str:
-    """Per target, the record goal against the closest result on ``device`` (module docstring).
+           train_tokens: int | None = None, ids: Mapping[str, str] | None = None) -> str:
+    """Per target, the record goal against the closest result on ``device`` (module docstring), each
+    candidate by its short id (``ids``, :func:`ftlib.views.candidates.short_ids` of ``rows`` by default).
     ``train_tokens``, the training split's length, turns tokens at the best loss into epochs."""
+    ids = short_ids(rows) if ids is None else ids
     mine = on_device(rows, device)
     lines = []
     for target, goal in goals.items():
-        board = [x for x in leaderboard.rows(mine, device, (target,)) if x["candidate"] != REFERENCE]
-        ranked = [x for x in board if x["rank"] is not None and x["time to target s (mean)"] is not None]
-        sig = [x for x in ranked if x[SIGNIFICANT]]
-        if sig:
-            x = sig[0]
-            lines.append(f"{device}, {target:g} in at most {goal:g} s: fastest with {SIGNIFICANT} over "
-                         f"{x['seeds reached']} seeds, {_met(x, goal)}.")
+        claimed = _claimed(mine, device, target)
+        head = f"{device}, {target:.4f} in at most {goal:g} s"
+        if claimed:
+            x = claimed[0]
+            lines.append(f"{head}: fastest claimed time, {id_of(ids, x['candidate'])} over {x['seeds reached']} "
+                         f"seeds, {_met(x, goal)}.")
             continue
         near = closest.rows(mine, device, target)
         cands = [x for x in near if x["candidate"] != REFERENCE]
         if not cands:
-            lines.append(f"{device}, {target:g} in at most {goal:g} s: no run aimed at it.")
+            lines.append(f"{head}: no run aimed at it.")
             continue
         c = cands[0]
         epochs = (f", {c['tokens at best (mean)'] / train_tokens:.1f} epochs of the training split"
                   if train_tokens else "")
-        line = (f"{device}, {target:g} in at most {goal:g} s: no candidate reached it on every seed. Closest by "
-                f"the best validation loss: {c['candidate']}, {c['best loss (mean)']:.4f} on average over "
+        line = (f"{head}: no candidate has a claimed time. Closest by the best validation loss: "
+                f"{id_of(ids, c['candidate'])}, {c['best loss (mean)']:.4f} on average over "
                 f"{c['seeds']} seeds (lowest {c['best loss (min)']:.4f}; {c['reached']} of {c['seeds']} reached "
-                f"{target:g}), at step {c['best step (mean)']:.0f} on average{epochs}; by its last evaluation the "
+                f"{target:.4f}), at step {c['best step (mean)']:.0f} on average{epochs}; by its last evaluation the "
                 f"loss had risen {c['rise after best (mean)']:.4f} above that best.")
         ref = next((x for x in near if x["candidate"] == REFERENCE), None)
         if ref is not None:
-            line += (f" nanoGPT's own recipe reached {target:g} on {ref['reached']} of {ref['seeds']} seeds "
+            line += (f" nanoGPT's own recipe reached {target:.4f} on {ref['reached']} of {ref['seeds']} seeds "
                      f"(best loss {ref['best loss (mean)']:.4f} on average, lowest {ref['best loss (min)']:.4f}).")
         lines.append(line)
     return "\n".join(lines)
