@@ -362,8 +362,8 @@ display(Markdown("\n".join(steadiness.steadiness_findings(runs, model) for model
 # %%
 deltas = engineview.kernel_deltas(erows)
 if len(deltas):
-    show_frame(deltas, preview=["model", "precision", "variant", "ms", "engine ms", "delta ms", "delta %",
-                                "beyond spread"])
+    show_frame(deltas, preview=["device", "model", "precision", "variant", "ms", "engine ms", "delta ms",
+                                "delta %", "beyond spread"])
     display(Markdown(engineview.deltas_note(erows)))
 else:
     print(engineview.NOT_MEASURED)
