@@ -74,12 +74,13 @@ from IPython.display import Markdown, display
 from ftlib.core.device import pick_device
 from ftlib.harness.results import load_rows
 from ftlib.harness.suites import baselines
+from ftlib.training.engine.options import EngineOptions
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views import engine as engineview
+from ftlib.views import engine_check, kernel_lessons, option_trials, steadiness, sweeps
 from ftlib.views import kernels as kernelview
 from ftlib.views import ledger as ledgerview
-from ftlib.views import steadiness, sweeps
 from ftlib.views.bench import devices, ok_rows, provenance_line
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
@@ -145,9 +146,9 @@ else:
 # %% [markdown]
 # ### RMSNorm (FastTransformer)
 # A tile of rows per program both ways, saving only the inverse RMS; the backward writes one
-# weight-gradient partial per tile and the launcher sums them. The first version took one row
-# per program forward and one program per SM backward: it was latency-bound inside a graph,
-# and the row tiles won (`benchmarks/kernels/rmsnorm_dev.py`'s v3 against v4/v5 in the table below).
+# weight-gradient partial per tile and the launcher sums them. `benchmarks/kernels/rmsnorm_dev.py` times
+# the alternatives in the table below: v3 takes one row per program forward and one program per SM
+# backward, v4 and v5 tiles of 16 and 4 rows, v6 to v8 persistent weight-gradient partials.
 
 # %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("rmsnorm")))
@@ -159,8 +160,9 @@ display(Markdown(kernelview.kernel_math("rmsnorm")))
 # gradients that reach `s` while it computes the norm's backward. The same kernel covers
 # RMSNorm and LayerNorm. The engine applies it by default: the model's blocks compute
 # `x, h = add_norm(x, branch, norm)` through one seam (`ftlib.model.block.AddNorm`), which the engine
-# fills with the fused kernel (`ftlib.training.engine.swaps.FusedAddNorm`). It takes tiles of 4 rows:
-# `residual_norm_dev`'s v5 against the 16-row v3 in the table below.
+# fills with the fused kernel (`ftlib.training.engine.swaps.FusedAddNorm`). Its tile sizes are timed
+# in the table below (`residual_norm_dev`'s v3, v5 and v6: 16, 4 and 8 rows per tile); the grid the
+# engine runs its backward on is the option `norm_bwd_grid`, whose default the line under this text gives.
 #
 # Training with dropout (the speedrun of chapter 8 keeps nanoGPT's residual dropout) adds
 # two kernels per branch: `nn.Dropout` forward draws and stores a mask, and its backward
@@ -170,9 +172,16 @@ display(Markdown(kernelview.kernel_math("rmsnorm")))
 # stored. Reading the seed from memory is what makes this work inside a CUDA graph: a seed
 # passed as a kernel argument would be frozen into the graph at capture, and the engine
 # instead increments the seed tensor at the start of every step. The backward also writes
-# the branch's gradient in the branch's own dtype (bf16 under autocast), where an extra cast
-# kernel used to follow. The `residual dropout` rows of the kernel table time it against
+# the branch's gradient in the branch's own dtype (bf16 under autocast), so no cast kernel
+# follows it. The `residual dropout` rows of the kernel table time it against
 # eager and compiled dropout + add + norm with the same mask.
+
+# %% tags=["remove-input"]
+grid = EngineOptions().norm_bwd_grid
+display(Markdown(f"The engine's residual-norm backward runs on `norm_bwd_grid = {grid!r}` by default "
+                 "(rows per tile, programs per SM; with `norm_dw_into_buffer`), the forward on its launcher's "
+                 "row tiles (`kernels/residual_norm.py`, `ROWS`)." if grid else
+                 "The engine's residual-norm backward runs on its launcher's grid by default (`norm_bwd_grid=None`)."))
 
 # %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("residual_norm")))
@@ -204,7 +213,8 @@ display(Markdown(kernelview.kernel_math("bias_linear")))
 # (chapter 1's profile of compile-ro GPT-2 names it `triton_per_fused__softmax_exp_masked_fill_mul...`).
 # This kernel is that fusion: the same function and the same materialized probabilities,
 # with one read and one write per element forward, two reads and one write backward. The engine
-# variant "+fused-softmax" measured it; it is now the engine's default for explicit attention.
+# runs it by default for explicit attention (`fused_softmax`); the `-fused-softmax` variant in section 3
+# switches it off.
 
 # %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("causal_softmax")))
@@ -220,7 +230,8 @@ display(Markdown(kernelview.kernel_math("causal_softmax")))
 # softmax writes them) and multiplies it by v as stored; the backward reads P back in two kernels,
 # with the softmax's row sums taken from P itself, as GPT-2's backward takes them. q, k and v are
 # read from the qkv projection's output and the result written in place, so the layout copies go
-# too. It is the engine option `fuse_softmax_matmuls`, on trial (below).
+# too. It is the engine option `fuse_softmax_matmuls`, off by default; whether its trial in the engine
+# has rows is said under the table of options on trial (section 3).
 
 # %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("explicit_attention")))
@@ -305,8 +316,9 @@ else:
 # ratio; the verdict needs every run on one side of 1.
 
 # %%
-show_frame(br.engine_speedup_table(runs))
-# Runs whose engine rows ran before an option won its trial measured an earlier engine: its own lines, said here.
+speedups = br.engine_speedup_table(runs)
+show_frame(speedups, preview=list(speedups.columns))
+# Runs whose engine ran without one of today's defaults measured an earlier engine: its own lines, said here.
 display(Markdown(engineview.options_behind(baseline_rows, set(runs["run_id"])) if len(runs) else ""))
 for dev in sorted(set(runs["device_slug"])):
     show(br.config_figure(runs, dev, "bf16"), f"engine-configs-bf16-{dev}")
@@ -335,26 +347,32 @@ display(Markdown("\n".join(steadiness.steadiness_findings(runs, model) for model
 
 # %% [markdown]
 # ### What each kernel buys
-# The engine with one kernel switched off (falling back to the PyTorch op the model uses),
-# with none, uncaptured, and for GPT-2 with the fused attention replacing its explicit
-# softmax. `delta ms` is the variant's step time minus the full engine's: what the full
-# engine's choice saves per step against that variant. For `-op` and `no-kernels` a positive
-# delta is what the kernel buys and a negative one says the PyTorch op is faster inside the
-# graph; for `uncaptured` it is what the CUDA graph buys; for `+flash-attn` a negative delta
-# says the fused attention would pay.
+# Each variant of the `engine` suite changes one thing in the default engine: one kernel switched off
+# (`-op`, falling back to the PyTorch op the model uses), all of them (`no-kernels`), the graph
+# (`uncaptured`), a fusion or layout (`unfused residual-norm`, `heads layout`, `-fused-softmax`,
+# `-bias-kernel`, the bf16 defaults), or for GPT-2 the fused attention in place of its explicit softmax
+# (`+flash-attn`). Each model and precision is read from the newest run that measured its default engine
+# and its variants; the lines under the table name that run and which engine its default was, and list the
+# suite's variants no run has measured yet. `delta ms` is the variant's step time minus the default
+# engine's of the same run, with each row's p20–p80 range beside it: for `-op` and `no-kernels` a positive
+# delta is what the kernel buys and a negative one says the PyTorch op is faster inside the graph; for
+# `uncaptured` it is what the CUDA graph buys; for `+flash-attn` a negative delta says the fused attention
+# would pay.
 
 # %%
 deltas = engineview.kernel_deltas(erows)
 if len(deltas):
-    show_frame(deltas, preview=["device", "model", "precision", "variant", "ms", "engine ms", "delta ms", "delta %"])
+    show_frame(deltas, preview=["device", "model", "precision", "variant", "ms", "engine ms", "delta ms",
+                                "delta %", "beyond spread"])
+    display(Markdown(engineview.deltas_note(erows)))
 else:
     print(engineview.NOT_MEASURED)
 
 # %% [markdown]
 # ### What the measurements decided
-# Each of the engine's defaults was measured against the alternative before it became one:
+# Each default of the engine is timed against its alternative, in the table above or in the trials below:
 #
-# * In strict fp32 the engine keeps SDPA's memory-efficient attention: it beat our kernel's
+# * In strict fp32 the engine keeps SDPA's memory-efficient attention: it is faster than our kernel's
 #   FMA dots inside a graph (the kernel table in section 2 says by how much); our kernel runs in
 #   fp32 only when asked (`attention_precision`).
 # * Attention reads q, k and v straight from the packed projection output and writes (B, T, C)
@@ -378,12 +396,12 @@ else:
 
 # %% [markdown]
 # ### How an option becomes a default
-# An engine option becomes a default only when it beats the default engine of the same run by
-# more than the spread and its 100-step check (below) passes. An option on trial is timed in its
-# own suite, `engine_candidates`, each case beside the default case it would change; once it wins,
-# it becomes a default and the engine suite gains a case that switches it off again (the table above:
-# `-grad-into-buffer`, `-fused-kv-sum`, `-norm-dw-into-buffer`, `-norm-bwd-grid`). Four options went
-# through this:
+# An option becomes a default when it is faster than the default engine beyond the spread in the same run
+# and passes the 100-step check (below); the table shows each trial's outcome. An option on trial is timed
+# in its own suite, `engine_candidates`, each case beside the default case it would change. Each default
+# has a case in the `engine` suite that switches it off again (`-grad-into-buffer`, `-fused-kv-sum`,
+# `-norm-dw-into-buffer`, `-norm-bwd-grid`; the lines under the table of section "What each kernel buys"
+# say which of them have rows). The options the trials below concern:
 #
 # * `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option does
 #   (NVIDIA/Megatron-LM, with its `fused_weight_gradient_mlp_cuda` extension): each Linear's backward
@@ -397,33 +415,34 @@ else:
 # * `norm-dw-into-buffer`: each fused residual-norm's backward adds its weight (and bias) gradient
 #   straight into the parameter's view of the flat gradient with atomic adds (`kernels/residual_norm.py`,
 #   `dw_partials="atomic"`), which leaves no partial rows for a torch sum and nothing for autograd to add.
-# * `norm-bwd-grid`: that backward on 8-row tiles instead of its launcher's 4, still 4 programs per SM
-#   (`norm_bwd_grid`), the grid the sweep below found fastest.
+# * `norm-bwd-grid`: the grid of that backward (`norm_bwd_grid`): rows per tile and programs per SM,
+#   against its launcher's 4-row tiles at 4 programs per SM; the sweep below times the grids alone.
+#   The 16-programs-per-SM grids put more loads in flight and pay for more atomic adds.
+# * `fuse_mlp_act` puts each MLP's GELU in the epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`;
+#   forward the up-projection stores z and gelu(z), backward the product through the down-projection is
+#   multiplied by gelu'(z) before it is stored). It removes the two elementwise GELU kernels of every
+#   block, and its GEMMs run on Triton instead of cuBLAS.
+# * The `persistent norm dw` variant of the table above puts the norm backwards' weight-gradient partials
+#   one per program instead of one per row tile.
+# * `wgrad_splitk` has no trial in the engine: its kernel is slower than cuBLAS's on its own (section 2).
+# * `fuse_softmax_matmuls` (GPT-2's attention on the kernels of section 2 that write P and fuse the
+#   products around it) for GPT-2 as written, the one model whose attention it changes, and
+#   `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against
+#   the launcher's 4) for the FastTransformer. The line under the table says whether they have rows.
 #
-# Options that did not win stay options, off by default. The `persistent norm dw` variant in the table
-# above puts the norm backwards' weight-gradient partials one per program instead of one per row tile.
-# Two grids for the residual-norm backward with 16 programs per SM (4- and 8-row tiles) put more loads in
-# flight, which did not pay for the extra atomic adds. `fuse_mlp_act` puts each MLP's GELU in the
-# epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`; forward the up-projection stores z and
-# gelu(z), backward the product through the down-projection is multiplied by gelu'(z) before it is
-# stored). It removes the two elementwise GELU kernels of every block, but its GEMMs are slower than
-# cuBLAS's at these shapes by more than the GELU kernels cost, and by far more with TF32 products.
-# `wgrad_splitk` never went on trial: its kernel lost to cuBLAS's on its own (section 2).
-# `fuse_softmax_matmuls` (GPT-2's attention on the kernels of section 2 that write P and fuse the
-# products around it) is on trial for GPT-2 as written, the one model whose attention it changes, and
-# `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against
-# the launcher's 4) for the FastTransformer. The table shows each trial; the lines under it say which
-# options are defaults now.
+# The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
+# check, and whether the engine's defaults set it.
 
 # %%
 cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)
 if cand_rows:
-    show_frame(engineview.candidate_table(cand_rows), digits=4,
+    show_frame(option_trials.candidate_table(cand_rows), digits=3,
                preview=["device", "precision", "engine", "option", "default ms", "option ms", "delta us",
                         "beyond spread"])
-    display(Markdown(engineview.candidate_summary(cand_rows, crows)))
+    display(Markdown(option_trials.candidate_summary(cand_rows, crows)))
 else:
     print("not measured yet: bash ci/gpu-run --only engine_candidates")
+display(Markdown(option_trials.unmeasured_text(cand_rows)))
 
 # %% [markdown]
 # ### Tiles and grids, swept
@@ -449,10 +468,9 @@ else:
 # sums the CUDA kernel time by kernel. Here that time is grouped into categories
 # (`ftlib.views.engine.PROBE_CATEGORIES`), next to the captured step. The graph replays the
 # same kernels without the launch gaps, so the two totals should be close. The largest
-# categories are where a faster step would come from next: the matrix products, which are cuBLAS's own,
-# then the column sums behind weight and bias gradients. The figure counts the kernels a step
-# launches: each boundary between two kernels costs time even inside a graph, so fewer, larger
-# kernels are the other way down.
+# categories are where a faster step would come from next; the lines under the table list each profiled
+# case's three largest, from the rows. The figure counts the kernels a step launches: each boundary
+# between two kernels costs time even inside a graph, so fewer, larger kernels are the other way down.
 
 # %%
 prows = engineview.latest_probes(ok_rows("engine_probe", include_cpu=MEASURE))  # each device's newest code
@@ -462,6 +480,7 @@ if len(ptable):
     show_frame(ptable, preview=["device", "case", "precision", "captured step µs", "kernel µs", "kernels per step",
                                 "matmul", "largest", "largest share"])
     for dev in sorted(set(ptable["device"])):
+        display(Markdown(f"Largest kernel classes per step, {dev}:\n\n" + ledgerview.class_order(prows, dev)))
         show(engineview.probe_launch_figure(prows, dev), f"engine-launches-{dev}")
 else:
     print("Not profiled yet: python -m benchmarks.kernels.engine_probe --out DIR on a GPU, then commit "
@@ -505,23 +524,17 @@ if len(ptable):
 if not crows:
     print(engineview.NOT_MEASURED)
 else:
-    show_frame(engineview.loss_table(crows), preview=["device", "model", "precision", "steps", "ref loss last",
+    show_frame(engine_check.loss_table(crows), preview=["device", "model", "precision", "steps", "ref loss last",
                                                       "max rel err", "rtol", "ok"])
     for dev in devices(crows):
-        show(engineview.loss_figure(crows, dev), f"engine-check-{dev}")
+        show(engine_check.loss_figure(crows, dev), f"engine-check-{dev}")
 
 # %% [markdown]
 # ## What we found
 
 # %%
-display(Markdown(br.chapter6_findings(runs)))
-# The ratios above divide rows of one run; how much the baseline itself moves between runs:
-display(Markdown(steadiness.steadiness_findings(runs, "fasttransformer", precisions=("bf16", "tf32"))))
-# What each option on trial did to the step, and what the launch sweeps found:
-if cand_rows:
-    display(Markdown("Options tried against the default engine of the same run:\n\n"
-                     + engineview.candidate_summary(cand_rows, crows)))
-display(Markdown("\n".join(f"- {s}" for s in sweeps.sweep_findings(krows))))
+display(Markdown(kernel_lessons.closing(krows, erows, prows, cand_rows,
+                                        kernel_lessons.devices_of(krows, erows, runs))))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

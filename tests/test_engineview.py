@@ -6,6 +6,7 @@ import pytest
 from synthetic_results import ENGINE_MS, VARIANT_MS, write_all
 
 from ftlib.views import engine as engineview
+from ftlib.views import engine_check, option_trials
 from ftlib.views.bench import ok_rows
 
 
@@ -27,6 +28,28 @@ def test_probe_table_groups_kernel_time_by_category(tmp_path, monkeypatch, rows)
     assert engineview.probe_category("Memcpy DtoD (Device -> Device)") == "copies and casts"
 
 
+def test_kernel_deltas_read_each_model_and_precision_from_its_newest_run_with_ablations():
+    """Not the run holding the most cases: a newer run with the default engine and a variant comes first, and
+    a newer run with the default engine alone (no variant) does not replace it."""
+    def row(label, ms, run, date, prec="bf16"):
+        return {"device_slug": "h200", "label": label, "preset": label.split()[0], "precision": prec,
+                "mode": "engine", "median_ms": ms, "p20_ms": ms - 0.01, "p80_ms": ms + 0.01, "B": 32, "T": 256,
+                "run_id": run, "date": date, "commit": f"c-{run}"}
+
+    old = [row("gpt2", 5.8, "r1", "2026-01-01"), row("gpt2 -layernorm", 6.0, "r1", "2026-01-01"),
+           row("gpt2 no-kernels", 7.0, "r1", "2026-01-01"), row("gpt2", 9.0, "r1", "2026-01-01", "fp32"),
+           row("gpt2 -layernorm", 9.5, "r1", "2026-01-01", "fp32")]
+    new = [row("gpt2", 3.2, "r2", "2026-02-01"), row("gpt2 -layernorm", 3.3, "r2", "2026-02-01")]
+    alone = [row("gpt2", 3.0, "r3", "2026-03-01")]
+    table = engineview.kernel_deltas.rows(old + new + alone)
+    bf16 = [d for d in table if d["precision"] == "bf16"]
+    assert [(d["variant"], d["engine ms"], d["delta ms"]) for d in bf16] == [("-layernorm", 3.2, 0.1)]
+    assert bf16[0]["run"] == "2026-02-01, commit c-r2 (run r2)" and bf16[0]["p20–p80 ms"] == "3.29–3.31"
+    assert [d["engine ms"] for d in table if d["precision"] == "fp32"] == [9.0]  # fp32's newest is r1
+    note = engineview.deltas_note(old + new + alone)
+    assert "run of 2026-02-01, commit c-r2 (run r2)" in note and "not measured yet" in note
+
+
 def test_kernel_deltas_are_variant_minus_full_engine(rows):
     d = {(r["model"], r["variant"]): r for r in engineview.kernel_deltas.rows(rows["engine"])}
     full = ENGINE_MS[("fasttransformer", "fp32")]["engine"]
@@ -37,10 +60,10 @@ def test_kernel_deltas_are_variant_minus_full_engine(rows):
 
 
 def test_loss_table_and_figure(rows):
-    t = engineview.loss_table.rows(rows["engine_check"])
+    t = engine_check.loss_table.rows(rows["engine_check"])
     assert len(t) == 4 and all(r["ok"] for r in t)
     assert max(r["max rel err"] for r in t if r["precision"] == "fp32") < 1e-5
-    fig = engineview.loss_figure(rows["engine_check"], "h200")
+    fig = engine_check.loss_figure(rows["engine_check"], "h200")
     curves = [tr for tr in fig.data if tr.y is not None and len(tr.y) > 1]
     assert len(curves) == 12  # 2 precisions x 2 models x (engine, reference, relative difference)
     assert all(len(tr.y) == 100 for tr in curves)
@@ -51,7 +74,7 @@ def test_loss_table_and_figure(rows):
 
 
 def test_nothing_stored_gives_empty_tables():
-    assert engineview.kernel_deltas.rows([]) == [] and engineview.loss_table.rows([]) == []
+    assert engineview.kernel_deltas.rows([]) == [] and engine_check.loss_table.rows([]) == []
 
 
 def test_latest_run_keeps_each_files_newest_complete_run():
@@ -113,18 +136,18 @@ def test_candidates_pair_with_the_default_of_their_own_run():
 
     rows = [row("ft", 2.0), row("ft +opt", 1.8), row("gpt2", 3.0), row("gpt2 +flash", 2.5),
             row("gpt2 +flash +opt", 2.49, spread=0.05), row("ft", 1.0, run="r2")]  # r2 has no option case
-    table = engineview.candidate_table.rows(rows)
+    table = option_trials.candidate_table.rows(rows)
     got = {(d["engine"], d["option"]): d for d in table}
     assert set(got) == {("ft", "+opt"), ("gpt2 +flash", "+opt")}  # "gpt2 +flash" is a default: "+opt" extends it
     assert got[("ft", "+opt")]["delta us"] == pytest.approx(-200) and got[("ft", "+opt")]["beyond spread"]
     assert not got[("gpt2 +flash", "+opt")]["beyond spread"]  # 10 µs faster, inside the spread
     assert got[("gpt2 +flash", "+opt")]["options"] == {"opt": True}  # the base's own options are not the option's
     checks = [{"device_slug": "h200", "extra": {"opt": True}, "ok": False}]
-    text = engineview.candidate_summary([r for r in rows if "flash" not in r["label"]], checks)
+    text = option_trials.candidate_summary([r for r in rows if "flash" not in r["label"]], checks)
     assert "1 of 1 cases" in text and "check failed" in text
-    assert "no 100-step check" in engineview.candidate_summary(rows, [])
+    assert "no 100-step check" in option_trials.candidate_summary(rows, [])
     other = [{"device_slug": "h200", "extra": {"other": True}, "ok": True}]  # a check of another option
-    assert "no 100-step check" in engineview.candidate_summary(rows, other)
+    assert "no 100-step check" in option_trials.candidate_summary(rows, other)
 
 
 def test_options_behind_names_rows_that_ran_without_todays_defaults():

@@ -86,3 +86,22 @@ def test_gemm_cases_are_named_by_their_roles():
     assert kernelview.case_label(wgrad) == "dW (320, 256) over M=8192 bf16"
     mlp = {"op": "gelu_mlp", "shape": {"C": 768, "F": 3072, "M": 8192, "bias": True}, "dtype": "bf16"}
     assert kernelview.case_label(mlp) == "M=8192 C=768 F=3072 +bias bf16"
+
+
+def test_stored_rows_of_triton_variants_named_without_triton_count_as_triton():
+    """bias_grad_dev's tile variants were stored as impl 'pytorch' ("v4 column sum 64x64, 4/SM"): the table
+    counts them as Triton, so they are neither the PyTorch baseline of 'vs PyTorch' nor labelled pytorch."""
+    def row(variant, impl, us):
+        return {"device_slug": "h200", "op": "bias_grad", "shape": {"M": 8192, "N": 768}, "dtype": "fp32",
+                "variant": variant, "impl": impl, "timing": "graph", "status": "ok", "median_us": us,
+                "bound": "memory", "bytes": 8192 * 768 * 4}
+
+    rows = [row("v1 eager sum(0)", "pytorch", 30.0), row("v2 torch.compile", "compile", 12.0),
+            row("v3 triton column sum", "triton", 20.0), row("v4 column sum 64x64, 4/SM", "pytorch", 10.0),
+            row("v4 triton column sum 64x64, 4/SM", "triton", 10.0)]
+    t = {r["variant"]: r for r in kernelview.kernel_table.rows(rows)}
+    assert t["v4 column sum 64x64, 4/SM"]["impl"] == "triton" == t["v4 triton column sum 64x64, 4/SM"]["impl"]
+    assert t["v1 eager sum(0)"]["impl"] == "pytorch" and t["v2 torch.compile"]["impl"] == "compile"
+    assert t["v3 triton column sum"]["vs PyTorch"] == pytest.approx(30.0 / 20.0)  # not 10 / 20: v4 is ours
+    assert t["v4 column sum 64x64, 4/SM"]["vs compile"] == pytest.approx(12.0 / 10.0)
+    assert kernelview.row_impl({"variant": "v1 cuBLAS into fp32", "impl": "pytorch"}) == "pytorch"

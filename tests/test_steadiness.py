@@ -35,3 +35,9 @@ def test_a_steady_baseline_is_called_steady_and_a_manual_graph_leaves_nothing_to
     assert st.host_work("compile reduce-overhead, fused AdamW outside", 0) == "AdamW launched from Python"
     assert st.host_work("compile reduce-overhead, whole step compiled", 3) == "3 graph breaks"
     assert st.steadiness_findings(_runs([1.6])) == ""  # one run: nothing to say about runs
+
+
+def test_one_run_has_no_spread_to_show():
+    tab = st.steadiness_table(_runs([1.6])).set_index("model").loc["FastTransformer"]
+    assert tab["runs"] == 1 and tab["engine runs"] == 1
+    assert tab["compiled spread %"] is None and tab["engine spread %"] is None  # shown as "–", not 0

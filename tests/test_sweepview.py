@@ -32,9 +32,9 @@ def test_a_win_is_called_only_beyond_the_spread():
     text = sweeps.sweep_findings(rows)
     assert len(text) == 1 and "fastest atomic 8 rows 4/SM at 21.0 µs" in text[0] and "1.14×" in text[0]
     assert "beyond the spread" in text[0] and "3 variants" in text[0]
-    # The sweep's winner is the engine's default grid now (it won its trial): the finding says so.
+    # The sweep's fastest is the engine's default grid: the finding says so.
     assert sweeps.engine_choice("norm_bwd_grid") == "atomic 8 rows 4/SM"
-    assert "won its trial" in text[0] and "worth a trial" not in text[0]
+    assert "the engine runs it by default" in text[0] and "worth a trial" not in text[0]
     other = [_row("norm_bwd_grid", base, 24.0), _row("norm_bwd_grid", "atomic 4 rows 2/SM", 21.0)]
     assert "worth a trial in the engine" in sweeps.sweep_findings(other)[0]
     close = [_row("norm_bwd_grid", base, 24.0, 1.0), _row("norm_bwd_grid", "atomic 8 rows 4/SM", 23.5, 1.0)]

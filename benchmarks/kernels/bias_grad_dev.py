@@ -39,12 +39,14 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
         variants = [
             Variant("v1 eager sum(0)", lambda: torch_sum(dy), tol),
             Variant("v2 torch.compile", lambda: compiled(dy), tol, gpu_only=True),
-            # v3 as first built (the launcher's default now takes v5's tiles for N >= 512)
-            Variant("v3 triton column sum", lambda: bias_grad(dy, dtype, blocks=(32, 64, 4), per_sm=2), tol),
+            # v3: 32x64 tiles, 2 programs per SM (the launcher takes v5's tiles for N >= 512)
+            Variant("v3 triton column sum", lambda: bias_grad(dy, dtype, blocks=(32, 64, 4), per_sm=2), tol,
+                    impl="triton"),
         ]
         for v, blocks, per_sm in (("v4", (64, 64, 4), 4), ("v5", (32, 128, 4), 4), ("v6", (16, 256, 4), 8)):
-            variants.append(Variant(f"{v} column sum {blocks[0]}x{blocks[1]}, {per_sm}/SM",
-                                    lambda b=blocks, p=per_sm: bias_grad(dy, dtype, blocks=b, per_sm=p), tol))
+            variants.append(Variant(f"{v} triton column sum {blocks[0]}x{blocks[1]}, {per_sm}/SM",
+                                    lambda b=blocks, p=per_sm: bias_grad(dy, dtype, blocks=b, per_sm=p), tol,
+                                    impl="triton"))
         return run(f"bias grad ({M}, {N}) {dtype}", args, device, lambda: dy.double().sum(0), variants,
                    work=M * N * dy.element_size(), unit="GB/s", op="bias_grad", shape={"M": M, "N": N},
                    dtype=dtype)

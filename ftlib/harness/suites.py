@@ -263,7 +263,7 @@ def engine_candidates() -> list[Case]:
     case, then one case per candidate option that applies to it; a default case no candidate applies
     to is left out. An option that wins becomes a default (its ablation then joins ``engine``); one
     that loses leaves this list. Rows go to their own file, so ``engine``'s keys and its table in
-    chapter 6 stay as they are; chapter 6 shows these beside it (``ftlib.views.engine.candidate_table``).
+    chapter 6 stay as they are; chapter 6 shows these beside it (``ftlib.views.option_trials.candidate_table``).
     """
     configs = headline_models()
     bases = [("fasttransformer", "fasttransformer", {}), ("gpt2", "gpt2", {}),

@@ -20,7 +20,6 @@ from ftlib.views.baselines import (
     engine_note,
     engine_table,
     fmt_range,
-    headroom,
     lookup_row,
     model_speedups,
     newest_engine,
@@ -314,35 +313,6 @@ SHORT_GROUPS = {config_name(*POST_CONFIG): "post's setup", "fastest compiled": "
 
 
 HEADLINE_ORDER = ("fp32", "tf32", "bf16", "fp16")
-
-
-def chapter6_findings(df: pd.DataFrame) -> str:
-    """Chapter 6's closing paragraph, per device: the engine against the strongest and the post's baseline."""
-    if df.empty:
-        return NO_RUNS
-    eng, eff, room = newest_engine(engine_table(df)), placement_effect(df), headroom(df)
-    parts = []
-    for dev in sorted(set(df["device_slug"])):
-        lines = [f"**{dev}**:"]
-        for label in ("fasttransformer", "gpt2"):
-            for prec in ("bf16", "tf32", "fp32"):
-                e = lookup_row(eng, device_slug=dev, label=label, precision=prec)
-                if e is None:
-                    continue
-                post = lookup_row(eff, device=dev, model=MODEL_NAMES[label], precision=prec,
-                               **{"engine measured against": config_name(*POST_CONFIG)})
-                r = lookup_row(room, device=dev, model=MODEL_NAMES[label], precision=prec)
-                text = (f"- {MODEL_NAMES[label]}, {prec}{engine_note(e['engine_config'])}: the engine steps in "
-                        f"{e['engine_ms']:.2f} ms, "
-                        f"{range_text(e['median'], e['min'], e['max'])} against the strongest compiled step "
-                        f"({e['verdict']})")
-                if post is not None:
-                    text += f"; against the post's setup it would read {post['engine speed-up (median, min–max)']}"
-                if r is not None and r["roofline floor ms"]:
-                    text += f"; the roofline floor is {r['roofline floor ms']:.2f} ms"
-                lines.append(text + ".")
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
 
 
 @table_view

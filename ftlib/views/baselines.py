@@ -282,7 +282,7 @@ def fmt_range(median: float, lo: float, hi: float, unit: str = "×") -> str:
 
 
 def runs_note(runs: int, machines: int) -> str:
-    return f"{runs} runs, {machines} machine starts"
+    return f"{runs} run{'s' * (runs != 1)}, {machines} machine start{'s' * (machines != 1)}"
 
 
 def range_text(median: float, lo: float, hi: float) -> str:

@@ -4,9 +4,9 @@ Sources (rows of ``ftlib.harness.bench.step`` or ``ci/gpu_bench.py``, read with 
 
 * ``engine``: the engine (``mode='engine'``, label = the preset) and its variants, labelled
   ``'<preset> <change>'`` (``-rmsnorm``: that kernel off, ``no-kernels``, ``uncaptured``,
-  ``+flash-attn``), all of one run.
-* ``engine_check``: one row per (model, precision), the engine and the reference trained
-  100 steps side by side (``losses_engine``, ``losses_ref``, ``max_rel_err``, ``ok``).
+  ``+flash-attn``); each variant is set against the default engine of its own run. Options on trial
+  (suite ``engine_candidates``) are read in ``ftlib.views.option_trials``.
+* ``engine_check``: the 100-step check (read in ``ftlib.views.engine_check``).
 * ``engine_probe``: the engine's step under the profiler, kernel by kernel.
 
 The engine against the compiler is ``ftlib.views.baselines``'s: it is measured in the baselines suite.
@@ -20,12 +20,11 @@ from collections.abc import Iterable
 from typing import Any
 
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 
 from ftlib.harness.suites import SUITES
 from ftlib.training.engine.options import EngineOptions
-from ftlib.views.bench import pick, select
-from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below
+from ftlib.views.bench import select
+from ftlib.views.plots import PALETTE, legend_below
 from ftlib.views.tables import table_view
 
 MODELS = ("gpt2", "fasttransformer")
@@ -93,149 +92,93 @@ def variant_name(r: dict[str, Any]) -> str:
     return rest[len("engine"):].strip() if rest.startswith("engine ") else rest
 
 
+def _run_date(rows: list[dict[str, Any]]) -> str:
+    return max(str(r.get("date", "")) for r in rows)
+
+
+def ablation_runs(engine_rows: Iterable[dict[str, Any]]) -> dict[tuple[str, str, str], list[dict[str, Any]]]:
+    """(device, model, precision) -> the engine rows of the newest run (by date) that measured that model's
+    default engine and at least one of its variants in that precision, at the headline shape. Each model and
+    precision takes its own newest such run; a variant is only ever set against the engine of its own run."""
+    rows = [r for r in engine_rows if r.get("mode") == "engine" and r.get("median_ms") is not None
+            and r.get("B") == SHAPE["B"] and r.get("T") == SHAPE["T"]]
+    runs: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        runs.setdefault((r.get("device_slug"), run_of(r)), []).append(r)
+    out: dict[tuple[str, str, str], list[dict[str, Any]]] = {}
+    for (dev, _), run in sorted(runs.items(), key=lambda kv: _run_date(kv[1])):  # newer runs replace older
+        for model in MODELS:
+            for prec in {r.get("precision") for r in run}:
+                mine = select(run, preset=model, precision=prec)
+                if any(r["label"] == model for r in mine) and any(r["label"] != model for r in mine):
+                    out[(dev, model, prec)] = mine
+    return out
+
+
+def run_name(rows: list[dict[str, Any]]) -> str:
+    """'2026-12-03, commit b7e5eb5e1b6c (run a0b14f12dc34)': the date and commit a run's rows were measured at."""
+    r = max(rows, key=lambda r: str(r.get("date", "")))
+    ids = {r.get("run_id") for r in rows} - {None}
+    return f"{str(r.get('date', ''))[:10]}, commit {r.get('commit')}" + (f" (run {min(ids)})" if ids else "")
+
+
+def _spread(r: dict[str, Any]) -> str | None:
+    return f"{r['p20_ms']:.2f}–{r['p80_ms']:.2f}" if r.get("p20_ms") and r.get("p80_ms") else None
+
+
 @table_view
 def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """What each kernel buys: every engine variant against the full engine of the same model and precision.
+    """What each kernel buys: every engine variant against the default engine of the same run, model and
+    precision, from the newest run that measured both (:func:`ablation_runs`), named in ``run``.
 
-    ``delta ms`` = variant - full engine (positive: the variant is slower, i.e. what was
-    switched off was worth that much per step).
+    ``delta ms`` = variant - default engine (positive: the variant is slower, i.e. what was switched off was
+    worth that much per step); ``beyond spread``: the two rows' p20-p80 ranges do not overlap. Times are
+    rounded to 10 µs, the order of their p20-p80 spread. ``engine`` says which engine the run's default was
+    against today's defaults (:func:`engine_config`).
     """
-    rows = [r for r in _shape(engine_rows) if r.get("mode") == "engine"]
     out = []
-    for dev in engine_devices(rows):
-        for prec in ("fp32", "tf32", "bf16"):
-            for model in MODELS:
-                full = pick(rows, device_slug=dev, label=model, precision=prec)
-                if full is None:
-                    continue
-                variants = [r for r in select(rows, device_slug=dev, precision=prec, preset=model)
-                            if r.get("label") != model]
-                for r in sorted(variants, key=lambda r: r["label"]):
-                    out.append({"device": dev, "model": model, "precision": prec, "variant": variant_name(r),
-                                "ms": r["median_ms"], "engine ms": full["median_ms"],
-                                "delta ms": r["median_ms"] - full["median_ms"],
-                                "delta %": 100 * (r["median_ms"] / full["median_ms"] - 1),
-                                "kernels": ", ".join((r.get("engine") or {}).get("kernels", [])) or None,
-                                "check ok": r.get("check_ok")})
+    order = ("fp32", "tf32", "bf16", "fp16")
+    for (dev, model, prec), run in sorted(ablation_runs(engine_rows).items(), key=lambda kv: (
+            kv[0][0], order.index(kv[0][2]) if kv[0][2] in order else 9, MODELS.index(kv[0][1]))):
+        full = max((r for r in run if r["label"] == model), key=lambda r: str(r.get("date", "")))
+        for r in sorted((r for r in run if r["label"] != model), key=lambda r: r["label"]):
+            both = r.get("p20_ms") and full.get("p20_ms")
+            out.append({"device": dev, "model": model, "precision": prec, "variant": variant_name(r),
+                        "ms": round(r["median_ms"], 2), "p20–p80 ms": _spread(r),
+                        "engine ms": round(full["median_ms"], 2), "engine p20–p80 ms": _spread(full),
+                        "delta ms": round(r["median_ms"] - full["median_ms"], 2),
+                        "delta %": round(100 * (r["median_ms"] / full["median_ms"] - 1), 1),
+                        "beyond spread": bool(r["p80_ms"] < full["p20_ms"] or r["p20_ms"] > full["p80_ms"])
+                        if both else None,
+                        "run": run_name(run), "engine": engine_config(full),
+                        "kernels": ", ".join((r.get("engine") or {}).get("kernels", [])) or None,
+                        "check ok": r.get("check_ok")})
     return out
 
 
-@table_view
-def candidate_table(candidate_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Engine options on trial (suite ``engine_candidates``), each against the default engine
-    case of the same run, model and precision: the base is the case whose label the option's label
-    extends (a case that another extends is a default case). ``beyond spread``: the two cases' p20-p80
-    ranges do not overlap; only a win beyond the spread, with a passing 100-step check, makes an
-    option a default.
-    """
-    rows = [r for r in candidate_rows if r.get("mode") == "engine" and r.get("median_ms") is not None]
-
-    def group(r: dict[str, Any]) -> tuple:
-        return r.get("device_slug"), r.get("run_id"), r.get("precision")
-
-    out = []
-    for r in rows:
-        peers = [b for b in rows if b is not r and group(b) == group(r)]
-        same = [b for b in peers if r["label"].startswith(b["label"])]
-        if not same or any(b["label"].startswith(r["label"]) for b in peers):
-            continue  # a default case (GPT-2 with the attention kernel is one too: options extend it)
-        base = max(same, key=lambda b: len(b["label"]))
-        # The engine options the case sets beyond its base's: what a 100-step check of it must set too.
-        own, base_extra = r.get("extra") or {}, base.get("extra") or {}
-        options = {k: v for k, v in own.items() if k != "run" and base_extra.get(k) != v}
-        out.append({"device": r["device_slug"], "precision": r["precision"], "engine": base["label"],
-                    "option": r["label"][len(base["label"]):].strip(), "default ms": base["median_ms"],
-                    "option ms": r["median_ms"], "delta us": 1e3 * (r["median_ms"] - base["median_ms"]),
-                    "speed-up": base["median_ms"] / r["median_ms"],
-                    "beyond spread": bool(r["p80_ms"] < base["p20_ms"] or r["p20_ms"] > base["p80_ms"]),
-                    "check ok": r.get("check_ok"), "run": r.get("run_id"), "options": options})
-    return sorted(out, key=lambda d: (d["device"], d["precision"], d["engine"], d["option"]))
-
-
-def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iterable[dict[str, Any]]) -> str:
-    """One line per device and option of :func:`candidate_table`: how often it won beyond the spread,
-    by how much, whether a 100-step check of it is stored (rows of ``engine_check`` that set the
-    option as its cases do) and passed, and whether the engine's defaults now set it so."""
-    table = candidate_table.rows(candidate_rows)
-    checks = list(check_rows)
-    now = EngineOptions()
+def deltas_note(engine_rows: Iterable[dict[str, Any]]) -> str:
+    """Markdown under :func:`kernel_deltas`: per device, the run each model and precision comes from, which
+    engine its default was against today's defaults, and the variants of the ``engine`` suite that no such
+    run measured."""
+    runs = ablation_runs(engine_rows)
     lines = []
-    for (dev, option) in dict.fromkeys((d["device"], d["option"]) for d in table):
-        mine = [d for d in table if (d["device"], d["option"]) == (dev, option)]
-        wins = [d for d in mine if d["beyond spread"] and d["delta us"] < 0]
-        options = mine[0]["options"]
-        checked = [c for c in checks if c.get("device_slug") == dev and options
-                   and all((c.get("extra") or {}).get(k) == v for k, v in options.items())]
-        check = ("no 100-step check of it is stored yet" if not checked else
-                 "its 100-step check passed" if all(c.get("ok", c.get("check_ok")) for c in checked) else
-                 "its 100-step check failed")
-        lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
-        default = ("a default now" if options and all(getattr(now, k, None) == v for k, v in options.items())
-                   else "not a default")
-        lines.append(f"* **{option}** on {dev}: faster than the default engine of the same run beyond the "
-                     f"spread in {len(wins)} of {len(mine)} cases; the step changed by {lo:+.0f} to {hi:+.0f} µs "
-                     f"({min(d['speed-up'] for d in mine):.3f}x to {max(d['speed-up'] for d in mine):.3f}x); {check}; "
-                     f"{default}.")
-    return "\n".join(lines) or "No engine option is waiting to be measured."
-
-
-@table_view
-def loss_table(check_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per device, model, precision: the 100-step check's agreement (max relative loss error vs rtol),
-    the newest run only."""
-    out = []
-    order = ("fp32", "tf32", "bf16")
-    for r in sorted(latest_run(check_rows), key=lambda r: (
-            r["device_slug"], order.index(r["precision"]) if r["precision"] in order else 9, r["label"])):
-        ref = r.get("losses_ref") or []
-        out.append({"device": r["device_slug"], "model": r["label"], "precision": r["precision"],
-                    "steps": r.get("steps"), "ref loss first": ref[0] if ref else None,
-                    "ref loss last": ref[-1] if ref else None, "max rel err": r.get("max_rel_err"),
-                    "rtol": r.get("rtol"), "param rel err": r.get("param_rel_err"),
-                    "ok": r.get("ok", r.get("check_ok")), "kernels": ", ".join(r.get("kernels") or []) or None})
-    return out
-
-
-def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
-    """Per precision (columns): engine (solid) and reference (dotted) loss per step, and below it
-    the relative difference |engine - reference| / reference per step (log scale).
-
-    One colour per checked case, the same in every panel; the largest relative error of each
-    case is in :func:`loss_table`.
-    """
-    rows = [r for r in latest_run(check_rows) if r["device_slug"] == device and r.get("losses_engine")]
-    precs = [p for p in ("fp32", "tf32", "bf16") if any(r["precision"] == p for r in rows)]
-    labels = list(dict.fromkeys(r["label"] for r in sorted(rows, key=lambda r: (r["label"] not in MODELS, r["label"]))))
-    others = [c for c in PALETTE if c not in MODEL_COLORS.values()]
-    colors = {lab: MODEL_COLORS.get(lab) or others[i % len(others)] for i, lab in enumerate(labels)}
-    n = max(1, len(precs))
-    fig = make_subplots(rows=2, cols=n, subplot_titles=precs + [""] * n, shared_xaxes=True,
-                        row_heights=[0.6, 0.4], vertical_spacing=0.08, horizontal_spacing=0.06)
-    shown: set[str] = set()
-    for i, p in enumerate(precs, start=1):
-        for r in (r for r in rows if r["precision"] == p):
-            c, first = colors[r["label"]], r["label"] not in shown
-            shown.add(r["label"])
-            steps = list(range(1, len(r["losses_engine"]) + 1))
-            fig.add_trace(go.Scatter(x=steps, y=r["losses_engine"], mode="lines", name=r["label"],
-                                     line=dict(color=c), legendgroup=r["label"], showlegend=first),
-                          row=1, col=i)
-            fig.add_trace(go.Scatter(x=steps, y=r["losses_ref"], mode="lines", name=f"{r['label']} reference",
-                                     line=dict(color=c, dash="dot"), legendgroup=r["label"], showlegend=False),
-                          row=1, col=i)
-            rel = [abs(e - f) / abs(f) if (f and e != f) else None for e, f in zip(r["losses_engine"], r["losses_ref"])]
-            fig.add_trace(go.Scatter(x=steps, y=rel, mode="lines", name=f"{r['label']} |engine - ref| / ref",
-                                     line=dict(color=c, width=1), legendgroup=r["label"], showlegend=False),
-                          row=2, col=i)
-        fig.update_xaxes(title_text="step", row=2, col=i)
-        fig.update_yaxes(type="log", dtick=1, tickformat=".0e", row=2, col=i)
-    for dash, what in (("solid", "engine"), ("dot", "reference (train_step + torch.optim.AdamW)")):
-        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=what, line=dict(color="#555", dash=dash),
-                                 legendgroup="style", legendgrouptitle_text="line"))
-    fig.update_yaxes(title_text="training loss", row=1, col=1)
-    fig.update_yaxes(title_text="|engine − ref| / ref", row=2, col=1)
-    fig.update_layout(height=620, title=f"Engine vs reference training, {device}: loss per step")
-    return legend_below(fig)
+    for dev in sorted({k[0] for k in runs}):
+        by_run: dict[str, dict[str, list[str]]] = {}
+        for (d, model, prec), run in sorted(runs.items()):
+            if d == dev:
+                full = next(r for r in run if r["label"] == model)
+                by_run.setdefault(run_name(run), {}).setdefault(engine_config(full), []).append(f"{model} {prec}")
+        for run, configs in by_run.items():
+            engines = "; ".join(f"{', '.join(cases)}: {config}" for config, cases in configs.items())
+            lines.append(f"* {dev}: the rows come from the run of {run}. Its default engine against today's "
+                         f"defaults: {engines}.")
+        shown = {variant_name(r) for run in runs.values() for r in run if r.get("device_slug") == dev}
+        suite = SUITES["engine"].cases() if "engine" in SUITES else []
+        names = {variant_name({"label": c.label, "preset": c.label.split()[0].rstrip(",")}) for c in suite}
+        if missing := sorted(names - shown):
+            lines.append(f"* {dev}: not measured yet, so not in the table: "
+                         + ", ".join(f"`{n}`" for n in missing) + ".")
+    return "\n".join(lines)
 
 
 # Kernel-name patterns -> category, first match wins (benchmarks/kernels/engine_probe.py's names:
@@ -274,8 +217,8 @@ def latest_probes(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def probe_label(r: dict[str, Any]) -> str:
     """A profiled case's name against today's engine defaults: an option the case set that is a default
-    now leaves the name, and a default the case ran without (it was profiled before the option won its
-    trial) enters it as ``<option>=False``. So the case named by its model alone is today's engine."""
+    leaves the name, and a default the case ran without (an engine without that option) enters it as
+    ``<option>=False``. So the case named by its model alone is today's engine."""
     label, kw = r["label"], r.get("engine_kw") or {}
     now = dataclasses.asdict(EngineOptions())
     for k, v in kw.items():
@@ -334,8 +277,9 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
     return legend_below(fig)
 
 
-# Options that became defaults after winning their trial (suite engine_candidates): rows stored before
-# ran without them. Their engine is another engine: its ratios are never pooled with today's.
+# Options that are defaults because they were faster beyond the spread in their trial (suite
+# engine_candidates) and passed their 100-step check. Rows of an engine without them are another engine's:
+# their ratios are never pooled with today's.
 TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid")
 TODAY = "today's defaults"
 
@@ -377,8 +321,8 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
             seen.setdefault((r["device_slug"], name), set()).add(str(r.get("run_id")))
     return "\n".join(
         f"* On {dev}, the engine rows of {len(ids)} of these runs ran with `{name}` off; it is on by default "
-        f"now (its trial is in the section on engine options below), so those runs' ratios are an earlier "
-        f"engine's, on lines of their own."
+        f"in today's engine (its trial is in the section on engine options below), so those runs' ratios are "
+        f"an earlier engine's, on lines of their own."
         for (dev, name), ids in sorted(seen.items()))
 
 

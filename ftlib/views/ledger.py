@@ -307,3 +307,16 @@ def ledger_summary(probe_rows: Iterable[dict[str, Any]], device: str, boundary_u
 def devices_of(probe_rows: Iterable[dict[str, Any]]) -> list[str]:
     """Devices with at least one ledger row (a known peak), one figure each."""
     return sorted(k for k in group_rows(_latest(probe_rows), "device_slug") if k)
+
+
+def class_order(probe_rows: Iterable[dict[str, Any]], device: str, top: int = 3) -> str:
+    """Markdown, one item per case of :func:`figure_rows`: its ``top`` kernel classes by measured time per step,
+    largest first, with each one's share of the kernel time."""
+    out = []
+    for r in figure_rows(probe_rows, device):
+        lines = sorted((x for x in _case_ledger(r, BOUNDARY_US) if x["measured µs"]), key=lambda x: -x["measured µs"])
+        total = sum(x["measured µs"] for x in lines)
+        if total:
+            out.append(f"* **{short_case(r)}**: " + ", then ".join(
+                f"{x['class']} ({x['measured µs']:,.0f} µs, {x['measured µs'] / total:.0%})" for x in lines[:top]))
+    return "\n".join(out)

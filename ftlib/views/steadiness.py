@@ -56,7 +56,7 @@ def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:
         work = sorted({w for c in g["baseline"].unique() if (w := host_work(c, breaks))})
         line = {"device": dev, "model": bv.MODEL_NAMES.get(label, label), "precision": prec,
                 "runs": g["run_id"].nunique(), "strongest baseline ms (min–max)": text,
-                "compiled spread %": round(spread, 1),
+                "compiled spread %": round(spread, 1) if g["run_id"].nunique() > 1 else None,  # one run: no spread
                 "strongest configurations": "; ".join(f"{c} ({n})" for c, n in g["baseline"].value_counts().items()),
                 "graph breaks": breaks, "host work each step": "; ".join(work) or None,
                 "engine runs": 0, "engine ms (min–max)": None, "engine spread %": None}
@@ -64,7 +64,7 @@ def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:
         if len(e):
             etext, espread = _span(e["median_ms"])
             line.update({"engine runs": e["run_id"].nunique(), "engine ms (min–max)": etext,
-                         "engine spread %": round(espread, 1)})
+                         "engine spread %": round(espread, 1) if e["run_id"].nunique() > 1 else None})
         out.append(line)
     return pd.DataFrame(out, columns=_COLUMNS)
 

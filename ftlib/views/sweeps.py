@@ -81,7 +81,8 @@ def sweep_findings(rows: Iterable[dict[str, Any]]) -> list[str]:
                        f"({base['graph µs']:.1f} µs in a graph).")
             continue
         verdict = ("within the spread of the replays: no reason to change the default" if not win["beyond spread"]
-                   else "beyond the spread of the replays; it won its trial and the engine runs it by default"
+                   else ("beyond the spread of the replays; the engine runs it by default (its trial is in the "
+                         "table of options)")
                    if win["variant"] == engine_choice(op, p)
                    else "beyond the spread of the replays: worth a trial in the engine")
         out.append(f"{name}: fastest {win['variant']} at {win['graph µs']:.1f} µs against the default "

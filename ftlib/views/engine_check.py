@@ -1,0 +1,74 @@
+"""The engine's 100-step check against reference training (rows of ``engine_check``) for chapter 6: one row
+per (model, precision), the engine and the reference trained 100 steps side by side from the same weights on
+the same batches (``losses_engine``, ``losses_ref``, ``max_rel_err``, ``ok``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from ftlib.views.engine import MODELS, latest_run
+from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below
+from ftlib.views.tables import table_view
+
+
+@table_view
+def loss_table(check_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per device, model, precision: the 100-step check's agreement (max relative loss error vs rtol),
+    the newest run only."""
+    out = []
+    order = ("fp32", "tf32", "bf16")
+    for r in sorted(latest_run(check_rows), key=lambda r: (
+            r["device_slug"], order.index(r["precision"]) if r["precision"] in order else 9, r["label"])):
+        ref = r.get("losses_ref") or []
+        out.append({"device": r["device_slug"], "model": r["label"], "precision": r["precision"],
+                    "steps": r.get("steps"), "ref loss first": ref[0] if ref else None,
+                    "ref loss last": ref[-1] if ref else None, "max rel err": r.get("max_rel_err"),
+                    "rtol": r.get("rtol"), "param rel err": r.get("param_rel_err"),
+                    "ok": r.get("ok", r.get("check_ok")), "kernels": ", ".join(r.get("kernels") or []) or None})
+    return out
+
+
+def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
+    """Per precision (columns): engine (solid) and reference (dotted) loss per step, and below it
+    the relative difference |engine - reference| / reference per step (log scale).
+
+    One colour per checked case, the same in every panel; the largest relative error of each
+    case is in :func:`loss_table`.
+    """
+    rows = [r for r in latest_run(check_rows) if r["device_slug"] == device and r.get("losses_engine")]
+    precs = [p for p in ("fp32", "tf32", "bf16") if any(r["precision"] == p for r in rows)]
+    labels = list(dict.fromkeys(r["label"] for r in sorted(rows, key=lambda r: (r["label"] not in MODELS, r["label"]))))
+    others = [c for c in PALETTE if c not in MODEL_COLORS.values()]
+    colors = {lab: MODEL_COLORS.get(lab) or others[i % len(others)] for i, lab in enumerate(labels)}
+    n = max(1, len(precs))
+    fig = make_subplots(rows=2, cols=n, subplot_titles=precs + [""] * n, shared_xaxes=True,
+                        row_heights=[0.6, 0.4], vertical_spacing=0.08, horizontal_spacing=0.06)
+    shown: set[str] = set()
+    for i, p in enumerate(precs, start=1):
+        for r in (r for r in rows if r["precision"] == p):
+            c, first = colors[r["label"]], r["label"] not in shown
+            shown.add(r["label"])
+            steps = list(range(1, len(r["losses_engine"]) + 1))
+            fig.add_trace(go.Scatter(x=steps, y=r["losses_engine"], mode="lines", name=r["label"],
+                                     line=dict(color=c), legendgroup=r["label"], showlegend=first),
+                          row=1, col=i)
+            fig.add_trace(go.Scatter(x=steps, y=r["losses_ref"], mode="lines", name=f"{r['label']} reference",
+                                     line=dict(color=c, dash="dot"), legendgroup=r["label"], showlegend=False),
+                          row=1, col=i)
+            rel = [abs(e - f) / abs(f) if (f and e != f) else None for e, f in zip(r["losses_engine"], r["losses_ref"])]
+            fig.add_trace(go.Scatter(x=steps, y=rel, mode="lines", name=f"{r['label']} |engine - ref| / ref",
+                                     line=dict(color=c, width=1), legendgroup=r["label"], showlegend=False),
+                          row=2, col=i)
+        fig.update_xaxes(title_text="step", row=2, col=i)
+        fig.update_yaxes(type="log", dtick=1, tickformat=".0e", row=2, col=i)
+    for dash, what in (("solid", "engine"), ("dot", "reference (train_step + torch.optim.AdamW)")):
+        fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=what, line=dict(color="#555", dash=dash),
+                                 legendgroup="style", legendgrouptitle_text="line"))
+    fig.update_yaxes(title_text="training loss", row=1, col=1)
+    fig.update_yaxes(title_text="|engine − ref| / ref", row=2, col=1)
+    fig.update_layout(height=620, title=f"Engine vs reference training, {device}: loss per step")
+    return legend_below(fig)

@@ -1,0 +1,194 @@
+"""Chapter 6's closing, computed from the stored rows: op for op, our Triton kernels against torch.compile's
+generated kernels in a CUDA graph (kernels.jsonl), then the engine against the strongest compiled step of each
+run (``ftlib.views.findings.engine_results``) and what the engine's own rows say its step gains from (the
+ablations of ``engine``, the profiles of ``engine_probe`` and their ledger)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+import pandas as pd
+
+from ftlib.views import engine as ev
+from ftlib.views import ledger as lv
+from ftlib.views.findings import engine_results
+from ftlib.views.kernels import KERNEL_TABLE_OPS, OP_NAMES, case_label, row_impl
+from ftlib.views.tables import table_view
+
+
+def _run_key(r: dict[str, Any]) -> str:
+    return str(r.get("run_id") or r.get("commit"))
+
+
+def _fastest(rows: list[dict[str, Any]], impl: str) -> dict[str, Any] | None:
+    mine = [r for r in rows if row_impl(r) == impl]
+    return min(mine, key=lambda r: r["median_us"]) if mine else None
+
+
+@table_view
+def triton_vs_compile(kernel_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per device, op and case: the fastest Triton variant against the fastest torch.compile variant, both
+    replayed in a CUDA graph, from the newest run that timed both (``same run``: False where no run did, and
+    each side is its newest row). ``outcome``: 'Triton faster' or 'compile faster' where the p20-p80 ranges
+    do not overlap, else 'tie'."""
+    rows = [r for r in kernel_rows if r.get("op") in KERNEL_TABLE_OPS and r.get("timing") == "graph"
+            and r.get("status") == "ok" and r.get("median_us")]
+    groups: dict[tuple, list[dict[str, Any]]] = {}
+    for r in rows:
+        groups.setdefault((r["device_slug"], r["op"], case_label(r)), []).append(r)
+    out = []
+    for (dev, op, case), mine in groups.items():
+        runs: dict[str, list[dict[str, Any]]] = {}
+        for r in mine:
+            runs.setdefault(_run_key(r), []).append(r)
+        both = [rs for rs in runs.values() if _fastest(rs, "triton") and _fastest(rs, "compile")]
+        if both:
+            pool, same = max(both, key=lambda rs: max(str(r.get("date", "")) for r in rs)), True
+        else:
+            newest = {}
+            for r in sorted(mine, key=lambda r: str(r.get("date", ""))):
+                newest[r["variant"]] = r
+            pool, same = list(newest.values()), False
+        tri, com = _fastest(pool, "triton"), _fastest(pool, "compile")
+        if not (tri and com):
+            continue
+        apart = tri.get("p80_us") and com.get("p20_us") and (
+            tri["p80_us"] < com["p20_us"] or tri["p20_us"] > com["p80_us"])
+        outcome = "tie" if not apart else "Triton faster" if tri["median_us"] < com["median_us"] else "compile faster"
+        out.append({"device": dev, "op": op, "case": case, "triton variant": tri["variant"],
+                    "triton µs": tri["median_us"], "compile µs": com["median_us"],
+                    "compile / triton": com["median_us"] / tri["median_us"], "outcome": outcome, "same run": same})
+    order = {op: i for i, op in enumerate(KERNEL_TABLE_OPS)}
+    return sorted(out, key=lambda d: (d["device"], order[d["op"]]))
+
+
+def kernel_lines(kernel_rows: Iterable[dict[str, Any]]) -> list[str]:
+    """One line per device and op of :func:`triton_vs_compile`: how many cases each side won, and the range
+    of compile / Triton (above 1: Triton faster)."""
+    table = triton_vs_compile.rows(kernel_rows)
+    lines = []
+    for dev, op in dict.fromkeys((d["device"], d["op"]) for d in table):
+        mine = [d for d in table if (d["device"], d["op"]) == (dev, op)]
+        count = {k: sum(d["outcome"] == k for d in mine) for k in ("Triton faster", "tie", "compile faster")}
+        lo, hi = min(d["compile / triton"] for d in mine), max(d["compile / triton"] for d in mine)
+        span = f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
+        runs = "" if all(d["same run"] for d in mine) else " (Triton and compile timed in different runs)"
+        lines.append(f"{OP_NAMES.get(op, op)}, {len(mine)} case{'s' * (len(mine) != 1)}: Triton faster "
+                     f"in {count['Triton faster']}, tied in {count['tie']}, compile faster in "
+                     f"{count['compile faster']}; compile's time over Triton's {span}{runs}.")
+    return lines
+
+
+def _engine_lines(device: str) -> tuple[list[str], list[str]]:
+    """Lines of ``engine_results``: the engine against the strongest compiled step, baseline and runs named;
+    and the cases where the engine is faster (verdict 'faster', or a median above 1 on too few runs, said so)."""
+    tab = engine_results(device)
+    lines, faster = [], []
+    for _, e in tab.iterrows():
+        engine = ("today's engine" if e["engine"] == "today's"
+                  else e["engine"].replace("earlier: ", "an earlier engine, "))
+        lines.append(f"{e['model']} {e['precision']} ({engine}): {e['engine speed-up']} against "
+                     f"{e['strongest baseline of the same run']}, {e['runs']}; {e['verdict']}.")
+        if e["verdict"] == "faster":
+            faster.append(f"{e['model']} {e['precision']}")
+        elif e["verdict"] == "too few runs" and float(str(e["engine speed-up"]).split("×")[0]) > 1:
+            faster.append(f"{e['model']} {e['precision']} (too few runs)")
+    return lines, faster
+
+
+def _ablation_lines(engine_rows: list[dict[str, Any]], device: str) -> list[str]:
+    """What switching one piece off costs the engine of its own run: the graph, all our kernels, fused attention."""
+    deltas = [d for d in ev.kernel_deltas.rows(engine_rows) if d["device"] == device]
+    what = {"uncaptured": "the whole step in one CUDA graph", "no-kernels": "all of our kernels together",
+            "-fused-softmax": "GPT-2's fused softmax", "-attention": "the fused attention kernel"}
+    lines = []
+    for variant, text in what.items():
+        mine = [d for d in deltas if d["variant"] == variant]
+        if mine:
+            cases = ", ".join(f"{d['model']} {d['precision']} {d['delta ms']:+.2f} ms ({d['delta %']:+.0f}%)"
+                              for d in mine)
+            lines.append(f"switching off {text} ({variant}) changes the step by {cases}")
+    if lines:
+        lines[0] += (f" (the engine's ablations, from the run of {deltas[0]['run']}, each against the default "
+                     "engine of that run)")
+    return lines
+
+
+def _buffer_lines(candidate_rows: list[dict[str, Any]], device: str) -> list[str]:
+    """The options that write gradients straight into the flat buffers, against the default engine of their run."""
+    from ftlib.views.option_trials import candidate_table
+
+    table = [d for d in candidate_table.rows(candidate_rows) if d["device"] == device]
+    lines = []
+    for option in ("+grad-into-buffer", "+norm-dw-into-buffer"):
+        mine = [d for d in table if d["option"] == option]
+        if mine:
+            lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
+            lines.append(f"{option} (gradients written straight into the flat buffer) changes the step by "
+                         f"{lo:+.0f} to {hi:+.0f} µs against the default engine of the same run, {len(mine)} cases "
+                         f"in {len({d['run'] for d in mine})} run{'s' * (len({d['run'] for d in mine}) != 1)}")
+    return lines
+
+
+def _kernel_count_lines(probe_rows: list[dict[str, Any]], device: str) -> list[str]:
+    """Profiled cases that differ from the default engine by one option: kernels per step and captured step."""
+    table = [t for t in lv.ledger_totals.rows(probe_rows) if t["device"] == device]
+    lines = []
+    for t in table:
+        base = next((b for b in table if b is not t and t["case"].startswith(b["case"] + ", ")
+                     and b["precision"] == t["precision"]), None)
+        if base is None or not (t["captured step µs"] and base["captured step µs"]):
+            continue
+        lines.append(f"profiled with one option against the default engine, {t['case']}: "
+                     f"{round(t['kernels per step'] - base['kernels per step']):+d} kernels per step, "
+                     f"{t['captured step µs'] - base['captured step µs']:+.0f} µs per captured step")
+    for t in table:
+        if "," not in t["case"] and t["step / sum of floors"]:
+            lines.append(f"the default engine profiled, {t['case']}: {round(t['kernels per step'])} kernels per "
+                         "step, the captured step "
+                         f"{t['step / sum of floors']:.1f}× the sum of its class floors, "
+                         f"{t['measured gap per kernel µs']:.1f} µs between kernels")
+    return lines
+
+
+def closing(kernel_rows: Iterable[dict[str, Any]], engine_rows: Iterable[dict[str, Any]],
+            probe_rows: Iterable[dict[str, Any]], candidate_rows: Iterable[dict[str, Any]],
+            devices: Iterable[str]) -> str:
+    """The chapter's closing as Markdown, per device: the kernels op for op, the engine against the strongest
+    compiled step, and what the engine's rows attribute its step to."""
+    krows, erows, prows, crows = list(kernel_rows), list(engine_rows), list(probe_rows), list(candidate_rows)
+    parts = []
+    for dev in devices:
+        table = [d for d in triton_vs_compile.rows(krows) if d["device"] == dev]
+        text = [f"**{dev}.**"]
+        if table:
+            wins = sum(d["outcome"] == "Triton faster" for d in table)
+            text.append(f"Op for op, in isolation, our Triton kernels are faster than torch.compile's generated "
+                        f"kernels beyond the spread in {wins} of {len(table)} cases and tie or lose in the other "
+                        f"{len(table) - wins} (the fastest variant of each side, in a CUDA graph):\n")
+            text += [f"- {line}" for line in kernel_lines([r for r in krows if r.get("device_slug") == dev])]
+        eng, faster = _engine_lines(dev)
+        if eng:
+            text.append("\nYet the whole engine against the strongest compiled step of the same run (speed-up: "
+                        "median over runs, min–max) is faster for " + (", ".join(faster) or "no case") + ":\n")
+            text += [f"- {line}" for line in eng]
+        why = _ablation_lines(erows, dev) + _buffer_lines(crows, dev) + _kernel_count_lines(prows, dev)
+        if why:
+            text.append("\nNo single kernel holds that gain: the engine's step is one CUDA graph over flat "
+                        "parameter and gradient buffers, with fused attention and fewer kernels. What its own "
+                        "rows say of each:\n")
+            text += [f"- {line}." for line in why]
+        parts.append("\n".join(text))
+    return "\n\n".join(parts)
+
+
+def devices_of(*row_sets: Iterable[dict[str, Any]] | pd.DataFrame) -> list[str]:
+    """Every device with rows in any of ``row_sets`` (lists of rows or frames with ``device_slug``)."""
+    out: set[str] = set()
+    for rows in row_sets:
+        if isinstance(rows, pd.DataFrame):
+            out |= set(rows["device_slug"]) if "device_slug" in rows else set()
+        else:
+            out |= {r.get("device_slug") for r in rows if r.get("device_slug")}
+    return sorted(out)

@@ -1,0 +1,92 @@
+"""Engine options on trial (suite ``engine_candidates``) for chapter 6: each option against the default
+engine case of the same run, and which options of the suite have no rows yet.
+
+An option becomes a default when it is faster than the default engine of the same run beyond the
+spread and passes its 100-step check; :func:`candidate_table` shows each trial's outcome.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from ftlib.harness.suites import CANDIDATES
+from ftlib.training.engine.options import EngineOptions
+from ftlib.views.tables import table_view
+
+
+@table_view
+def candidate_table(candidate_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Engine options on trial, each against the default engine case of the same run, model and precision:
+    the base is the case whose label the option's label extends (a case that another extends is a default
+    case). ``beyond spread``: the two cases' p20-p80 ranges do not overlap; only a win beyond the spread,
+    with a passing 100-step check, makes an option a default.
+    """
+    rows = [r for r in candidate_rows if r.get("mode") == "engine" and r.get("median_ms") is not None]
+
+    def group(r: dict[str, Any]) -> tuple:
+        return r.get("device_slug"), r.get("run_id"), r.get("precision")
+
+    out = []
+    for r in rows:
+        peers = [b for b in rows if b is not r and group(b) == group(r)]
+        same = [b for b in peers if r["label"].startswith(b["label"])]
+        if not same or any(b["label"].startswith(r["label"]) for b in peers):
+            continue  # a default case (GPT-2 with the attention kernel is one too: options extend it)
+        base = max(same, key=lambda b: len(b["label"]))
+        # The engine options the case sets beyond its base's: what a 100-step check of it must set too.
+        own, base_extra = r.get("extra") or {}, base.get("extra") or {}
+        options = {k: v for k, v in own.items() if k != "run" and base_extra.get(k) != v}
+        out.append({"device": r["device_slug"], "precision": r["precision"], "engine": base["label"],
+                    "option": r["label"][len(base["label"]):].strip(), "default ms": base["median_ms"],
+                    "option ms": r["median_ms"], "delta us": 1e3 * (r["median_ms"] - base["median_ms"]),
+                    "speed-up": base["median_ms"] / r["median_ms"],
+                    "beyond spread": bool(r["p80_ms"] < base["p20_ms"] or r["p20_ms"] > base["p80_ms"]),
+                    "check ok": r.get("check_ok"), "run": r.get("run_id"), "options": options})
+    return sorted(out, key=lambda d: (d["device"], d["precision"], d["engine"], d["option"]))
+
+
+def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iterable[dict[str, Any]]) -> str:
+    """One line per device and option of :func:`candidate_table`: how often it was faster beyond the spread,
+    by how much, whether a 100-step check of it is stored (rows of ``engine_check`` that set the option as
+    its cases do) and passed, and whether the engine's defaults set it so."""
+    table = candidate_table.rows(candidate_rows)
+    checks = list(check_rows)
+    defaults = EngineOptions()
+    lines = []
+    for (dev, option) in dict.fromkeys((d["device"], d["option"]) for d in table):
+        mine = [d for d in table if (d["device"], d["option"]) == (dev, option)]
+        wins = [d for d in mine if d["beyond spread"] and d["delta us"] < 0]
+        options = mine[0]["options"]
+        checked = [c for c in checks if c.get("device_slug") == dev and options
+                   and all((c.get("extra") or {}).get(k) == v for k, v in options.items())]
+        check = ("no 100-step check of it is stored" if not checked else
+                 "its 100-step check passed" if all(c.get("ok", c.get("check_ok")) for c in checked) else
+                 "its 100-step check failed")
+        lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
+        default = ("the engine's defaults set it" if options and all(getattr(defaults, k, None) == v
+                                                                      for k, v in options.items())
+                   else "the engine's defaults do not set it")
+        lines.append(f"* **{option}** on {dev}: faster than the default engine of the same run beyond the "
+                     f"spread in {len(wins)} of {len(mine)} cases; the step changed by {lo:+.0f} to {hi:+.0f} µs "
+                     f"({min(d['speed-up'] for d in mine):.3f}x to {max(d['speed-up'] for d in mine):.3f}x); {check}; "
+                     f"{default}.")
+    return "\n".join(lines) or "No engine option is waiting to be measured."
+
+
+def unmeasured(candidate_rows: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
+    """(option label, engine option name) of each option on trial in ``ftlib.harness.suites.CANDIDATES``
+    that no stored row measured yet."""
+    labels = {str(r.get("label", "")) for r in candidate_rows}
+    return [(suffix.strip(), ", ".join(extra)) for suffix, extra, _ in CANDIDATES
+            if not any(label.endswith(suffix) for label in labels)]
+
+
+def unmeasured_text(candidate_rows: Iterable[dict[str, Any]]) -> str:
+    """A sentence naming the options on trial with no rows yet ('' when every one has rows)."""
+    missing = unmeasured(candidate_rows)
+    if not missing:
+        return ""
+    names = ", ".join(f"`{opt}` ({label})" for label, opt in missing)
+    return (f"Not measured yet: {names}. Their cases are in the `engine_candidates` suite and no stored row "
+            "times them, so the table above holds no trial of them.")

@@ -1,0 +1,51 @@
+"""Chapter 6's closing (ftlib.views.kernel_lessons): our Triton kernels against torch.compile op for op."""
+
+from __future__ import annotations
+
+import pytest
+
+from ftlib.views import kernel_lessons as kl
+
+
+def _row(variant, impl, us, run, date="2026-12-03", spread=0.5, N=768):
+    return {"device_slug": "h200", "op": "bias_grad", "shape": {"M": 8192, "N": N}, "dtype": "fp32",
+            "variant": variant, "impl": impl, "timing": "graph", "status": "ok", "median_us": us,
+            "p20_us": us - spread, "p80_us": us + spread, "run_id": run, "date": date}
+
+
+def test_triton_against_compile_takes_both_from_the_newest_run_that_timed_both():
+    rows = [_row("v2 torch.compile", "compile", 10.0, "r1"), _row("v3 triton column sum", "triton", 12.0, "r1"),
+            # a newer run of Triton alone (named as stored, without "triton"): not set against r1's compile
+            _row("v4 column sum 64x64, 4/SM", "pytorch", 8.0, "r2", date="2026-12-04")]
+    (d,) = kl.triton_vs_compile.rows(rows)
+    assert d["same run"] and d["triton variant"] == "v3 triton column sum"
+    assert d["compile / triton"] == pytest.approx(10.0 / 12.0) and d["outcome"] == "compile faster"
+
+
+def test_overlapping_spreads_tie_and_a_case_without_a_shared_run_says_so():
+    rows = [_row("v2 torch.compile", "compile", 10.0, "r1", spread=1.0, N=256),
+            _row("v3 triton column sum", "triton", 10.5, "r1", spread=1.0, N=256),
+            _row("v2 torch.compile", "compile", 10.0, "r1"), _row("v4 column sum 64x64, 4/SM", "pytorch", 8.0, "r2")]
+    got = {d["case"]: d for d in kl.triton_vs_compile.rows(rows)}
+    assert got["(8192, 256) fp32"]["outcome"] == "tie" and got["(8192, 256) fp32"]["same run"]
+    other = got["(8192, 768) fp32"]
+    assert other["outcome"] == "Triton faster" and not other["same run"]
+    (line,) = kl.kernel_lines(rows)
+    assert "Triton faster in 1, tied in 1, compile faster in 0" in line and "different runs" in line
+
+
+def test_the_closing_names_the_baseline_and_runs_beside_every_engine_ratio(tmp_path, monkeypatch):
+    from synthetic_results import write_all
+
+    from ftlib.views import engine as ev
+    from ftlib.views.bench import ok_rows
+    from ftlib.views.kernels import kernel_rows
+
+    monkeypatch.setenv("FTLIB_RESULTS_DIR", str(tmp_path / "results"))
+    write_all(tmp_path / "results")
+    text = kl.closing(kernel_rows(), ok_rows("engine"), ev.latest_probes(ok_rows("engine_probe")),
+                      ok_rows("engine_candidates"), ["h200"])
+    assert "Op for op, in isolation, our Triton kernels are faster than torch.compile's" in text
+    engine_lines = [line for line in text.splitlines() if line.startswith("- FastTransformer bf16 (")]
+    assert engine_lines and all(" against compile " in line and " machine start" in line for line in engine_lines)
+    assert "switching off all of our kernels together (no-kernels) changes the step by fasttransformer fp32" in text
