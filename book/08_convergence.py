@@ -292,6 +292,23 @@ for dev in sorted(group_rows(trial)):
     print(trial_text)
 
 # %% [markdown]
+# ### nanoGPT's recipe and the leader, in one call
+# The leaderboard's speed-up sets runs of different machine starts against each other, and the
+# reference's compiled step, launched kernel by kernel from Python, moves with the host it gets far
+# more than a replayed graph does. The suite `speedrun-head-to-head` races the two on the same seeds,
+# alternating, in one call, each reporting the whole validation split at its stop.
+
+# %%
+h2h = stored("speedrun-head-to-head")
+if not h2h:
+    print("The head-to-head has no stored rows yet: python ci/gpu_train.py --suites speedrun-head-to-head on a GPU.")
+for dev in sorted(group_rows(h2h)):
+    h2h_table, h2h_text = sr.head_to_head(h2h, dev)
+    if h2h_table:
+        show_frame(h2h_table, digits=4, caption=f"nanoGPT's recipe and the leader in one call, {dev}")
+    print(h2h_text)
+
+# %% [markdown]
 # ### How much of a speed-up is noise
 # Fixing the seed fixes the initial weights, the batches and the dropout masks, but not the
 # run. The GPU's atomic adds (the embedding backward) and reduction orders differ from run to

@@ -246,3 +246,30 @@ def test_a_seed_run_again_for_a_lower_target_is_one_sample():
     assert line["seeds reached"] == "3/3"
     stops = seed_stops(rows, 1.5)
     assert sorted(stops["seed"]) == [0, 1, 2] and (stops.set_index("seed")["step"][:2] == 1000).all()
+
+
+def test_the_head_to_head_races_the_stored_leader():
+    """The suite's candidate is the leaderboard's fastest claimed candidate of the stored H200 rows: when a new
+    leader is claimed, this fails until HEAD_TO_HEAD names it."""
+    from ftlib.harness.studies import HEAD_TO_HEAD, suites
+    from ftlib.views.bench import ok_rows
+    from ftlib.views.leaderboard import leader
+
+    rows = [r for r in ok_rows("speedrun") + ok_rows("speedrun-record") if r["device_slug"] == "h200"]
+    assert HEAD_TO_HEAD == (REFERENCE, leader(rows, "h200"))
+    table = suites(False)["speedrun-head-to-head"]
+    assert list(table["runs"]) == list(HEAD_TO_HEAD) and len(table["seeds"]) >= 5
+
+
+def test_head_to_head_view_sets_the_two_sides_of_one_call_against_each_other():
+    from ftlib.views.speedrun import head_to_head
+
+    lead = "256x6 leader"
+    rows = ([_run(REFERENCE, s, 1.49, 2000, t=12.0, full=1.488) for s in range(3)]
+            + [_run(lead, s, 1.49, 600, t=2.0 + 0.5 * s, full=1.485) for s in range(3)])
+    table, text = head_to_head(rows, "h200")
+    ref, cand = table
+    assert (ref["id"], ref["seeds"], ref["reached 1.50"], ref["time to 1.50 s (mean)"]) == ("nanoGPT", 3, 3, 12.0)
+    assert cand["time to 1.50 s (mean)"] == 2.5 and cand["whole-split loss at the stop (mean)"] == 1.485
+    assert "2.50 s of training steps against nanoGPT's 12.00 s: 4.80×" in text
+    assert "no rows yet" in head_to_head(rows, "t4")[1]

@@ -169,3 +169,31 @@ def samples(fair: list[dict[str, Any]], speed: list[dict[str, Any]], leaders: Ma
                 out += [f"--- speedrun, {what}: {id_of(ids, name)} ({dev}, seed 0, {stop}, "
                         f"best validation loss {r['best_val_loss']:.4f})", r["sample"]]
     return "\n".join(out)
+
+
+def head_to_head(rows: list[dict[str, Any]], device: str) -> tuple[list[dict[str, Any]], str]:
+    """The same-call race of nanoGPT's recipe and the leader (suite ``speedrun-head-to-head``) on ``device``:
+    one line per side (seeds, seeds at 1.50, mean time to it, whole-split loss at the stop), then the speed-up
+    of the means with its bootstrap interval (:func:`speedrun_pooled`), in a sentence."""
+    mine = [r for r in ok_runs_to_150(rows) if r.get("device_slug") == device]
+    if not mine:
+        return [], (f"{device}: the head-to-head has no rows yet "
+                    "(python ci/gpu_train.py --suites speedrun-head-to-head on a GPU).")
+    ids = short_ids(mine)
+    table = []
+    for name in dict.fromkeys(r["model"] for r in mine):
+        runs = [r for r in mine if r["model"] == name]
+        times = [t for r in runs if (t := steady_time_to_target(r)) is not None]
+        full = [r["full_val_loss_at_target"] for r in runs if r.get("full_val_loss_at_target") is not None]
+        table.append({"id": id_of(ids, name), "seeds": len(runs), "reached 1.50": len(times),
+                      "time to 1.50 s (mean)": sum(times) / len(times) if times else None,
+                      "whole-split loss at the stop (mean)": sum(full) / len(full) if full else None})
+    cand = next((n for n in dict.fromkeys(r["model"] for r in mine) if n != REFERENCE), None)
+    p = speedrun_pooled(mine, [], cand) if cand else None
+    if p is None:
+        return table, f"{device}: the head-to-head needs timed runs of both sides."
+    lo, hi = p["90% interval"]
+    return table, (f"{device}, the same seeds alternating in one call: {id_of(ids, cand)} reaches 1.50 in "
+                   f"{p['candidate s (mean)']:.2f} s of training steps against nanoGPT's "
+                   f"{p['reference s (mean)']:.2f} s: {p['speed-up excl. startup (pooled)']:.2f}× (90% interval "
+                   f"{lo:.2f}–{hi:.2f}×, {p['reached']} of its runs reached it).")
