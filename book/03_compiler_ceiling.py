@@ -132,9 +132,13 @@ for dev in sorted(set(runs["device_slug"])):
 
 # %% [markdown]
 # ## The post's T4 numbers, and what a T4 could do at best
-# The post's Figure 1 numbers are claims from a T4 we cannot run here. The roofline floor below
-# is a projection from the book's FLOP and byte accounting and the T4's datasheet (8.1 TFLOP/s
-# fp32, 320 GB/s): no implementation can run a step faster than it.
+# The post's Figure 1 numbers are claims from a T4 we cannot run here. The projection below comes
+# from the book's FLOP and byte accounting and the T4's datasheet (8.1 TFLOP/s fp32, 320 GB/s),
+# taken over the whole step: the step's FLOPs at the peak (compute-bound), the bytes an eager step
+# moves at the bandwidth (memory-bound), and the larger of the two. The compute-bound time is a
+# floor for any implementation; the memory-bound one only for a step that moves the eager bytes,
+# since fusion removes bytes. Chapter 2's floors take the larger of the two per component and add
+# them up, which gives a higher floor for an eager step, whose components run one after another.
 
 # %%
 show_frame(br.post_step_table())

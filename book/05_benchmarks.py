@@ -156,9 +156,12 @@ for dev in devices(ok_rows("compile_time", include_cpu=MEASURE)) or device_folde
 # ## Sequence length at a fixed 8,192 tokens per step (the post's Figure 5)
 # T from 128 to 4096 with B = 8192 / T, so every step trains on the same number of tokens;
 # the context (`block_size`) is T. The post's Figure 5 covers T = 128…1024 and states one number,
-# at T = 128. Beside the measured curves: that claim, and for the T4 a roofline *projection*,
-# the ratio of the two models' floor times (FLOPs and eager bytes from `ftlib.analysis.accounting`, the
-# T4's datasheet peaks), which no implementation can beat and real steps do not reach.
+# at T = 128. Beside the measured curves: that claim, and for the T4 a roofline *projection* of
+# each model's throughput, the tokens per second at its floor time (FLOPs and eager bytes from
+# `ftlib.analysis.accounting`, the T4's datasheet peaks), which no implementation reaches. The ratio
+# of the two floors, in the table after the figures, is what the speed-up would be if both steps ran
+# at their floors: no bound on a measured speed-up, since real steps sit above their floors by
+# different amounts.
 # Each point is the median over runs of the ratio within one run, the bars the slowest and fastest
 # run. The fp32 and tf32 tables follow the figures; the lines after them name every T at which the
 # FastTransformer is slower than GPT-2 in every run, per precision and mode, and where the runs
