@@ -99,3 +99,21 @@ def test_a_baseline_that_moves_between_runs_is_said_beside_the_engine_ratio(stor
     store(same)
     assert findings.moving_baseline("h200") is None
     assert not any("moves from run to run" in a for a in findings.additions("h200"))
+
+
+def test_the_speedrun_sentence_gives_the_same_call_race_where_stored(store, tmp_path):
+    from ftlib.harness.studies import HEAD_TO_HEAD
+
+    def run(model: str, seed: int, t: float) -> dict:
+        return {"device_slug": "h200", "key": f"{model} {seed}", "model": model, "seed": seed, "status": "ok",
+                "target": 1.5, "history": [{"step": 0, "time_s": 0.0, "val_loss": 4.0},
+                                           {"step": 10, "time_s": t, "val_loss": 1.49}],
+                "steps_to_target": 10, "time_to_target_excl_startup_s": t, "startup_s": 1.0}
+
+    store([])
+    assert findings._speedrun("h200") is None  # nothing stored: no sentence
+    rows = [run(HEAD_TO_HEAD[0], s, 12.0) for s in range(3)] + [run(HEAD_TO_HEAD[1], s, 2.0) for s in range(3)]
+    (tmp_path / "results" / "h200" / "speedrun-head-to-head.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows))
+    text = findings._speedrun("h200")
+    assert "in one call, the leader takes 2.00 s against 12.00 s: 6.00×" in text and "3/3 of its runs" in text
