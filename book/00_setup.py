@@ -146,6 +146,15 @@ loss = train_step(model, opt, x, y, grad_clip=1.0)
 print(f"loss after one step: finite = {bool(torch.isfinite(loss))}")
 
 # %% [markdown]
+# ## Words the book uses
+# Every chapter names the way a step ran and the rule that compares runs in the same words.
+
+# %%
+from ftlib.views.glossary import glossary_markdown
+
+display(Markdown(glossary_markdown()))
+
+# %% [markdown]
 # ## What this chapter set up
 
 # %%
