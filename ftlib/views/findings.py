@@ -230,7 +230,8 @@ def show_findings(device: str = "h200") -> None:
     eng = engine_results(device)
     if not eng.empty:
         display(Markdown("Beyond the post: " + ENGINE_INTRO))
-        show_frame(eng, caption=f"The book's engine against the strongest compiled step on {device}")
+        show_frame(eng, caption=f"The book's engine against the strongest compiled step on {device}",
+                   preview=[c for c in ENGINE_COLUMNS if c != "its ms"])
     adds = additions_markdown(device)
     if adds:
         display(Markdown(adds))
