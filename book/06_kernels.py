@@ -315,6 +315,9 @@ else:
 # The engine and `train_step` with `torch.optim.AdamW` train side by side from the same
 # weights on the same batches (`ftlib.training.engine.check_against_reference`); the check passes when
 # every step's loss agrees within the precision's tolerance (`ftlib.harness.bench.step.CHECK_RTOL`).
+# The figure draws each model's default engine; the option variants checked are in its legend, drawn
+# on a click. On the error's log axis a step where both losses agree to the last bit (an error of 0) is
+# drawn at 10⁻⁹.
 
 # %%
 if not crows:
