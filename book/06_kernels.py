@@ -30,7 +30,8 @@
 # reference and timed two ways, then an engine (`ftlib.training.engine`) that runs the whole step on
 # flat parameter and gradient buffers in one CUDA graph. The engine is measured in the same
 # runs as every compiled configuration (chapter 3's baselines suite), and its losses are
-# checked against reference training over 100 steps.
+# checked against reference training over 100 steps. The kernels' math, the option trials and
+# the sweeps that chose the engine's defaults follow the findings, in an appendix.
 
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/06_kernels.ipynb)
@@ -101,6 +102,7 @@ baseline_rows = load_rows("baselines")
 runs = bv.load(baselines(), rows=baseline_rows)  # the engine and every compiled configuration, same runs (chapter 3)
 erows = ok_rows("engine", include_cpu=MEASURE)
 crows = ok_rows("engine_check", include_cpu=MEASURE)
+cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)  # options on trial (appendix)
 for name, rows in (("kernels", krows), ("engine variants", erows), ("engine check", crows)):
     print(f"{name}: measured on", provenance_line(rows) or "nothing stored yet")
 show_frame(bv.runs_table(runs), caption="The runs behind the step comparisons")
@@ -121,9 +123,23 @@ show_frame(bv.headroom(runs))
 # ## 2. The kernels
 #
 # The ops of the training step, after Liger-Kernel's layering (kernel, launcher with
-# argument checks, `autograd.Function`, thin module; `kernels/README.md`). The math each
-# kernel computes is stated in its docstring; the sections below quote those docstrings
-# (folded: open "Show code cell output") rather than restate them. Each op has a driver in
+# argument checks, `autograd.Function`, thin module; `kernels/README.md`):
+#
+# * RMSNorm (FastTransformer) and LayerNorm (GPT-2), a tile of rows per program each way
+#   (`kernels/rmsnorm.py`, `kernels/layernorm.py`);
+# * the residual add fused into the norm after it, with the branch's dropout drawn inside it
+#   (`kernels/residual_norm.py`), which the engine applies by default;
+# * GPT-2's bias gradients as a deterministic column sum (`kernels/bias_linear.py`);
+# * GPT-2's scale, causal mask and softmax as one kernel each way, the probabilities still written
+#   (`kernels/causal_softmax.py`), and an option that also fuses the products around them
+#   (`kernels/explicit_attention.py`);
+# * FlashAttention-2 for the FastTransformer's multi-query attention (`kernels/attention.py`);
+# * the cross-entropy loss and its gradient in one pass (`kernels/cross_entropy.py`);
+# * AdamW over flat buffers in one launch (`kernels/adamw.py`);
+# * two GEMM kernels that did not beat cuBLAS, GELU in the GEMM epilogues and weight gradients without
+#   a reduce kernel (`kernels/gelu_mlp.py`, `kernels/wgrad.py`), engine options off by default.
+#
+# What each computes (its docstring) and how each is built are in the appendix. Each op has a driver in
 # `benchmarks/kernels/` that checks every variant (PyTorch, `torch.compile` of the same
 # reference, Triton) against an fp64 reference on fresh random inputs, then times it twice:
 #
@@ -144,161 +160,31 @@ else:
     print("Ceilings not measured yet: run bash ci/gpu-run --only kernels on a GPU (resumable).")
 
 # %% [markdown]
-# ### RMSNorm (FastTransformer)
-# A tile of rows per program both ways, saving only the inverse RMS; the backward writes one
-# weight-gradient partial per tile and the launcher sums them. `benchmarks/kernels/rmsnorm_dev.py` times
-# the alternatives in the table below: v3 takes one row per program forward and one program per SM
-# backward, v4 and v5 tiles of 16 and 4 rows, v6 to v8 persistent weight-gradient partials.
-
-# %% tags=["remove-input", "hide-output"]
-display(Markdown(kernelview.kernel_math("rmsnorm")))
-
-# %% [markdown]
-# ### The residual add fused into the next norm
-# In a pre-norm block every residual add `s = x + r` is followed by a norm of `s`. One kernel
-# forward writes both `s` and the norm's output, and one kernel backward adds the two
-# gradients that reach `s` while it computes the norm's backward. The same kernel covers
-# RMSNorm and LayerNorm. The engine applies it by default: the model's blocks compute
-# `x, h = add_norm(x, branch, norm)` through one seam (`ftlib.model.block.AddNorm`), which the engine
-# fills with the fused kernel (`ftlib.training.engine.swaps.FusedAddNorm`). Its tile sizes are timed
-# in the table below (`residual_norm_dev`'s v3, v5 and v6: 16, 4 and 8 rows per tile); the grid the
-# engine runs its backward on is the option `norm_bwd_grid`, whose default the line under this text gives.
-#
-# Training with dropout (the speedrun of chapter 8 keeps nanoGPT's residual dropout) adds
-# two kernels per branch: `nn.Dropout` forward draws and stores a mask, and its backward
-# reads it. The same kernel also applies the branch's dropout, `s = x + r·m/(1-p)`.
-# It draws the keep mask `m` from Philox (`tl.rand`) keyed by the element's index and a seed
-# that it reads from a device tensor. The backward draws the same mask again, so it is never
-# stored. Reading the seed from memory is what makes this work inside a CUDA graph: a seed
-# passed as a kernel argument would be frozen into the graph at capture, and the engine
-# instead increments the seed tensor at the start of every step. The backward also writes
-# the branch's gradient in the branch's own dtype (bf16 under autocast), so no cast kernel
-# follows it. The `residual dropout` rows of the kernel table time it against
-# eager and compiled dropout + add + norm with the same mask.
-
-# %% tags=["remove-input"]
-grid = EngineOptions().norm_bwd_grid
-display(Markdown(f"The engine's residual-norm backward runs on `norm_bwd_grid = {grid!r}` by default "
-                 "(rows per tile, programs per SM; with `norm_dw_into_buffer`), the forward on its launcher's "
-                 "row tiles (`kernels/residual_norm.py`, `ROWS`)." if grid else
-                 "The engine's residual-norm backward runs on its launcher's grid by default (`norm_bwd_grid=None`)."))
-
-# %% tags=["remove-input", "hide-output"]
-display(Markdown(kernelview.kernel_math("residual_norm")))
-
-# %% [markdown]
-# ### LayerNorm (GPT-2)
-# Same structure with the mean and an optional bias; PyTorch's own `F.layer_norm` is already
-# one fused kernel each way, so this is the op with the least to gain.
-
-# %% tags=["remove-input", "hide-output"]
-display(Markdown(kernelview.kernel_math("layernorm")))
-
-# %% [markdown]
-# ### Bias gradients (GPT-2)
-# Every GPT-2 Linear has a bias, and its gradient is a column sum of `dy` over the 8,192 rows
-# of a batch. The kernel splits the rows so that there are a few programs per SM and sums the
-# small (splits, N) partials in a fixed order. The result is deterministic, with no atomics.
-# The matrix products stay on cuBLAS. `bias_grad_dev`'s rows in the table below compare it
-# with PyTorch's `dy.sum(0)` and torch.compile, at each of GPT-2's widths.
-
-# %% tags=["remove-input", "hide-output"]
-display(Markdown(kernelview.kernel_math("bias_linear")))
-
-# %% [markdown]
-# ### GPT-2's softmax, kept as written
-# GPT-2 as the post wrote it materializes the (B, nh, T, T) scores and runs scale, causal
-# mask and softmax as three PyTorch kernels, and three more in the backward. torch.compile
-# keeps the materialized probabilities but fuses the three into one kernel each way
-# (chapter 1's profile of compile-ro GPT-2 names it `triton_per_fused__softmax_exp_masked_fill_mul...`).
-# This kernel is that fusion: the same function and the same materialized probabilities,
-# with one read and one write per element forward, two reads and one write backward. The engine
-# runs it by default for explicit attention (`fused_softmax`); the `-fused-softmax` variant in section 3
-# switches it off.
-
-# %% tags=["remove-input", "hide-output"]
-display(Markdown(kernelview.kernel_math("causal_softmax")))
-
-# %% [markdown]
-# ### GPT-2's attention with its products fused, the probabilities still written
-# Around that softmax, GPT-2's attention runs two batched matrix products forward (q kᵀ and P v) and
-# four backward, on cuBLAS, which needs q, k, v and the output in head-major layout: the step copies
-# them there and back and concatenates the three gradients. Every (T, T) tensor in between (the
-# scores, the probabilities, their gradients) crosses memory. These three kernels keep what GPT-2
-# writes, P, and fuse the rest, FlashAttention-2's tiling with P stored instead of recomputed: the
-# forward takes each row's maximum and sum, then writes P (zeros above the diagonal, as GPT-2's masked
-# softmax writes them) and multiplies it by v as stored; the backward reads P back in two kernels,
-# with the softmax's row sums taken from P itself, as GPT-2's backward takes them. q, k and v are
-# read from the qkv projection's output and the result written in place, so the layout copies go
-# too. It is the engine option `fuse_softmax_matmuls`, off by default; whether its trial in the engine
-# has rows is said under the table of options on trial (section 3).
-
-# %% tags=["remove-input", "hide-output"]
-display(Markdown(kernelview.kernel_math("explicit_attention")))
-
-# %% [markdown]
-# ### Fused MQA attention
-# FlashAttention-2's forward and backward. The FastTransformer's single K/V head is read by
-# index from every query head (pointer arithmetic, `h // (nh // nkv)`), never expanded or
-# copied; SDPA needs the expanded (stride-0) K/V to take its fused kernel in fp32 (chapter 1).
-
-# %% tags=["remove-input", "hide-output"]
-display(Markdown(kernelview.kernel_math("attention")))
-
-# %% [markdown]
-# ### Fused cross-entropy
-# The loss and its gradient in one pass over the logits: the row's softmax is in registers
-# when the loss is computed, so the backward only scales the stored gradient.
-
-# %% tags=["remove-input", "hide-output"]
-display(Markdown(kernelview.kernel_math("cross_entropy")))
-
-# %% [markdown]
-# ### Flat AdamW
-# One launch for the whole model over flat fp32 buffers (decayed parameters first), reading
-# the step count and learning rate from device tensors so a captured graph replays it.
-
-# %% tags=["remove-input", "hide-output"]
-display(Markdown(kernelview.kernel_math("adamw")))
-
-# %% [markdown]
-# ### Two GEMM kernels that did not beat cuBLAS
-# The engine leaves its matrix products to cuBLAS. Two kernels tried to take a small job off the
-# side of a product, and the table below times each against cuBLAS and torch.compile:
-#
-# * **GELU in the GEMM epilogues** (`kernels/gelu_mlp.py`). The up-projection stores z and gelu(z)
-#   from the accumulator; backward, the product through the down-projection is multiplied by gelu'(z)
-#   before it is stored. That removes the MLP's two elementwise GELU kernels; cuBLASLt offers the
-#   same fusion as its GELU and DGELU epilogues.
-# * **Weight gradients without a reduce kernel** (`kernels/wgrad.py`). A weight gradient reduces
-#   over all 8,192 rows of a batch into a small output, so cuBLAS splits the reduction and sums the
-#   slices with a second kernel. This kernel adds each slice into the fp32 gradient with atomic adds
-#   instead: one kernel per gradient.
-#
-# Both are Triton tile GEMMs, and at these skinny shapes cuBLAS's Hopper kernels are faster by more
-# than the work each fusion removes. They stay as engine options, off by default.
-
-# %% tags=["remove-input", "hide-output"]
-display(Markdown(kernelview.kernel_math("gelu_mlp") + "\n\n" + kernelview.kernel_math("wgrad")))
-
-# %% [markdown]
-# ### Measured: eager vs in a graph, against the ceilings
-# Per op and case: the median eager and in-graph time of each variant, the rate in the
-# graph (GB/s for memory-bound ops, TFLOP/s for attention), the floor from the measured
-# ceilings and the fraction of it reached, and the speed-up over the fastest PyTorch and
-# `torch.compile` variant of the same case (both in a graph). Rows with a status other than
-# ok (not capturable, skipped off-GPU, failed check) say why in `note`.
+# ### Measured: each kernel against PyTorch and torch.compile
+# One line per op and case: PyTorch's own ops, `torch.compile` of the same reference and our fastest
+# Triton variant, each the fastest of its kind replayed in a CUDA graph, all three from one run. The
+# `run` column names it: the run's id, or for rows stored without one, the commit and day of the
+# driver's run. `vs compile` and `vs PyTorch` are the other's time over Triton's (above 1: the kernel is
+# faster); where that run timed no such variant the cell is "–", since a time from another run is never
+# divided into it. The kernels the engine runs come first, then the two GEMM kernels it leaves off.
+# Under the figure, every variant (eager and in a graph, its rate against the measured ceilings, its
+# run) is in the collapsed table; rows with a status other than ok say why in `note`.
 
 # %%
 ktable = kernelview.kernel_table(krows)
 if not len(ktable):
     print("Kernel rows not measured yet: run bash ci/gpu-run --only kernels on a GPU (resumable).")
 else:
-    show_frame(ktable[list(kernelview.KERNEL_TABLE_COLUMNS)],
-               preview=["op", "case", "variant", "eager µs", "graph µs", "of ceiling", "vs PyTorch", "vs compile"])
+    ksummary = kernelview.kernel_summary(ktable)
+    gemm = ksummary["op"].isin(kernelview.GEMM_OPS)
+    for part, caption in ((ksummary[~gemm], "The kernels the engine runs"),
+                          (ksummary[gemm], "The two GEMM kernels, off by default")):
+        if len(part):
+            show_frame(part, caption=caption, preview=list(kernelview.SUMMARY_PREVIEW))
     for name, fig in kernelview.kernel_figures(ktable):
         show(fig, name)
-    print("\n".join(kernelview.fastest_variants(ktable)))
+    show_frame(ktable[list(kernelview.KERNEL_TABLE_COLUMNS)], caption="Every variant, with its run",
+               collapsed=True)
 
 # %% [markdown]
 # ## 3. The engine
@@ -346,6 +232,62 @@ show_frame(steadiness.steadiness_table(runs))
 display(Markdown("\n".join(steadiness.steadiness_findings(runs, model) for model in ("fasttransformer", "gpt2"))))
 
 # %% [markdown]
+# ### Where the engine's step goes
+# `benchmarks/kernels/engine_probe.py` runs the engine's step uncaptured under `torch.profiler` and
+# sums the CUDA kernel time by kernel. Here that time is grouped into categories
+# (`ftlib.views.engine.PROBE_CATEGORIES`), next to the captured step. The graph replays the
+# same kernels without the launch gaps, so the two totals should be close. The largest
+# categories are where a faster step would come from next; the lines under the table list each profiled
+# case's three largest, from the rows. The figure counts the kernels a step launches: each boundary
+# between two kernels costs time even inside a graph, so fewer, larger kernels are the other way down.
+
+# %%
+prows = engineview.latest_probes(ok_rows("engine_probe", include_cpu=MEASURE))  # each device's newest code
+ptable = engineview.probe_table(prows)
+if len(ptable):
+    print("Measured on:", provenance_line(prows))
+    show_frame(ptable, preview=["device", "case", "precision", "captured step µs", "kernel µs", "kernels per step",
+                                "matmul", "largest", "largest share"])
+    for dev in sorted(set(ptable["device"])):
+        display(Markdown(f"Largest kernel classes per step, {dev}:\n\n" + ledgerview.class_order(prows, dev)))
+        show(engineview.probe_launch_figure(prows, dev), f"engine-launches-{dev}")
+else:
+    print("Not profiled yet: python -m benchmarks.kernels.engine_probe --out DIR on a GPU, then commit "
+          "DIR/engine_probe.jsonl under data/results/<gpu>/.")
+
+# %% [markdown]
+# ### Speed of light, class by class
+# Each category of the profile against two floors: its FLOPs at the datasheet peak of the pipe
+# they run on (tensor cores of the step's precision for matrix products and attention, the FP32
+# pipes for elementwise work), and its bytes at the DRAM bandwidth, each tensor moved once per op as
+# chapter 2's accounting counts them. The larger is the class's speed of light, and `measured / speed
+# of light` says how far the engine is from it. The accounting components behind each class are listed
+# first; the partial sums, the copies and casts (but for the bytes of the bf16 weight shadow) and the
+# kernels no pattern names have none, so they have no floor ("–"). The time between kernels is kept out
+# of every floor: `gaps µs (measured)` is what the row itself measures, the captured step minus the
+# profiled kernel time, spread over the step's kernels (`measured gap per kernel µs` in the totals) and
+# counted per class by its kernels. A ratio under 1 is no kernel beating physics: a fused kernel skips
+# intermediates the per-op accounting counts, and one activation of this step fits in the L2 cache.
+# The totals set the captured step against the sum of the class floors and against the step's own
+# roofline. The figure and the lines under it show today's default engine for each model and precision
+# profiled (the option variants are in the tables); the lines say where each case is furthest from its
+# floor, by the time above it.
+
+# %%
+if len(ptable):
+    show_frame(ledgerview.component_map(), caption="Accounting components behind each kernel class")
+    for dev in ledgerview.devices_of(prows):
+        dev_rows = [r for r in prows if r.get("device_slug") == dev]
+        show_frame(ledgerview.ledger(dev_rows), preview=["case", "class", "measured µs", "kernels", "speed of light µs",
+                                                         "bound", "measured / speed of light", "gaps µs (measured)"])
+        show_frame(ledgerview.ledger_totals(dev_rows), preview=["case", "captured step µs", "sum of floors µs",
+                                                                "roofline µs", "step / sum of floors",
+                                                                "step / roofline", "gaps µs (measured)",
+                                                                "measured gap per kernel µs"])
+        show(ledgerview.ledger_figure(dev_rows, dev), f"engine-ledger-{dev}")
+        display(Markdown(ledgerview.ledger_summary(dev_rows, dev)))
+
+# %% [markdown]
 # ### What each kernel buys
 # Each variant of the `engine` suite changes one thing in the default engine: one kernel switched off
 # (`-op`, falling back to the PyTorch op the model uses), all of them (`no-kernels`), the graph
@@ -369,15 +311,196 @@ else:
     print(engineview.NOT_MEASURED)
 
 # %% [markdown]
+# ### 100 steps against reference training
+# The engine and `train_step` with `torch.optim.AdamW` train side by side from the same
+# weights on the same batches (`ftlib.training.engine.check_against_reference`); the check passes when
+# every step's loss agrees within the precision's tolerance (`ftlib.harness.bench.step.CHECK_RTOL`).
+# The figure draws each model's default engine; the option variants checked are in its legend, drawn
+# on a click. On the error's log axis a step where both losses agree to the last bit (an error of 0) is
+# drawn at 10⁻⁹.
+
+# %%
+if not crows:
+    print(engineview.NOT_MEASURED)
+else:
+    show_frame(engine_check.loss_table(crows), preview=["device", "model", "precision", "steps", "ref loss last",
+                                                      "max rel err", "rtol", "ok"])
+    for dev in devices(crows):
+        show(engine_check.loss_figure(crows, dev), f"engine-check-{dev}")
+
+# %% [markdown]
+# ## What we found
+
+# %%
+display(Markdown(kernel_lessons.closing(krows, erows, prows, cand_rows,
+                                        kernel_lessons.devices_of(krows, erows, runs))))
+
+# %% [markdown]
+# ## Appendix: the kernels' math and how the defaults were chosen
+#
+# What follows supports the findings above: each kernel with the math its docstring states (folded: open
+# "Show code cell output"), the fastest variant of each case in the run the kernel table reads, what the
+# measurements decided about each default of the engine, the options on trial, and the tile and grid sweeps.
+
+# %% [markdown]
+# ### RMSNorm (FastTransformer)
+# A tile of rows per program both ways, saving only the inverse RMS; the backward writes one
+# weight-gradient partial per tile and the launcher sums them. `benchmarks/kernels/rmsnorm_dev.py` times
+# the alternatives in the kernel table of section 2 (its collapsed table of every variant): v3 takes one
+# row per program forward and one program per SM backward, v4 and v5 tiles of 16 and 4 rows, v6 to v8
+# persistent weight-gradient partials.
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("rmsnorm")))
+
+# %% [markdown]
+# ### The residual add fused into the next norm
+# In a pre-norm block every residual add `s = x + r` is followed by a norm of `s`. One kernel
+# forward writes both `s` and the norm's output, and one kernel backward adds the two
+# gradients that reach `s` while it computes the norm's backward. The same kernel covers
+# RMSNorm and LayerNorm. The engine applies it by default: the model's blocks compute
+# `x, h = add_norm(x, branch, norm)` through one seam (`ftlib.model.block.AddNorm`), which the engine
+# fills with the fused kernel (`ftlib.training.engine.swaps.FusedAddNorm`). Its tile sizes are timed
+# in the kernel table of section 2 (`residual_norm_dev`'s v3, v5 and v6: 16, 4 and 8 rows per tile); the grid the
+# engine runs its backward on is the option `norm_bwd_grid`, whose default the line under this text gives.
+#
+# Training with dropout (the speedrun of chapter 8 keeps nanoGPT's residual dropout) adds
+# two kernels per branch: `nn.Dropout` forward draws and stores a mask, and its backward
+# reads it. The same kernel also applies the branch's dropout, `s = x + r·m/(1-p)`.
+# It draws the keep mask `m` from Philox (`tl.rand`) keyed by the element's index and a seed
+# that it reads from a device tensor. The backward draws the same mask again, so it is never
+# stored. Reading the seed from memory is what makes this work inside a CUDA graph: a seed
+# passed as a kernel argument would be frozen into the graph at capture, and the engine
+# instead increments the seed tensor at the start of every step. The backward also writes
+# the branch's gradient in the branch's own dtype (bf16 under autocast), so no cast kernel
+# follows it. The `residual dropout` rows of the kernel table time it against
+# eager and compiled dropout + add + norm with the same mask.
+
+# %% tags=["remove-input"]
+grid = EngineOptions().norm_bwd_grid
+display(Markdown(f"The engine's residual-norm backward runs on `norm_bwd_grid = {grid!r}` by default "
+                 "(rows per tile, programs per SM; with `norm_dw_into_buffer`), the forward on its launcher's "
+                 "row tiles (`kernels/residual_norm.py`, `ROWS`)." if grid else
+                 "The engine's residual-norm backward runs on its launcher's grid by default (`norm_bwd_grid=None`)."))
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("residual_norm")))
+
+# %% [markdown]
+# ### LayerNorm (GPT-2)
+# Same structure with the mean and an optional bias; PyTorch's own `F.layer_norm` is already
+# one fused kernel each way, so this is the op with the least to gain.
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("layernorm")))
+
+# %% [markdown]
+# ### Bias gradients (GPT-2)
+# Every GPT-2 Linear has a bias, and its gradient is a column sum of `dy` over the 8,192 rows
+# of a batch. The kernel splits the rows so that there are a few programs per SM and sums the
+# small (splits, N) partials in a fixed order. The result is deterministic, with no atomics.
+# The matrix products stay on cuBLAS. `bias_grad_dev`'s rows in the kernel table of section 2 compare it
+# with PyTorch's `dy.sum(0)` and torch.compile, at each of GPT-2's widths.
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("bias_linear")))
+
+# %% [markdown]
+# ### GPT-2's softmax, kept as written
+# GPT-2 as the post wrote it materializes the (B, nh, T, T) scores and runs scale, causal
+# mask and softmax as three PyTorch kernels, and three more in the backward. torch.compile
+# keeps the materialized probabilities but fuses the three into one kernel each way
+# (chapter 1's profile of compile-ro GPT-2 names it `triton_per_fused__softmax_exp_masked_fill_mul...`).
+# This kernel is that fusion: the same function and the same materialized probabilities,
+# with one read and one write per element forward, two reads and one write backward. The engine
+# runs it by default for explicit attention (`fused_softmax`); the `-fused-softmax` variant of section 3's
+# "What each kernel buys" switches it off.
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("causal_softmax")))
+
+# %% [markdown]
+# ### GPT-2's attention with its products fused, the probabilities still written
+# Around that softmax, GPT-2's attention runs two batched matrix products forward (q kᵀ and P v) and
+# four backward, on cuBLAS, which needs q, k, v and the output in head-major layout: the step copies
+# them there and back and concatenates the three gradients. Every (T, T) tensor in between (the
+# scores, the probabilities, their gradients) crosses memory. These three kernels keep what GPT-2
+# writes, P, and fuse the rest, FlashAttention-2's tiling with P stored instead of recomputed: the
+# forward takes each row's maximum and sum, then writes P (zeros above the diagonal, as GPT-2's masked
+# softmax writes them) and multiplies it by v as stored; the backward reads P back in two kernels,
+# with the softmax's row sums taken from P itself, as GPT-2's backward takes them. q, k and v are
+# read from the qkv projection's output and the result written in place, so the layout copies go
+# too. It is the engine option `fuse_softmax_matmuls`, off by default; whether its trial in the engine
+# has rows is said under the table of options on trial ("How an option becomes a default", below).
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("explicit_attention")))
+
+# %% [markdown]
+# ### Fused MQA attention
+# FlashAttention-2's forward and backward. The FastTransformer's single K/V head is read by
+# index from every query head (pointer arithmetic, `h // (nh // nkv)`), never expanded or
+# copied; SDPA needs the expanded (stride-0) K/V to take its fused kernel in fp32 (chapter 1).
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("attention")))
+
+# %% [markdown]
+# ### Fused cross-entropy
+# The loss and its gradient in one pass over the logits: the row's softmax is in registers
+# when the loss is computed, so the backward only scales the stored gradient.
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("cross_entropy")))
+
+# %% [markdown]
+# ### Flat AdamW
+# One launch for the whole model over flat fp32 buffers (decayed parameters first), reading
+# the step count and learning rate from device tensors so a captured graph replays it.
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("adamw")))
+
+# %% [markdown]
+# ### Two GEMM kernels that did not beat cuBLAS
+# The engine leaves its matrix products to cuBLAS. Two kernels tried to take a small job off the
+# side of a product, and the kernel table of section 2 times each against cuBLAS and torch.compile:
+#
+# * **GELU in the GEMM epilogues** (`kernels/gelu_mlp.py`). The up-projection stores z and gelu(z)
+#   from the accumulator; backward, the product through the down-projection is multiplied by gelu'(z)
+#   before it is stored. That removes the MLP's two elementwise GELU kernels; cuBLASLt offers the
+#   same fusion as its GELU and DGELU epilogues.
+# * **Weight gradients without a reduce kernel** (`kernels/wgrad.py`). A weight gradient reduces
+#   over all 8,192 rows of a batch into a small output, so cuBLAS splits the reduction and sums the
+#   slices with a second kernel. This kernel adds each slice into the fp32 gradient with atomic adds
+#   instead: one kernel per gradient.
+#
+# Both are Triton tile GEMMs, and at these skinny shapes cuBLAS's Hopper kernels are faster by more
+# than the work each fusion removes. They stay as engine options, off by default.
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("gelu_mlp") + "\n\n" + kernelview.kernel_math("wgrad")))
+
+# %% [markdown]
+# ### The fastest variant of each case
+# Per op and case, in the run the kernel table of section 2 reads: the fastest variant in a CUDA graph and
+# how much faster it is than each other kind's fastest variant of that run.
+
+# %%
+if len(ktable):
+    print("\n".join(kernelview.fastest_variants(ktable)))
+
+# %% [markdown]
 # ### What the measurements decided
-# Each default of the engine is timed against its alternative, in the table above or in the trials below:
+# Each default of the engine is timed against its alternative, in the table of section "What each
+# kernel buys" or in the trials below:
 #
 # * In strict fp32 the engine keeps SDPA's memory-efficient attention: it is faster than our kernel's
 #   FMA dots inside a graph (the kernel table in section 2 says by how much); our kernel runs in
 #   fp32 only when asked (`attention_precision`).
 # * Attention reads q, k and v straight from the packed projection output and writes (B, T, C)
 #   (`attention_layout='packed'`), and every residual add is fused into the norm after it
-#   (`kernels/residual_norm.py`); the `heads layout` and `unfused residual-norm` variants above
+#   (`kernels/residual_norm.py`); the `heads layout` and `unfused residual-norm` variants of "What each kernel buys"
 #   measure both against the defaults.
 # * GPT-2's bias gradients run on a Triton column sum (`kernels/bias_linear.py`); under bf16 the
 #   fused norms write bf16 (what the next Linear's cast would produce anyway) and the Linear
@@ -422,10 +545,10 @@ else:
 #   forward the up-projection stores z and gelu(z), backward the product through the down-projection is
 #   multiplied by gelu'(z) before it is stored). It removes the two elementwise GELU kernels of every
 #   block, and its GEMMs run on Triton instead of cuBLAS.
-# * The `persistent norm dw` variant of the table above puts the norm backwards' weight-gradient partials
+# * The `persistent norm dw` variant of "What each kernel buys" puts the norm backwards' weight-gradient partials
 #   one per program instead of one per row tile.
 # * `wgrad_splitk` has no trial in the engine: its kernel is slower than cuBLAS's on its own (section 2).
-# * `fuse_softmax_matmuls` (GPT-2's attention on the kernels of section 2 that write P and fuse the
+# * `fuse_softmax_matmuls` (GPT-2's attention on the kernels above that write P and fuse the
 #   products around it) for GPT-2 as written, the one model whose attention it changes, and
 #   `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against
 #   the launcher's 4) for the FastTransformer. The line under the table says whether they have rows.
@@ -434,7 +557,6 @@ else:
 # check, and whether the engine's defaults set it.
 
 # %%
-cand_rows = ok_rows("engine_candidates", include_cpu=MEASURE)
 if cand_rows:
     show_frame(option_trials.candidate_table(cand_rows), digits=3,
                preview=["device", "precision", "engine", "option", "default ms", "option ms", "delta us",
@@ -461,80 +583,6 @@ if len(sweep_tab):
     display(Markdown("\n".join(f"- {s}" for s in sweeps.sweep_findings(krows))))
 else:
     print("Not swept yet: python -m benchmarks.kernels.attention_tiles_dev --record (and norm_bwd_grid_dev) on a GPU.")
-
-# %% [markdown]
-# ### Where the engine's step goes
-# `benchmarks/kernels/engine_probe.py` runs the engine's step uncaptured under `torch.profiler` and
-# sums the CUDA kernel time by kernel. Here that time is grouped into categories
-# (`ftlib.views.engine.PROBE_CATEGORIES`), next to the captured step. The graph replays the
-# same kernels without the launch gaps, so the two totals should be close. The largest
-# categories are where a faster step would come from next; the lines under the table list each profiled
-# case's three largest, from the rows. The figure counts the kernels a step launches: each boundary
-# between two kernels costs time even inside a graph, so fewer, larger kernels are the other way down.
-
-# %%
-prows = engineview.latest_probes(ok_rows("engine_probe", include_cpu=MEASURE))  # each device's newest code
-ptable = engineview.probe_table(prows)
-if len(ptable):
-    print("Measured on:", provenance_line(prows))
-    show_frame(ptable, preview=["device", "case", "precision", "captured step µs", "kernel µs", "kernels per step",
-                                "matmul", "largest", "largest share"])
-    for dev in sorted(set(ptable["device"])):
-        display(Markdown(f"Largest kernel classes per step, {dev}:\n\n" + ledgerview.class_order(prows, dev)))
-        show(engineview.probe_launch_figure(prows, dev), f"engine-launches-{dev}")
-else:
-    print("Not profiled yet: python -m benchmarks.kernels.engine_probe --out DIR on a GPU, then commit "
-          "DIR/engine_probe.jsonl under data/results/<gpu>/.")
-
-# %% [markdown]
-# ### Speed of light, class by class
-# Each category of the profile against three floors: its FLOPs at the datasheet peak of the pipe
-# they run on (tensor cores of the step's precision for matrix products and attention, the FP32
-# pipes for elementwise work), its bytes at the DRAM bandwidth, each tensor moved once per op as
-# chapter 2's accounting counts them, and its kernels at an assumed cost per kernel boundary
-# (`ftlib.views.ledger.BOUNDARY_US`, set beside the gap the rows themselves measure in the totals).
-# The largest of the three is the class's speed of light, and `measured / speed of light` says how
-# far the engine is from it. The accounting components behind each class are listed first; the
-# partial sums and the copies and casts have none, so their floor is their launches (and the bytes of
-# the bf16 weight shadow). A ratio under 1 is no kernel beating physics: a fused kernel skips
-# intermediates the per-op accounting counts, and one activation of this step fits in the L2 cache.
-# The totals set the captured step against the sum of the class floors and against the step's own
-# roofline. Where each case is furthest from its floor, by the time above it, is listed under the figure.
-
-# %%
-if len(ptable):
-    show_frame(ledgerview.component_map(), caption="Accounting components behind each kernel class")
-    for dev in ledgerview.devices_of(prows):
-        dev_rows = [r for r in prows if r.get("device_slug") == dev]
-        show_frame(ledgerview.ledger(dev_rows), preview=["case", "class", "measured µs", "kernels", "speed of light µs",
-                                                         "bound", "measured / speed of light"])
-        show_frame(ledgerview.ledger_totals(dev_rows), preview=["case", "captured step µs", "sum of floors µs",
-                                                                "roofline µs", "step / sum of floors",
-                                                                "step / roofline", "measured gap per kernel µs"])
-        show(ledgerview.ledger_figure(dev_rows, dev), f"engine-ledger-{dev}")
-        display(Markdown(ledgerview.ledger_summary(dev_rows, dev)))
-
-# %% [markdown]
-# ### 100 steps against reference training
-# The engine and `train_step` with `torch.optim.AdamW` train side by side from the same
-# weights on the same batches (`ftlib.training.engine.check_against_reference`); the check passes when
-# every step's loss agrees within the precision's tolerance (`ftlib.harness.bench.step.CHECK_RTOL`).
-
-# %%
-if not crows:
-    print(engineview.NOT_MEASURED)
-else:
-    show_frame(engine_check.loss_table(crows), preview=["device", "model", "precision", "steps", "ref loss last",
-                                                      "max rel err", "rtol", "ok"])
-    for dev in devices(crows):
-        show(engine_check.loss_figure(crows, dev), f"engine-check-{dev}")
-
-# %% [markdown]
-# ## What we found
-
-# %%
-display(Markdown(kernel_lessons.closing(krows, erows, prows, cand_rows,
-                                        kernel_lessons.devices_of(krows, erows, runs))))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

@@ -18,20 +18,19 @@ def test_triton_against_compile_takes_both_from_the_newest_run_that_timed_both()
             # a newer run of Triton alone (named as stored, without "triton"): not set against r1's compile
             _row("v4 column sum 64x64, 4/SM", "pytorch", 8.0, "r2", date="2026-12-04")]
     (d,) = kl.triton_vs_compile.rows(rows)
-    assert d["same run"] and d["triton variant"] == "v3 triton column sum"
+    assert d["run"] == "r1" and d["triton variant"] == "v3 triton column sum"
     assert d["compile / triton"] == pytest.approx(10.0 / 12.0) and d["outcome"] == "compile faster"
 
 
-def test_overlapping_spreads_tie_and_a_case_without_a_shared_run_says_so():
+def test_overlapping_spreads_tie_and_a_case_without_a_shared_run_has_no_ratio():
     rows = [_row("v2 torch.compile", "compile", 10.0, "r1", spread=1.0, N=256),
             _row("v3 triton column sum", "triton", 10.5, "r1", spread=1.0, N=256),
             _row("v2 torch.compile", "compile", 10.0, "r1"), _row("v4 column sum 64x64, 4/SM", "pytorch", 8.0, "r2")]
     got = {d["case"]: d for d in kl.triton_vs_compile.rows(rows)}
-    assert got["(8192, 256) fp32"]["outcome"] == "tie" and got["(8192, 256) fp32"]["same run"]
-    other = got["(8192, 768) fp32"]
-    assert other["outcome"] == "Triton faster" and not other["same run"]
+    assert got["(8192, 256) fp32"]["outcome"] == "tie" and got["(8192, 256) fp32"]["run"] == "r1"
+    assert "(8192, 768) fp32" not in got  # compile in r1, Triton in r2 only: never set against each other
     (line,) = kl.kernel_lines(rows)
-    assert "Triton faster in 1, tied in 1, compile faster in 0" in line and "different runs" in line
+    assert "1 case: Triton faster in 0, tied in 1, compile faster in 0" in line
 
 
 def test_the_closing_names_the_baseline_and_runs_beside_every_engine_ratio(tmp_path, monkeypatch):

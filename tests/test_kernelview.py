@@ -52,13 +52,50 @@ def test_verdicts_name_the_fastest_in_graph(krows):
     assert "v4 triton tf32" in att and "2.00x faster than pytorch" in att
 
 
-def test_figure_has_eager_and_graph_bars_per_op(krows):
+def test_figure_shows_the_condensed_view_one_row_per_case(krows):
     table = kernelview.kernel_table.rows(krows)
     fig = kernelview.kernel_figure(table, "h200")
-    assert len(fig.data) == 2 * 3  # rmsnorm, adamw, attention: two traces each
+    summary = kernelview.kernel_summary.rows(table)
+    ops = {t["op"] for t in summary}
+    assert len(fig.data) == 3 * len(ops)  # PyTorch, compile and the fastest Triton variant per op
+    assert all(len(tr.y) == sum(t["op"] == op for t in summary)
+               for tr, op in zip(fig.data[::3], [o for o in kernelview.KERNEL_TABLE_OPS if o in ops]))
     assert fig.layout.xaxis.type == "log"
-    # row names: each variant without the words every case of its op shares (those go to the panel title)
+    # row names: each case without the words every case of its op shares (those go to the panel title)
     assert kernelview._common_prefix(["(8192, 256) fp32", "(8192, 256) bf16"]) == ("(8192, 256)", ["fp32", "bf16"])
+
+
+def _bias_row(variant, impl, us, run=None, commit=None, date=None):
+    r = {"device_slug": "h200", "op": "bias_grad", "shape": {"M": 8192, "N": 768}, "dtype": "fp32",
+         "variant": variant, "impl": impl, "timing": "graph", "status": "ok", "median_us": us,
+         "bound": "memory", "bytes": 8192 * 768 * 4}
+    return r | {k: v for k, v in (("run_id", run), ("commit", commit), ("date", date)) if v}
+
+
+def test_ratios_pair_rows_of_one_run_only():
+    """A Triton row of one run is never divided by a compile or PyTorch row of another: the ratio is None, and
+    the condensed view reads the run that timed all three. Rows without a run_id are one run per commit and day."""
+    rows = [_bias_row("v1 eager sum(0)", "pytorch", 30.0, commit="aaa", date="2026-12-03T10:00:00Z"),
+            _bias_row("v2 torch.compile", "compile", 12.0, commit="aaa", date="2026-12-03T10:01:00Z"),
+            _bias_row("v3 triton column sum", "triton", 20.0, commit="aaa", date="2026-12-03T10:02:00Z"),
+            _bias_row("v4 triton column sum 64x64, 4/SM", "triton", 6.0, commit="bbb", date="2026-12-04T09:00:00Z"),
+            _bias_row("v5 triton column sum 32x64, 4/SM", "triton", 8.0, run="r9", commit="aaa",
+                      date="2026-12-03T11:00:00Z")]
+    t = {r["variant"]: r for r in kernelview.kernel_table.rows(rows)}
+    assert t["v3 triton column sum"]["run"] == "aaa 2026-12-03"
+    assert t["v3 triton column sum"]["vs compile"] == pytest.approx(12.0 / 20.0)
+    assert t["v3 triton column sum"]["vs PyTorch"] == pytest.approx(30.0 / 20.0)
+    for other in ("v4 triton column sum 64x64, 4/SM", "v5 triton column sum 32x64, 4/SM"):  # other runs: no ratio
+        assert t[other]["vs compile"] is None and t[other]["vs PyTorch"] is None
+    assert t["v5 triton column sum 32x64, 4/SM"]["run"] == "r9"
+    (s,) = kernelview.kernel_summary.rows(list(t.values()))
+    assert (s["run"], s["best Triton µs"], s["compile µs"], s["PyTorch µs"]) == ("aaa 2026-12-03", 20.0, 12.0, 30.0)
+    assert s["vs compile"] == pytest.approx(12.0 / 20.0)
+    (line,) = kernelview.fastest_variants(list(t.values()))
+    assert "run aaa 2026-12-03" in line and "v4" not in line and "v5" not in line
+    # a case only one run timed with Triton and another with compile: a line, with no ratio
+    (alone,) = kernelview.kernel_summary.rows(kernelview.kernel_table.rows(rows[1:2] + rows[3:4]))
+    assert alone["best Triton µs"] == 6.0 and alone["compile µs"] is None and alone["vs compile"] is None
 
 
 @pytest.mark.parametrize("op", ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm"))

@@ -60,6 +60,14 @@ def test_long_table_previews_and_collapses_with_a_csv():
     assert 'download="runs.csv"' in html
 
 
+def test_a_collapsed_table_has_no_preview_only_its_whole_folded():
+    """collapsed: the whole table under a <details> whose summary is the caption, even a short one."""
+    html = tables.table_bundle(rows(40), caption="Every variant", collapsed=True)["text/html"]
+    assert html.startswith("<details") and html.count("<table") == 1 and html.count("<tr>") == 1 + 40
+    assert "<summary>Every variant: all 40 rows and 8 columns</summary>" in html
+    assert tables.table_bundle(rows(2), collapsed=True)["text/html"].startswith("<details")
+
+
 def test_wide_table_shows_chosen_columns_then_all():
     wide = [{**r, **{f"extra {j}": j for j in range(4)}} for r in rows(6)]
     html = tables.table_bundle(wide, preview=["mode", "speed-up"])["text/html"]

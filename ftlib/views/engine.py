@@ -15,6 +15,7 @@ The engine against the compiler is ``ftlib.views.baselines``'s: it is measured i
 from __future__ import annotations
 
 import dataclasses
+import re
 import textwrap
 from collections.abc import Iterable
 from typing import Any
@@ -253,10 +254,30 @@ def probe_table(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return out
 
 
+# Short names for the options a profiled case's label spells out (the probe's labels are key=value lists).
+SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=True dropout_rng4=True", "fused dropout"),
+                 ("fuse_dropout=True dropout_rng4=False", "fused dropout, one draw per element"),
+                 ("fuse_dropout=False dropout_rng4=False", "unfused dropout"),
+                 ("linear_precision=tf32x3 attention_precision=tf32x3", "3xTF32"),
+                 ("attention_for_explicit=True", "fused attention"))
+
+
+def case_name(r: dict[str, Any]) -> str:
+    """A profiled case's short name without its precision: the speedrun's model as 'speedrun model (256x6,
+    B=64)', the options in a few words (:data:`SHORT_OPTIONS`)."""
+    text = r["label"]
+    for long, short in SHORT_OPTIONS:
+        text = text.replace(long, short)
+    m = re.match(r"speedrun (\d+x\d+) dropout [\d.]+(.*?)(?: B=(\d+))?$", text)
+    if m:
+        opts = " ".join(m.group(2).split())
+        text = f"speedrun model ({m.group(1)}, B={m.group(3) or r.get('B')})" + (f", {opts}" if opts else "")
+    return " ".join(text.split())
+
+
 def _case_label(r: dict[str, Any]) -> str:
-    """A profiled case's name, shortened where the options repeat and wrapped for an axis."""
-    text = f"{r['label']} ({r['precision']})".replace("bf16_norm_out=True bf16_weights=True", "bf16 weights and norms")
-    return "<br>".join(textwrap.wrap(text, 44))
+    """:func:`case_name` with the precision in brackets, wrapped for an axis."""
+    return "<br>".join(textwrap.wrap(f"{case_name(r)} ({r['precision']})", 52))
 
 
 def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
@@ -271,7 +292,7 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
                   for r in rows]
         if any(counts):
             fig.add_trace(go.Bar(name=cat, y=labels, x=counts, orientation="h", marker_color=PALETTE[i % len(PALETTE)]))
-    fig.update_layout(barmode="stack", height=max(340, 160 + 52 * len(rows)), margin=dict(l=330),
+    fig.update_layout(barmode="stack", height=max(340, 160 + 44 * len(rows)), margin=dict(l=340),
                       title=f"Kernels per training step, by category, {device} (engine step, profiled uncaptured)",
                       xaxis_title="kernels launched per step", yaxis=dict(autorange="reversed"))
     return legend_below(fig)

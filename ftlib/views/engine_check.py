@@ -14,6 +14,8 @@ from ftlib.views.engine import MODELS, latest_run
 from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below
 from ftlib.views.tables import table_view
 
+ERR_FLOOR = 1e-9  # the error panel's floor: a log axis has no 0, and an error of 0 is drawn here
+
 
 @table_view
 def loss_table(check_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -34,9 +36,11 @@ def loss_table(check_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
     """Per precision (columns): engine (solid) and reference (dotted) loss per step, and below it
-    the relative difference |engine - reference| / reference per step (log scale).
+    the relative difference |engine - reference| / reference per step on a log scale, drawn at
+    :data:`ERR_FLOOR` where it is smaller (0 where both agree to the last bit).
 
-    One colour per checked case, the same in every panel; the largest relative error of each
+    One colour per checked case, the same in every panel; the default engine of each model is drawn,
+    the option variants are in the legend, drawn on a click. The largest relative error of each
     case is in :func:`loss_table`.
     """
     rows = [r for r in latest_run(check_rows) if r["device_slug"] == device and r.get("losses_engine")]
@@ -52,16 +56,20 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
         for r in (r for r in rows if r["precision"] == p):
             c, first = colors[r["label"]], r["label"] not in shown
             shown.add(r["label"])
+            vis = True if r["label"] in MODELS else "legendonly"
             steps = list(range(1, len(r["losses_engine"]) + 1))
             fig.add_trace(go.Scatter(x=steps, y=r["losses_engine"], mode="lines", name=r["label"],
-                                     line=dict(color=c), legendgroup=r["label"], showlegend=first),
+                                     line=dict(color=c), legendgroup=r["label"], showlegend=first, visible=vis),
                           row=1, col=i)
             fig.add_trace(go.Scatter(x=steps, y=r["losses_ref"], mode="lines", name=f"{r['label']} reference",
-                                     line=dict(color=c, dash="dot"), legendgroup=r["label"], showlegend=False),
+                                     line=dict(color=c, dash="dot"), legendgroup=r["label"], showlegend=False,
+                                     visible=vis),
                           row=1, col=i)
-            rel = [abs(e - f) / abs(f) if (f and e != f) else None for e, f in zip(r["losses_engine"], r["losses_ref"])]
+            rel = [max(abs(e - f) / abs(f), ERR_FLOOR) if f else None
+                   for e, f in zip(r["losses_engine"], r["losses_ref"])]
             fig.add_trace(go.Scatter(x=steps, y=rel, mode="lines", name=f"{r['label']} |engine - ref| / ref",
-                                     line=dict(color=c, width=1), legendgroup=r["label"], showlegend=False),
+                                     line=dict(color=c, width=1), legendgroup=r["label"], showlegend=False,
+                                     visible=vis),
                           row=2, col=i)
         fig.update_xaxes(title_text="step", row=2, col=i)
         fig.update_yaxes(type="log", dtick=1, tickformat=".0e", row=2, col=i)
@@ -69,6 +77,6 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=what, line=dict(color="#555", dash=dash),
                                  legendgroup="style", legendgrouptitle_text="line"))
     fig.update_yaxes(title_text="training loss", row=1, col=1)
-    fig.update_yaxes(title_text="|engine − ref| / ref", row=2, col=1)
+    fig.update_yaxes(title_text="|engine − ref| / ref<br>(floor 10⁻⁹: 0 drawn there)", row=2, col=1)
     fig.update_layout(height=620, title=f"Engine vs reference training, {device}: loss per step")
     return legend_below(fig)

@@ -13,12 +13,8 @@ import pandas as pd
 from ftlib.views import engine as ev
 from ftlib.views import ledger as lv
 from ftlib.views.findings import engine_results
-from ftlib.views.kernels import KERNEL_TABLE_OPS, OP_NAMES, case_label, row_impl
+from ftlib.views.kernels import KERNEL_TABLE_OPS, OP_NAMES, case_label, row_impl, run_of
 from ftlib.views.tables import table_view
-
-
-def _run_key(r: dict[str, Any]) -> str:
-    return str(r.get("run_id") or r.get("commit"))
 
 
 def _fastest(rows: list[dict[str, Any]], impl: str) -> dict[str, Any] | None:
@@ -29,9 +25,9 @@ def _fastest(rows: list[dict[str, Any]], impl: str) -> dict[str, Any] | None:
 @table_view
 def triton_vs_compile(kernel_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per device, op and case: the fastest Triton variant against the fastest torch.compile variant, both
-    replayed in a CUDA graph, from the newest run that timed both (``same run``: False where no run did, and
-    each side is its newest row). ``outcome``: 'Triton faster' or 'compile faster' where the p20-p80 ranges
-    do not overlap, else 'tie'."""
+    replayed in a CUDA graph, from the newest run that timed both (:func:`ftlib.views.kernels.run_of`). A case
+    no run timed both ways has no line: rows of different runs are never set against each other.
+    ``outcome``: 'Triton faster' or 'compile faster' where the p20-p80 ranges do not overlap, else 'tie'."""
     rows = [r for r in kernel_rows if r.get("op") in KERNEL_TABLE_OPS and r.get("timing") == "graph"
             and r.get("status") == "ok" and r.get("median_us")]
     groups: dict[tuple, list[dict[str, Any]]] = {}
@@ -41,24 +37,19 @@ def triton_vs_compile(kernel_rows: Iterable[dict[str, Any]]) -> list[dict[str, A
     for (dev, op, case), mine in groups.items():
         runs: dict[str, list[dict[str, Any]]] = {}
         for r in mine:
-            runs.setdefault(_run_key(r), []).append(r)
+            runs.setdefault(run_of(r), []).append(r)
         both = [rs for rs in runs.values() if _fastest(rs, "triton") and _fastest(rs, "compile")]
-        if both:
-            pool, same = max(both, key=lambda rs: max(str(r.get("date", "")) for r in rs)), True
-        else:
-            newest = {}
-            for r in sorted(mine, key=lambda r: str(r.get("date", ""))):
-                newest[r["variant"]] = r
-            pool, same = list(newest.values()), False
-        tri, com = _fastest(pool, "triton"), _fastest(pool, "compile")
-        if not (tri and com):
+        if not both:
             continue
+        pool = max(both, key=lambda rs: max(str(r.get("date", "")) for r in rs))
+        tri, com = _fastest(pool, "triton"), _fastest(pool, "compile")
+        assert tri and com
         apart = tri.get("p80_us") and com.get("p20_us") and (
             tri["p80_us"] < com["p20_us"] or tri["p20_us"] > com["p80_us"])
         outcome = "tie" if not apart else "Triton faster" if tri["median_us"] < com["median_us"] else "compile faster"
-        out.append({"device": dev, "op": op, "case": case, "triton variant": tri["variant"],
-                    "triton µs": tri["median_us"], "compile µs": com["median_us"],
-                    "compile / triton": com["median_us"] / tri["median_us"], "outcome": outcome, "same run": same})
+        out.append({"device": dev, "op": op, "case": case, "run": run_of(tri) or None,
+                    "triton variant": tri["variant"], "triton µs": tri["median_us"], "compile µs": com["median_us"],
+                    "compile / triton": com["median_us"] / tri["median_us"], "outcome": outcome})
     order = {op: i for i, op in enumerate(KERNEL_TABLE_OPS)}
     return sorted(out, key=lambda d: (d["device"], order[d["op"]]))
 
@@ -73,10 +64,9 @@ def kernel_lines(kernel_rows: Iterable[dict[str, Any]]) -> list[str]:
         count = {k: sum(d["outcome"] == k for d in mine) for k in ("Triton faster", "tie", "compile faster")}
         lo, hi = min(d["compile / triton"] for d in mine), max(d["compile / triton"] for d in mine)
         span = f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
-        runs = "" if all(d["same run"] for d in mine) else " (Triton and compile timed in different runs)"
         lines.append(f"{OP_NAMES.get(op, op)}, {len(mine)} case{'s' * (len(mine) != 1)}: Triton faster "
                      f"in {count['Triton faster']}, tied in {count['tie']}, compile faster in "
-                     f"{count['compile faster']}; compile's time over Triton's {span}{runs}.")
+                     f"{count['compile faster']}; compile's time over Triton's {span} (each case's two from one run).")
     return lines
 
 
@@ -166,7 +156,8 @@ def closing(kernel_rows: Iterable[dict[str, Any]], engine_rows: Iterable[dict[st
             wins = sum(d["outcome"] == "Triton faster" for d in table)
             text.append(f"Op for op, in isolation, our Triton kernels are faster than torch.compile's generated "
                         f"kernels beyond the spread in {wins} of {len(table)} cases and tie or lose in the other "
-                        f"{len(table) - wins} (the fastest variant of each side, in a CUDA graph):\n")
+                        f"{len(table) - wins} (the fastest variant of each side, in a CUDA graph, both from one run; "
+                        f"cases no run timed both ways are left out):\n")
             text += [f"- {line}" for line in kernel_lines([r for r in krows if r.get("device_slug") == dev])]
         eng, faster = _engine_lines(dev)
         if eng:

@@ -28,11 +28,15 @@ from ftlib.views.tables import records, table_view
 BENCH = "kernels"
 # The kernel benchmark's ops the chapter's table shows, in its order.
 KERNEL_TABLE_OPS = ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_rmsnorm",
-                    "residual_layernorm", "bias_grad", "gelu_mlp", "wgrad", "explicit_attention")
+                    "residual_dropout_rmsnorm", "residual_layernorm", "bias_grad", "causal_softmax", "gelu_mlp",
+                    "wgrad", "explicit_attention")
+GEMM_OPS = ("gelu_mlp", "wgrad")  # the two GEMM kernels the engine leaves off by default
 OP_NAMES = {"rmsnorm": "RMSNorm fwd+bwd", "layernorm": "LayerNorm fwd+bwd", "cross_entropy": "cross-entropy fwd+bwd",
             "adamw": "AdamW step", "attention": "causal attention fwd+bwd",
             "residual_rmsnorm": "residual add + RMSNorm fwd+bwd",
+            "residual_dropout_rmsnorm": "residual dropout + add + RMSNorm fwd+bwd",
             "residual_layernorm": "residual add + LayerNorm fwd+bwd", "bias_grad": "bias gradient (column sum)",
+            "causal_softmax": "GPT-2's scale, causal mask and softmax fwd+bwd",
             "gelu_mlp": "MLP fwd+bwd, GELU in the GEMM epilogues", "wgrad": "weight gradient dY^T X into fp32",
             "explicit_attention": "GPT-2's attention fwd+bwd, P written"}
 CEILING_NAMES = {"copy": "bandwidth", "matmul fp32": "fp32", "matmul tf32": "tf32", "matmul bf16": "bf16"}
@@ -40,7 +44,7 @@ KERNELS_DIR = repo_root() / "kernels"
 
 
 # The kernel table's columns as chapter 6 shows them (the rest are in its CSV).
-KERNEL_TABLE_COLUMNS = ("device", "op", "case", "variant", "eager µs", "graph µs", "rate", "unit", "floor µs",
+KERNEL_TABLE_COLUMNS = ("device", "op", "case", "variant", "run", "eager µs", "graph µs", "rate", "unit", "floor µs",
                         "of ceiling", "vs PyTorch", "vs compile", "note")
 
 
@@ -126,11 +130,20 @@ def floor_us(r: dict[str, Any], ceil: dict[str, float] | None) -> float | None:
     return max(parts) * 1e6 if parts else None
 
 
+def run_of(r: dict[str, Any]) -> str:
+    """The run a row comes from: its ``run_id``, or for a row stored without one, its commit and day
+    (one driver run); '' where the row has neither."""
+    if r.get("run_id"):
+        return str(r["run_id"])
+    return " ".join(x for x in (str(r.get("commit") or "")[:12], str(r.get("date") or "")[:10]) if x)
+
+
 @table_view
 def kernel_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per (device, op, case, variant): eager and in-graph median µs, the rate in the graph, the floor
-    from the measured ceilings, the fraction of it reached, and the speed-up over the fastest
-    PyTorch (eager ops) and torch.compile variant of the same case, both in a graph.
+    """Per (device, op, case, variant, run): eager and in-graph median µs, the rate in the graph, the floor
+    from the measured ceilings, the fraction of it reached, and the speed-up over the fastest PyTorch (eager
+    ops) and torch.compile variant of the same case timed in the same run (:func:`run_of`), both in a graph;
+    None where that run timed no such variant.
 
     Variants without an in-graph time (not capturable, skipped on the CPU) show their eager
     numbers where the graph's would be and say so in ``note``.
@@ -140,19 +153,19 @@ def kernel_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     rows = [r for r in rows if r.get("op") in KERNEL_TABLE_OPS]
     by: dict[tuple, dict[str, dict[str, Any]]] = {}
     for r in rows:
-        by.setdefault((r["device_slug"], r["op"], case_label(r), r["variant"]), {})[r["timing"]] = r
-    best: dict[tuple, dict[str, float]] = {}  # (device, op, case) -> impl -> fastest in-graph µs
-    for (dev, op, case, _), t in by.items():
+        by.setdefault((r["device_slug"], r["op"], case_label(r), r["variant"], run_of(r)), {})[r["timing"]] = r
+    best: dict[tuple, dict[str, float]] = {}  # (device, op, case, run) -> impl -> fastest in-graph µs
+    for (dev, op, case, _, run), t in by.items():
         g = t.get("graph")
         if g and g.get("status") == "ok" and g.get("median_us"):
-            b = best.setdefault((dev, op, case), {})
+            b = best.setdefault((dev, op, case, run), {})
             b[row_impl(g)] = min(b.get(row_impl(g), float("inf")), g["median_us"])
     table = []
     first = {}  # cases in the order the drivers ran them (fp32 before bf16, nkv=1 before nkv=8)
     for i, r in enumerate(rows):
         first.setdefault((r["device_slug"], r["op"], case_label(r)), i)
-    order = lambda k: (k[0], KERNEL_TABLE_OPS.index(k[1]), first[k[:3]], k[3])
-    for (dev, op, case, variant), t in sorted(by.items(), key=lambda kv: order(kv[0])):
+    order = lambda k: (k[0], KERNEL_TABLE_OPS.index(k[1]), first[k[:3]], k[4], k[3])
+    for (dev, op, case, variant, run), t in sorted(by.items(), key=lambda kv: order(kv[0])):
         e, g = t.get("eager"), t.get("graph")
         e_us = e["median_us"] if e and e.get("status") == "ok" else None
         g_us = g["median_us"] if g and g.get("status") == "ok" else None
@@ -163,10 +176,10 @@ def kernel_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         fl = floor_us(any_row, ceil.get(dev))
         us = g_us or e_us
         memory = any_row.get("bound") == "memory"
-        b = best.get((dev, op, case), {})
+        b = best.get((dev, op, case, run), {})
         table.append({
-            "device": dev, "op": op, "case": case, "variant": variant, "impl": row_impl(any_row),
-            "eager µs": e_us, "graph µs": g_us,
+            "device": dev, "op": op, "case": case, "variant": variant, "impl": row_impl(any_row), "run": run or None,
+            "date": str(any_row.get("date") or "")[:10] or None, "eager µs": e_us, "graph µs": g_us,
             "eager / graph": (e_us / g_us) if (e_us and g_us) else None,
             "rate": (ref.get("gb_s") if memory else ref.get("tflop_s")) if ref else None,
             "unit": "GB/s" if memory else "TFLOP/s",
@@ -178,22 +191,60 @@ def kernel_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return table
 
 
-def fastest_variants(table: pd.DataFrame | Iterable[dict[str, Any]]) -> list[str]:
-    """Per (device, op, case): the fastest variant in a graph and by how much it beats the others' best."""
-    table = records(table) if isinstance(table, pd.DataFrame) else table
-    groups: dict[tuple, list[dict[str, Any]]] = {}
+def _records(table: pd.DataFrame | Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    return records(table) if isinstance(table, pd.DataFrame) else list(table)
+
+
+def _case_runs(table: list[dict[str, Any]]) -> dict[tuple, list[dict[str, Any]]]:
+    """(device, op, case) -> the lines of :func:`kernel_table` timed in a graph in the one run the condensed
+    view reads: the run that timed a Triton variant beside torch.compile and PyTorch (else the most of them),
+    the newest such run by its date."""
+    groups: dict[tuple, dict[str, list[dict[str, Any]]]] = {}
     for t in table:
         if t["graph µs"]:
-            groups.setdefault((t["device"], t["op"], t["case"]), []).append(t)
+            groups.setdefault((t["device"], t["op"], t["case"]), {}).setdefault(t["run"] or "", []).append(t)
+    out = {}
+    for key, runs in groups.items():
+        def score(ts: list[dict[str, Any]]) -> tuple:
+            impls = {t["impl"] for t in ts}
+            return ("triton" in impls, "compile" in impls, "pytorch" in impls, max(str(t["date"]) for t in ts))
+        out[key] = max(runs.values(), key=score)
+    return out
+
+
+@table_view
+def kernel_summary(table: pd.DataFrame | Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
+    """One line per (device, op, case) of :func:`kernel_table`: PyTorch's ops, torch.compile and the fastest
+    Triton variant, each the fastest of its kind in a CUDA graph, all from one run (:func:`_case_runs`), and
+    Triton's speed-up over each. A kind that run did not time is None, and so is its ratio."""
+    out = []
+    for (dev, op, case), ts in _case_runs(_records(table)).items():
+        best = {impl: min((t for t in ts if t["impl"] == impl), key=lambda t: t["graph µs"], default=None)
+                for impl in ("pytorch", "compile", "triton")}
+        tri = best["triton"]
+        us = {impl: t["graph µs"] if t else None for impl, t in best.items()}
+        out.append({"device": dev, "op": op, "case": case, "run": ts[0]["run"],
+                    "PyTorch µs": us["pytorch"], "compile µs": us["compile"], "best Triton µs": us["triton"],
+                    "Triton variant": tri["variant"] if tri else None,
+                    "vs PyTorch": us["pytorch"] / us["triton"] if us["pytorch"] and us["triton"] else None,
+                    "vs compile": us["compile"] / us["triton"] if us["compile"] and us["triton"] else None,
+                    "of ceiling": tri["of ceiling"] if tri else None})
+    return out
+
+
+def fastest_variants(table: pd.DataFrame | Iterable[dict[str, Any]]) -> list[str]:
+    """Per (device, op, case), in the run :func:`kernel_summary` reads: the fastest variant in a graph and by
+    how much it beats each other kind's fastest of the same run."""
     lines = []
-    for (dev, op, case), ts in groups.items():
+    for (dev, op, case), ts in _case_runs(_records(table)).items():
         ts = sorted(ts, key=lambda t: t["graph µs"])
         win = ts[0]
         rest = {t["impl"]: t for t in reversed(ts[1:]) if t["impl"] != win["impl"]}  # each impl's fastest
         vs = ", ".join(f"{r['graph µs'] / win['graph µs']:.2f}x faster than {impl} ({r['variant']})"
                        for impl, r in sorted(rest.items()))
         share = f"; {win['of ceiling']:.0%} of the measured ceiling" if win.get("of ceiling") else ""
-        lines.append(f"{dev} {OP_NAMES.get(op, op)} {case}: fastest in a graph is {win['variant']} "
+        run = f" [run {win['run']}]" if win.get("run") else ""
+        lines.append(f"{dev} {OP_NAMES.get(op, op)} {case}{run}: fastest in a graph is {win['variant']} "
                      f"({win['graph µs']:.1f} µs{share})" + (f", {vs}" if vs else ""))
     return lines
 
@@ -206,18 +257,22 @@ def _common_prefix(cases: list[str]) -> tuple[str, list[str]]:
     return " ".join(common), short
 
 
-def kernel_figure(table: pd.DataFrame | list[dict[str, Any]], device: str) -> go.Figure:
-    """Eager and in-graph time per variant, one panel per op, for one device.
+# The condensed table's columns the chapter shows first (the rest are under them).
+SUMMARY_PREVIEW = ("device", "op", "case", "run", "PyTorch µs", "compile µs", "best Triton µs", "vs compile")
+SUMMARY_STYLES = (("PyTorch µs", "PyTorch ops", dict(symbol="square-open", size=9, color="#7f7f7f",
+                                                      line=dict(width=1.5))),
+                  ("compile µs", "torch.compile", dict(symbol="diamond", size=9, color="#ff7f0e")),
+                  ("best Triton µs", "fastest Triton variant", dict(symbol="circle", size=9, color="#1f77b4")))
 
-    One row per (case, variant), read left to right on a log time axis: the filled dot is the
-    time inside a CUDA graph (the kernels), the open one the eager call (autograd and launches
-    included). Row names are horizontal; what every case of an op shares is in the panel's title.
-    """
-    table = records(table) if isinstance(table, pd.DataFrame) else table
-    rows = [t for t in table if t["device"] == device]
+
+def kernel_figure(table: pd.DataFrame | Iterable[dict[str, Any]], device: str) -> go.Figure:
+    """The condensed view (:func:`kernel_summary`) for one device, one panel per op and one row per case: the
+    time in a CUDA graph of PyTorch's ops, torch.compile and the fastest Triton variant, all of one run, on a
+    log time axis. What every case of an op shares is in the panel's title."""
+    rows = [t for t in kernel_summary.rows(table) if t["device"] == device]
     ops = [op for op in KERNEL_TABLE_OPS if any(t["op"] == op for t in rows)]
     per_op = {op: [t for t in rows if t["op"] == op] for op in ops}
-    row_px, gap_px, top_px = 17, 70, 90
+    row_px, gap_px, top_px = 21, 54, 90
     heights = [max(2, len(per_op[op])) * row_px for op in ops] or [row_px]
     total = sum(heights) + gap_px * max(0, len(ops) - 1)
     titles = []
@@ -227,34 +282,29 @@ def kernel_figure(table: pd.DataFrame | list[dict[str, Any]], device: str) -> go
     fig = make_subplots(rows=max(1, len(ops)), cols=1, subplot_titles=titles or None,
                         row_heights=[h / sum(heights) for h in heights],
                         vertical_spacing=gap_px / total if len(ops) > 1 else 0.0)
-    styles = (("graph µs", "in a CUDA graph (kernels)", dict(symbol="circle", size=8, color="#1f77b4")),
-              ("eager µs", "eager (autograd, launches)", dict(symbol="circle-open", size=8, color="#7f7f7f",
-                                                               line=dict(width=1.5))))
     for i, op in enumerate(ops, start=1):
         pts = per_op[op]
-        _, cases = _common_prefix([t["case"] for t in pts])
-        labels = [f"{case} · {t['variant']}" if case != "-" else t["variant"] for case, t in zip(cases, pts)]
-        for col, name, marker in styles:
+        _, labels = _common_prefix([t["case"] for t in pts])
+        for col, name, marker in SUMMARY_STYLES:
             fig.add_trace(go.Scatter(x=[t[col] for t in pts], y=labels, mode="markers", name=name, marker=marker,
                                      legendgroup=name, showlegend=i == 1,
                                      hovertemplate="%{y}: %{x:.3g} µs<extra>" + name + "</extra>"), row=i, col=1)
-        fig.update_yaxes(autorange="reversed", tickfont_size=10, row=i, col=1)
-        fig.update_xaxes(**log_axis([t[c] for t in pts for c in ("graph µs", "eager µs")]), row=i, col=1)
+        fig.update_yaxes(autorange="reversed", tickfont_size=11, row=i, col=1)
+        fig.update_xaxes(**log_axis([t[c] for t in pts for c, _, _ in SUMMARY_STYLES]), row=i, col=1)
     if ops:
-        fig.update_xaxes(title_text="µs per call, median (log scale)", row=len(ops), col=1)
+        fig.update_xaxes(title_text="µs per call in a CUDA graph, median (log scale)", row=len(ops), col=1)
     fig.update_annotations(font_size=12, xanchor="left", x=0)
     height = int(total + top_px + 70)
-    # The legend under the title: the figure is tall, and a key at its foot would be out of sight.
     fig.update_layout(height=height, margin=dict(t=top_px, l=10, b=60),
                       legend=dict(orientation="h", yref="container", y=1 - 52 / height, yanchor="top", x=0),
-                      title=dict(text=f"Kernel time per variant, in a CUDA graph and eager, {device} (median)",
-                                 yref="container", y=1 - 12 / height, yanchor="top"))
+                      title=dict(text=f"Each op and case: PyTorch, torch.compile and our fastest Triton kernel, "
+                                      f"one run each, {device}", yref="container", y=1 - 12 / height, yanchor="top"))
     return fig
 
 
-def kernel_figures(table: pd.DataFrame | list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
+def kernel_figures(table: pd.DataFrame | Iterable[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
     """(name, figure) per device of the table: :func:`kernel_figure`."""
-    table = records(table) if isinstance(table, pd.DataFrame) else table
+    table = _records(table)
     return [(f"kernels-{dev}", kernel_figure(table, dev)) for dev in sorted({t["device"] for t in table})]
 
 

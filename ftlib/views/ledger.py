@@ -11,14 +11,16 @@ kernel class of :data:`ftlib.views.engine.PROBE_CATEGORIES` (:func:`ftlib.views.
   tensor-core rate for matmuls and attention, the FP32 pipes for elementwise work);
 * **byte floor**: the same components' bytes (each tensor moved once per op, as the accounting counts
   them) at the DRAM bandwidth (:attr:`ftlib.analysis.peaks.DevicePeaks.bandwidth`);
-* **launch floor**: kernels × the cost of one kernel boundary (:data:`BOUNDARY_US`);
-* **speed of light**: the largest of the three, the roofline of Williams, Waterman & Patterson (2009,
-  CACM) with the launches as a third roof, and **measured / speed of light**.
+* **speed of light**: the larger of the two, the roofline of Williams, Waterman & Patterson (2009, CACM),
+  and **measured / speed of light**;
+* **gaps µs (measured)**: beside the floor, not in it: the class's kernels × the gap per kernel that the
+  row itself measures, (captured step − profiled kernel time) / kernels, where the step's time between
+  kernels goes if every boundary costs the same.
 
-A class with no accounting counterpart (:data:`NO_COUNTERPART`) has a launch floor only, or launches and
-the bytes of the copies the engine is known to make. :func:`ledger_totals` sets the captured step against
-the sum of the class floors and against the whole step's roofline, max(FLOP floor, byte floor). Each row
-is one device's: floors use that device's peaks, and rows of different devices are never pooled.
+A class with no accounting counterpart (:data:`NO_COUNTERPART`) has no floor, or only the bytes of the copies
+the engine is known to make. :func:`ledger_totals` sets the captured step against the sum of the class floors
+and against the whole step's roofline, max(FLOP floor, byte floor), with the measured gaps beside them. Each
+row is one device's: floors use that device's peaks, and rows of different devices are never pooled.
 """
 
 from __future__ import annotations
@@ -36,20 +38,11 @@ from ftlib.analysis.accounting import rows as accounting_rows
 from ftlib.analysis.backends import expected_backend
 from ftlib.analysis.peaks import DevicePeaks, compute_rate, lookup
 from ftlib.model.config import ModelConfig, preset
-from ftlib.views.engine import PROBE_CATEGORIES, probe_category
+from ftlib.views.engine import PROBE_CATEGORIES, case_name, probe_category
 from ftlib.views.plots import MODEL_COLORS, legend_below
 from ftlib.views.tables import group_rows, table_view
 
 CLASSES: tuple[str, ...] = tuple(c for c, _ in PROBE_CATEGORIES) + ("other",)
-
-# The cost of one kernel boundary inside a CUDA graph: the previous kernel drains and the next one's
-# blocks are scheduled and ramp up. A graph removes the CPU's launch calls, not this per-kernel cost on
-# the GPU, which stays of the order of a microsecond per kernel (NVIDIA Technical Blog, A. Gray,
-# "Getting Started with CUDA Graphs", developer.nvidia.com/blog/cuda-graphs/). The value itself is the
-# chapter's stated assumption, not a measurement; ledger_totals shows beside it the gap the stored rows
-# measure (captured step minus profiled kernel time, per kernel), which leaves out each kernel's own
-# ramp and drain and so understates the cost of a boundary.
-BOUNDARY_US = 1.5
 
 # Accounting component (ftlib.analysis.accounting's COMPONENTS_*, the optimizer rows) -> kernel class.
 COMPONENT_CLASS: dict[str, str] = {
@@ -68,11 +61,11 @@ COMPONENT_CLASS: dict[str, str] = {
 FUSED_INTO_NORMS: dict[str, str] = {"residual": "fuse_residual_norm", "dropout": "fuse_dropout"}
 # What the floor of a class without accounting components rests on.
 NO_COUNTERPART: dict[str, str] = {
-    "reductions (sums)": "launches only: the norms' gain and bias gradients summed over per-tile partials "
+    "reductions (sums)": "no floor: the norms' gain and bias gradients summed over per-tile partials "
                          "and GPT-2's bias gradients; their bytes are counted with the norms and matmuls",
-    "copies and casts": "launches, and the bytes of the bf16 weight shadow where the engine makes one; "
+    "copies and casts": "the bytes of the bf16 weight shadow where the engine makes one, else no floor; "
                         "autocast's casts and layout copies are not in the accounting",
-    "other": "launches only: kernels no pattern names",
+    "other": "no floor: kernels no pattern names",
 }
 WIDTH_16 = 2  # bytes of one bf16 element of the weight shadow
 
@@ -97,7 +90,7 @@ def component_map() -> list[dict[str, Any]]:
         elif cls == "other elementwise":
             comps = [f"{c} (unless {FUSED_INTO_NORMS[c]})" if c in FUSED_INTO_NORMS else c for c in comps]
         out.append({"class": cls, "accounting components": ", ".join(comps) or None,
-                    "floor from": "FLOPs, bytes and launches" if comps else NO_COUNTERPART.get(cls, "launches only")})
+                    "floor from": "FLOPs and bytes" if comps else NO_COUNTERPART.get(cls, "no floor")})
     return out
 
 
@@ -128,6 +121,9 @@ def attention_backend(r: dict[str, Any], cfg: ModelConfig, capability: tuple[int
 def short_case(r: dict[str, Any]) -> str:
     """'FastTransformer bf16', 'GPT-2 tf32, fused attention': a case's name for an axis or a panel."""
     names = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer"}
+    if r["label"].startswith("speedrun"):
+        name = case_name(r)
+        return name.replace(")", f") {r['precision']}", 1) if ")" in name else f"{name} {r['precision']}"
     model = r.get("preset") or r["label"]
     extra = r["label"][len(model):].strip() if r["label"].startswith(model) else ""
     for long, short in (("attention_for_explicit=True", "fused attention"),
@@ -156,7 +152,16 @@ def _latest(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return list(out.values())
 
 
-def _case_ledger(r: dict[str, Any], boundary_us: float) -> list[dict[str, Any]]:
+def gap_per_kernel(r: dict[str, Any]) -> float | None:
+    """The row's own measure of a kernel boundary inside the graph: (captured step − profiled kernel time) /
+    kernels per step, in µs; None where the row lacks the step or its kernels."""
+    kernels = r.get("kernels") or []
+    n, kernel_us = sum(k.get("count", 0) for k in kernels), sum(k["us"] for k in kernels)
+    step = r.get("step_median_us")
+    return (step - kernel_us) / n if step and n else None
+
+
+def _case_ledger(r: dict[str, Any]) -> list[dict[str, Any]]:
     """One probe row's ledger, one dict per class with kernels or accounted work (µs)."""
     d, cfg, desc = _peaks(r), case_config(r), r.get("describe") or {}
     assert d is not None
@@ -181,63 +186,67 @@ def _case_ledger(r: dict[str, Any], boundary_us: float) -> list[dict[str, Any]]:
         cls = probe_category(k["name"])
         measured[cls] += k["us"]
         count[cls] += k.get("count", 0)
-    out = []
+    out, gap = [], gap_per_kernel(r)
     for cls in CLASSES:
         if not (measured[cls] or count[cls] or flops[cls] or nbytes[cls]):
             continue  # a class with neither kernels nor work in this step
-        floors = {"FLOPs": flop_us[cls], "bytes": 1e6 * nbytes[cls] / d.bandwidth, "launches": count[cls] * boundary_us}
-        sol = max(floors.values())
+        floors = {"FLOPs": flop_us[cls], "bytes": 1e6 * nbytes[cls] / d.bandwidth}
+        sol = max(floors.values()) or None
         out.append({"device": r.get("device_slug"), "case": short_case(r), "precision": r["precision"], "class": cls,
                     "measured µs": measured[cls], "kernels": count[cls], "GFLOP": flops[cls] / 1e9,
                     "MB": nbytes[cls] / 1e6, "FLOP floor µs": floors["FLOPs"], "byte floor µs": floors["bytes"],
-                    "launch floor µs": floors["launches"], "speed of light µs": sol,
-                    "bound": max(floors, key=floors.get) if sol else None,
+                    "speed of light µs": sol, "bound": max(floors, key=floors.get) if sol else None,
                     "measured / speed of light": measured[cls] / sol if sol else None,
-                    "above floor µs": measured[cls] - sol,
-                    "floor from": ", ".join(comps[cls]) or NO_COUNTERPART.get(cls, "launches only")})
+                    "above floor µs": measured[cls] - sol if sol else None,
+                    "gaps µs (measured)": count[cls] * gap if gap is not None else None,
+                    "floor from": ", ".join(comps[cls]) or NO_COUNTERPART.get(cls, "no floor")})
     return out
 
 
 @table_view
-def ledger(probe_rows: Iterable[dict[str, Any]], boundary_us: float = BOUNDARY_US) -> list[dict[str, Any]]:
+def ledger(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per profiled case (device, case, precision) and kernel class: measured µs per step, kernels, the
-    FLOP, byte and launch floors, the speed of light (their max) and measured / speed of light."""
-    return [line for r in _latest(probe_rows) for line in _case_ledger(r, boundary_us)]
+    FLOP and byte floors, the speed of light (their max), measured / speed of light, and beside them the
+    class's share of the measured gaps between kernels."""
+    return [line for r in _latest(probe_rows) for line in _case_ledger(r)]
 
 
 @table_view
-def ledger_totals(probe_rows: Iterable[dict[str, Any]], boundary_us: float = BOUNDARY_US) -> list[dict[str, Any]]:
+def ledger_totals(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per profiled case, the whole step: the captured step against the sum of the class floors and against
-    the step's roofline, max(FLOP floor, byte floor); the measured gap per kernel beside ``boundary_us``."""
+    the step's roofline, max(FLOP floor, byte floor); beside them the measured gaps between kernels (captured
+    step − profiled kernel time) and the gap per kernel."""
     out = []
     for r in _latest(probe_rows):
-        lines = _case_ledger(r, boundary_us)
+        lines = _case_ledger(r)
         step, kernel_us = r.get("step_median_us"), sum(x["measured µs"] for x in lines)
         n = sum(x["kernels"] for x in lines)
         flop, byte = sum(x["FLOP floor µs"] for x in lines), sum(x["byte floor µs"] for x in lines)
-        floors, roof = sum(x["speed of light µs"] for x in lines), max(flop, byte)
+        floors, roof = sum(x["speed of light µs"] or 0.0 for x in lines), max(flop, byte)
         out.append({"device": r.get("device_slug"), "case": short_case(r), "precision": r["precision"],
                     "captured step µs": step, "kernel µs": kernel_us, "kernels per step": n,
-                    "FLOP floor µs": flop, "byte floor µs": byte, "launch floor µs": n * boundary_us,
-                    "sum of floors µs": floors, "roofline µs": roof,
+                    "FLOP floor µs": flop, "byte floor µs": byte, "sum of floors µs": floors, "roofline µs": roof,
                     "step / sum of floors": step / floors if step and floors else None,
                     "step / roofline": step / roof if step and roof else None,
-                    "boundary µs (assumed)": boundary_us,
-                    "measured gap per kernel µs": (step - kernel_us) / n if step and n else None})
+                    "gaps µs (measured)": step - kernel_us if step else None,
+                    "measured gap per kernel µs": gap_per_kernel(r)})
     return out
 
 
 def figure_rows(probe_rows: Iterable[dict[str, Any]], device: str) -> list[dict[str, Any]]:
-    """The cases the figure shows: ``device``'s FastTransformer and GPT-2 steps in bf16 and tf32."""
-    rows = [r for r in _latest(probe_rows) if r.get("device_slug") == device
-            and (r.get("preset") or r["label"]) in ("fasttransformer", "gpt2") and r["precision"] in ("bf16", "tf32")]
-    return sorted(rows, key=lambda r: (r.get("preset") != "fasttransformer", r["precision"] != "bf16", r["label"]))
+    """The cases the figure shows: ``device``'s FastTransformer and GPT-2 steps on the default engine (a label
+    that is the model's name alone, no option), each precision profiled."""
+    order = ("fp32", "tf32", "bf16")
+    rows = [r for r in _latest(probe_rows)
+            if r.get("device_slug") == device and r["label"] in ("fasttransformer", "gpt2")]
+    return sorted(rows, key=lambda r: (r["label"] != "fasttransformer",
+                                       order.index(r["precision"]) if r["precision"] in order else 9))
 
 
 PANELS_PER_ROW = 3  # cases side by side in the ledger figure; more go on further rows
 
 
-def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str, boundary_us: float = BOUNDARY_US) -> go.Figure:
+def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
     """Per case of :func:`figure_rows` (one panel each), per kernel class: the measured µs per step beside
     its speed of light (log scale), labelled with measured / speed of light."""
     cases = figure_rows(probe_rows, device)
@@ -255,16 +264,17 @@ def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str, boundary_us
     values: list[float] = []
     for i, r in enumerate(cases, start=1):
         at = dict(row=(i - 1) // ncols + 1, col=(i - 1) % ncols + 1)
-        lines = [x for x in _case_ledger(r, boundary_us) if x["measured µs"] or x["speed of light µs"]]
+        lines = [x for x in _case_ledger(r) if x["measured µs"] or x["speed of light µs"]]
         y = [x["class"] for x in lines]
         color = MODEL_COLORS.get(r.get("preset") or "", "#555")
         fig.add_trace(go.Bar(y=y, x=[x["measured µs"] or None for x in lines], orientation="h", name="measured",
                              marker_color=color, legendgroup="measured", showlegend=i == 1,
-                             text=[f"{x['measured / speed of light']:.1f}×" if x["measured / speed of light"] else ""
-                                   for x in lines], textposition="outside", cliponaxis=False), **at)
+                             text=[f"{x['measured / speed of light']:.1f}×" if x["measured / speed of light"]
+                                   else "no floor" if x["measured µs"] else "" for x in lines],
+                             textposition="outside", cliponaxis=False), **at)
         fig.add_trace(go.Bar(y=y, x=[x["speed of light µs"] or None for x in lines], orientation="h",
                              hovertext=[f"bound by {x['bound']}" for x in lines],
-                             name=f"speed of light: max of FLOP, byte, launch floors ({boundary_us:g} µs a kernel)",
+                             name="speed of light: max of FLOP and byte floors",
                              marker_color="#c7c7c7",
                              legendgroup="sol", showlegend=i == 1), **at)
         values += [v for x in lines for v in (x["measured µs"], x["speed of light µs"]) if v]
@@ -280,14 +290,13 @@ def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str, boundary_us
     return legend_below(fig)
 
 
-def ledger_summary(probe_rows: Iterable[dict[str, Any]], device: str, boundary_us: float = BOUNDARY_US,
-                   top: int = 3) -> str:
+def ledger_summary(probe_rows: Iterable[dict[str, Any]], device: str, top: int = 3) -> str:
     """Markdown, one item per case of :func:`figure_rows`: the step against its floors, the ``top`` classes
     furthest from their speed of light by the time above it (with their ratio), and any class under 1×."""
     out = []
-    totals = {t["case"]: t for t in ledger_totals.rows(probe_rows, boundary_us) if t["device"] == device}
+    totals = {t["case"]: t for t in ledger_totals.rows(probe_rows) if t["device"] == device}
     for r in figure_rows(probe_rows, device):
-        lines = [x for x in _case_ledger(r, boundary_us) if x["measured / speed of light"] and x["measured µs"]]
+        lines = [x for x in _case_ledger(r) if x["measured / speed of light"] and x["measured µs"]]
         t = totals[short_case(r)]
         far = sorted(lines, key=lambda x: -x["above floor µs"])[:top]
         under = [x for x in lines if x["measured / speed of light"] < 1]
@@ -300,6 +309,13 @@ def ledger_summary(probe_rows: Iterable[dict[str, Any]], device: str, boundary_u
         if under:
             text += " Under their floor: " + ", ".join(
                 f"{x['class']} ({x['measured / speed of light']:.2f}×)" for x in under) + "."
+        no_floor = [x for x in _case_ledger(r) if x["measured µs"] and not x["speed of light µs"]]
+        if no_floor:
+            text += (" With no floor: " + ", ".join(f"{x['class']} ({x['measured µs']:,.0f} µs)" for x in no_floor)
+                     + ".")
+        if t["gaps µs (measured)"] and t["measured gap per kernel µs"]:
+            text += (f" Between kernels the captured step spends {t['gaps µs (measured)']:,.0f} µs "
+                     f"({t['measured gap per kernel µs']:.2f} µs a kernel), in no floor.")
         out.append(text)
     return "\n".join(out)
 
@@ -314,7 +330,7 @@ def class_order(probe_rows: Iterable[dict[str, Any]], device: str, top: int = 3)
     largest first, with each one's share of the kernel time."""
     out = []
     for r in figure_rows(probe_rows, device):
-        lines = sorted((x for x in _case_ledger(r, BOUNDARY_US) if x["measured µs"]), key=lambda x: -x["measured µs"])
+        lines = sorted((x for x in _case_ledger(r) if x["measured µs"]), key=lambda x: -x["measured µs"])
         total = sum(x["measured µs"] for x in lines)
         if total:
             out.append(f"* **{short_case(r)}**: " + ", then ".join(

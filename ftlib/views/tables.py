@@ -213,8 +213,12 @@ def _slug(text: str) -> str:
 
 def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None, digits: int = 3,
                  name: str | None = None, preview: Sequence[str] | None = None,
-                 caption: str | None = None, decimals: int | None = None) -> dict[str, str]:
+                 caption: str | None = None, decimals: int | None = None,
+                 collapsed: bool = False) -> dict[str, str]:
     """The mime bundle :func:`show_table` displays (text/html and text/plain).
+
+    With ``collapsed``, the whole table is folded (an HTML ``<details>``, its caption as the summary line)
+    with no preview: for the full table under a condensed one.
 
     ``preview`` names the columns a wide table shows before its collapsed whole (default: the
     first ``MAX_COLUMNS``); ``name`` (default: derived from the content) names its CSV file;
@@ -251,6 +255,12 @@ def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None =
         t_nums = pd.DataFrame([[False, *nums[c].tolist()] for c in rest], columns=[label, *heads])
         body = styled(t, t_nums, uid, caption)
         return {"text/html": body, "text/plain": plain}
+    if collapsed:
+        summary = html.escape(f"{caption}: all" if caption else "All") + f" {n_rows} rows and {n_cols} columns"
+        return {"text/html": f'<details class="ftlib-table-all"><summary>{summary}</summary>'
+                             f'<div style="overflow-x: auto;">{styled(cells, nums, uid, None)}</div>'
+                             f"<p>{_csv_link(frame, _slug(name or caption or uid))}</p></details>",
+                "text/plain": plain}
     if n_rows <= MAX_ROWS and n_cols <= MAX_COLUMNS:
         return {"text/html": styled(cells, nums, uid, caption), "text/plain": plain}
     # Preview, then the whole table collapsed with a CSV of the raw values.
@@ -273,12 +283,12 @@ def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None =
 
 def show_table(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None, digits: int = 3, *,
                name: str | None = None, preview: Sequence[str] | None = None, caption: str | None = None,
-               decimals: int | None = None) -> None:
+               decimals: int | None = None, collapsed: bool = False) -> None:
     """Display ``rows`` (dicts) as a table in a notebook: HTML with a plain-text twin (module docstring)."""
     from IPython.display import display
 
-    display(table_bundle(rows, columns, digits, name=name, preview=preview, caption=caption, decimals=decimals),
-            raw=True)
+    display(table_bundle(rows, columns, digits, name=name, preview=preview, caption=caption, decimals=decimals,
+                         collapsed=collapsed), raw=True)
 
 
 def show_frame(frame: pd.DataFrame, digits: int = 3, **kw: Any) -> None:
