@@ -495,9 +495,10 @@ if len(ktable):
 # Each default of the engine is timed against its alternative, in the table of section "What each
 # kernel buys" or in the trials below:
 #
-# * In strict fp32 the engine keeps SDPA's memory-efficient attention: it is faster than our kernel's
-#   FMA dots inside a graph (the kernel table in section 2 says by how much); our kernel runs in
-#   fp32 only when asked (`attention_precision`).
+# * In strict fp32 the engine keeps SDPA's memory-efficient attention: our kernel's dots would run as
+#   FMA instructions there, without tensor cores, and only run in fp32 when asked
+#   (`attention_precision`). The attention rows of the kernel table, which would say by how much,
+#   are not measured yet (`python -m benchmarks.kernels.suite --ops attention` on a GPU).
 # * Attention reads q, k and v straight from the packed projection output and writes (B, T, C)
 #   (`attention_layout='packed'`), and every residual add is fused into the norm after it
 #   (`kernels/residual_norm.py`); the `heads layout` and `unfused residual-norm` variants of "What each kernel buys"
