@@ -58,6 +58,8 @@ def test_long_table_previews_and_collapses_with_a_csv():
     frame = pd.read_csv(pd.io.common.StringIO(base64.b64decode(csv).decode()))
     assert len(frame) == 40 and frame["gpt2 ms"].iloc[3] == 13.0  # raw values, not formatted ones
     assert 'download="runs.csv"' in html
+    preview = tables.table_bundle(rows(40), head=3)["text/html"].split("<details")[0]
+    assert preview.count("<tr>") == 1 + 3 and "the first 3 of 40 rows" in preview  # a chosen preview length
 
 
 def test_a_collapsed_table_has_no_preview_only_its_whole_folded():

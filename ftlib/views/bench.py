@@ -48,6 +48,23 @@ def provenance_line(rows: Iterable[dict[str, Any]]) -> str:
     return "; ".join(f"{d}, torch {t}, {day}, commit {c}" for d, t, day, c in keys)
 
 
+def provenance_short(rows: Iterable[dict[str, Any]], most: int = 2) -> str:
+    """:func:`provenance_line` where ``rows`` come from at most ``most`` sources; else, per GPU and torch
+    version, how many commits and the dates they span: 'NVIDIA H200, torch 2.11.0, 12 commits, 2026-12-02
+    to 2026-12-04'."""
+    rows = list(rows)
+    keys = {(r.get("device"), r.get("torch"), str(r.get("date", ""))[:10], r.get("commit")) for r in rows}
+    if len(keys) <= most:
+        return provenance_line(rows)
+    out = []
+    for d, t in sorted({(d, t) for d, t, _, _ in keys}, key=str):
+        days = sorted({day for dd, tt, day, _ in keys if (dd, tt) == (d, t)})
+        n = len({c for dd, tt, _, c in keys if (dd, tt) == (d, t)})
+        span = days[0] if len(days) == 1 else f"{days[0]} to {days[-1]}"
+        out.append(f"{d}, torch {t}, {n} commit{'s' if n != 1 else ''}, {span}")
+    return "; ".join(out)
+
+
 def not_measured(suites: str) -> str:
     """What a chapter says where a suite's rows are missing: the GPU command that measures them."""
     return f"not measured yet: bash ci/gpu-run --out OUT --only {suites}"

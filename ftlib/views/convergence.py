@@ -178,6 +178,37 @@ def loss_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
     return out
 
 
+def gap_figures(rows: list[dict[str, Any]], base: str = "gpt2") -> list[tuple[str, go.Figure]]:
+    """(name, figure) per device where ``base`` ran: each other model's validation loss minus ``base``'s at
+    the same step, both the mean over their seeds (step 0, the untrained models, left out), with ``base``'s
+    own min–max range over seeds drawn around zero as a grey band: a gap inside it is within the seeds' spread."""
+    out = []
+    for dev, dev_rows in group_rows(rows).items():
+        agg = aggregate(dev_rows)
+        if base not in agg:
+            continue
+        ref = {p["step"]: p for p in agg[base] if p["step"] > 0}
+        steps = sorted(ref)
+        colors = {m: MODEL_COLORS.get(m) or PALETTE[2 + i] for i, m in enumerate(agg)}
+        fig = go.Figure()
+        fig.add_trace(go.Scatter(x=steps + steps[::-1], y=[ref[s]["val_max"] - ref[s]["val_mean"] for s in steps]
+                                 + [ref[s]["val_min"] - ref[s]["val_mean"] for s in steps[::-1]],
+                                 fill="toself", fillcolor="rgba(128,128,128,0.2)", line=dict(width=0),
+                                 name=f"{base}'s own seed range", hoverinfo="skip"))
+        for model, pts in agg.items():
+            if model == base:
+                continue
+            pts = [p for p in pts if p["step"] in ref]
+            fig.add_trace(go.Scatter(x=[p["step"] for p in pts], y=[p["val_mean"] - ref[p["step"]]["val_mean"]
+                                                                    for p in pts],
+                                     mode="lines+markers", name=model, line=dict(color=colors[model])))
+        fig.add_hline(y=0, line_color="#444", line_width=1)
+        fig.update_layout(title=f"Validation loss minus {base}'s at the same step, {dev} (means over seeds)",
+                          xaxis_title="optimizer step", yaxis_title=f"validation loss − {base}'s", height=440)
+        out.append((f"convergence-val-gap-{dev}", fig))
+    return out
+
+
 def train_val_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
     """(name, figure) per device and model: training and validation loss per step, mean over seeds."""
     out = []
@@ -206,6 +237,112 @@ def checkpoint_table(check: dict[str, Any], label: str | None = None) -> list[di
              **{k: v for k, v in check.items() if k not in ("sample", "config", "model")}}]
 
 
+def _pair(rows: list[dict[str, Any]], device: str) -> tuple[list[dict], list[dict]] | None:
+    """FastTransformer's and GPT-2's finished runs on ``device``, or None unless each has runs of one config."""
+    mine = [(m, rs) for (dev, m, _), rs in _runs_of_one_config(rows).items() if dev == device]
+    sizes, groups = [m for m, _ in mine], dict(mine)
+    if any(sizes.count(m) != 1 for m in ("fasttransformer", "gpt2")):
+        return None
+    return groups["fasttransformer"], groups["gpt2"]
+
+
+def _welch_words(a: list[float], b: list[float]) -> str:
+    """'; Welch's t-test over n and m seeds gives p = ...: ...' on two samples, or '' (no verdict) where
+    either has fewer than two values or neither has any spread."""
+    from scipy import stats
+
+    if len(a) < 2 or len(b) < 2 or (len(set(a)) == 1 and len(set(b)) == 1):
+        return ""
+    p = float(stats.ttest_ind(a, b, equal_var=False).pvalue)
+    if math.isnan(p):  # no spread on either side: the test is undefined
+        return ""
+    tell = "a difference the seeds can tell apart" if p < 0.05 else "no difference the seeds can tell apart"
+    return f"; Welch's t-test over {len(a)} and {len(b)} seeds gives p = {p:.2g}: {tell}"
+
+
+def _spread(values: list[float], digits: int = 2) -> str:
+    """'12.17 (12.13–12.20)': the mean and, with more than one value, the range."""
+    mean, lo, hi = sum(values) / len(values), f"{min(values):.{digits}f}", f"{max(values):.{digits}f}"
+    return f"{mean:.{digits}f}" + (f" ({lo}–{hi})" if lo != hi else "")
+
+
+def _seeds(runs: list[dict[str, Any]]) -> str:
+    seeds = sorted(r["seed"] for r in runs)
+    return f"seed {seeds[0]}" if len(seeds) == 1 else "seeds " + ", ".join(map(str, seeds[:-1])) + f" and {seeds[-1]}"
+
+
+def original_findings(rows: list[dict[str, Any]], run_command: str) -> str:
+    """The post's own experiment in words, per device: FastTransformer against GPT-2 at the last step, by the
+    post's perplexity (exp of the last training batch's loss) and by the held-out one (exp of the validation
+    loss), each the mean and range over the seeds, with Welch's t-test on the validation losses where each
+    model has at least two seeds."""
+    devices = sorted({r["device_slug"] for r in ok_runs(rows)})
+    lines = []
+    for dev in devices:
+        pair = _pair(rows, dev)
+        if pair is None:
+            continue
+        (ft, g2), last = pair, (lambda r: r["history"][-1])
+        steps = sorted({last(r)["step"] for r in ft + g2})
+        post = [[math.exp(last(r)["batch_loss"]) for r in rs] for rs in (ft, g2)]
+        held = [[math.exp(last(r)["val_loss"]) for r in rs] for rs in (ft, g2)]
+        lower = ("FastTransformer" if sum(held[0]) / len(ft) < sum(held[1]) / len(g2) else "GPT-2")
+        lines.append(
+            f"On {dev}, the post's experiment after {'/'.join(map(str, steps))} steps (FastTransformer {_seeds(ft)}, "
+            f"GPT-2 {_seeds(g2)}): the post's perplexity, exp(loss of the last training batch), is "
+            f"{_spread(post[0])} for FastTransformer against {_spread(post[1])} for GPT-2; the held-out "
+            f"perplexity, exp(validation loss), {_spread(held[0])} against {_spread(held[1])}, lower for {lower}"
+            + _welch_words([last(r)["val_loss"] for r in ft], [last(r)["val_loss"] for r in g2]) + ".")
+    return "\n".join(lines) or f"The post's experiment has no stored rows: `{run_command}` on a GPU measures it."
+
+
+def _steady_at(run: dict[str, Any], loss: float) -> tuple[int, float] | None:
+    """(step, training-step seconds excluding the startup) of a run's first evaluation at or below ``loss``."""
+    h = next((h for h in run["history"] if h["val_loss"] <= loss + 1e-12), None)
+    if h is None or run.get("startup_s") is None:
+        return None
+    return h["step"], (max(h["time_s"] - run["startup_s"], 0.0) if h["step"] > 0 else 0.0)
+
+
+def _steady_last(run: dict[str, Any]) -> tuple[int, float] | None:
+    """(step, training-step seconds excluding the startup) of a run's last evaluation."""
+    if not run["history"] or run.get("startup_s") is None:
+        return None
+    h = run["history"][-1]
+    return h["step"], max(h["time_s"] - run["startup_s"], 0.0)
+
+
+def same_loss_times(rows: list[dict[str, Any]], device: str) -> str:
+    """The fair comparison's wall clock on ``device``, FastTransformer against GPT-2, startup excluded: the
+    time of each run's steps, and the time to a validation loss every seed of both reaches (the highest of
+    their best losses), each with Welch's t-test where both have two seeds or more; then the whole runs'
+    time with the startup. '' where either has no run or a run records no startup."""
+    pair = _pair(rows, device)
+    if pair is None or not pair[0] or not pair[1]:
+        return ""
+    ft, g2 = pair
+    loss = max(r["best_val_loss"] for r in ft + g2)
+    at = [[_steady_at(r, loss) for r in rs] for rs in (ft, g2)]
+    last = [[_steady_last(r) for r in rs] for rs in (ft, g2)]
+    if any(a is None for side in at + last for a in side):
+        return ""
+
+    def versus(a: list[float], b: list[float]) -> str:
+        return (f"{_spread(a, 1)} s for FastTransformer against {_spread(b, 1)} s for GPT-2, "
+                f"GPT-2's {(sum(b) / len(b)) / (sum(a) / len(a)):.2f}× as long" + _welch_words(a, b))
+
+    steps = sorted({s for side in last for s, _ in side})
+    (t_ft, t_g2), (s_ft, s_g2) = ([[a[k] for a in side] for side in at] for k in (1, 0))
+    whole = [[r["train_time_s"] for r in rs] for rs in (ft, g2)]
+    return (f"Wall clock on {device}, startup excluded: the {'/'.join(map(str, steps))} steps of a run took "
+            + versus(*([t for _, t in side] for side in last))
+            + f". To validation loss {loss:.4f}, which every seed of both reaches: " + versus(t_ft, t_g2)
+            + f" (at step {_spread(s_ft, 0)} against {_spread(s_g2, 0)}: near the loss floor, the step at which a "
+            "seed first reaches a loss varies from seed to seed). With the startup, which a cold compile "
+            f"cache makes long on a process's first seed, the whole runs took {_spread(whole[0], 1)} s against "
+            f"{_spread(whole[1], 1)} s.")
+
+
 def fair_findings(rows: list[dict[str, Any]], run_command: str) -> str:
     """The fair comparison in words, per device: each model's best validation loss over its seeds, lowest
     first, and FastTransformer's mean against GPT-2's (the post's "converges as well"). Where no row is
@@ -226,19 +363,12 @@ def fair_findings(rows: list[dict[str, Any]], run_command: str) -> str:
             overlap = ft["min"] <= g2["max"] and g2["min"] <= ft["max"]
             lines.append(f"FastTransformer's mean is {abs(gap):.4f} {'above' if gap > 0 else 'below'} GPT-2's; "
                          f"their seed ranges {'overlap' if overlap else 'do not overlap'}{_welch(rows, dev)}.")
-    return "\n".join(lines)
+        lines.append(same_loss_times(rows, dev))
+    return "\n".join(line for line in lines if line)
 
 
 def _welch(rows: list[dict[str, Any]], device: str) -> str:
-    """', Welch's t-test p = ...' on the two models' best losses over their seeds (one config each on
+    """:func:`_welch_words` on FastTransformer's and GPT-2's best losses over their seeds (one config each on
     ``device``), or '' where either has fewer than two seeds or several sizes."""
-    from scipy import stats
-
-    mine = [(m, rs) for (dev, m, _), rs in _runs_of_one_config(rows).items() if dev == device]
-    sizes, groups = [m for m, _ in mine], dict(mine)
-    if any(sizes.count(m) != 1 or len(groups.get(m, [])) < 2 for m in ("fasttransformer", "gpt2")):
-        return ""
-    ft, g2 = ([r["best_val_loss"] for r in groups[m]] for m in ("fasttransformer", "gpt2"))
-    p = float(stats.ttest_ind(ft, g2, equal_var=False).pvalue)
-    tell = "a difference the seeds can tell apart" if p < 0.05 else "no difference the seeds can tell apart"
-    return f"; Welch's t-test over {len(ft)} and {len(g2)} seeds gives p = {p:.2g}: {tell}"
+    pair = _pair(rows, device)
+    return "" if pair is None else _welch_words(*([r["best_val_loss"] for r in rs] for rs in pair))

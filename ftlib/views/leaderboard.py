@@ -231,6 +231,11 @@ def leader(rows: list[dict[str, Any]], device: str, target: float = TARGET_LOSS)
                  if x["rank"] is not None and x["candidate"] != REFERENCE), None)
 
 
+def claims(rows: list[dict[str, Any]], device: str, target: float) -> bool:
+    """Whether any candidate has a claimed time to ``target`` on ``device``."""
+    return any(x["rank"] is not None for x in standings(rows, device, (target,)))
+
+
 LEADERBOARD_PREVIEW = ("target", "rank", "id", "seeds reached", "time to target s (mean)",
                        "speed-up vs nanoGPT", "p-value", STOP_LOSS, ENDED_LOSS, NOT_CLAIMED)
 
@@ -246,32 +251,47 @@ def _until(curve: dict[str, Any], target: float) -> dict[str, Any]:
 
 def leaderboard_figure(rows: list[dict[str, Any]], device: str, target: float = TARGET_LOSS, top: int = 5,
                        ids: Mapping[str, str] | None = None) -> go.Figure:
-    """Validation loss against training time (startup excluded) and against tokens, one colour per
-    candidate and one line per seed: nanoGPT's recipe and the ``top`` ranked candidates of the
-    leaderboard for ``target``, labelled by their rank and short id (``ids``, as in :func:`leaderboard`)."""
+    """Validation loss against training time (startup excluded, a log axis: a speed-up is the same shift
+    anywhere on it) and against tokens, one colour per candidate and one line per seed: nanoGPT's recipe
+    and the ``top`` ranked candidates of the leaderboard for ``target``, labelled by their rank and short id
+    (``ids``, as in :func:`leaderboard`), the legend in rank order, the leader drawn last, on top."""
     ids = short_ids(rows) if ids is None else ids
     board = [b for b in standings(rows, device, (target,)) if b["rank"] is not None]
     shown = [b for b in board if b["candidate"] == REFERENCE] + [b for b in board if b["candidate"] != REFERENCE][:top]
     fig = make_subplots(rows=1, cols=2, shared_yaxes=True, horizontal_spacing=0.06,
-                        subplot_titles=("against training time, startup excluded", "against tokens trained on"))
+                        subplot_titles=("against training time (log scale)",
+                                        "against tokens trained on"))
     mine = one_run_per_seed(on_device(rows, device), target)
-    for i, b in enumerate(shown):
+    top_y, times = 2.4, []
+    colors = {b["candidate"]: "#7f7f7f" if b["candidate"] == REFERENCE else PALETTE[i % len(PALETTE)]
+              for i, b in enumerate(shown)}
+    # The reference first, then the candidates slowest first: the leader is drawn last, on top.
+    for b in shown[:1 if shown and shown[0]["candidate"] == REFERENCE else 0] + sorted(
+            (b for b in shown if b["candidate"] != REFERENCE), key=lambda b: -b["rank"]):
         ref = b["candidate"] == REFERENCE
         label = (f"#{b['rank']} {id_of(ids, b['candidate'])}" + (" (reference)" if ref else "")
                  + f", {b['time to target s (mean)']:.2f} s")
-        color = "#7f7f7f" if ref else PALETTE[i % len(PALETTE)]
         curves = [_until(c, target) for c in speedrun_curves(mine, [b["candidate"]])]
         for j, c in enumerate(curves):
+            # Where the curve enters the frame (the first evaluation below its top) to where it ends.
+            times += [t for t, v in zip(c["time_s"], c["val_loss"]) if t > 0 and v <= top_y][:1] + c["time_s"][-1:]
             for col, x in ((1, c["time_s"]), (2, c["tokens"])):
                 fig.add_trace(go.Scatter(x=x, y=c["val_loss"], mode="lines", name=label, legendgroup=label,
-                                         showlegend=col == 1 and j == 0, line=dict(color=color, width=1.5,
-                                                                                   dash="dot" if ref else "solid"),
+                                         legendrank=b["rank"], showlegend=col == 1 and j == 0,
+                                         line=dict(color=colors[b["candidate"]], width=1.5,
+                                                   dash="dot" if ref else "solid"),
                                          hovertemplate=f"seed {c['seed']}: %{{y:.3f}}<extra>{label}</extra>"),
                               row=1, col=col)
     fig.add_hline(y=target, line_dash="dash", line_color="#444", row="all", col="all")
-    fig.update_xaxes(title_text="training time excluding startup (s)", row=1, col=1)
+    times = [t for t in times if t > 0]
+    span = {}
+    if times:
+        lo, hi = min(times) / 1.2, max(times) * 1.2
+        ticks = [m * 10 ** e for e in range(-2, 4) for m in (1, 2, 5) if lo <= m * 10 ** e <= hi]
+        span = dict(range=[math.log10(lo), math.log10(hi)], tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
+    fig.update_xaxes(title_text="training time excluding startup (s)", type="log", row=1, col=1, **span)
     fig.update_xaxes(title_text="tokens", row=1, col=2)
-    fig.update_yaxes(title_text="validation loss (sampled)", range=[target - 0.1, 2.4], row=1, col=1)
+    fig.update_yaxes(title_text="validation loss (sampled)", range=[target - 0.1, top_y], row=1, col=1)
     fig.update_layout(title=f"Speedrun to {target:.4f}, {device}: the claimed candidates by rank", height=480)
     return legend_below(fig)
 

@@ -57,6 +57,27 @@ def closest(rows: list[dict[str, Any]], device: str, target: float) -> list[dict
     return board.to_dict("records")
 
 
+def unclaimed(rows: list[dict[str, Any]], device: str, target: float, ids: Mapping[str, str] | None = None) -> str:
+    """One sentence for a target no candidate has a claimed time to, in place of a board of unranked lines: how
+    many candidates ran it and over how many seeds, the most seeds any reached it on, and the lowest mean best
+    validation loss (:func:`closest`), by short id."""
+    ids = short_ids(rows) if ids is None else ids
+    board = closest.rows(rows, device, target)
+    if not board:
+        return f"{device}, target {target:.4f}: no run aimed at it."
+    n = sorted({int(x["seeds"]) for x in board})
+    most = max(board, key=lambda x: (x["reached"], -x["seeds"]))
+    low = board[0]
+    return (f"{device}, target {target:.4f}: {len(board)} candidates ran, "
+            + (f"{n[0]} seeds each" if len(n) == 1 else f"{n[0]} to {n[-1]} seeds each")
+            + ", and none has a claimed time. "
+            + (f"The most seeds at the target: {id_of(ids, most['candidate'])}, {int(most['reached'])} of "
+               f"{int(most['seeds'])}. " if most["reached"] else "No seed reached it. ")
+            + f"The lowest best loss, on average over the seeds: {id_of(ids, low['candidate'])}, "
+            f"{low['best loss (mean)']:.4f} over {int(low['seeds'])} seed{'s' if low['seeds'] != 1 else ''}"
+            + (f" (lowest {low['best loss (min)']:.4f})." if low["seeds"] > 1 else "."))
+
+
 def _met(x: dict[str, Any], goal: float) -> str:
     """Where a ranked candidate stands against a time goal, split into steps and time per step."""
     t, steps = x["time to target s (mean)"], x["steps to target (mean)"]

@@ -111,40 +111,117 @@ def repeat_table(rows: list[dict[str, Any]], repeats: list[dict[str, Any]],
     return out
 
 
+@table_view
+def noise_table(rows: list[dict[str, Any]], repeats: list[dict[str, Any]],
+                ids: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+    """Per candidate run twice on the same seeds (:func:`repeat_table`), by short id: how many runs were
+    repeated, how many reached the target both times, and over those the repeat's time to it over the first's
+    (min, median, max), its time per step over the first's (median), and the most the step of reaching it moved."""
+    pairs = _both(repeat_table.rows(rows, repeats, ids))
+    out = []
+    for i in dict.fromkeys(p["id"] for p in pairs):
+        mine = [p for p in pairs if p["id"] == i]
+        both = [p for p in mine if p["both"]]
+        ratios = sorted(p["repeat / first"] for p in both)
+        per_step = sorted(p["per step"] for p in both)
+        out.append({"id": i, "runs repeated": len(mine), "reached both times": len(both),
+                    "repeat / first (min)": ratios[0] if both else None,
+                    "repeat / first (median)": _median(ratios),
+                    "repeat / first (max)": ratios[-1] if both else None,
+                    "step time, repeat / first (median)": _median(per_step),
+                    "steps moved (max)": max(p["moved"] for p in both) if both else None})
+    return out
+
+
+def _median(values: list[float]) -> float | None:
+    v = sorted(values)
+    return None if not v else (v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2)
+
+
+def _both(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """:func:`repeat_table`'s pairs with ``both`` (each run reached the target and was timed), and for those
+    ``per step`` (the repeat's time per step over the first's) and ``moved`` (steps between their stops)."""
+    out = []
+    for p in pairs:
+        sa, sb = p["steps to target (first)"], p["steps to target (repeat)"]
+        both = p["repeat / first"] is not None and bool(sa) and bool(sb)
+        out.append({**p, "both": both, "per step": p["repeat / first"] * sa / sb if both else None,
+                    "moved": abs(sb - sa) if both else None})
+    return out
+
+
+def noise_findings(rows: list[dict[str, Any]], repeats: list[dict[str, Any]], leader: str | None,
+                   ids: Mapping[str, str] | None = None) -> str:
+    """The repeats in words: how far a second run of the same seed lands from the first, over every repeated
+    pair; the speed-up over nanoGPT's recipe with every run counted (:func:`speedrun_pooled`) for each
+    candidate repeated on as many seeds as the reference, with its interval; and whether ``leader`` (its
+    stored name) is among the repeated candidates."""
+    ids = short_ids(rows + repeats) if ids is None else ids
+    pairs = _both(repeat_table.rows(rows, repeats, ids))
+    both = [p for p in pairs if p["both"]]
+    if not both:
+        return "No run has been repeated to the target both times yet."
+    ratios = sorted(p["repeat / first"] for p in both)
+    moved = [p["moved"] for p in both if p["moved"]]
+    text = (f"{len(pairs)} runs of {len({p['id'] for p in pairs})} candidates were run a second time with the "
+            f"same seed; {len(both)} reached {TARGET_LOSS:.2f} both times. The second run's time to it was "
+            f"{ratios[0]:.2f}× to {ratios[-1]:.2f}× the first's (median {_median(ratios):.2f}×), and {len(moved)} "
+            f"of the {len(both)} reached it at another step" + (f", by up to {max(moved)} steps" if moved else "")
+            + ".")
+    n_ref = sum(p["id"] == id_of(ids, REFERENCE) for p in pairs)
+    full = [n for n in dict.fromkeys(r["model"] for r in repeats) if n != REFERENCE
+            and sum(p["id"] == id_of(ids, n) for p in pairs) >= n_ref > 0]
+    pooled = [(n, speedrun_pooled(rows, repeats, n)) for n in full]
+    said = [f"{id_of(ids, n)} {p['speed-up excl. startup (pooled)']:.2f}× (90% interval {p['90% interval'][0]:.2f}–"
+            f"{p['90% interval'][1]:.2f}×, {p['reached'].replace('/', ' of its ')} runs reached it)"
+            for n, p in pooled if p]
+    if said:
+        text += (f" Counting every run, first or repeat, as one sample of the time to {TARGET_LOSS:.2f}, the "
+                 f"candidates repeated on as many seeds as nanoGPT's recipe ({n_ref}) reach it faster than the "
+                 "recipe by: " + "; ".join(said) + ".")
+    repeated = {r["model"] for r in repeats}
+    if leader:
+        text += (f" The leader, {id_of(ids, leader)}, is among the repeated candidates." if leader in repeated else
+                 f" The leader, {id_of(ids, leader)}, was not repeated.")
+    return text
+
+
 # ---------------------------------------------------------------------------------------
 # Chapter 8's speedrun tables and samples, per device (``rows``: one device's ok runs).
 
 RUNS_PREVIEW = ("id", "seed", "target", "startup s", "steps to target", "excl. startup s", "best val loss")
-REPEATS_PREVIEW = ("device", "id", "seed", "excl. startup s (first)", "excl. startup s (repeat)", "repeat / first",
-                   "steps to target (first)", "steps to target (repeat)")
+
+def _leading(r: dict[str, Any], first: Iterable[str]) -> bool:
+    """Whether a run is one of ``first``'s (stored names) aimed at the speedrun's target, 1.50."""
+    return r["model"] in set(first) and r.get("target", TARGET_LOSS) == TARGET_LOSS
+
+
+def leading_runs(rows: list[dict[str, Any]], first: Iterable[str]) -> int:
+    """How many of ``rows`` :func:`runs_of` lists first: the runs of ``first`` aimed at 1.50."""
+    first = list(first)
+    return sum(_leading(r, first) for r in rows)
 
 
 @table_view
-def runs_of(rows: list[dict[str, Any]], device: str, ids: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
+def runs_of(rows: list[dict[str, Any]], device: str, ids: Mapping[str, str] | None = None,
+            first: Iterable[str] = ()) -> list[dict[str, Any]]:
     """Per run of one device: its candidate's short id (the legend says what it runs), its startup, and
-    when it reached its target."""
+    when it reached its target. The runs aimed at 1.50 of the candidates named in ``first`` (stored names)
+    come first (:func:`leading_runs` counts them), then the others; each part by target (1.50 first), then
+    by time to it, runs that did not reach it last."""
     ids = short_ids(rows) if ids is None else ids
+    first = list(first)
+
+    def key(r: dict[str, Any]) -> tuple:
+        t = r.get("time_to_target_excl_startup_s")
+        return (not _leading(r, first), -r.get("target", TARGET_LOSS), t is None, t or 0.0, r.get("seed") or 0)
+
     return [{"device": device, "id": id_of(ids, r["model"]), "seed": r["seed"],
              "target": f"{r.get('target', TARGET_LOSS):.4f}", "execution": r.get("execution"),
              "startup s": r.get("startup_s"), "steps to target": r.get("steps_to_target"),
              "time to target s": r.get("time_to_target_s"), "excl. startup s": r.get("time_to_target_excl_startup_s"),
              "best val loss": r["best_val_loss"]}
-            for r in sorted(rows, key=_order(ids))]
-
-
-@table_view
-def pooled_table(rows: list[dict[str, Any]], repeats: list[dict[str, Any]], candidates: Iterable[str],
-                 device: str, ids: Mapping[str, str] | None = None) -> list[dict[str, Any]]:
-    """:func:`speedrun_pooled` of each candidate that has timed runs on both sides, by its short id, its
-    interval written out."""
-    ids = short_ids(rows + repeats) if ids is None else ids
-    out = []
-    for name in candidates:
-        p = speedrun_pooled(rows, repeats, name)
-        if p:
-            lo, hi = p["90% interval"]
-            out.append({"device": device, **p, "candidate": id_of(ids, name), "90% interval": f"{lo:.2f}-{hi:.2f}"})
-    return out
+            for r in sorted(rows, key=key)]
 
 
 def samples(fair: list[dict[str, Any]], speed: list[dict[str, Any]], leaders: Mapping[str, str | None],

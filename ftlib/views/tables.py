@@ -213,7 +213,7 @@ def _slug(text: str) -> str:
 
 def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None, digits: int = 3,
                  name: str | None = None, preview: Sequence[str] | None = None,
-                 caption: str | None = None, decimals: int | None = None,
+                 caption: str | None = None, decimals: int | None = None, head: int | None = None,
                  collapsed: bool = False) -> dict[str, str]:
     """The mime bundle :func:`show_table` displays (text/html and text/plain).
 
@@ -221,7 +221,8 @@ def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None =
     with no preview: for the full table under a condensed one.
 
     ``preview`` names the columns a wide table shows before its collapsed whole (default: the
-    first ``MAX_COLUMNS``); ``name`` (default: derived from the content) names its CSV file;
+    first ``MAX_COLUMNS``), ``head`` how many of a long table's first rows (default ``PREVIEW_ROWS``);
+    ``name`` (default: derived from the content) names its CSV file;
     ``decimals`` shows every plain number with that many places instead of ``digits`` figures.
     """
     frame = to_frame(rows, columns)
@@ -268,8 +269,8 @@ def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None =
     part = cells.loc[:, show_cols]
     what = []
     if n_rows > MAX_ROWS:
-        part = part.head(PREVIEW_ROWS)
-        what.append(f"the first {PREVIEW_ROWS} of {n_rows} rows")
+        part = part.head(head or PREVIEW_ROWS)
+        what.append(f"the first {len(part)} of {n_rows} rows")
     if len(show_cols) < n_cols:
         what.append(f"{len(show_cols)} of {n_cols} columns")
     head = ((caption + ": ") if caption else "") + ("showing " + " and ".join(what) if what else "")
@@ -283,12 +284,12 @@ def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None =
 
 def show_table(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None = None, digits: int = 3, *,
                name: str | None = None, preview: Sequence[str] | None = None, caption: str | None = None,
-               decimals: int | None = None, collapsed: bool = False) -> None:
+               decimals: int | None = None, head: int | None = None, collapsed: bool = False) -> None:
     """Display ``rows`` (dicts) as a table in a notebook: HTML with a plain-text twin (module docstring)."""
     from IPython.display import display
 
     display(table_bundle(rows, columns, digits, name=name, preview=preview, caption=caption, decimals=decimals,
-                         collapsed=collapsed), raw=True)
+                         head=head, collapsed=collapsed), raw=True)
 
 
 def show_frame(frame: pd.DataFrame, digits: int = 3, **kw: Any) -> None:
