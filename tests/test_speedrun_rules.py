@@ -60,7 +60,7 @@ def test_evaluation_is_not_timed(ds, monkeypatch):
     # eval_s is long against three tiny steps, even on a loaded machine, so one timed evaluation shows.
     import ftlib.training.trainer as tr
 
-    eval_s = 0.6
+    eval_s = 1.2
 
     calls = []
 
