@@ -145,7 +145,7 @@ def test_compile_time_is_the_median_over_runs_and_agrees_with_the_audit():
     assert line["gpt2 first step s"] == pytest.approx(14.15) and line["runs"] == "4 runs on 2 machine starts"
     assert line["gpt2 / FT (median, min–max)"] == f"{median:.2f}× ({per_run[0]:.2f}–{per_run[-1]:.2f}×)"
     row = _claim(audit.audit_table.rows(SLUG), "first step (compile)")
-    assert f"{median:.1f}x (4 runs" in row["book finds"] and "14.2 s -> " in row["book finds"]
+    assert f"{median:.1f}× (4 runs" in row["book finds"] and "14.2 s -> " in row["book finds"]
 
 
 def test_eager_inversion_verdicts_come_from_the_rows():
@@ -201,7 +201,7 @@ def _claim(rows: list[dict], start: str) -> dict:
 def test_audit_T128_claim_from_tsweep_rows(g_ms, verdict):
     write(*three_runs(sweep_pair, 128, g_ms, 10.0), *sweep_pair(128, 30.0, 10.0, prec="tf32"))  # tf32 must not count
     row = _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")
-    assert row["verdict"] == verdict and row["book finds"].startswith(f"{g_ms / 10:.2f}x, ")
+    assert row["verdict"] == verdict and row["book finds"].startswith(f"{g_ms / 10:.2f}×, ")
     assert "(3 runs" in row["book finds"]
     assert "on 2 machine starts" in row["book finds"]
 
@@ -210,7 +210,7 @@ def test_audit_T128_claim_from_one_run_shows_it_without_a_verdict():
     write(*sweep_pair(128, 16.0, 10.0), *sweep_pair(128, 12.0, 10.0, run="r1", machine="m0"))
     row = _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")
     assert row["verdict"] == "too few runs"
-    assert "tok/s on h200 (2 runs, 1.20–1.60x on 1 machine start)" in row["book finds"]
+    assert "tok/s on h200 (2 runs, 1.20–1.60× on 1 machine start)" in row["book finds"]
 
 
 def test_audit_T128_claim_without_rows_says_how_to_measure():
@@ -237,7 +237,7 @@ def test_audit_compile_time_claim_uses_compile_time_rows_first():
     write(*pair("r1", "m1"), *pair("r2", "m0"))
     row = _claim(audit.audit_table.rows(SLUG), "first step (compile)")
     assert row["verdict"] == "holds on H200 only" and row["from"].startswith("compile_time")  # 4.0x
-    assert "20.0 s -> 5.0 s (medians over runs): 4.0x (3 runs" in row["book finds"]
+    assert "20.0 s -> 5.0 s (medians over runs): 4.0× (3 runs" in row["book finds"]
 
 
 def profile_row(name: str, prec: str, backend: str, step_ms: float = 10.0, mode: str = "eager") -> dict:

@@ -62,8 +62,9 @@ def _range_verdict(lo: float, hi: float, claimed: float, runs: int, machines: in
 def _runs_text(per_run: pd.DataFrame, digits: int = 2, between: str = "") -> str:
     """The median ratio over runs, ``between``, then its range and how many runs on how many machine starts."""
     r, n, m = per_run["ratio"], len(per_run), per_run["machine_id"].nunique()
-    spread = f", {r.min():.{digits}f}–{r.max():.{digits}f}x" if n > 1 else ""
-    return (f"{r.median():.{digits}f}x{between} ({n} run{'s' * (n != 1)}{spread} on {m} machine start"
+    lo, hi = f"{r.min():.{digits}f}", f"{r.max():.{digits}f}"
+    spread = "" if n == 1 else f", every run {lo}×" if lo == hi else f", {lo}–{hi}×"
+    return (f"{r.median():.{digits}f}×{between} ({n} run{'s' * (n != 1)}{spread} on {m} machine start"
             f"{'s' * (m != 1)})")
 
 
