@@ -117,3 +117,18 @@ def test_the_speedrun_sentence_gives_the_same_call_race_where_stored(store, tmp_
         "".join(json.dumps(r) + "\n" for r in rows))
     text = findings._speedrun("h200")
     assert "in one call, the leader takes 2.00 s against 12.00 s: 6.00×" in text and "3/3 of its runs" in text
+
+
+def test_what_is_not_measured_is_listed_until_its_rows_are_stored(store, tmp_path):
+    store([])
+    gaps = findings.unmeasured("h200")
+    assert any("ceilings" in g for g in gaps) and any("profiles of chapter 1" in g for g in gaps)
+    assert "No Tesla T4 rows are stored" in findings.unmeasured_markdown("h200")
+    ceiling = {"key": "ceiling copy", "op": "ceiling", "variant": "copy", "status": "ok", "device_slug": "h200"}
+    (tmp_path / "results" / "h200" / "kernels.jsonl").write_text(json.dumps(ceiling) + "\n")
+    assert not any("ceilings" in g for g in findings.unmeasured("h200"))
+    assert any("attention kernel against SDPA" in g for g in findings.unmeasured("h200"))  # a ceiling is not one
+    (tmp_path / "results" / "t4").mkdir()
+    (tmp_path / "results" / "t4" / "baselines.jsonl").write_text("")
+    assert "Tesla T4" not in findings.unmeasured_markdown("h200")
+    assert findings.unmeasured_markdown("h200") in findings.markdown("h200")

@@ -216,6 +216,9 @@ def markdown(device: str = "h200") -> str:
         lines += ["", ENGINE_INTRO, ""] + _md_table(eng)
     if adds:
         lines += ["", adds]
+    gaps = unmeasured_markdown(device)
+    if gaps:
+        lines += ["", gaps]
     return "\n".join(lines)
 
 
@@ -235,6 +238,9 @@ def show_findings(device: str = "h200") -> None:
     adds = additions_markdown(device)
     if adds:
         display(Markdown(adds))
+    gaps = unmeasured_markdown(device)
+    if gaps:
+        display(Markdown(gaps))
 
 
 def replace_block(text: str, block: str) -> str:
@@ -312,3 +318,42 @@ def lessons(device: str = "h200") -> str:
                "pass multi-query K/V expanded, not broadcast, so fused attention takes its fast kernel (chapter 1); "
                "and compare only rows of the same run.")
     return "\n\n".join(out)
+
+
+# What a chapter reads and this edition may not have stored: (bench, what it measures, a row filter).
+EXPECTED_ROWS: tuple[tuple[str, str, Any], ...] = (
+    ("profile", "the measured profiles of chapter 1 (phases, kernel categories, the SDPA backend from a trace)",
+     None),
+    ("kernels", "the card's measured ceilings, which chapter 6's kernel table reads its rates against",
+     lambda r: r.get("op") == "ceiling"),
+    ("kernels", "chapter 6's isolated attention kernel against SDPA",
+     lambda r: r.get("op") == "attention"),
+    ("speedrun-head-to-head", "nanoGPT's recipe and the speedrun's leader raced in one call (chapter 8)", None),
+    ("ddp", "data-parallel steps on several GPUs (chapter 9)", None),
+)
+
+
+def unmeasured(device: str = "h200") -> list[str]:
+    """What the chapters read that ``device`` has no stored rows of, one phrase each."""
+    from ftlib.harness.results import load_rows
+
+    out = []
+    for bench, what, keep in EXPECTED_ROWS:
+        rows = [r for r in load_rows(bench, devices=[device]) if r.get("status", "ok") == "ok"]
+        if not any(keep is None or keep(r) for r in rows):
+            out.append(what)
+    return out
+
+
+def unmeasured_markdown(device: str = "h200") -> str:
+    """The closing chapter's list of what this edition has not measured on ``device`` ('' when nothing)."""
+    from ftlib.harness.results import device_folders
+
+    gaps = unmeasured(device)
+    text = "" if not gaps else (
+        f"**Not measured on the {device.upper()} in this edition**, so the chapters that read them say so where "
+        "their numbers would stand:\n\n" + "\n".join(f"- {g};" for g in gaps[:-1]) + f"\n- {gaps[-1]}.")
+    if "t4" not in device_folders():
+        text += ("\n\n" if text else "") + ("No Tesla T4 rows are stored: a timing claim of the post, made on a T4, "
+                                             f"can at most hold on the {device.upper()} only.")
+    return text
