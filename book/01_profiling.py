@@ -191,8 +191,8 @@ for title, table in pv.heaviest_kernels(rows):
 
 # %% [markdown]
 # ## Reading the figures against the post
-# The post's caption says that backward and MLP dominate. In the measured bars, the backward
-# phase can be compared directly with the forward phase. The category bars show how much of
+# The post's caption says that backward and MLP dominate. Where profiles are stored, the
+# backward phase in the bars above can be compared directly with the forward phase. The category bars show how much of
 # the step is GEMM work at all, and the "launch gaps" segment shows how long the GPU waits
 # for work. That segment is where the modes should differ: eager mode launches one kernel
 # per operation, Inductor fuses elementwise operations into fewer kernels, and a CUDA graph

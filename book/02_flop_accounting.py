@@ -128,9 +128,9 @@ display(Markdown(av.ft_block_text()))
 # in backward, times six layers. The eager GPT-2 step touches that tensor far more often:
 # the scores are written by QKᵀ, rescaled, masked, softmaxed (each a read and a write), read
 # by A·V, and the backward runs the chain in reverse. The table lists every pass
-# (`ftlib.analysis.accounting.TT_PASSES`, checked op by op in the tests with a dispatch-mode
+# (`ftlib.analysis.backends.TT_PASSES`, checked op by op in the tests with a dispatch-mode
 # logger). The original FastTransformer, in fp32 with a (B, 1, T, d) K/V, falls back to
-# SDPA's math backend (`ftlib.analysis.accounting.expected_backend` states the kernel rules), which
+# SDPA's math backend (`ftlib.analysis.backends.expected_backend` states the kernel rules), which
 # materializes the same tensor.
 
 # %%
@@ -192,7 +192,7 @@ show_frame(av.floors_table(), name="step-floors")
 # On the H200 in fp32 the FLOP floor and the memory traffic are of the same order; with
 # tensor cores (TF32, BF16) the arithmetic floor drops by an order of magnitude and the step
 # is bound by bytes (and, in practice, by kernel launches: compare the measured times in
-# chapter 1). On the T4 the fp32 arithmetic floor alone is already in the tens of
+# chapter 3). On the T4 the fp32 arithmetic floor alone is already in the tens of
 # milliseconds. Which components are memory-bound is shown below for the H200 in TF32: each
 # component's FLOPs per byte against the ridge point, where the TF32 peak and the DRAM
 # bandwidth meet. Colours as above; the symbol tells the model.

@@ -172,7 +172,7 @@ for name, fig in cv.sweep_figures(rows, dev, B, T):
 # fused kernels do not take K/V with fewer heads than Q, so it falls back to its math backend,
 # which materializes the (B, H, T, T) scores. `ftlib` passes a stride-0
 # `expand`ed (B, H, T, d) view instead (no copy), which the memory-efficient kernel accepts.
-# "expected" is what the kernel rules in `ftlib.analysis.accounting` predict; the trace is what ran.
+# "expected" is what the kernel rules in `ftlib.analysis.backends` predict; the trace is what ran.
 
 # %%
 kernels = cv.backend_table(dev, include_cpu=MEASURE)

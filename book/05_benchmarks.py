@@ -27,7 +27,7 @@
 # on an H200, and how much does the answer depend on how the baseline is run?
 #
 # The step benchmarks at B = 32, T = 256 come from the baselines suite (chapter 3): every
-# execution mode and optimizer placement of both models, in fp32, TF32 and bf16, measured in the
+# execution mode and optimizer placement of both models, in fp32, TF32, bf16 and fp16, measured in the
 # same run and repeated in fresh processes on more than one machine start. The post's T4 claims
 # stand beside them, labelled as claims.
 

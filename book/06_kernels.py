@@ -114,7 +114,8 @@ show_frame(bv.runs_table(runs), caption="The runs behind the step comparisons")
 # accounting (chapter 2, at the datasheet peaks): the FLOP floor counts only the matmul work at
 # the matmul peak, the roofline floor adds every component's own bound (the norms, softmax and
 # optimizer are memory-bound). `compiled / floor` is how far the compiler leaves the step from
-# the roofline: the room a kernel can take. Medians over runs.
+# the roofline: the room a kernel can take. Medians over runs; the `engine ms` column shows the
+# engine of the current defaults only (an earlier engine's times are in section 3's table).
 
 # %%
 show_frame(bv.headroom(runs))
@@ -204,7 +205,7 @@ else:
 # %%
 speedups = br.engine_speedup_table(runs)
 show_frame(speedups, preview=list(speedups.columns))
-# Runs whose engine ran without one of today's defaults measured an earlier engine: its own lines, said here.
+# Runs whose engine ran without one of the current defaults measured an earlier engine: its own lines, said here.
 display(Markdown(engineview.options_behind(baseline_rows, set(runs["run_id"])) if len(runs) else ""))
 for dev in sorted(set(runs["device_slug"])):
     show(br.config_figure(runs, dev, "bf16"), f"engine-configs-bf16-{dev}")
@@ -225,7 +226,7 @@ show_frame(br.placement_effect(runs))
 # A step that leaves work to the host every step (a graph break, an optimizer launched from Python)
 # takes as long as the host lets it once its GPU work is short: then its time moves with the machine
 # start, and so does the engine's ratio against it. The engine replays one CUDA graph. Below, the
-# strongest baseline of each run over all runs, beside today's engine.
+# strongest baseline of each run over all runs, beside the current engine.
 
 # %%
 show_frame(steadiness.steadiness_table(runs))
@@ -269,7 +270,7 @@ else:
 # counted per class by its kernels. A ratio under 1 is no kernel beating physics: a fused kernel skips
 # intermediates the per-op accounting counts, and one activation of this step fits in the L2 cache.
 # The totals set the captured step against the sum of the class floors and against the step's own
-# roofline. The figure and the lines under it show today's default engine for each model and precision
+# roofline. The figure and the lines under it show the current default engine for each model and precision
 # profiled (the option variants are in the tables); the lines say where each case is furthest from its
 # floor, by the time above it.
 
@@ -410,7 +411,7 @@ display(Markdown(kernelview.kernel_math("bias_linear")))
 # GPT-2 as the post wrote it materializes the (B, nh, T, T) scores and runs scale, causal
 # mask and softmax as three PyTorch kernels, and three more in the backward. torch.compile
 # keeps the materialized probabilities but fuses the three into one kernel each way
-# (chapter 1's profile of compile-ro GPT-2 names it `triton_per_fused__softmax_exp_masked_fill_mul...`).
+# (in a profile of compile-ro GPT-2 it is named `triton_per_fused__softmax_exp_masked_fill_mul...`).
 # This kernel is that fusion: the same function and the same materialized probabilities,
 # with one read and one write per element forward, two reads and one write backward. The engine
 # runs it by default for explicit attention (`fused_softmax`); the `-fused-softmax` variant of section 3's
@@ -440,7 +441,7 @@ display(Markdown(kernelview.kernel_math("explicit_attention")))
 # ### Fused MQA attention
 # FlashAttention-2's forward and backward. The FastTransformer's single K/V head is read by
 # index from every query head (pointer arithmetic, `h // (nh // nkv)`), never expanded or
-# copied; SDPA needs the expanded (stride-0) K/V to take its fused kernel in fp32 (chapter 1).
+# copied; SDPA needs the expanded (stride-0) K/V to take its fused kernel in fp32 (chapter 4).
 
 # %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("attention")))

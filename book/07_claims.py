@@ -35,7 +35,7 @@
 #   allows for the run-to-run spread of the original's own measurements); otherwise **does not
 #   hold**, or **no verdict** where the runs disagree;
 # * **too few runs** where it is measured, but in fewer runs than a verdict needs
-#   (`ftlib.views.baselines.MIN_RUNS` runs on `MIN_MACHINES` separate starts of a GPU machine);
+#   (the runs and machine starts chapter 0's verdict rule names);
 # * **cannot test here** where no stored measurement can answer it.
 #
 # The post's premise, that `torch.compile` is a ceiling a hand-written GPT-2 engine cannot

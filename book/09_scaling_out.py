@@ -131,8 +131,9 @@ show_frame(ddp.floor_vs_step(ok_rows("baselines")))
 # of one step (the last column): bandwidth is not what limits data parallelism for models this
 # small. What can limit it is latency (each bucket's all-reduce has a fixed cost of some
 # microseconds), the overlap DDP manages with backward, and launch overhead, which is why the
-# measurements below, not the floor, decide. FastTransformer's fewer bytes shrink a cost that
-# is already small; what weighs more is the step the all-reduce hides behind. A shorter step
+# measurements below (none stored in this edition), not the floor, decide. FastTransformer's
+# fewer bytes shrink a cost that is already small; what weighs more is the step the all-reduce
+# hides behind. A shorter step
 # leaves less backward to overlap with and makes any fixed all-reduce cost a larger share, and
 # which model's step is shorter depends on the mode and precision (chapter 5).
 

@@ -143,7 +143,7 @@ def test_a_run_cut_short_keeps_the_precisions_it_completed():
 
 def test_engine_ratios_never_pool_runs_of_another_engine():
     # Runs r1 and r2 measured an engine without an option that is a default now (2x and 3x); run r3 measured
-    # today's engine (1.25x). The engine's ratio is r3's alone; the older engine is its own configuration.
+    # the current engine (1.25x). The engine's ratio is r3's alone; the older engine is its own configuration.
     older = {"engine": {"grad_into_buffer": False, "fuse_kv_split_sum": False, "norm_dw_into_buffer": True,
                         "norm_bwd_grid": "8 rows 4/SM"}}
     bad = {("fasttransformer", "engine", "default"): older}
@@ -155,11 +155,12 @@ def test_engine_ratios_never_pool_runs_of_another_engine():
     df = bv.load(CASES, rows=r1 + r2 + r3)
     tab = bv.engine_table(df)
     ft = tab[tab["label"] == "fasttransformer"].set_index("engine_config")
-    assert ft.loc["today's defaults", "median"] == pytest.approx(1.25) and ft.loc["today's defaults", "runs"] == 1
+    now = "the current defaults"
+    assert ft.loc[now, "median"] == pytest.approx(1.25) and ft.loc[now, "runs"] == 1
     old = ft.loc["without grad_into_buffer, fuse_kv_split_sum"]
     assert old["median"] == pytest.approx(2.5) and old["runs"] == 2  # 2x and 3x: its own line
     newest = bv.newest_engine(tab).set_index("label").loc["fasttransformer"]
-    assert newest["engine_config"] == "today's defaults" and newest["median"] == pytest.approx(1.25)
+    assert newest["engine_config"] == "the current defaults" and newest["median"] == pytest.approx(1.25)
     # Where only an earlier engine was measured, it is the newest, and its note says which it was.
     only_old = bv.newest_engine(bv.engine_table(bv.load(CASES, rows=r1 + r2))).set_index("label")
     assert bv.engine_note(only_old.loc["fasttransformer", "engine_config"]) == (

@@ -26,9 +26,9 @@ def test_chapter_with_synthetic_rows(tmp_path):
     out = _run(write_all(tmp_path / "results"))
     assert NOT_MEASURED not in out and "not measured yet" not in out.lower()
     # The engine against the strongest compiled step of each run, named, with the spread and verdict.
-    assert "| h200 | FastTransformer | bf16 | today's defaults | 3.6 | compile reduce-overhead, whole step compiled" \
-        " | 6 | 1.67× | faster | 3 runs, 2 machine starts |" in out
-    assert "| h200 | GPT-2 | fp32 | today's defaults | 9 | compile reduce-overhead, fused AdamW outside | 8" \
+    assert "| h200 | FastTransformer | bf16 | the current defaults | 3.6 | compile reduce-overhead, whole step " \
+        "compiled | 6 | 1.67× | faster | 3 runs, 2 machine starts |" in out
+    assert "| h200 | GPT-2 | fp32 | the current defaults | 9 | compile reduce-overhead, fused AdamW outside | 8" \
         " | 0.89× | slower |" in out
     assert "Not profiled yet" not in out
     assert "fastest in a graph is v3 triton" in out

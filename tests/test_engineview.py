@@ -190,7 +190,7 @@ def test_only_the_newest_profiled_commit_of_each_device_is_shown():
 
 def test_probes_are_named_against_todays_defaults():
     """Profiled while norm_dw_into_buffer was on trial: the default case ran without it, the trial case set
-    it. Now that it is a default, the trial case is today's engine and the old default case is the one
+    it. Now that it is a default, the trial case is the current engine and the old default case is the one
     without it."""
     mqa = {"n_head": 8, "n_kv_head": 1}
     ran = {"grad_into_buffer": True, "fuse_kv_split_sum": True, "fuse_residual_norm": True,
@@ -218,7 +218,7 @@ def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
                 "engine": {"kernels": kernels, "notes": notes or {}, "norm_dw_into_buffer": True,
                            "norm_bwd_grid": "8 rows 4/SM", **ran}}
 
-    # Strict fp32 keeps SDPA: no dK/dV split to sum, so today's engine runs without the fused split sum.
+    # Strict fp32 keeps SDPA: no dK/dV split to sum, so the current engine runs without the fused split sum.
     sdpa = row([k for k in with_attention if k != "attention"], grad_into_buffer=True, fuse_kv_split_sum=False)
     assert engineview.engine_config(sdpa) == engineview.TODAY
     assert engineview.engine_config({**sdpa, "engine": {**sdpa["engine"], "grad_into_buffer": False}}) == (

@@ -1,6 +1,6 @@
 """The findings (ftlib.views.findings) on synthetic baselines runs stored as the h200's rows: the engine's
-ratios come from the runs that measured today's engine alone, never pooled with runs of an engine that
-lacked one of today's defaults."""
+ratios come from the runs that measured the current engine alone, never pooled with runs of an engine that
+lacked one of the current defaults."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from synthetic_results import baselines_run, fast
 
 from ftlib.views import findings
 
-# The engine's describe() in a run stored before two of today's defaults existed.
+# The engine's describe() in a run stored before two of the current defaults existed.
 OLDER = {("fasttransformer", "engine", "default"): {"engine": {"grad_into_buffer": False,
                                                                 "fuse_kv_split_sum": False,
                                                                 "norm_dw_into_buffer": True,
@@ -55,7 +55,7 @@ def test_the_engine_headline_is_the_ratio_of_todays_engine_alone(store):
     assert ft["engine speed-up"] == "1.25×"
     assert ft["strongest baseline of the same run"] == "compile reduce-overhead, fused AdamW outside"
     assert (ft["engine ms"], ft["its ms"]) == (4.0, 5.0)
-    assert (ft["runs"], ft["verdict"], ft["engine"]) == ("1 run on 1 machine start", "too few runs", "today's")
+    assert (ft["runs"], ft["verdict"], ft["engine"]) == ("1 run on 1 machine start", "too few runs", "current")
     # Where only the older engine was measured, its ratio stands alone, named by what it lacked.
     store(_three_runs()[: 2 * len(baselines_run("r", "m", {}))])
     old = _ft_bf16()
@@ -85,7 +85,7 @@ def test_the_lessons_count_the_runs_of_todays_engine_behind_its_ratio(store):
     store(_three_runs())
     text = findings.lessons("h200")
     assert ("1.25× faster than the strongest compiled step of the run (over the 1 run on 1 "
-            "machine start that measured today's engine)") in text
+            "machine start that measured the current engine)") in text
 
 
 def test_a_baseline_that_moves_between_runs_is_said_beside_the_engine_ratio(store):

@@ -60,7 +60,7 @@ def model_table(df: pd.DataFrame, faster: str = "fasttransformer", slower: str =
 
 def engine_speedup_table(df: pd.DataFrame) -> pd.DataFrame:
     """The engine against the strongest baseline of the same run, per device, model, precision and engine
-    (today's, or an earlier one measured before some of today's defaults existed)."""
+    (the current one, or an earlier one measured before some of the current defaults existed)."""
     tab = engine_table(df)
     if tab.empty:
         return pd.DataFrame()
@@ -126,7 +126,7 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
                          arrayminus=t["median_ms"] - t["min_ms"])))
     runs = int(tab["runs"].max()) if not tab.empty else 0
     eng = tab.loc[tab["config"] == config_name("engine", "default"), "runs"]
-    # Runs that measured an earlier engine count for the compiled bars, not for today's engine.
+    # Runs that measured an earlier engine count for the compiled bars, not for the current engine.
     eng_runs = f", the engine's {int(eng.max())}" if len(eng) and int(eng.max()) != runs else ""
     fig.update_layout(barmode="group", height=120 + 34 * len(order) * max(1, len(fig.data)) // 2,
                       title=f"Training step time per configuration, {device}, {precision} "

@@ -14,7 +14,7 @@ Rules every function here keeps (the book's measuring rules):
   two machine starts.
 * **Never pooled.** Everything is grouped by device (``device_slug``), and the engine's rows by the
   engine they ran (:func:`ftlib.views.engine.engine_config`): a run measured before an option became
-  a default ran another engine, whose ratios stand apart from today's.
+  a default ran another engine, whose ratios stand apart from the current engine's.
 """
 
 from __future__ import annotations
@@ -74,7 +74,7 @@ def frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
             continue  # rows from before runs were recorded cannot be paired
         engine = engine_config(r)
         config = config_name(r["mode"], r.get("optimizer_kind"))
-        if engine not in ("", TODAY):  # another engine than today's: its own configuration, never pooled
+        if engine not in ("", TODAY):  # another engine than the current one: its own configuration, never pooled
             config = f"{config}, {engine}"
         recs.append({**{c: r.get(c) for c in _COLUMNS}, "ident": case_ident(r), "config": config,
                      "engine_config": engine})
@@ -138,7 +138,7 @@ def valid_rows(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def todays_engine(df: pd.DataFrame) -> pd.DataFrame:
-    """The valid engine rows that ran today's engine (the only ones an engine ratio may use)."""
+    """The valid engine rows that ran the current engine (the only ones an engine ratio may use)."""
     v = valid_rows(df)
     return v[(v["mode"] == "engine") & (v["engine_config"] == TODAY)]
 
@@ -204,8 +204,8 @@ def spread(per_run: pd.DataFrame, by: Sequence[str], value: str = "speedup") -> 
 
 def engine_table(df: pd.DataFrame) -> pd.DataFrame:
     """The engine against the strongest baseline, per device, model, precision and engine configuration
-    (``engine_config``: today's defaults, or which of them an earlier engine lacked), over runs; per
-    device, model and precision today's engine first, then the earlier ones, fewest options missing first."""
+    (``engine_config``: the current defaults, or which of them an earlier engine lacked), over runs; per
+    device, model and precision the current engine first, then the earlier ones, fewest options missing first."""
     keys = ["device_slug", "label", "precision", "engine_config"]
     per_run = speedups(df)
     if per_run.empty:
@@ -221,13 +221,13 @@ def engine_table(df: pd.DataFrame) -> pd.DataFrame:
 
 
 def newest_engine(tab: pd.DataFrame) -> pd.DataFrame:
-    """One line of :func:`engine_table` per device, model and precision: today's engine where a run measured
+    """One line of :func:`engine_table` per device, model and precision: the current engine where a run measured
     it, else the earlier engine closest to it (its ``engine_config`` says which)."""
     return tab.groupby(["device_slug", "label", "precision"], sort=False).head(1).reset_index(drop=True)
 
 
 def engine_note(config: str) -> str:
-    """'' for today's engine, else ' (an earlier engine, without ...)' to put beside its numbers."""
+    """'' for the current engine, else ' (an earlier engine, without ...)' to put beside its numbers."""
     return "" if config == TODAY else f" (an earlier engine, {config})"
 
 

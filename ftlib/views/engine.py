@@ -135,7 +135,7 @@ def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
     ``delta ms`` = variant - default engine (positive: the variant is slower, i.e. what was switched off was
     worth that much per step); ``beyond spread``: the two rows' p20-p80 ranges do not overlap. Times are
     rounded to 10 µs, the order of their p20-p80 spread. ``engine`` says which engine the run's default was
-    against today's defaults (:func:`engine_config`).
+    against the current defaults (:func:`engine_config`).
     """
     out = []
     order = ("fp32", "tf32", "bf16", "fp16")
@@ -159,7 +159,7 @@ def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
 
 def deltas_note(engine_rows: Iterable[dict[str, Any]]) -> str:
     """Markdown under :func:`kernel_deltas`: per device, the run each model and precision comes from, which
-    engine its default was against today's defaults, and the variants of the ``engine`` suite that no such
+    engine its default was against the current defaults, and the variants of the ``engine`` suite that no such
     run measured."""
     runs = ablation_runs(engine_rows)
     lines = []
@@ -171,7 +171,7 @@ def deltas_note(engine_rows: Iterable[dict[str, Any]]) -> str:
                 by_run.setdefault(run_name(run), {}).setdefault(engine_config(full), []).append(f"{model} {prec}")
         for run, configs in by_run.items():
             engines = "; ".join(f"{', '.join(cases)}: {config}" for config, cases in configs.items())
-            lines.append(f"* {dev}: the rows come from the run of {run}. Its default engine against today's "
+            lines.append(f"* {dev}: the rows come from the run of {run}. Its default engine against the current "
                          f"defaults: {engines}.")
         shown = {variant_name(r) for run in runs.values() for r in run if r.get("device_slug") == dev}
         suite = SUITES["engine"].cases() if "engine" in SUITES else []
@@ -206,7 +206,7 @@ def probe_category(kernel_name: str) -> str:
 
 def latest_probes(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """The profiles of each device's newest profiled commit: cases profiled on older code (another engine)
-    are left out rather than shown beside today's. Each is named against today's defaults
+    are left out rather than shown beside the current engine's. Each is named against the current defaults
     (:func:`probe_label`)."""
     rows = [r for r in probe_rows if r.get("status") == "ok"]
     newest: dict[str, tuple[str, str]] = {}
@@ -217,9 +217,9 @@ def latest_probes(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def probe_label(r: dict[str, Any]) -> str:
-    """A profiled case's name against today's engine defaults: an option the case set that is a default
+    """A profiled case's name against the current engine defaults: an option the case set that is a default
     leaves the name, and a default the case ran without (an engine without that option) enters it as
-    ``<option>=False``. So the case named by its model alone is today's engine."""
+    ``<option>=False``. So the case named by its model alone is the current engine."""
     label, kw = r["label"], r.get("engine_kw") or {}
     now = dataclasses.asdict(EngineOptions())
     for k, v in kw.items():
@@ -300,9 +300,9 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
 
 # Options that are defaults because they were faster beyond the spread in their trial (suite
 # engine_candidates) and passed their 100-step check. Rows of an engine without them are another engine's:
-# their ratios are never pooled with today's.
+# their ratios are never pooled with the current engine's.
 TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid")
-TODAY = "today's defaults"
+TODAY = "the current defaults"
 
 
 def options_off(row: dict[str, Any], names: Iterable[str] = TRIAL_WINNERS) -> list[str] | None:
@@ -320,7 +320,7 @@ def options_off(row: dict[str, Any], names: Iterable[str] = TRIAL_WINNERS) -> li
 
 
 def engine_config(row: dict[str, Any]) -> str:
-    """Which engine an engine row ran, against today's defaults: ``TODAY``, 'without <options>', or
+    """Which engine an engine row ran, against the current defaults: ``TODAY``, 'without <options>', or
     'options not recorded'; '' for a row of another mode."""
     if row.get("mode") != "engine":
         return ""
@@ -332,7 +332,7 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
                    names: Iterable[str] = TRIAL_WINNERS) -> str:
     """Where stored engine rows (of ``run_ids``, if given) ran with one of ``names`` off that is on by
     default now (:func:`options_off`): one line per device and option, with the number of runs, whose
-    ratios the engine tables keep apart from today's engine (:func:`engine_config`). Empty when none did."""
+    ratios the engine tables keep apart from the current engine (:func:`engine_config`). Empty when none did."""
     wanted = None if run_ids is None else set(run_ids)
     seen: dict[tuple[str, str], set[str]] = {}
     for r in engine_rows:
@@ -342,7 +342,7 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
             seen.setdefault((r["device_slug"], name), set()).add(str(r.get("run_id")))
     return "\n".join(
         f"* On {dev}, the engine rows of {len(ids)} of these runs ran with `{name}` off; it is on by default "
-        f"in today's engine (its trial is in the section on engine options below), so those runs' ratios are "
+        f"in the current engine (its trial is in the section on engine options below), so those runs' ratios are "
         f"an earlier engine's, on lines of their own."
         for (dev, name), ids in sorted(seen.items()))
 

@@ -76,7 +76,7 @@ def _engine_lines(device: str) -> tuple[list[str], list[str]]:
     tab = engine_results(device)
     lines, faster = [], []
     for _, e in tab.iterrows():
-        engine = ("today's engine" if e["engine"] == "today's"
+        engine = ("the current engine" if e["engine"] == "current"
                   else e["engine"].replace("earlier: ", "an earlier engine, "))
         lines.append(f"{e['model']} {e['precision']} ({engine}): {e['engine speed-up']} against "
                      f"{e['strongest baseline of the same run']}, {e['runs']}; {e['verdict']}.")

@@ -67,5 +67,5 @@ def summary_text(models: dict[str, GPT], ds: CharDataset) -> str:
         "`ftlib.ModelConfig`, which is how chapter 4 switches them one at a time.",
         "- **The K/V layout**: the original FastTransformer hands SDPA a (B, 1, T, hs) K/V, `ftlib` a "
         "stride-0 expanded view by default; chapter 4 measures what the difference costs.",
-        "- **One training step** of the shared training function ran on this device (its loss above).",
+        "- **One training step** of the shared training function ran on this device, its loss finite.",
     ])

@@ -40,7 +40,7 @@ def _span(values: pd.Series) -> tuple[str, float]:
 def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per device, model and precision: the strongest baseline of each run (``baselines.strongest``: median,
     min–max over the runs, and max / min - 1 in %), which configurations it was, the most graph breaks its
-    rows reported, and today's engine the same way."""
+    rows reported, and the current engine the same way."""
     best = bv.strongest(df)
     if best.empty:
         return pd.DataFrame(columns=_COLUMNS)
@@ -82,8 +82,8 @@ def steadiness_findings(df: pd.DataFrame, model: str = "fasttransformer", steady
     lines = []
     for _, r in tab.iterrows():
         spread, n_engine = r["compiled spread %"], int(r["engine runs"])
-        engine = (f"; today's engine {r['engine ms (min–max)']} ms over {n_engine} run{'s' if n_engine != 1 else ''}"
-                  if n_engine else "")
+        engine = (f"; the current engine {r['engine ms (min–max)']} ms over {n_engine} "
+                  f"run{'s' if n_engine != 1 else ''}" if n_engine else "")
         if spread <= steady_pct:
             verdict = "steady"
         else:
