@@ -32,6 +32,7 @@ from ftlib.views.baselines import (
     todays_engine,
     valid_rows,
     verdict,
+    verdict_word,
 )
 from ftlib.views.tables import table_view
 
@@ -192,7 +193,7 @@ def compiled_autograd_findings(df: pd.DataFrame, device: str, mode: str = "compi
         out.append(f"{MODEL_NAMES[label]} {prec}: {config_name(mode, 'whole-step-ca')} "
                    f"{g['whole-step-ca'].median():.2f} ms against {g['whole-step'].median():.2f} ms without it: "
                    f"{range_text(ratio.median(), ratio.min(), ratio.max())} as long ({runs_on_starts(n, m)}; verdict: "
-                   f"{verdict(1 / ratio.max(), 1 / ratio.min(), n, m).split(' (')[0]}){where}.")
+                   f"{verdict_word(verdict(1 / ratio.max(), 1 / ratio.min(), n, m))}){where}.")
     return out
 
 

@@ -189,6 +189,11 @@ def verdict(lo: float, hi: float, n_runs: int, n_machines: int) -> str:
     return "no verdict: the runs disagree"
 
 
+def verdict_word(text: str) -> str:
+    """A :func:`verdict` without its parenthesis: 'too few runs (1 run on 1 machine start; ...)' -> 'too few runs'."""
+    return text.split(" (")[0]
+
+
 def spread(per_run: pd.DataFrame, by: Sequence[str], value: str = "speedup") -> pd.DataFrame:
     """Median, min and max of ``value`` over runs per group, with counts and the verdict."""
     if per_run.empty:

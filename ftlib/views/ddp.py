@@ -11,6 +11,7 @@ import plotly.graph_objects as go
 from ftlib.analysis.allreduce import NVLINK_GBS, allreduce_volume, ring_floor_s
 from ftlib.model.config import preset
 from ftlib.views.baselines import MODEL_NAMES
+from ftlib.views.bench import select
 from ftlib.views.plots import MODEL_COLORS, log_ticks
 from ftlib.views.tables import table_view
 
@@ -79,9 +80,8 @@ def fewer_bytes_text(n: int = 8) -> str:
 
 def _eager_step_ms(step_rows: list[dict[str, Any]], device: str, label: str) -> tuple[float | None, int]:
     """The median over stored runs of one model's eager fp32 single-GPU step on ``device``, and how many runs."""
-    ms = [r["median_ms"] for r in step_rows if r.get("device_slug") == device and r.get("label") == label
-          and r.get("mode") == "eager" and r.get("precision") == "fp32" and r.get("optimizer_kind") == "default"
-          and r.get("median_ms")]
+    ms = [r["median_ms"] for r in select(step_rows, device_slug=device, label=label, mode="eager", precision="fp32",
+                                         optimizer_kind="default") if r.get("median_ms")]
     return (float(np.median(ms)) if ms else None), len(ms)
 
 
