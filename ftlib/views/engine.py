@@ -73,16 +73,6 @@ def _suite_cases(bench: str) -> set[tuple[str, str, str]]:
     return {(c.label, c.mode, c.precision) for c in suite.cases()} if suite else set()
 
 
-def _shape(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
-    return [r for r in latest_run(rows) if r.get("B") == SHAPE["B"] and r.get("T") == SHAPE["T"]]
-
-
-def engine_devices(engine_rows: Iterable[dict[str, Any]]) -> list[str]:
-    """Devices with at least one headline engine row."""
-    return sorted({r["device_slug"] for r in _shape(engine_rows) if r.get("mode") == "engine"
-                   and r.get("label") in MODELS})
-
-
 def variant_name(r: dict[str, Any]) -> str:
     """'-rmsnorm' for label 'fasttransformer -rmsnorm' (or, as older rows are labelled,
     'fasttransformer engine -rmsnorm'); 'engine' for a headline row."""
