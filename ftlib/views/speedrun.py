@@ -4,6 +4,7 @@ loss curves, and the tables of runs and repeats (the leaderboard: :mod:`ftlib.vi
 from __future__ import annotations
 
 import random
+import statistics
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -134,8 +135,7 @@ def noise_table(rows: list[dict[str, Any]], repeats: list[dict[str, Any]],
 
 
 def _median(values: list[float]) -> float | None:
-    v = sorted(values)
-    return None if not v else (v[len(v) // 2] if len(v) % 2 else (v[len(v) // 2 - 1] + v[len(v) // 2]) / 2)
+    return statistics.median(values) if values else None
 
 
 def _both(pairs: list[dict[str, Any]]) -> list[dict[str, Any]]:
