@@ -164,13 +164,20 @@ def goal_findings(runs: pd.DataFrame, probe_rows: Iterable[dict[str, Any]], goal
     return "\n".join(items) if items else "No run has measured the current engine against its baselines yet."
 
 
+def goal_states(runs: pd.DataFrame, device: str, goals: Iterable[EngineGoal] = GOALS) -> str:
+    """'met: …; not met: …; too few runs to judge: …': ``device``'s goals by the state of their runs ('' without
+    runs of the current engine)."""
+    states: dict[str, list[str]] = {}
+    for line in goal_table.rows(runs, goals):
+        if line["device"] == device:
+            state = goal_state(line)
+            states.setdefault("too few runs to judge" if state == "too few runs" else state, []).append(
+                f"{line['model']} {line['precision']} ({line['goal']})")
+    return "; ".join(f"{state}: {', '.join(names)}" for state, names in states.items())
+
+
 def goal_summary(runs: pd.DataFrame, goals: Iterable[EngineGoal] = GOALS) -> str:
     """One sentence per device: which goals the current engine's runs meet, miss, or are too few to judge."""
-    by_dev: dict[str, dict[str, list[str]]] = {}
-    for line in goal_table.rows(runs, goals):
-        state = {"too few runs": "too few runs to judge"}.get(goal_state(line), goal_state(line))
-        by_dev.setdefault(line["device"], {}).setdefault(state, []).append(
-            f"{line['model']} {line['precision']} ({line['goal']})")
-    return "\n\n".join(f"**The engine's goals, {dev}:** "
-                       + "; ".join(f"{state}: {', '.join(names)}" for state, names in states.items()) + "."
-                       for dev, states in sorted(by_dev.items()))
+    goals = list(goals)
+    devices = sorted({line["device"] for line in goal_table.rows(runs, goals)})
+    return "\n\n".join(f"**The engine's goals, {dev}:** {goal_states(runs, dev, goals)}." for dev in devices)

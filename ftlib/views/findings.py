@@ -118,7 +118,17 @@ def moving_baseline(device: str = "h200") -> str | None:
 
 def additions(device: str = "h200") -> list[str]:
     """What the book measured beyond the post besides the engine's table, one sentence each."""
-    return [s for s in (moving_baseline(device), _speedrun(device)) if s]
+    return [s for s in (moving_baseline(device), _goals(device), _speedrun(device)) if s]
+
+
+def _goals(device: str) -> str | None:
+    """The engine's goals (chapter 6) by the state of the current engine's runs, in a sentence."""
+    from ftlib.harness.suites import baselines
+    from ftlib.views import baselines as bv
+    from ftlib.views.engine_goals import goal_states
+
+    states = goal_states(bv.load(baselines()), device)
+    return f"The engine's goals against the strongest compiled step (chapter 6): {states}." if states else None
 
 
 def _speedrun(device: str) -> str | None:
