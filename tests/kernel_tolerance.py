@@ -50,3 +50,13 @@ def assert_within_lowp_error(got: torch.Tensor, ref64: torch.Tensor, torch_lowp:
     bound, e_torch = error_bound(ref64, torch_lowp, got.dtype)
     assert err <= bound, (f"{name} ({got.dtype}): max |error| {err:.3g} > bound {bound:.3g} "
                           f"(PyTorch in {torch_lowp.dtype}: {e_torch:.3g}; tests/kernel_tolerance.py)")
+
+
+# TF32 keeps 10 of fp32's 23 mantissa bits in a product's inputs: its unit roundoff is 2^-11 (NVIDIA's
+# Ampere architecture whitepaper, "TF32"). Two correct tf32 training steps that reach their matrix
+# products by different kernels (cuBLAS's TF32 GEMMs against a Triton kernel's tl.dot in tf32) round
+# different inputs in a different order, so their gradients differ by a few units of it, relative to the
+# gradient's norm: TF32_GRAD_RTOL is 8 of them (about 4e-3). A wrong gradient (a missing term, a
+# transposed operand) is off by order 1.
+TF32_UNIT_ROUNDOFF = 2.0 ** -11
+TF32_GRAD_RTOL = 8 * TF32_UNIT_ROUNDOFF

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_tolerance import TF32_GRAD_RTOL
 
 from ftlib.harness.engine_check import check_against_reference, pattern_batches
 from ftlib.model.config import preset
@@ -71,7 +72,8 @@ def test_the_fused_attention_trains_like_the_fused_softmax(kernel_device, cfg, p
     for name, (o, size) in on.spans.items():  # the last step's gradients, parameter by parameter
         g_on, g_off = on.flat_grad[o:o + size], off.flat_grad[o:o + size]
         err = ((g_on - g_off).norm() / g_off.norm().clamp_min(1e-12)).item()
-        assert err < 10 * tol, (name, err)
+        # In tf32 the two sides' products are rounded by different kernels (cuBLAS, tl.dot): TF32's own bound.
+        assert err < (TF32_GRAD_RTOL if precision == "tf32" else 10 * tol), (name, err)
 
 
 def test_where_it_does_not_apply_the_note_says_why(kernel_device):

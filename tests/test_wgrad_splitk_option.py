@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from kernel_tolerance import TF32_GRAD_RTOL
 
 from ftlib.harness.engine_check import pattern_batches
 from ftlib.model.config import preset
@@ -52,7 +53,8 @@ def test_the_split_k_weight_gradients_train_like_cublas(kernel_device, cfg, prec
     for name, (off_, size) in on.spans.items():
         g_on, g_off = on.flat_grad[off_:off_ + size], off.flat_grad[off_:off_ + size]
         err = ((g_on - g_off).norm() / g_off.norm().clamp_min(1e-12)).item()
-        assert err < tol, (name, err)
+        # In tf32 cuBLAS's TF32 GEMM and the split-K kernel's tl.dot round the products differently.
+        assert err < (TF32_GRAD_RTOL if precision == "tf32" else tol), (name, err)
 
 
 def test_where_it_does_not_apply_nothing_changes(kernel_device):
