@@ -66,7 +66,7 @@ def test_only_the_current_engine_is_judged():
 
 def test_a_missed_goal_says_what_takes_the_time_or_that_no_profile_is_stored():
     text = eg.goal_findings(_runs([(1.4, 2.0), (1.45, 2.1), (1.42, 2.0)]), [], [BF16])
-    assert "FastTransformer bf16, h200" in text and ": not met;" in text
+    assert "FastTransformer bf16, h200" in text and ": not met (step time missed, speed-up missed);" in text
     assert "No profile of this step is stored" in text
     met = eg.goal_findings(_runs([(0.9, 1.5), (0.95, 1.6), (0.98, 1.5)]), [], [BF16])
     assert ": met;" in met and "profile" not in met
@@ -90,3 +90,8 @@ def test_the_summary_sorts_each_goal_by_its_state():
     text = eg.goal_summary(met, [BF16, gpt2])
     assert text == ("**The engine's goals, h200:** met: FastTransformer bf16 (≤ 1.0 ms and ≥ 1.5×); "
                     "not met: GPT-2 bf16 (≥ 1.2×).")
+
+
+def test_a_goal_not_met_says_which_half_missed():
+    text = eg.goal_findings(_runs([(1.4, 3.0), (1.45, 3.1), (1.42, 3.0)]), [], [BF16])
+    assert "not met (step time missed, speed-up met)" in text

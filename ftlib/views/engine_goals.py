@@ -157,7 +157,9 @@ def goal_findings(runs: pd.DataFrame, probe_rows: Iterable[dict[str, Any]], goal
         state = goal_state(line)
         text = (f"* **{line['model']} {line['precision']}, {line['device']}** (goal {line['goal']}): "
                 f"{line['engine ms']}, {line['speed-up']} the strongest compiled step, {line['runs']}: "
-                f"{state}" + (f"; the closest run reached {line['closest run']}." if n_runs(line) > 1 else "."))
+                f"{state}" + (f" (step time {line['step-time goal']}, speed-up {line['speed-up goal']})"
+                              if state == "not met" and g.max_ms is not None else "")
+                + (f"; the closest run reached {line['closest run']}." if n_runs(line) > 1 else "."))
         if state != "met":
             text += _limits(probes, line["device"], g)
         items.append(text)
