@@ -166,6 +166,11 @@ def goal_findings(runs: pd.DataFrame, probe_rows: Iterable[dict[str, Any]], goal
     return "\n".join(items) if items else "No run has measured the current engine against its baselines yet."
 
 
+def two_part(line: dict[str, Any]) -> bool:
+    """Whether a line of :func:`goal_table` has a two-part goal (a step time beside the speed-up)."""
+    return line["step-time goal"] != "–"
+
+
 def goal_states(runs: pd.DataFrame, device: str, goals: Iterable[EngineGoal] = GOALS) -> str:
     """'met: …; not met: …; too few runs to judge: …': ``device``'s goals by the state of their runs ('' without
     runs of the current engine)."""
@@ -173,8 +178,12 @@ def goal_states(runs: pd.DataFrame, device: str, goals: Iterable[EngineGoal] = G
     for line in goal_table.rows(runs, goals):
         if line["device"] == device:
             state = goal_state(line)
+            halves = [("step time", line["step-time goal"]), ("speed-up", line["speed-up goal"])]
+            missed = [half for half, v in halves if v not in ("met", "–")]
+            # A two-part goal not met names the half that missed (the other may be met).
+            which = f"; not met: {missed[0]}" if state == "not met" and len(missed) == 1 and two_part(line) else ""
             states.setdefault("too few runs to judge" if state == "too few runs" else state, []).append(
-                f"{line['model']} {line['precision']} ({line['goal']})")
+                f"{line['model']} {line['precision']} ({line['goal']}{which})")
     return "; ".join(f"{state}: {', '.join(names)}" for state, names in states.items())
 
 
