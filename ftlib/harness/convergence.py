@@ -35,6 +35,14 @@ def steady_time_to_target(row: dict[str, Any]) -> float | None:
     return row.get("time_to_target_excl_startup_s")
 
 
+def steady_time_at(evaluation: dict[str, Any], startup_s: float | None) -> float | None:
+    """Training-step seconds up to ``evaluation`` (a history entry) without the one-off startup: the steps after
+    the first (one reached at step 0 took none); None where the run records no startup."""
+    if startup_s is None:
+        return None
+    return max(0.0, evaluation["time_s"] - startup_s) if evaluation["step"] > 0 else 0.0
+
+
 def speedrun_finalists(rows: list[dict[str, Any]], always: Iterable[str] = ()) -> list[str]:
     """The reference, the seed-0 candidate with the least time to target excluding startup, and
     the candidates named in ``always`` (:data:`ALL_SEEDS`), in that order, without repeats.
@@ -95,8 +103,7 @@ def _row(name: str, cfg: ModelConfig, rec: Recipe, out: dict, device: torch.devi
         "time_to_target_s": reached["time_s"] if reached else None,
         # ... and without it: the steps after the first (a target reached at step 0 took none). This is
         # the speedrun's claimed time; the first step is untimed with the compilation it holds.
-        "time_to_target_excl_startup_s": (max(0.0, reached["time_s"] - startup) if reached["step"] > 0 else 0.0)
-        if reached else None,
+        "time_to_target_excl_startup_s": steady_time_at(reached, startup) if reached else None,
         "steps_to_target": reached["step"] if reached else None,
         # Where the target was reached: the tokens trained on (steps x batch x block), the sampled
         # validation estimate that stopped the run, and beside it the loss on the whole validation

@@ -13,7 +13,7 @@ from typing import Any
 
 import plotly.graph_objects as go
 
-from ftlib.harness.convergence import steady_time_to_target
+from ftlib.harness.convergence import steady_time_at, steady_time_to_target
 from ftlib.harness.results import load_rows
 from ftlib.harness.studies import is_smoke, suites
 from ftlib.training.trainer import Recipe
@@ -299,9 +299,8 @@ def original_findings(rows: list[dict[str, Any]], run_command: str) -> str:
 def _steady_at(run: dict[str, Any], loss: float) -> tuple[int, float] | None:
     """(step, training-step seconds excluding the startup) of a run's first evaluation at or below ``loss``."""
     h = next((h for h in run["history"] if h["val_loss"] <= loss + 1e-12), None)
-    if h is None or run.get("startup_s") is None:
-        return None
-    return h["step"], (max(h["time_s"] - run["startup_s"], 0.0) if h["step"] > 0 else 0.0)
+    t = None if h is None else steady_time_at(h, run.get("startup_s"))
+    return None if t is None else (h["step"], t)
 
 
 def _steady_last(run: dict[str, Any]) -> tuple[int, float] | None:

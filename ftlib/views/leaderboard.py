@@ -22,6 +22,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 from scipy import stats
 
+from ftlib.harness.convergence import steady_time_at
 from ftlib.harness.studies import CLAIM_SEEDS, NANOGPT_BEST_LOSS, REFERENCE, SIGNIFICANCE, TARGET_LOSS
 from ftlib.views.candidates import id_of, in_words, short_ids
 from ftlib.views.plots import PALETTE, legend_below
@@ -52,13 +53,10 @@ def stop_of(row: dict[str, Any], target: float) -> dict[str, Any] | None:
         return {"reached": False, "step": None, "tokens": None, "time_s": None, "val_loss": hist[-1]["val_loss"],
                 "full_val_loss": None}
     at_stop = row.get("steps_to_target") == h["step"]  # the row's own stop: its stored fields apply
-    startup = row.get("startup_s")
     if at_stop and row.get("time_to_target_excl_startup_s") is not None:
         time_s = row["time_to_target_excl_startup_s"]
-    elif startup is None:
-        time_s = None
-    else:  # the rule of ftlib.harness.convergence._row: the steps after the first
-        time_s = max(0.0, h["time_s"] - startup) if h["step"] > 0 else 0.0
+    else:  # the rule the row's own stop was recorded with
+        time_s = steady_time_at(h, row.get("startup_s"))
     tokens = row.get("tokens_to_target") if at_stop and row.get("tokens_to_target") is not None else h["tokens"]
     return {"reached": True, "step": h["step"], "tokens": tokens, "time_s": time_s, "val_loss": h["val_loss"],
             "full_val_loss": row.get("full_val_loss_at_target") if at_stop else None}
