@@ -3,7 +3,8 @@ introduction and its closing chapter, all computed from the committed result row
 
 ``findings_table(device)`` keeps the claims of chapter 7's audit that a reader asks about first;
 ``engine_results(device)`` puts the book's engine beside the strongest compiled step of each run and
-``additions(device)`` says the rest of what the book measured beyond the post (the speedrun);
+``additions(device)`` says the rest of what the book measured beyond the post (the moving baseline, the
+engine's goals, the speedrun);
 ``markdown(device)`` writes all of it, ``show_findings(device)`` shows it in a notebook. ``ci/findings``
 writes that text between the ``<!-- findings -->`` markers of README.md and book/intro.md, and
 a test checks that the committed text is what the rows give.
@@ -68,16 +69,26 @@ ENGINE_INTRO = ("The book's whole-step engine (its own Triton kernels, the whole
                 "describes each).")
 
 
-def engine_results(device: str = "h200") -> pd.DataFrame:
-    """One line per model and precision: the engine against the strongest compiled step of the same run.
-
-    The runs behind a line measured one engine (the current one, or the earlier one closest to it, named in the
-    ``engine`` column); runs of engines with different defaults are never pooled."""
+def device_runs(device: str = "h200") -> pd.DataFrame:
+    """The baselines suite's complete runs on ``device`` (:func:`ftlib.views.baselines.load`): what the engine's
+    table, the moving baseline, the engine's goals and the lessons read, loaded once by :func:`markdown` and
+    :func:`show_findings` and passed to each."""
     from ftlib.harness.suites import baselines
     from ftlib.views import baselines as bv
 
     runs = bv.load(baselines())
-    runs = runs[runs["device_slug"] == device]
+    return runs[runs["device_slug"] == device]
+
+
+def engine_results(device: str = "h200", runs: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One line per model and precision: the engine against the strongest compiled step of the same run.
+
+    The runs behind a line measured one engine (the current one, or the earlier one closest to it, named in the
+    ``engine`` column); runs of engines with different defaults are never pooled. ``runs``: :func:`device_runs`
+    (loaded here where not given)."""
+    from ftlib.views import baselines as bv
+
+    runs = device_runs(device) if runs is None else runs
     if runs.empty:
         return pd.DataFrame(columns=ENGINE_COLUMNS)
     eng = bv.newest_engine(bv.engine_table(runs))
@@ -96,14 +107,13 @@ def engine_results(device: str = "h200") -> pd.DataFrame:
     return pd.DataFrame(out, columns=ENGINE_COLUMNS)
 
 
-def moving_baseline(device: str = "h200") -> str | None:
-    """A sentence naming the strongest baselines that move from run to run (None where none moves)."""
-    from ftlib.harness.suites import baselines
+def moving_baseline(device: str = "h200", runs: pd.DataFrame | None = None) -> str | None:
+    """A sentence naming the strongest baselines that move from run to run (None where none moves); ``runs``:
+    :func:`device_runs`."""
     from ftlib.views import baselines as bv
     from ftlib.views.steadiness import STEADY_PCT, steadiness_table
 
-    runs = bv.load(baselines())
-    runs = runs[runs["device_slug"] == device]
+    runs = device_runs(device) if runs is None else runs
     if runs.empty:
         return None
     steady = steadiness_table(runs)
@@ -116,18 +126,18 @@ def moving_baseline(device: str = "h200") -> str | None:
             "(chapter 6): " + "; ".join(moving) + ".")
 
 
-def additions(device: str = "h200") -> list[str]:
-    """What the book measured beyond the post besides the engine's table, one sentence each."""
-    return [s for s in (moving_baseline(device), _goals(device), _speedrun(device)) if s]
+def additions(device: str = "h200", runs: pd.DataFrame | None = None) -> list[str]:
+    """What the book measured beyond the post besides the engine's table, one sentence each; ``runs``:
+    :func:`device_runs`."""
+    runs = device_runs(device) if runs is None else runs
+    return [s for s in (moving_baseline(device, runs), _goals(device, runs), _speedrun(device)) if s]
 
 
-def _goals(device: str) -> str | None:
+def _goals(device: str, runs: pd.DataFrame) -> str | None:
     """The engine's goals (chapter 6) by the state of the current engine's runs, in a sentence."""
-    from ftlib.harness.suites import baselines
-    from ftlib.views import baselines as bv
     from ftlib.views.engine_goals import goal_states
 
-    states = goal_states(bv.load(baselines()), device)
+    states = goal_states(runs, device)
     return f"The engine's goals against the strongest compiled step (chapter 6): {states}." if states else None
 
 
@@ -208,9 +218,9 @@ def _md_table(tab: pd.DataFrame, digits: int = 3) -> list[str]:
             + ["| " + " | ".join(cell(v) for v in row) + " |" for row in tab.itertuples(index=False)])
 
 
-def additions_markdown(device: str = "h200") -> str:
+def additions_markdown(device: str = "h200", runs: pd.DataFrame | None = None) -> str:
     """What the book adds besides the engine's table, as a Markdown list ('' when nothing is stored)."""
-    adds = additions(device)
+    adds = additions(device, runs)
     return "\n".join(f"- {a}" for a in adds)
 
 
@@ -219,8 +229,9 @@ def markdown(device: str = "h200") -> str:
     claims, then what the book adds: the engine's table and the speedrun. A chapter shows the same
     through :func:`show_findings`."""
     lines = [preamble(device), ""] + _md_table(findings_table(device))
-    eng = engine_results(device)
-    adds = additions_markdown(device)
+    runs = device_runs(device)
+    eng = engine_results(device, runs)
+    adds = additions_markdown(device, runs)
     if not eng.empty or adds:
         lines += ["", "Beyond the post:"]
     if not eng.empty:
@@ -241,12 +252,13 @@ def show_findings(device: str = "h200") -> None:
 
     display(Markdown(preamble(device)))
     show_frame(findings_table(device), caption=f"The post's headline claims on {device}")
-    eng = engine_results(device)
+    runs = device_runs(device)
+    eng = engine_results(device, runs)
     if not eng.empty:
         display(Markdown("Beyond the post: " + ENGINE_INTRO))
         show_frame(eng, caption=f"The book's engine against the strongest compiled step on {device}",
                    preview=[c for c in ENGINE_COLUMNS if c != "its ms"])
-    adds = additions_markdown(device)
+    adds = additions_markdown(device, runs)
     if adds:
         display(Markdown(adds))
     gaps = unmeasured_markdown(device)
@@ -272,13 +284,11 @@ def block_of(text: str) -> str:
 
 def lessons(device: str = "h200") -> str:
     """The closing chapter's lessons, each with the numbers behind it, from the stored rows of ``device``."""
-    from ftlib.harness.suites import baselines
     from ftlib.views import baseline_report as br
     from ftlib.views import baselines as bv
     from ftlib.views import codesign as codesignview
 
-    runs = bv.load(baselines())
-    runs = runs[runs["device_slug"] == device]
+    runs = device_runs(device)
     out = []
     if not runs.empty:
         ceiling = br.ceiling_findings(runs, device, "fp32")
