@@ -59,10 +59,6 @@ GOALS: tuple[EngineGoal, ...] = (
     EngineGoal("gpt2", "tf32", min_speedup=1.2),
 )
 
-COLUMNS = ["device", "model", "precision", "goal", "engine ms", "speed-up", "runs", "step-time goal",
-           "speed-up goal", "closest run"]
-
-
 def _against(lo: float, hi: float, n_runs: int, n_machines: int, at_most: float | None = None,
              at_least: float | None = None) -> str:
     """'met', 'missed' or 'some runs meet it' over runs whose values lie in [lo, hi]; 'too few runs' without
@@ -88,12 +84,10 @@ def _current_runs(runs: pd.DataFrame) -> pd.DataFrame:
     return per_run[per_run["engine_config"] == bv.TODAY]
 
 
-@table_view
-def goal_table(runs: pd.DataFrame, goals: Iterable[EngineGoal] = GOALS) -> list[dict[str, Any]]:
-    """Per device and goal: the current engine's step (median over runs, fastest and slowest run), its speed-up
-    over the strongest compiled step of each run (median, slowest and fastest run), the runs, a verdict on each
-    half of the goal, and the closest single run (the fastest step, and the highest speed-up)."""
-    per_run = _current_runs(runs)
+def _judged(runs: pd.DataFrame, goals: Iterable[EngineGoal]) -> list[tuple[EngineGoal, int, dict[str, Any]]]:
+    """Per device and goal with runs of the current engine: the goal, how many runs, and its line of
+    :func:`goal_table`."""
+    per_run, goals = _current_runs(runs), list(goals)  # the goals are read once per device
     out = []
     for dev in sorted(set(per_run["device_slug"])):
         for g in goals:
@@ -103,16 +97,24 @@ def goal_table(runs: pd.DataFrame, goals: Iterable[EngineGoal] = GOALS) -> list[
                 continue
             ms, x = sel["median_ms"], sel["speedup"]
             n, m = int(sel["run_id"].nunique()), int(sel["machine_id"].nunique())
-            out.append({"device": dev, "model": bv.MODEL_NAMES[g.label], "precision": g.precision,
-                        "goal": g.text(),
-                        "engine ms": _ms_range(ms.median(), ms.min(), ms.max()),
-                        "speed-up": bv.fmt_range(x.median(), x.min(), x.max()),
-                        "runs": bv.runs_on_starts(n, m),
-                        "step-time goal": "–" if g.max_ms is None else
-                        _against(ms.min(), ms.max(), n, m, at_most=g.max_ms),
-                        "speed-up goal": _against(x.min(), x.max(), n, m, at_least=g.min_speedup),
-                        "closest run": f"{ms.min():.3f} ms; {x.max():.2f}×"})
+            line = {"device": dev, "model": bv.MODEL_NAMES[g.label], "precision": g.precision, "goal": g.text(),
+                    "engine ms": _ms_range(ms.median(), ms.min(), ms.max()),
+                    "speed-up": bv.fmt_range(x.median(), x.min(), x.max()),
+                    "runs": bv.runs_on_starts(n, m),
+                    "step-time goal": "–" if g.max_ms is None else
+                    _against(ms.min(), ms.max(), n, m, at_most=g.max_ms),
+                    "speed-up goal": _against(x.min(), x.max(), n, m, at_least=g.min_speedup),
+                    "closest run": f"{ms.min():.3f} ms; {x.max():.2f}×"}
+            out.append((g, n, line))
     return out
+
+
+@table_view
+def goal_table(runs: pd.DataFrame, goals: Iterable[EngineGoal] = GOALS) -> list[dict[str, Any]]:
+    """Per device and goal: the current engine's step (median over runs, fastest and slowest run), its speed-up
+    over the strongest compiled step of each run (median, slowest and fastest run), the runs, a verdict on each
+    half of the goal, and the closest single run (the fastest step, and the highest speed-up)."""
+    return [line for _, _, line in _judged(runs, goals)]
 
 
 def _limits(probe_rows: list[dict[str, Any]], device: str, goal: EngineGoal, top: int = 2) -> str:
@@ -141,54 +143,48 @@ def goal_state(line: dict[str, Any]) -> str:
     return "too few runs" if "too few runs" in verdicts else "not met"
 
 
-def n_runs(line: dict[str, Any]) -> int:
-    """The number of runs behind a line of :func:`goal_table` (its ``runs`` cell, '3 runs on 2 machine starts')."""
-    return int(line["runs"].split()[0])
-
-
 def goal_findings(runs: pd.DataFrame, probe_rows: Iterable[dict[str, Any]], goals: Iterable[EngineGoal] = GOALS) -> str:
     """Markdown, one item per device and goal with rows: the goal, what the runs reached and the verdicts, and
     for a goal not met what the step's profile says takes the time (chapter 6's ledger)."""
     probes = list(probe_rows)
-    goals = list(goals)
     items = []
-    for line in goal_table.rows(runs, goals):
-        g = next(g for g in goals if bv.MODEL_NAMES[g.label] == line["model"] and g.precision == line["precision"])
+    for g, n, line in _judged(runs, goals):
         state = goal_state(line)
         text = (f"* **{line['model']} {line['precision']}, {line['device']}** (goal {line['goal']}): "
                 f"{line['engine ms']}, {line['speed-up']} the strongest compiled step, {line['runs']}: "
                 f"{state}" + (f" (step time {line['step-time goal']}, speed-up {line['speed-up goal']})"
                               if state == "not met" and g.max_ms is not None else "")
-                + (f"; the closest run reached {line['closest run']}." if n_runs(line) > 1 else "."))
+                + (f"; the closest run reached {line['closest run']}." if n > 1 else "."))
         if state != "met":
             text += _limits(probes, line["device"], g)
         items.append(text)
     return "\n".join(items) if items else "No run has measured the current engine against its baselines yet."
 
 
-def two_part(line: dict[str, Any]) -> bool:
-    """Whether a line of :func:`goal_table` has a two-part goal (a step time beside the speed-up)."""
-    return line["step-time goal"] != "–"
-
-
-def goal_states(runs: pd.DataFrame, device: str, goals: Iterable[EngineGoal] = GOALS) -> str:
-    """'met: …; not met: …; too few runs to judge: …': ``device``'s goals by the state of their runs ('' without
-    runs of the current engine)."""
+def _states(judged: list[tuple[EngineGoal, int, dict[str, Any]]], device: str) -> str:
+    """:func:`goal_states` of lines already judged (:func:`_judged`)."""
     states: dict[str, list[str]] = {}
-    for line in goal_table.rows(runs, goals):
+    for g, _, line in judged:
         if line["device"] == device:
             state = goal_state(line)
-            halves = [("step time", line["step-time goal"]), ("speed-up", line["speed-up goal"])]
-            missed = [half for half, v in halves if v not in ("met", "–")]
+            missed = [half for half, v in (("step time", line["step-time goal"]), ("speed-up", line["speed-up goal"]))
+                      if v not in ("met", "–")]
             # A two-part goal not met names the half that missed (the other may be met).
-            which = f"; not met: {missed[0]}" if state == "not met" and len(missed) == 1 and two_part(line) else ""
+            named = state == "not met" and len(missed) == 1 and g.max_ms is not None
+            which = f"; not met: {missed[0]}" if named else ""
             states.setdefault("too few runs to judge" if state == "too few runs" else state, []).append(
                 f"{line['model']} {line['precision']} ({line['goal']}{which})")
     return "; ".join(f"{state}: {', '.join(names)}" for state, names in states.items())
 
 
+def goal_states(runs: pd.DataFrame, device: str, goals: Iterable[EngineGoal] = GOALS) -> str:
+    """'met: …; not met: …; too few runs to judge: …': ``device``'s goals by the state of their runs ('' without
+    runs of the current engine)."""
+    return _states(_judged(runs, goals), device)
+
+
 def goal_summary(runs: pd.DataFrame, goals: Iterable[EngineGoal] = GOALS) -> str:
     """One sentence per device: which goals the current engine's runs meet, miss, or are too few to judge."""
-    goals = list(goals)
-    devices = sorted({line["device"] for line in goal_table.rows(runs, goals)})
-    return "\n\n".join(f"**The engine's goals, {dev}:** {goal_states(runs, dev, goals)}." for dev in devices)
+    judged = _judged(runs, goals)
+    devices = sorted({line["device"] for _, _, line in judged})
+    return "\n\n".join(f"**The engine's goals, {dev}:** {_states(judged, dev)}." for dev in devices)
