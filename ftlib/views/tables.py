@@ -273,9 +273,9 @@ def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None =
         what.append(f"the first {len(part)} of {n_rows} rows")
     if len(show_cols) < n_cols:
         what.append(f"{len(show_cols)} of {n_cols} columns")
-    head = ((caption + ": ") if caption else "") + ("showing " + " and ".join(what) if what else "")
+    title = ((caption + ": ") if caption else "") + ("showing " + " and ".join(what) if what else "")
     summary = f"All {n_rows} rows and {n_cols} columns"
-    body = (styled(part, nums.loc[part.index], uid + "p", head or None)
+    body = (styled(part, nums.loc[part.index], uid + "p", title or None)
             + f'<details class="ftlib-table-all"><summary>{summary}</summary>'
             + f'<div style="overflow-x: auto;">{styled(cells, nums, uid, caption)}</div>'
             + f"<p>{_csv_link(frame, _slug(name or caption or uid))}</p></details>")
