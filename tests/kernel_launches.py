@@ -149,12 +149,12 @@ def residual_norms(cfg: ModelConfig, step: Step) -> None:
 def attention(cfg: ModelConfig, step: Step) -> None:
     """The attention core: the flash-attention kernels on the packed qkv (the engine's layout; MQA/GQA
     with the dK/dV split partials summed by kernels.kv_split_sum) where the engine applies them, else
-    GPT-2's explicit softmax fused (kernels.causal_softmax) and, with option fuse_softmax_matmuls where
-    tl.dot runs, fused with its products (kernels.explicit_attention). At B = 32 and at a DDP rank's batch: the
-    dK/dV kernel is split over query heads (and kv_split_sum launched) only where the grid is small for
-    the GPU, on a T4 only at the small batch. Options: the 'heads' layout, q, k, v as
-    strided views of the qkv output (KernelCausalSelfAttention); on sm_75 only when extended, the
-    costliest compile here (FMA code) for strides the packed layout's already have."""
+    GPT-2's explicit softmax fused (kernels.causal_softmax) and, where tl.dot runs, fused with its products
+    (kernels.explicit_attention, the default fuse_softmax_matmuls; in strict fp32 only when asked for).
+    At B = 32 and at a DDP rank's batch: the dK/dV kernel is split over query heads (and kv_split_sum
+    launched) only where the grid is small for the GPU, on a T4 only at the small batch. Options: the
+    'heads' layout, q, k, v as strided views of the qkv output (KernelCausalSelfAttention); on sm_75 only
+    when extended, the costliest compile here (FMA code) for strides the packed layout's already have."""
     from kernels.attention import flash_attention, packed_attention
     from kernels.causal_softmax import causal_softmax
     from kernels.explicit_attention import explicit_attention_packed
@@ -163,7 +163,7 @@ def attention(cfg: ModelConfig, step: Step) -> None:
     if cfg.attn_impl == "explicit":
         s = _t(B, nkv, nh // nkv, T, T, dtype=step.dt, grad=True)
         _backward(causal_softmax(s, hs ** -0.5, step.low))
-        if cfg.attn_dropout_p == 0 and step.triton_dot:  # option fuse_softmax_matmuls: the products fused too
+        if cfg.attn_dropout_p == 0 and step.triton_dot:  # fuse_softmax_matmuls: the products fused too
             qkv = _t(B, T, (nh + 2 * nkv) * hs, dtype=step.dt, grad=True)
             _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec))
         return

@@ -47,9 +47,10 @@ def test_fused_softmax_only_for_explicit_attention_left_as_written(kernel_device
 
 
 def test_fused_softmax_under_bf16_writes_bf16_probabilities_and_stays_close(kernel_device):
-    eng = Engine(GPT_MHA, B, T, "bf16", kernel_device, fused_softmax=True)
+    alone = {"fused_softmax": True, "fuse_softmax_matmuls": False}  # the softmax's kernel, the products on cuBLAS
+    eng = Engine(GPT_MHA, B, T, "bf16", kernel_device, **alone)
     assert eng.model.blocks[0].attn.out_dtype == torch.bfloat16
-    r = check_against_reference(GPT_MHA, steps=2, device=kernel_device, precision="bf16", B=B, T=T, fused_softmax=True)
+    r = check_against_reference(GPT_MHA, steps=2, device=kernel_device, precision="bf16", B=B, T=T, **alone)
     assert r["ok"] and r["fused_softmax"], r["max_rel_err"]
 
 
@@ -58,8 +59,10 @@ def test_fused_softmax_under_bf16_writes_bf16_probabilities_and_stays_close(kern
 def test_the_fused_attention_trains_like_the_fused_softmax(kernel_device, cfg, precision, tol):
     from ftlib.training.engine.attention import FusedExplicitSelfAttention, FusedSoftmaxSelfAttention
 
-    on, losses_on = _train(cfg, precision, kernel_device, fuse_softmax_matmuls=True)
-    off, losses_off = _train(cfg, precision, kernel_device)
+    # In strict fp32 the option applies only with a dot precision set ('ieee': the same arithmetic as the default).
+    dots = {"attention_precision": "ieee"} if precision == "fp32" else {}
+    on, losses_on = _train(cfg, precision, kernel_device, **dots)  # the default
+    off, losses_off = _train(cfg, precision, kernel_device, fuse_softmax_matmuls=False, **dots)
     assert all(type(blk.attn) is FusedExplicitSelfAttention for blk in on.model.blocks)
     assert all(type(blk.attn) is FusedSoftmaxSelfAttention for blk in off.model.blocks)
     d_on, d_off = on.describe(), off.describe()
@@ -91,4 +94,10 @@ def test_where_it_does_not_apply_the_note_says_why(kernel_device):
     eng, _ = _train(GPT2, "fp32", kernel_device, fuse_softmax_matmuls=True, attention_for_explicit=True)
     assert type(eng.model.blocks[0].attn) is KernelCausalSelfAttention  # the flash kernel took it
     assert not eng.describe()["fuse_softmax_matmuls"]
-    assert EngineOptions().fuse_softmax_matmuls is False  # on trial, not a default
+    assert EngineOptions().fuse_softmax_matmuls is True  # it won its trial in bf16 and tf32: a default
+    # Strict fp32 keeps cuBLAS's products around the fused softmax (not measured faster there) unless asked.
+    eng, _ = _train(GPT2, "fp32", kernel_device)
+    assert type(eng.model.blocks[0].attn) is FusedSoftmaxSelfAttention and not eng.describe()["fuse_softmax_matmuls"]
+    assert "not applied in strict fp32" in eng.describe()["notes"]["softmax"]
+    eng, _ = _train(GPT2, "fp32", kernel_device, attention_precision="tf32x3")
+    assert eng.describe()["fuse_softmax_matmuls"] and eng.model.blocks[0].attn.core.input_precision == "tf32x3"

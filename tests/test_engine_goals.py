@@ -103,3 +103,16 @@ def test_the_states_name_the_half_of_a_two_part_goal_that_was_not_met():
     assert eg.goal_states(runs, "h200", [BF16]) == want
     both = _runs([(1.4, 2.0), (1.45, 2.1), (1.42, 2.0)])  # 1.43x: both halves missed, none named
     assert eg.goal_states(both, "h200", [BF16]) == "not met: FastTransformer bf16 (≤ 1.0 ms and ≥ 1.5×)"
+
+
+def test_a_goal_without_a_run_of_the_current_engine_is_not_measured_where_others_are():
+    runs = _runs([(0.9, 1.5), (0.95, 1.6), (0.98, 1.5)])
+    gpt2 = eg.EngineGoal("gpt2", "bf16", min_speedup=1.2)
+    # GPT-2's runs measured an earlier engine; the FastTransformer's the current one.
+    runs.loc[runs["label"] == "gpt2", "engine_config"] = "without fuse_softmax_matmuls"
+    line = eg.goal_table.rows(runs, [BF16, gpt2])[1]
+    assert line["runs"] == "no run of the current engine" and eg.goal_state(line) == "not measured"
+    assert eg.goal_states(runs, "h200", [BF16, gpt2]) == (
+        "met: FastTransformer bf16 (≤ 1.0 ms and ≥ 1.5×); not measured at the current engine: GPT-2 bf16 (≥ 1.2×)")
+    text = eg.goal_findings(runs, [], [BF16, gpt2])
+    assert "**GPT-2 bf16, h200** (goal ≥ 1.2×): not measured yet" in text and "No profile" not in text

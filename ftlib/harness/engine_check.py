@@ -37,15 +37,14 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("bf16", "fasttransformer", {"norm_dw_partials": "persistent"}),
     # grad_into_buffer (under bf16 the weight gradients accumulate in fp32 instead of being rounded to
     # bf16 first), fuse_kv_split_sum and norm_dw_into_buffer (the norms' weight gradients added
-    # atomically, in no fixed order) are defaults: the default checks above train with them.
+    # atomically, in no fixed order) and fuse_softmax_matmuls (GPT-2's explicit attention with the products
+    # fused around its softmax) are defaults: the default checks above train with them.
     # The norm backward on another grid (the atomic adds in another order).
     *((prec, name, {"norm_bwd_grid": "8 rows 4/SM"}) for prec, name in (("bf16", "fasttransformer"),
                                                                        ("bf16", "gpt2"))),
     # The MLPs' GELU in the GEMM epilogues (GELU of z as stored in bf16, as unfused).
     *(("bf16", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
     *(("tf32", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
-    # GPT-2's explicit attention with the products fused around its softmax (the probabilities still written).
-    *((prec, "gpt2", {"fuse_softmax_matmuls": True}) for prec in ("bf16", "tf32")),
     # MQA's dK/dV partial sums grouped otherwise (the same gradients, summed in another order).
     *(("bf16", "fasttransformer", {"attention_kv_split": n}) for n in (8, 2)),
 )

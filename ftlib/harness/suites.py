@@ -239,22 +239,21 @@ def engine_variants() -> list[Case]:
     for prec in ("bf16", "tf32"):
         cases += [case("fasttransformer -norm-bwd-grid", "fasttransformer", prec, launcher_grid),
                   case("gpt2 +flash-attn -norm-bwd-grid", "gpt2", prec, {**flash, **launcher_grid})]
+    # GPT-2's explicit attention back on cuBLAS's batched GEMMs around the fused softmax, instead of one
+    # kernel each way with the products fused (the probabilities written either way).
+    cases += [case("gpt2 -fuse-softmax-matmuls", "gpt2", prec, {"fuse_softmax_matmuls": False})
+              for prec in ("bf16", "tf32")]
     return cases
 
 
 # (label suffix, engine options, the base cases it applies to) of each option on trial; an option waiting
-# for a trial goes here. grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer and norm_bwd_grid won
-# theirs and are defaults now; the 16-programs-per-SM grids and fuse_mlp_act (the MLP's GELU in the epilogues
-# of a Triton GEMM) lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk
-# (kernels/wgrad.py) never went on trial: its kernel lost to cuBLAS's on its own
-# (benchmarks/kernels/wgrad_dev.py). fuse_softmax_matmuls changes GPT-2's explicit attention only;
-# attention_kv_split, MQA's dK/dV programs per K/V head (the launcher takes 4 at the headline), the
-# FastTransformer's only (benchmarks/kernels/attention_kv_split_dev.py times the splits alone).
-CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = (
-    (" +fuse-softmax-matmuls", {"fuse_softmax_matmuls": True}, ("gpt2",)),
-    (" kv-split 8", {"attention_kv_split": 8}, ("fasttransformer",)),
-    (" kv-split 2", {"attention_kv_split": 2}, ("fasttransformer",)),
-)
+# for a trial goes here. grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer, norm_bwd_grid and
+# fuse_softmax_matmuls (GPT-2's explicit attention in one kernel each way) won theirs and are defaults now;
+# the 16-programs-per-SM grids, fuse_mlp_act (the MLP's GELU in the epilogues of a Triton GEMM) and
+# attention_kv_split 8 and 2 (MQA's dK/dV programs per K/V head, against the launcher's choice) lost theirs
+# and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py) never went on
+# trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = ()
 
 
 def engine_candidates() -> list[Case]:

@@ -24,6 +24,7 @@ import plotly.graph_objects as go
 
 from ftlib.harness.suites import SUITES
 from ftlib.training.engine.options import EngineOptions
+from ftlib.training.engine.swaps import ATTN_HEAD_SIZES
 from ftlib.views.bench import select
 from ftlib.views.plots import PALETTE, legend_below
 from ftlib.views.tables import table_view
@@ -291,7 +292,8 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
 # Options that are defaults because they were faster beyond the spread in their trial (suite
 # engine_candidates) and passed their 100-step check. Rows of an engine without them are another engine's:
 # their ratios are never pooled with the current engine's.
-TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid")
+TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid",
+                 "fuse_softmax_matmuls")
 TODAY = "the current defaults"
 
 
@@ -349,6 +351,23 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
         cfg, kernels = row.get("config") or {}, ran.get("kernels")
         return (cfg.get("n_kv_head", cfg.get("n_head")) != cfg.get("n_head")
                 and (kernels is None or "attention" in kernels))
+    if name == "fuse_softmax_matmuls":  # it extends the fused softmax of explicit attention kept as written
+        return _explicit_kernel_fits(row, ran)
     if name == "norm_dw_into_buffer":  # the atomic adds live in the fused residual-norm's backward
         return ran.get("fuse_residual_norm", True) is not False
     return name != "norm_bwd_grid" or ran.get("norm_dw_into_buffer") is True  # the grid those adds run on
+
+
+def _explicit_kernel_fits(row: dict[str, Any], ran: dict[str, Any]) -> bool:
+    """Whether GPT-2's explicit attention kernel could have taken a row's attention, by the engine's own rules
+    (``ftlib.training.engine.swaps``): the fused softmax ran (explicit attention, kernels on, no attention
+    kernel in its place), no attention dropout, a head size the kernels take, not strict fp32 without a dot
+    precision. A row that ran with the option records any other reason in its softmax note."""
+    cfg = row.get("config") or {}
+    if not ran.get("fused_softmax") or "fuse_softmax_matmuls not" in str((ran.get("notes") or {}).get("softmax", "")):
+        return False
+    attn_dropout = cfg.get("attn_dropout")
+    dropout = cfg.get("dropout", 0.0) if attn_dropout is None else attn_dropout
+    head_size = cfg["n_embd"] // cfg["n_head"] if cfg.get("n_embd") and cfg.get("n_head") else None
+    strict_fp32 = row.get("precision") == "fp32" and not ran.get("attention_precision")
+    return not dropout and head_size in ATTN_HEAD_SIZES and not strict_fp32

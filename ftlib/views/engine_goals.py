@@ -59,6 +59,9 @@ GOALS: tuple[EngineGoal, ...] = (
     EngineGoal("gpt2", "tf32", min_speedup=1.2),
 )
 
+NOT_MEASURED = "not measured"
+
+
 def _against(lo: float, hi: float, n_runs: int, n_machines: int, at_most: float | None = None,
              at_least: float | None = None) -> str:
     """'met', 'missed' or 'some runs meet it' over runs whose values lie in [lo, hi]; 'too few runs' without
@@ -85,15 +88,20 @@ def _current_runs(runs: pd.DataFrame) -> pd.DataFrame:
 
 
 def _judged(runs: pd.DataFrame, goals: Iterable[EngineGoal]) -> list[tuple[EngineGoal, int, dict[str, Any]]]:
-    """Per device and goal with runs of the current engine: the goal, how many runs, and its line of
-    :func:`goal_table`."""
+    """Per device with runs of the current engine, and per goal: the goal, how many runs, and its line of
+    :func:`goal_table` (a goal whose model and precision have no such run there is 'not measured')."""
     per_run, goals = _current_runs(runs), list(goals)  # the goals are read once per device
     out = []
     for dev in sorted(set(per_run["device_slug"])):
         for g in goals:
             sel = per_run[(per_run["device_slug"] == dev) & (per_run["label"] == g.label)
                           & (per_run["precision"] == g.precision)]
-            if sel.empty:
+            if sel.empty:  # its runs (if any) measured an earlier engine
+                out.append((g, 0, {"device": dev, "model": bv.MODEL_NAMES[g.label], "precision": g.precision,
+                                   "goal": g.text(), "engine ms": "–", "speed-up": "–",
+                                   "runs": "no run of the current engine",
+                                   "step-time goal": "–" if g.max_ms is None else NOT_MEASURED,
+                                   "speed-up goal": NOT_MEASURED, "closest run": "–"}))
                 continue
             ms, x = sel["median_ms"], sel["speedup"]
             n, m = int(sel["run_id"].nunique()), int(sel["machine_id"].nunique())
@@ -135,9 +143,11 @@ def _limits(probe_rows: list[dict[str, Any]], device: str, goal: EngineGoal, top
 
 
 def goal_state(line: dict[str, Any]) -> str:
-    """A line of :func:`goal_table` as a whole: 'met' (every half of the goal met), 'too few runs' (a half
-    without a verdict), else 'not met'."""
+    """A line of :func:`goal_table` as a whole: 'not measured' (no run of the current engine), 'met' (every half
+    of the goal met), 'too few runs' (a half without a verdict), else 'not met'."""
     verdicts = [v for v in (line["step-time goal"], line["speed-up goal"]) if v != "–"]
+    if NOT_MEASURED in verdicts:
+        return NOT_MEASURED
     if all(v == "met" for v in verdicts):
         return "met"
     return "too few runs" if "too few runs" in verdicts else "not met"
@@ -150,6 +160,10 @@ def goal_findings(runs: pd.DataFrame, probe_rows: Iterable[dict[str, Any]], goal
     items = []
     for g, n, line in _judged(runs, goals):
         state = goal_state(line)
+        if state == NOT_MEASURED:
+            items.append(f"* **{line['model']} {line['precision']}, {line['device']}** (goal {line['goal']}): not "
+                         "measured yet; the runs of this model and precision measured an earlier engine.")
+            continue
         text = (f"* **{line['model']} {line['precision']}, {line['device']}** (goal {line['goal']}): "
                 f"{line['engine ms']}, {line['speed-up']} the strongest compiled step, {line['runs']}: "
                 f"{state}" + (f" (step time {line['step-time goal']}, speed-up {line['speed-up goal']})"
@@ -172,7 +186,8 @@ def _states(judged: list[tuple[EngineGoal, int, dict[str, Any]]], device: str) -
             # A two-part goal not met names the half that missed (the other may be met).
             named = state == "not met" and len(missed) == 1 and g.max_ms is not None
             which = f"; not met: {missed[0]}" if named else ""
-            states.setdefault("too few runs to judge" if state == "too few runs" else state, []).append(
+            label = {"too few runs": "too few runs to judge", NOT_MEASURED: "not measured at the current engine"}
+            states.setdefault(label.get(state, state), []).append(
                 f"{line['model']} {line['precision']} ({line['goal']}{which})")
     return "; ".join(f"{state}: {', '.join(names)}" for state, names in states.items())
 

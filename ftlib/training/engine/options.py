@@ -88,10 +88,11 @@ class EngineOptions:
               "launcher's choice, about two programs per SM; where it does not divide a model's query heads per "
               "K/V head the launcher's choice stays")
     fuse_softmax_matmuls: bool = _option(
-        False, "for explicit attention kept as written (GPT-2): q k^T, the scale, mask and softmax, and P v in one "
-               "kernel forward, the (B, nh, T, T) probabilities still written and read back by the backward's two "
-               "kernels (kernels/explicit_attention.py), instead of cuBLAS batched GEMMs around the fused softmax "
-               "with their layout copies")
+        True, "with fused_softmax, for explicit attention kept as written (GPT-2): q k^T, the scale, mask and softmax, "
+              "and P v in one kernel forward, the (B, nh, T, T) probabilities still written and read back by the "
+              "backward's two kernels (kernels/explicit_attention.py), instead of cuBLAS batched GEMMs around the "
+              "fused softmax with their layout copies; in strict fp32 only with attention_precision set",
+        keyless=False)
     grad_into_buffer: bool = _option(
         True, "each Linear's backward writes its weight gradient into that weight's view of the flat gradient "
                "(one GEMM; under bf16/fp16 with an fp32 output where CUDA has it) instead of autograd adding a "

@@ -223,28 +223,43 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
             blk.attn = KernelCausalSelfAttention(blk.attn, prec.fp32_dot, options.attention_layout,
                                                  options.fuse_kv_split_sum, options.attention_tiles, kv_split)
         out.applied["attention"] = True
-    elif (options.fused_softmax or options.fuse_softmax_matmuls) and cfg.attn_impl == "explicit" and not cfg.qk_norm:
+    elif cfg.attn_impl == "explicit" and not cfg.qk_norm:
         # The explicit softmax kept, as written, with its three elementwise passes fused, and with
-        # fuse_softmax_matmuls the products on either side of it too.
+        # fuse_softmax_matmuls the products on either side of it too (an extension of the fused
+        # softmax: fused_softmax=False leaves both off).
         if why_not:
             out.notes["softmax"] = why_not
         elif not any_kernel:
             out.notes["softmax"] = "off: every kernel is switched off (use_kernels=False)"
+        elif not options.fused_softmax:
+            out.notes["softmax"] = "not fused (fused_softmax=False)"
         else:
-            unfit = _attention_kernel_unfit(cfg, prec, info) if options.fuse_softmax_matmuls else None
+            unfit = _explicit_attention_unfit(cfg, options, prec, info) if options.fuse_softmax_matmuls else None
             if options.fuse_softmax_matmuls and unfit is None:
                 for blk in model.blocks:
                     blk.attn = FusedExplicitSelfAttention(blk.attn, prec.low_dtype, prec.fp32_dot)
                 out.notes["softmax"] = ("scale + causal mask + softmax fused with the products around it "
                                         "(q k^T, P v), the probabilities still written (kernels/explicit_attention.py)")
-            elif options.fused_softmax:
+            else:
                 for blk in model.blocks:
                     blk.attn = FusedSoftmaxSelfAttention(blk.attn, prec.low_dtype)
                 out.notes["softmax"] = "scale + causal mask + softmax fused (kernels/causal_softmax.py)"
-            else:
-                out.notes["softmax"] = "not fused (fused_softmax=False)"
             if unfit:
                 out.notes["softmax"] += f"; fuse_softmax_matmuls {unfit}"
+
+
+def _explicit_attention_unfit(cfg: ModelConfig, options: EngineOptions, prec: StepPrecision,
+                              info: DeviceInfo | None) -> str | None:
+    """Why GPT-2's explicit attention kernel (kernels/explicit_attention.py) cannot take this step's attention,
+    or None: the attention kernels' own limits, and strict fp32 unless a dot precision is set. There its
+    products would be IEEE FMA, as cuBLAS's SGEMM is, and its trial measured bf16 and tf32 only (the flash
+    kernel's rule in strict fp32 is the same)."""
+    if unfit := _attention_kernel_unfit(cfg, prec, info):
+        return unfit
+    if prec.base.name == "fp32" and options.attention_precision is None:
+        return ("not applied in strict fp32: its products would be IEEE FMA like cuBLAS's, not measured faster "
+                "(attention_precision='tf32x3' or 'ieee' selects it)")
+    return None
 
 
 def _attention_kernel_unfit(cfg: ModelConfig, prec: StepPrecision, info: DeviceInfo | None,
