@@ -132,8 +132,8 @@ show_frame(bv.headroom(runs))
 #   (`kernels/residual_norm.py`), which the engine applies by default;
 # * GPT-2's bias gradients as a deterministic column sum (`kernels/bias_linear.py`);
 # * GPT-2's scale, causal mask and softmax as one kernel each way, the probabilities still written
-#   (`kernels/causal_softmax.py`), and an option that also fuses the products around them
-#   (`kernels/explicit_attention.py`);
+#   (`kernels/causal_softmax.py`), and with the products around them fused too
+#   (`kernels/explicit_attention.py`), which the engine applies by default in bf16, fp16 and tf32;
 # * FlashAttention-2 for the FastTransformer's multi-query attention (`kernels/attention.py`);
 # * the cross-entropy loss and its gradient in one pass (`kernels/cross_entropy.py`);
 # * AdamW over flat buffers in one launch (`kernels/adamw.py`);
@@ -269,6 +269,10 @@ else:
 # profiled kernel time, spread over the step's kernels (`measured gap per kernel µs` in the totals) and
 # counted per class by its kernels. A ratio under 1 is no kernel beating physics: a fused kernel skips
 # intermediates the per-op accounting counts, and one activation of this step fits in the L2 cache.
+# GPT-2's attention on the engine's kernels is counted as any kernel that keeps its probabilities must
+# move them: P written once forward and read once backward, every product on causal tiles only; where
+# its products run on cuBLAS instead (strict fp32), those kernels count as matmul, so its attention
+# class holds the softmax alone against the floor of all three.
 # The totals set the captured step against the sum of the class floors and against the step's own
 # roofline. The figure and the lines under it show the current default engine for each model and precision
 # profiled (the option variants are in the tables); the lines say where each case is furthest from its

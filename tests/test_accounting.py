@@ -18,7 +18,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from ftlib import build_model, preset
 from ftlib.analysis.accounting import num_params, rows
-from ftlib.analysis.backends import attention_matrix_traffic, expected_backend
+from ftlib.analysis.backends import attention_matrix_traffic, expected_backend, tt_passes
 from ftlib.analysis.claims import POST_CLAIMED
 from ftlib.analysis.formulas import flop_counter_flops, kaplan_flops, megatron_flops, palm_flops
 from ftlib.analysis.peaks import PEAKS, achieved, flops_floor, lookup, roofline, step_floor
@@ -305,3 +305,41 @@ def test_chapter2_shares_text_computes_its_ratio_to_the_post(monkeypatch):
     assert f"{ratio:.1f} times the" in av.shares_text()
     monkeypatch.setitem(POST_CLAIMED, "attention_share", 2 * POST_CLAIMED["attention_share"])
     assert f"{ratio / 2:.1f} times the" in av.shares_text()
+
+
+def test_gpt2_attention_on_the_books_kernels_counts_p_written_once_and_read_once():
+    """'explicit_fused' (the engine's fuse_softmax_matmuls): causal tiles, q, k, v by index, and of the
+    (B, nh, T, T) tensors only P, written once forward and read once backward: the least any kernel that
+    stores P can move, below what PyTorch's explicit ops move and above a flash kernel's."""
+    cfg = preset("gpt2", **SMALL)
+    s, nh, hs, layers = 2, cfg.n_head, cfg.head_size, cfg.n_layer  # bf16
+
+    def attention(backend, b=B, t=T):
+        rs = [r for r in rows(cfg, b, t, precision="bf16", backend=backend)
+              if r["component"] in ("scores", "softmax", "attn_v")]
+        return sum(r["bytes"] for r in rs), sum(r["flops"] for r in rs if r["kind"] == "attention")
+
+    fused_bytes, fused_flops = attention("explicit_fused")
+    flash_bytes, flash_flops = attention("flash")
+    explicit_bytes, _ = attention("explicit")
+    passes = tt_passes("explicit_fused", dropout=False)
+    assert [(p[0], p[3], p[4]) for p in passes] == [("fwd", 0, 1), ("bwd", 1, 0)]  # P: written once, read once
+    assert attention_matrix_traffic(cfg, B, T, "bf16", backend="explicit_fused")["bytes_per_step"] == \
+        layers * 2 * B * nh * T * T * s
+    assert fused_bytes < explicit_bytes
+    # At the headline shape P's bytes outweigh what flash saves and reads back instead (O, the log-sum-exp).
+    assert attention("flash", 32, 256)[0] < attention("explicit_fused", 32, 256)[0] < attention("explicit", 32, 256)[0]
+    # Causal products only, none recomputed: q kᵀ and P v forward, dV, dP, dQ, dK backward (6 halves).
+    assert fused_flops == layers * 6 * B * nh * T * T * hs
+    assert flash_flops == layers * 7 * B * nh * T * T * hs  # flash recomputes q kᵀ backward
+
+
+def test_the_ledger_accounts_the_engines_explicit_attention_as_explicit_fused():
+    from ftlib.views.ledger import attention_backend
+
+    cfg = preset("gpt2")
+    assert attention_backend({"precision": "bf16", "describe": {"fuse_softmax_matmuls": True, "kernels": []}},
+                             cfg, (9, 0)) == "explicit_fused"
+    assert attention_backend({"precision": "bf16", "describe": {"fuse_softmax_matmuls": False, "kernels": []}},
+                             cfg, (9, 0)) == "explicit"
+    assert attention_backend({"precision": "bf16", "describe": {"kernels": ["attention"]}}, cfg, (9, 0)) == "flash"

@@ -52,7 +52,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from ftlib.analysis.backends import BACKENDS, FUSED_BACKENDS, expected_backend, tt_passes
+from ftlib.analysis.backends import BACKENDS, FUSED_BACKENDS, TILED_BACKENDS, expected_backend, tt_passes
 from ftlib.core.precision import PRECISIONS, Precision
 from ftlib.model.config import ModelConfig
 
@@ -193,7 +193,8 @@ def _attention(
     """Rows for QKᵀ, softmax and A·V under one backend."""
     nh, hs, nkv = cfg.n_head, cfg.head_size, cfg.n_kv_head
     N, C, kv = B * T, cfg.n_embd, cfg.n_kv_head * cfg.head_size
-    fused = backend in FUSED_BACKENDS
+    fused = backend in FUSED_BACKENDS  # P never stored: recomputed in the backward from the log-sum-exp
+    tiled = backend in TILED_BACKENDS  # causal tiles only, q, k, v by index, the output written in place
     tt = B * nh * T * T  # elements of one (B, nh, T, T) tensor
     mm_full = 2 * B * nh * T * T * hs  # one of QKᵀ or A·V, full T x T
     mm_causal = mm_full / 2
@@ -205,21 +206,22 @@ def _attention(
 
     # K/V with fewer heads: the explicit matmul broadcast and the math backend copy K and V
     # to n_head heads (expand + clone before bmm); 'repeat' copies before any backend.
-    kv_copy = nkv < nh and (not fused or cfg.kv_layout == "repeat")
+    kv_copy = nkv < nh and (not tiled or cfg.kv_layout == "repeat")
     k_read = (N * kv + 2 * N * C) * s if kv_copy else N * kv * s  # read K, [write + read copy]
     # gradients of a copied / expanded K (or V) come out at n_head heads and are summed
-    k_grad = (N * C + N * C + N * kv) * s if (kv_copy or (fused and nkv < nh)) else N * kv * s
+    k_grad = (N * C + N * C + N * kv) * s if (kv_copy or (tiled and nkv < nh)) else N * kv * s
     # head merge y.transpose(1, 2).contiguous(): a copy for bmm outputs, free for fused ones
-    merge = 0 if fused else 2 * N * C * s
+    merge = 0 if tiled else 2 * N * C * s
 
-    ew_elems = tt / 2 if fused else tt  # elementwise softmax work done on executed elements
-    soft_per = EW_FLOPS["scale"] + EW_FLOPS["softmax_fwd"] + (EW_FLOPS["mask"] if not fused else 0)
+    ew_elems = tt / 2 if tiled else tt  # elementwise softmax work done on executed elements
+    soft_per = EW_FLOPS["scale"] + EW_FLOPS["softmax_fwd"] + (EW_FLOPS["mask"] if not tiled else 0)
     lse = B * nh * T * STAT_BYTES
     rows: list[dict[str, Any]] = []
 
     # ---- QKᵀ
-    f_fwd = mm_causal if fused else mm_full
-    f_bwd = (3 * mm_causal) if fused else 2 * mm_full  # fused: recompute S, then dQ, dK
+    f_fwd = mm_causal if tiled else mm_full
+    # fused: recompute S, then dQ, dK; explicit_fused: dQ, dK from the stored P, causal tiles only
+    f_bwd = 3 * mm_causal if fused else 2 * mm_causal if tiled else 2 * mm_full
     rows.append(_row(layer, "scores", "fwd", "attention", f_fwd, N * C * s + k_read + tt_bytes("fwd", "scores"),
                      gemm=mm_full, causal=mm_causal, full=mm_full,
                      saved=N * C * s + (N * C if kv_copy else N * kv) * s,
@@ -231,7 +233,7 @@ def _attention(
                      note="fused: recomputes QKᵀ (2.5x forward overall)" if fused else "dQ = dS K, dK = dSᵀ Q"))
     # ---- softmax (with scale and mask)
     rows.append(_row(layer, "softmax", "fwd", "elementwise", ew_elems * soft_per,
-                     tt_bytes("fwd", "softmax") + (lse if fused else T * T),
+                     tt_bytes("fwd", "softmax") + (lse if fused else 0 if tiled else T * T),
                      causal=tt / 2 * soft_per, full=tt * soft_per,
                      saved=(lse if fused else tt * s),
                      note="in registers (online softmax)" if fused else "scale, mask, softmax: P saved"))
@@ -242,8 +244,8 @@ def _attention(
                      full=tt * (EW_FLOPS["softmax_bwd"] + EW_FLOPS["scale"]),
                      note="fused: D = rowsum(dO * O), exp recomputed" if fused else ""))
     # ---- A·V
-    f_fwd = mm_causal if fused else mm_full
-    f_bwd = 2 * mm_causal if fused else 2 * mm_full  # dP = dO Vᵀ, dV = Pᵀ dO
+    f_fwd = mm_causal if tiled else mm_full
+    f_bwd = 2 * mm_causal if tiled else 2 * mm_full  # dP = dO Vᵀ, dV = Pᵀ dO
     rows.append(_row(layer, "attn_v", "fwd", "attention", f_fwd,
                      k_read + N * C * s + merge + tt_bytes("fwd", "attn_v"),
                      gemm=mm_full, causal=mm_causal, full=mm_full,

@@ -14,7 +14,13 @@ from ftlib.core.precision import Precision
 from ftlib.model.config import ModelConfig
 
 FUSED_BACKENDS = ("flash", "efficient", "cudnn", "cpu_flash")
-BACKENDS = ("explicit", "math", *FUSED_BACKENDS)
+# GPT-2's explicit attention on the book's kernels (kernels/explicit_attention.py, the engine's
+# fuse_softmax_matmuls): tiled like the fused kernels (causal tiles only, q, k, v read by index from the
+# packed qkv, the output written in place), but P written, as GPT-2 writes it, and read back by the
+# backward instead of recomputed. PyTorch never picks it: expected_backend does not return it.
+EXPLICIT_FUSED = "explicit_fused"
+TILED_BACKENDS = (*FUSED_BACKENDS, EXPLICIT_FUSED)
+BACKENDS = ("explicit", "math", *FUSED_BACKENDS, EXPLICIT_FUSED)
 
 
 def expected_backend(
@@ -98,6 +104,14 @@ TT_PASSES: dict[str, tuple[tuple[str, str, str, int, int], ...]] = {
         ("bwd", "softmax", "softmax_backward(dP, P)", 2, 1),
         ("bwd", "scores", "bmm dS@k -> dQ", 1, 0),
         ("bwd", "scores", "bmm dSᵀ@q -> dK", 1, 0),
+    ),
+    # The least any implementation that stores P moves (the post's "write once, read once"): P written
+    # once forward (q kᵀ, scale, mask and softmax in registers, P v from registers) and read once
+    # backward. kernels/explicit_attention.py reads it three times (twice in its dq kernel, once in its
+    # dK/dV kernel), recomputing dP = dO vᵀ instead of storing it; the ledger's floor is the least.
+    EXPLICIT_FUSED: (
+        ("fwd", "softmax", "fused forward: P written (saved)", 0, 1),
+        ("bwd", "softmax", "backward: P read (dV = Pᵀ dO, dS = P (dP - rowsum(P dP)))", 1, 0),
     ),
 }
 # dropout on the probabilities (training, dropout > 0): one more pass each way, plus a

@@ -35,7 +35,7 @@ from plotly.subplots import make_subplots
 
 from ftlib.analysis.accounting import PARAM_BYTES, num_params
 from ftlib.analysis.accounting import rows as accounting_rows
-from ftlib.analysis.backends import expected_backend
+from ftlib.analysis.backends import EXPLICIT_FUSED, expected_backend
 from ftlib.analysis.peaks import DevicePeaks, compute_rate, lookup
 from ftlib.model.config import ModelConfig, preset
 from ftlib.views.engine import PROBE_CATEGORIES, case_name, probe_category
@@ -112,9 +112,13 @@ def case_config(r: dict[str, Any]) -> ModelConfig:
 
 def attention_backend(r: dict[str, Any], cfg: ModelConfig, capability: tuple[int, int]) -> str:
     """'flash' where the engine ran its own fused attention (causal tiles, scores recomputed in the
-    backward, as the accounting's fused backends), else the kernel PyTorch is expected to pick."""
-    if "attention" in ((r.get("describe") or {}).get("kernels") or []):
+    backward, as the accounting's fused backends), 'explicit_fused' where it ran GPT-2's explicit attention
+    on its kernels (P written once and read back), else the kernel PyTorch is expected to pick."""
+    desc = r.get("describe") or {}
+    if "attention" in (desc.get("kernels") or []):
         return "flash"
+    if desc.get("fuse_softmax_matmuls"):
+        return EXPLICIT_FUSED
     return expected_backend(cfg, r["precision"], capability)
 
 
