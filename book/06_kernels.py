@@ -577,6 +577,14 @@ if len(ktable):
 #   products around it) for GPT-2 as written, the one model whose attention it changes, and
 #   `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against
 #   the launcher's 4) for the FastTransformer.
+# * `bias-into-buffer` and `bf16-bias-weights` (each alone, and both) concern GPT-2's Linear biases, which
+#   the FastTransformer does not have. With the bias kernel alone, each bias costs a column sum into
+#   partial rows, a torch sum of those rows and autograd's add into the flat gradient, and in bf16 one
+#   autocast cast of its layer's weight and one of the bias per step. `bias-into-buffer` adds each
+#   program's column sums straight into the bias's view of the flat gradient with atomic adds
+#   (`bias_grad_add_` in `kernels/bias_linear.py`); `bf16-bias-weights` lets those layers read the
+#   step's one bf16 copy of the flat buffer, as the FastTransformer's Linears already do. Neither
+#   changes what is computed: the same fp32 column sums (added in another order), the same bf16 values.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

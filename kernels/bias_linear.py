@@ -25,6 +25,12 @@ GPT-2 at BLOCK_N = 64), far fewer than the SMs; splitting the rows into S parts 
 programs per SM, each streaming BLOCK_M x BLOCK_N tiles, and the second stage reads only S x N
 partials. The partials are summed in a fixed order, so db is deterministic (no atomics).
 
+:func:`bias_grad_add_` is the one-stage form for a destination that already exists: each program
+adds its partial row into an (N,) fp32 buffer with atomic adds (db_out[n] += P[s, n]), so the second
+stage, the cast and autograd's add into the parameter's gradient all go. It is meant for a gradient
+buffer zeroed before the backward (the engine's flat gradient), where adding is writing; the order of
+the S adds per column is not fixed, so db is then reproducible only to fp32 rounding.
+
 Autocast: F.linear is on autocast's lower-precision list. ``BiasLinearFunction.forward`` mirrors
 that itself (casts x, W, b to the autocast dtype, fp64 excepted, and runs F.linear with autocast
 off), saves the cast tensors so the backward GEMMs run in that dtype as autocast's would, and
@@ -61,11 +67,13 @@ WIDE_N, _GPU_WIDE = 512, ((32, 128, 4), 4)
 
 @triton.jit
 def _col_sum_kernel(DY, P, M, N, stride_m, stride_n, rows_per_split,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr, ATOMIC: tl.constexpr):
     """P[ps, c] = sum_{m in [ps rows_per_split, min((ps+1) rows_per_split, M))} DY[m, c] for the
     BLOCK_N columns c of program (pn, ps), accumulated in CD (fp32; fp64 for fp64 DY).
 
     DY is (M, N) with any strides (coalesced when stride_n == 1); P is (S, N) contiguous in CD.
+    ATOMIC: P is instead one (N,) row in CD, and each program adds its sum into it,
+    P[c] += sum_{m in split ps} DY[m, c], so that after all S programs P[c] += sum_m DY[m, c].
     Tiles of BLOCK_M rows are added elementwise into a (BLOCK_M, BLOCK_N) register
     accumulator and reduced over rows once at the end: one cross-thread reduction per
     program instead of one per tile.
@@ -81,7 +89,11 @@ def _col_sum_kernel(DY, P, M, N, stride_m, stride_n, rows_per_split,
         rows = (m + tl.arange(0, BLOCK_M)).to(tl.int64)  # int64: M * stride_m may pass 2^31
         mask = (rows[:, None] < r1) & cmask[None, :]
         acc += tl.load(DY + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0).to(CD)
-    tl.store(P + ps * N + cols, tl.sum(acc, axis=0), mask=cmask)
+    part = tl.sum(acc, axis=0)  # (BLOCK_M, BLOCK_N) -> (BLOCK_N,)
+    if ATOMIC:
+        tl.atomic_add(P + cols, part, mask=cmask)
+    else:
+        tl.store(P + ps * N + cols, part, mask=cmask)
 
 
 def _num_splits(M: int, N: int, block_m: int, block_n: int, device: torch.device,
@@ -93,6 +105,30 @@ def _num_splits(M: int, N: int, block_m: int, block_n: int, device: torch.device
     else:
         target = 2  # interpreter: still exercises the partials and the second stage
     return max(1, min(target, triton.cdiv(M, block_m) // MIN_TILES_PER_SPLIT))
+
+
+def _launch(dy2d: torch.Tensor, out: torch.Tensor | None, atomic: bool, splits: int | None,
+            blocks: tuple[int, int, int] | None, per_sm: int) -> torch.Tensor:
+    """Run ``_col_sum_kernel`` over dy2d (M, N), M, N > 0: into a new (S, N) partials tensor, or
+    (``atomic``) adding into ``out`` (N,); returns what the kernel wrote."""
+    if splits is not None and int(splits) < 1:
+        raise ValueError(f"splits must be >= 1, got {splits}")
+    if int(per_sm) < 1:
+        raise ValueError(f"per_sm must be >= 1, got {per_sm}")
+    M, N = dy2d.shape
+    if blocks is None and not interpret_mode() and N >= WIDE_N:
+        blocks, per_sm = _GPU_WIDE
+    block_m, block_n, num_warps = blocks or (_CPU_BLOCKS if interpret_mode() else _GPU_BLOCKS)
+    S = _num_splits(M, N, block_m, block_n, dy2d.device, int(per_sm)) if splits is None else int(splits)
+    # Whole tiles per split, then drop the splits that would start past M.
+    rows_per_split = triton.cdiv(triton.cdiv(M, S), block_m) * block_m
+    S = triton.cdiv(M, rows_per_split)
+    if not atomic:
+        out = torch.empty((S, N), dtype=accum_dtype(dy2d.dtype), device=dy2d.device)  # (S, N) partials
+    _col_sum_kernel[(triton.cdiv(N, block_n), S)](
+        dy2d, out, M, N, dy2d.stride(0), dy2d.stride(1), rows_per_split,
+        BLOCK_M=block_m, BLOCK_N=block_n, CD=compute_dtype(dy2d.dtype), ATOMIC=atomic, num_warps=num_warps)
+    return out
 
 
 def bias_grad(
@@ -110,27 +146,35 @@ def bias_grad(
     check_tensor("dy2d", dy2d, ndim=2, contiguous=False)
     if out_dtype not in FLOAT_DTYPES:
         raise TypeError(f"out_dtype is {out_dtype}; expected one of {[str(d) for d in FLOAT_DTYPES]}")
-    if splits is not None and int(splits) < 1:
-        raise ValueError(f"splits must be >= 1, got {splits}")
-    if int(per_sm) < 1:
-        raise ValueError(f"per_sm must be >= 1, got {per_sm}")
     M, N = dy2d.shape
     if M == 0 or N == 0:
         return torch.zeros(N, dtype=out_dtype, device=dy2d.device)
-    if blocks is None and not interpret_mode() and N >= WIDE_N:
-        blocks, per_sm = _GPU_WIDE
-    block_m, block_n, num_warps = blocks or (_CPU_BLOCKS if interpret_mode() else _GPU_BLOCKS)
-    S = _num_splits(M, N, block_m, block_n, dy2d.device, int(per_sm)) if splits is None else int(splits)
-    # Whole tiles per split, then drop the splits that would start past M.
-    rows_per_split = triton.cdiv(triton.cdiv(M, S), block_m) * block_m
-    S = triton.cdiv(M, rows_per_split)
-    acc_dtype = accum_dtype(dy2d.dtype)
-    partials = torch.empty((S, N), dtype=acc_dtype, device=dy2d.device)  # (S, N)
-    _col_sum_kernel[(triton.cdiv(N, block_n), S)](
-        dy2d, partials, M, N, dy2d.stride(0), dy2d.stride(1), rows_per_split,
-        BLOCK_M=block_m, BLOCK_N=block_n, CD=compute_dtype(dy2d.dtype), num_warps=num_warps)
-    db = partials[0] if S == 1 else partials.sum(0)  # (N,)
+    partials = _launch(dy2d, None, False, splits, blocks, per_sm)  # (S, N)
+    db = partials[0] if partials.shape[0] == 1 else partials.sum(0)  # (N,)
     return db.to(out_dtype)
+
+
+def bias_grad_add_(
+    dy2d: torch.Tensor, db_out: torch.Tensor, splits: int | None = None,
+    blocks: tuple[int, int, int] | None = None, per_sm: int = PROGRAMS_PER_SM,
+) -> torch.Tensor:
+    """db_out += column sums of dy2d (M, N), in one kernel with atomic adds; returns ``db_out``.
+
+    ``db_out``: (N,), contiguous, in the accumulation dtype of dy2d (fp32; fp64 for fp64), on dy2d's
+    device: a bias's gradient buffer, zeroed before the backward when the sum is to be written. The
+    grid and ``splits``/``blocks``/``per_sm`` are :func:`bias_grad`'s.
+    """
+    check_tensor("dy2d", dy2d, ndim=2, contiguous=False)
+    check_tensor("db_out", db_out, ndim=1)
+    same_device(("dy2d", dy2d), ("db_out", db_out))
+    M, N = dy2d.shape
+    want = accum_dtype(dy2d.dtype)
+    if db_out.shape[0] != N or db_out.dtype != want:
+        raise ValueError(f"db_out must be ({N},) {want} for dy2d {tuple(dy2d.shape)} {dy2d.dtype}; got "
+                         f"{tuple(db_out.shape)} {db_out.dtype}")
+    if M == 0 or N == 0:
+        return db_out
+    return _launch(dy2d, db_out, True, splits, blocks, per_sm)
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:

@@ -25,10 +25,10 @@ from ftlib.harness.suites import SUITES
 from ftlib.model.config import preset
 from ftlib.model.gpt import build_model
 from ftlib.training.engine import Engine, EngineOptions, grad_into
-from ftlib.training.engine import engine as engine_module
+from ftlib.training.engine import linears as linears_module
 from ftlib.training.engine.flat import flatten_parameters_
+from ftlib.training.engine.linears import grad_into_linears
 from ftlib.training.engine.options import key_items, option_docs, option_names
-from ftlib.training.engine.swaps import grad_into_linears
 from kernels import mm_into
 
 B, T = 2, 16
@@ -149,7 +149,7 @@ def test_the_fp32_output_gemm_where_the_device_has_it(dev, monkeypatch):
     if dev.type == "cpu":
         assert not mm_into.fp32_out_mm_available(dev)
         monkeypatch.setattr(mm_into, "_mm_fp32_out", fp32_out_mm)
-        monkeypatch.setattr(engine_module, "fp32_out_mm_available", lambda device: True)
+        monkeypatch.setattr(linears_module, "fp32_out_mm_available", lambda device: True)
     default, into = _pair(FT1, "bf16", dev)
     assert "fp32 output" in into.notes["grad_into_buffer"]
     _train((default, into), FT1, dev, steps=1)
@@ -252,3 +252,14 @@ def test_option_is_validated_documented_and_keyed_only_when_set():
     assert all(c.label.endswith(" -grad-into-buffer") for c in off)
     assert len({c.key("engine") for c in cases}) == len(cases)
     assert not any("grad_into_buffer" in c.extra for c in SUITES["engine_candidates"].cases())
+
+
+def test_the_layer_checks_its_bias_views():
+    lin = nn.Linear(8, 4)
+    grad = torch.zeros(4, 8)
+    with pytest.raises(ValueError, match="db_out must be fp32 of shape \\(4,\\)"):
+        grad_into.GradIntoLinear(lin, grad, db_out=torch.zeros(8))
+    with pytest.raises(ValueError, match="b16 must be bf16 of shape \\(4,\\)"):
+        grad_into.GradIntoLinear(lin, grad, b16=torch.zeros(4))
+    with pytest.raises(ValueError, match="for a Linear with a bias"):
+        grad_into.GradIntoLinear(nn.Linear(8, 4, bias=False), grad, db_out=torch.zeros(4))

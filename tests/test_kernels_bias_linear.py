@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 pytest.importorskip("triton")
 
-from kernels.bias_linear import BiasLinear, BiasLinearFunction, bias_grad, bias_linear  # noqa: E402
+from kernels.bias_linear import BiasLinear, BiasLinearFunction, bias_grad, bias_grad_add_, bias_linear  # noqa: E402
 
 pytestmark = pytest.mark.kernels
 
@@ -240,3 +240,49 @@ def test_module_shares_parameters_and_matches_nn_linear(kernel_device):
 def test_module_rejects_linear_without_bias():
     with pytest.raises(ValueError, match="needs an nn.Linear with a bias"):
         BiasLinear(nn.Linear(8, 4, bias=False))
+
+
+# bias_grad_add_: the one-stage form that adds the column sums into an existing fp32 buffer with atomic adds
+# (the engine's flat gradient, option bias_into_buffer).
+@pytest.mark.parametrize("M,N,dtype,splits", [(37, 40, torch.float32, None), (300, 33, torch.bfloat16, None),
+                                              (37, 40, torch.float32, 5), (3, 17, torch.float16, 1),
+                                              (129, 64, torch.bfloat16, 100)],
+                         ids=["M37-N40", "bf16-M300-N33", "5-splits", "fp16-one-split", "bf16-many-splits"])
+def test_bias_grad_add_adds_the_column_sums_into_the_buffer(M, N, dtype, splits, kernel_device):
+    g = torch.Generator().manual_seed(M + N)
+    dy = (torch.randn(M, N, generator=g) + 0.3).to(dtype)
+    before = torch.randn(N, generator=g)  # what the buffer holds already: a kernel that wrote would lose it
+    out = before.to(kernel_device, copy=True)
+    got = bias_grad_add_(dy.to(kernel_device), out, splits=splits)
+    assert got is out and out.dtype == torch.float32 and out.shape == (N,)
+    want = before.double() + dy.double().sum(0)
+    torch.testing.assert_close(out.cpu().double(), want, atol=1e-4, rtol=1e-5)
+    # The same sum as the two-stage launcher, to fp32 rounding (the adds come in another order).
+    torch.testing.assert_close(out.cpu() - before, bias_grad(dy.to(kernel_device), torch.float32).cpu(),
+                               atol=1e-4, rtol=1e-5)
+
+
+def test_bias_grad_add_fp64_strided_and_empty(kernel_device):
+    base = torch.randn(30, 50, generator=torch.Generator().manual_seed(9), dtype=torch.float64)
+    dy = base.to(kernel_device)[::2, 3:40]  # (15, 37), row stride 100
+    out = torch.zeros(37, dtype=torch.float64, device=kernel_device)
+    bias_grad_add_(dy, out, blocks=(8, 64, 2), per_sm=4)
+    torch.testing.assert_close(out.cpu(), base[::2, 3:40].sum(0), atol=1e-12, rtol=1e-12)
+    out = torch.ones(7, device=kernel_device)
+    bias_grad_add_(torch.zeros(0, 7, device=kernel_device), out)
+    assert torch.equal(out.cpu(), torch.ones(7))  # no rows: nothing added
+
+
+def test_bias_grad_add_rejects_bad_destinations(kernel_device):
+    dev = kernel_device
+    dy = torch.randn(8, 4, device=dev)
+    with pytest.raises(ValueError, match=r"db_out must be \(4,\) torch.float32"):
+        bias_grad_add_(dy, torch.zeros(5, device=dev))
+    with pytest.raises(ValueError, match=r"db_out must be \(4,\) torch.float32"):
+        bias_grad_add_(dy.bfloat16(), torch.zeros(4, dtype=torch.bfloat16, device=dev))  # sums stay fp32
+    with pytest.raises(ValueError, match="db_out must be contiguous"):
+        bias_grad_add_(dy, torch.zeros(8, device=dev)[::2])
+    with pytest.raises(ValueError, match="db_out must have 1 dims"):
+        bias_grad_add_(dy, torch.zeros(1, 4, device=dev))
+    with pytest.raises(ValueError, match="splits must be >= 1"):
+        bias_grad_add_(dy, torch.zeros(4, device=dev), splits=0)

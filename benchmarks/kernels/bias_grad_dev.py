@@ -9,6 +9,11 @@ programs per SM), v4-v6 the same kernel on other tiles and more programs per SM 
 at only ~1 TB/s in fp32 and lost to torch.compile at N = 768 and 1024). Shapes: dy (8192, N) for
 GPT-2's four Linear widths N = 768 (qkv), 256 (proj), 1024 (MLP up), 256 (MLP down), fp32 and
 bf16. Bytes (the floor): dy read once; the (N,) result is left out.
+
+v7 and v8 are the pair the engine option ``bias_into_buffer`` decides between, each ending in an fp32
+gradient buffer zeroed first (the engine zeroes its flat gradient once per step): v7 the one-stage kernel
+adding into it atomically (``bias_grad_add_``), v8 the launcher's two stages and then the add that autograd
+runs into the buffer.
 """
 
 from __future__ import annotations
@@ -21,7 +26,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     device = setup(args)
     import torch
 
-    from kernels.bias_linear import bias_grad
+    from kernels.bias_linear import bias_grad, bias_grad_add_
 
     cuda = device.type == "cuda"
     M = 8192 if cuda else 37
@@ -47,6 +52,13 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             variants.append(Variant(f"{v} triton column sum {blocks[0]}x{blocks[1]}, {per_sm}/SM",
                                     lambda b=blocks, p=per_sm: bias_grad(dy, dtype, blocks=b, per_sm=p), tol,
                                     impl="triton"))
+        buf = torch.zeros(N, device=device, dtype=torch.float32)  # a bias's view of the flat gradient
+        variants += [
+            Variant("v7 atomic add into the zeroed fp32 gradient", lambda: bias_grad_add_(dy, buf.zero_()), tol,
+                    impl="triton"),
+            Variant("v8 two stages, then added into the zeroed fp32 gradient",
+                    lambda: buf.zero_().add_(bias_grad(dy, torch.float32)), tol, impl="triton"),
+        ]
         return run(f"bias grad ({M}, {N}) {dtype}", args, device, lambda: dy.double().sum(0), variants,
                    work=M * N * dy.element_size(), unit="GB/s", op="bias_grad", shape={"M": M, "N": N},
                    dtype=dtype)

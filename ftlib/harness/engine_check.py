@@ -47,6 +47,10 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     *(("tf32", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
     # MQA's dK/dV partial sums grouped otherwise (the same gradients, summed in another order).
     *(("bf16", "fasttransformer", {"attention_kv_split": n}) for n in (8, 2)),
+    # GPT-2's bias gradients added into the flat gradient (in no fixed order), its biased Linears on the bf16
+    # shadow (the same bf16 values as autocast's casts).
+    ("bf16", "gpt2", {"bias_into_buffer": True, "bf16_bias_weights": True}),
+    ("tf32", "gpt2", {"bias_into_buffer": True}),
 )
 
 

@@ -246,14 +246,23 @@ def engine_variants() -> list[Case]:
     return cases
 
 
-# (label suffix, engine options, the base cases it applies to) of each option on trial; an option waiting
-# for a trial goes here. grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer, norm_bwd_grid and
-# fuse_softmax_matmuls (GPT-2's explicit attention in one kernel each way) won theirs and are defaults now;
-# the 16-programs-per-SM grids, fuse_mlp_act (the MLP's GELU in the epilogues of a Triton GEMM) and
-# attention_kv_split 8 and 2 (MQA's dK/dV programs per K/V head, against the launcher's choice) lost theirs
-# and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py) never went on
-# trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
-CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...]], ...] = ()
+# (label suffix, engine options, the base cases it applies to, the precisions it applies in) of each option
+# on trial; an option waiting for a trial goes here. grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer,
+# norm_bwd_grid and fuse_softmax_matmuls (GPT-2's explicit attention in one kernel each way) won theirs and
+# are defaults now; the 16-programs-per-SM grids, fuse_mlp_act (the MLP's GELU in the epilogues of a Triton
+# GEMM) and attention_kv_split 8 and 2 (MQA's dK/dV programs per K/V head, against the launcher's choice)
+# lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py) never
+# went on trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
+# On trial: GPT-2's bias gradients added into the flat gradient by the column sum's atomic adds (no partial
+# rows, torch sum and autograd add per bias), and, in bf16, its biased Linears' weights and biases read from
+# the step's bf16 shadow (no autocast cast of each per step); each alone, and both (the labels must not
+# extend one another: a label that another extends is read as a default case).
+_GPT2_BASES = ("gpt2", "gpt2 +flash-attn")
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
+    (" +bias-into-buffer", {"bias_into_buffer": True}, _GPT2_BASES, ("bf16", "tf32")),
+    (" +bf16-bias-weights", {"bf16_bias_weights": True}, _GPT2_BASES, ("bf16",)),
+    (" +both-bias-options", {"bias_into_buffer": True, "bf16_bias_weights": True}, _GPT2_BASES, ("bf16",)),
+)
 
 
 def engine_candidates() -> list[Case]:
@@ -270,7 +279,7 @@ def engine_candidates() -> list[Case]:
     cases = []
     for prec in ("bf16", "tf32"):
         for label, name, base in bases:
-            mine = [(suffix, extra) for suffix, extra, on in CANDIDATES if label in on]
+            mine = [(suffix, extra) for suffix, extra, on, precs in CANDIDATES if label in on and prec in precs]
             if mine:
                 cases += [Case(label + suffix, configs[name], HEADLINE_B, HEADLINE_T, "engine", prec,
                                {**base, **extra}) for suffix, extra in [("", {}), *mine]]

@@ -78,7 +78,7 @@ def unmeasured(candidate_rows: Iterable[dict[str, Any]]) -> list[tuple[str, str]
     """(option label, engine option name) of each option on trial in ``ftlib.harness.suites.CANDIDATES``
     that no stored row measured yet."""
     labels = {str(r.get("label", "")) for r in candidate_rows}
-    return [(suffix.strip(), ", ".join(extra)) for suffix, extra, _ in CANDIDATES
+    return [(suffix.strip(), ", ".join(extra)) for suffix, extra, *_ in CANDIDATES
             if not any(label.endswith(suffix) for label in labels)]
 
 

@@ -5,6 +5,7 @@
 * :mod:`~ftlib.training.engine.flat`: flat parameter and gradient buffers, and AdamW on them;
 * :mod:`~ftlib.training.engine.bf16_weights`: Linear layers on a bf16 copy of the flat weights;
 * :mod:`~ftlib.training.engine.grad_into`: Linear layers that write their weight gradients into the flat gradient;
+* :mod:`~ftlib.training.engine.linears`: which Linear layers go onto the bf16 copy and into the flat gradient;
 * :mod:`~ftlib.training.engine.engine`: the Engine (warm-up, capture, step).
 
 Its check against reference training is a measurement: ``ftlib.harness.engine_check``.

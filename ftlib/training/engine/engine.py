@@ -31,7 +31,6 @@ when an engine that uses them is built.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from functools import partial
 from typing import Any
 
@@ -44,18 +43,11 @@ from ftlib.model.gpt import build_model
 from ftlib.training.engine.attention import FusedExplicitSelfAttention
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
 from ftlib.training.engine.fused_mlp import fuse_mlps
+from ftlib.training.engine.linears import setup_linears, triton_gemm_why_not
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
-from ftlib.training.engine.swaps import (
-    FusedAddNorm,
-    fuse_residual_dropout_,
-    grad_into_linears,
-    kernels_runnable,
-    shadow_linears,
-    swap_kernels,
-)
+from ftlib.training.engine.swaps import FusedAddNorm, fuse_residual_dropout_, kernels_runnable, swap_kernels
 from ftlib.training.loss_scale import LossScaleConfig
 from ftlib.training.muon import is_muon_param
-from kernels.mm_into import fp32_out_mm_available
 
 # Side-stream steps before capture; PyTorch's whole-network example uses 3.
 WARMUP_STEPS = 3
@@ -74,7 +66,8 @@ class Engine:
     Attributes: ``model``, ``flat_param`` / ``flat_grad`` (N,), ``n_decay`` (elements [0, n_decay)
     are decayed), ``spans`` (name -> (offset, numel)), ``kernels`` (op -> a kernel took it over),
     ``notes`` (what stayed on PyTorch and why), ``optimizer``, ``captured``, ``static_x`` /
-    ``static_y`` (B, T), ``grad_into`` (how many Linear weights write their gradient into ``flat_grad``).
+    ``static_y`` (B, T), ``grad_into`` (how many Linear weights write their gradient into ``flat_grad``),
+    ``linears`` (what :func:`ftlib.training.engine.linears.setup_linears` did to the Linear layers).
     """
 
     def __init__(
@@ -148,14 +141,16 @@ class Engine:
             precision=precision, skip=n_muon)
         self.muon = FlatMuon([p for _, p in muon], muon_lr, muon_momentum,
                              grouped=self.options.muon_grouped) if muon else None
-        self.flat_param16 = self._shadow_weights()
-        self.grad_into = self._grad_into_buffer()
+        # The Linears onto the bf16 shadow and into the flat gradient (linears.py).
+        self.linears = setup_linears(self.model, self.options, self.prec, self.flat_param, self.flat_grad,
+                                     self.spans, self.n_decay)
+        self.flat_param16, self.grad_into = self.linears.shadow16, self.linears.grad_into
+        self.notes.update(self.linears.notes)
+        self.fused_mlps = 0
         if self.options.fuse_mlp_act:  # last: it reads the Linears' bf16 shadows and gradient views
-            low = self.prec.base.autocast is not None
-            self.fused_mlps, self.notes["fuse_mlp_act"] = fuse_mlps(self.model, low, self.prec.base.tf32,
-                                                                    self._triton_gemm_why_not(low))
-        else:
-            self.fused_mlps = 0
+            self.fused_mlps, self.notes["fuse_mlp_act"] = fuse_mlps(
+                self.model, self.prec.base.autocast is not None, self.prec.base.tf32,
+                triton_gemm_why_not(dev, self.prec))
 
         self.static_x = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) tokens
         self.static_y = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) targets
@@ -212,72 +207,13 @@ class Engine:
         # filled from the data loader's tokens, so they are in range.
         return partial(cross_entropy, check_targets=self.device.type != "cuda")
 
-    def _shadow_weights(self) -> torch.Tensor | None:
-        """bf16 only: every plain nn.Linear reads its weight from one bf16 copy of the decayed (matrix)
-        part of the flat buffer, refreshed by one copy per step (``bf16_weights.py``)."""
-        if not self.options.bf16_weights:
-            return None
-        if self.precision != "bf16":
-            self.notes["bf16_weights"] = "not applied: needs precision='bf16'"
-            return None
-        if self.options.linear_precision is not None:
-            self.notes["bf16_weights"] = "not applied: the Linear layers run on the Triton GEMM"
-            return None
-        flat16 = torch.empty(self.n_decay, dtype=torch.bfloat16, device=self.device)
-        n = shadow_linears(self.model, flat16, self.spans)
-        self.notes["bf16_weights"] = f"{n} Linear layers on one bf16 shadow of the flat weights"
-        return flat16
-
-    def _grad_into_buffer(self) -> int:
-        """The Linear layers write their weight gradients into the flat gradient themselves
-        (``grad_into.py``); returns how many do."""
-        self.wgrad_splitk = False  # whether some Linear adds its weight gradient with the split-K kernel
-        if not self.options.grad_into_buffer:
-            return 0
-        low = self.prec.base.autocast is not None
-        fp32_out = low and fp32_out_mm_available(self.device)
-        add_wgrad = self._wgrad_splitk(low)
-        n, left = grad_into_linears(self.model, self.flat_grad, self.spans, fp32_out, add_wgrad)
-        self.wgrad_splitk = add_wgrad is not None and n > 0
-        if n == 0:
-            self.notes["grad_into_buffer"] = ("not applied: no plain, bf16-shadow or bias-kernel Linear "
-                                              "(the Triton GEMM's Linears keep their own backward)")
-            return 0
-        how = (" (one GEMM with an fp32 output)" if fp32_out else
-               " (the low-precision GEMM copied in: no fp32-output GEMM here)" if low else "")
-        kept = f"; left on autograd: {left}" if left else ""
-        self.notes["grad_into_buffer"] = f"{n} Linear weight gradients written into the flat buffer{how}{kept}"
-        return n
-
-    def _wgrad_splitk(self, low: bool) -> Callable | None:
-        """With ``wgrad_splitk``: the split-K kernel that adds each weight gradient into the flat gradient
-        (zeroed at the start of every step, so adding is writing), or None with a note saying why not."""
-        if not self.options.wgrad_splitk:
-            return None
-        why_not = self._triton_gemm_why_not(low)
-        if why_not:
-            self.notes["wgrad_splitk"] = why_not
-            return None
-        from kernels.wgrad import wgrad_add_
-
-        self.notes["wgrad_splitk"] = "weight gradients added by the split-K kernel (kernels/wgrad.py)"
-        return partial(wgrad_add_, input_precision="ieee" if low else "tf32")
-
-    def _triton_gemm_why_not(self, low: bool) -> str | None:
-        """Why an option that moves a GEMM onto Triton (``fuse_mlp_act``, ``wgrad_splitk``) cannot apply to this
-        step, or None: no runnable kernels here, or strict fp32, whose products cuBLAS runs on the FMA units (a
-        Triton GEMM would change them rather than fuse around them)."""
-        return kernels_runnable(self.device) or (
-            None if low or self.prec.base.tf32
-            else "not applied: strict fp32 keeps cuBLAS's FMA products (bf16, fp16 and tf32 only)")
-
     # -- the step ----------------------------------------------------------------------------
 
     def _step_body(self) -> torch.Tensor:
         """zero grad (one memset) + forward + loss + backward + AdamW, on the static buffers."""
         self.flat_grad.zero_()
-        if self.flat_param16 is not None:  # the step's bf16 weights, one copy
-            self.flat_param16.copy_(self.flat_param[: self.n_decay])
+        if self.flat_param16 is not None:  # the step's bf16 weights (and biases), one copy
+            self.flat_param16.copy_(self.flat_param[: self.flat_param16.numel()])
         if self.resid_dropout is not None:  # a new mask every step, also on graph replay
             self.resid_dropout[1].add_(1)
         logits, _ = self.model(self.static_x)  # (B, T, V)
@@ -388,7 +324,9 @@ class Engine:
             "muon_grouped": self.muon is not None and self.muon.grouped,
             "norm_dw_into_buffer": dw_into,
             "fuse_mlp_act": self.fused_mlps > 0,
-            "wgrad_splitk": self.wgrad_splitk,
+            "wgrad_splitk": self.linears.wgrad_splitk,
+            "bias_into_buffer": self.linears.bias_into_buffer,
+            "bf16_bias_weights": self.linears.bf16_bias_weights,
             "norm_bwd_grid": o.norm_bwd_grid if dw_into else None,  # the grid of those atomic adds
             "loss_scale": self.optimizer.loss_scale_kind(),
             "device_info": self.device_info.label() + (" (rehearsal)" if self.device_info.rehearsal else ""),

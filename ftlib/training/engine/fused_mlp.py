@@ -62,7 +62,7 @@ class FusedMLP(MLP):
 def fuse_mlps(model: GPT, low_precision: bool, tf32: bool, why_not: str | None) -> tuple[int, str]:
     """Every block's MLP onto :class:`FusedMLP` (``low_precision``: bf16 / fp16 autocast; ``tf32``: fp32
     storage with TF32 products); returns (how many, a note saying so). ``why_not``: why the step cannot
-    take a Triton GEMM at all (no kernels here, strict fp32: the engine's ``_triton_gemm_why_not``)."""
+    take a Triton GEMM at all (no kernels here, strict fp32: ``linears.triton_gemm_why_not``)."""
     if why_not:
         return 0, why_not
     act = model.config.activation

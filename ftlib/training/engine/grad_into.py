@@ -13,7 +13,9 @@ With x (M, K), W (N, K) fp32 master, b (N,), dy (M, N), G the weight's (N, K) vi
     forward   y  = x W^T + b                      F.linear (autocast's casts made explicitly)
     backward  dx = dy W                           torch.mm, returned to autograd
               G  = dy^T x                         torch.mm(dy^T, x, out=G): written, not added
-              db = sum_rows dy                    returned to autograd (AccumulateGrad adds it)
+              db = sum_rows dy                    returned to autograd (AccumulateGrad adds it), or, with
+                                                  ``db_out`` (option bias_into_buffer), added into the
+                                                  bias's view by the column sum's atomic adds, None returned
               dW = None                           AccumulateGrad is still reached, with nothing to add
 
 fp32 and tf32: ``torch.mm(..., out=G)`` is the GEMM autograd runs for ``F.linear`` (its mm backward
@@ -31,7 +33,7 @@ adding it to zeros gives. The one shared weight handled is the tied head of ``GP
 contribution is then added by AccumulateGrad, as before. The order is fixed by the graph: the
 embedding's output feeds every later layer, so autograd can only run the embedding's backward
 after the head's backward has produced dh, and the head writes G before it returns dh. A weight
-shared by two Linears is left on autograd (``swaps.grad_into_linears`` says which).
+shared by two Linears is left on autograd (``linears.grad_into_linears`` says which).
 """
 
 from __future__ import annotations
@@ -55,7 +57,10 @@ class GradIntoLinearFunction(torch.autograd.Function):
     """y = x W^T + b whose backward writes dW into ``grad`` and returns None for ``weight``.
 
     ``w16``: a bf16 copy of the weight kept by the engine (:mod:`ftlib.training.engine.bf16_weights`),
-    read instead of casting ``weight`` under autocast. ``bias_grad``: see :data:`BiasGrad`.
+    read instead of casting ``weight`` under autocast; ``b16`` likewise for the bias. ``bias_grad``: see
+    :data:`BiasGrad`. ``db_out``: instead, the bias's view of the flat gradient (zeroed before the backward),
+    into which the column sum of dy is added (:func:`kernels.bias_linear.bias_grad_add_`); None is returned
+    for the bias then.
     ``fp32_out``: low-precision GEMMs may write fp32 directly (:func:`kernels.mm_into.fp32_out_mm_available`).
     ``add_wgrad``: instead, a function (grad, dy2, x2) that *adds* dy2^T x2 into ``grad`` (the split-K
     kernel, :func:`kernels.wgrad.wgrad_add_`), for a ``grad`` zeroed before the backward, as the engine's is.
@@ -64,7 +69,8 @@ class GradIntoLinearFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grad: torch.Tensor,
-                w16: torch.Tensor | None, bias_grad: BiasGrad, fp32_out: bool, add_wgrad: AddWGrad) -> torch.Tensor:
+                w16: torch.Tensor | None, bias_grad: BiasGrad, fp32_out: bool, add_wgrad: AddWGrad,
+                b16: torch.Tensor | None = None, db_out: torch.Tensor | None = None) -> torch.Tensor:
         dev = x.device.type
         ctx.x_dtype = x.dtype
         wc = weight
@@ -72,12 +78,13 @@ class GradIntoLinearFunction(torch.autograd.Function):
             low = torch.get_autocast_dtype(dev)
             x = x.to(low)  # a no-op when the producer already wrote bf16
             wc = w16 if w16 is not None else weight.to(low)
-            bias = bias.to(low) if bias is not None else None
+            if bias is not None:
+                bias = b16 if b16 is not None else bias.to(low)
         with torch.autocast(dev, enabled=False):
             y = F.linear(x, wc, bias)
         ctx.save_for_backward(x, wc)
         ctx.grad, ctx.bias_grad, ctx.fp32_out, ctx.has_bias = grad, bias_grad, fp32_out, bias is not None
-        ctx.add_wgrad = add_wgrad
+        ctx.add_wgrad, ctx.db_out = add_wgrad, db_out
         return y
 
     @staticmethod
@@ -95,9 +102,21 @@ class GradIntoLinearFunction(torch.autograd.Function):
                 ctx.add_wgrad(ctx.grad, dy2, x.reshape(-1, K))  # x: (..., K) -> (M, K)
             elif ctx.needs_input_grad[1]:
                 weight_grad_into_(ctx.grad, dy2, x.reshape(-1, K), ctx.fp32_out)  # x: (..., K) -> (M, K)
-            if ctx.has_bias and ctx.needs_input_grad[2]:
+            if ctx.has_bias and ctx.needs_input_grad[2] and ctx.db_out is not None:
+                from kernels.bias_linear import bias_grad_add_  # here: importing this module imports no Triton
+
+                bias_grad_add_(dy2, ctx.db_out)  # db added into the bias's view of the flat gradient
+            elif ctx.has_bias and ctx.needs_input_grad[2]:
                 db = dy2.sum(0) if ctx.bias_grad is None else ctx.bias_grad(dy2)  # (N,)
-        return dx, None, db, None, None, None, None, None
+        return dx, None, db, None, None, None, None, None, None, None
+
+
+def _check_view(name: str, t: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> None:
+    """ValueError unless ``t`` is a ``dtype`` tensor of ``p``'s shape on ``p``'s device."""
+    if t.shape != p.shape or t.dtype != dtype or t.device != p.device:
+        short = {torch.float32: "fp32", torch.bfloat16: "bf16"}[dtype]
+        raise ValueError(f"{name} must be {short} of shape {tuple(p.shape)} on {p.device}; got {t.dtype} "
+                         f"{tuple(t.shape)} on {t.device}")
 
 
 class GradIntoLinear(nn.Module):
@@ -108,26 +127,32 @@ class GradIntoLinear(nn.Module):
     Outside the training step (evaluation, sampling) an ordinary Linear on the fp32 weights."""
 
     def __init__(self, lin: nn.Module, grad: torch.Tensor, *, w16: torch.Tensor | None = None,
-                 bias_grad: BiasGrad = None, fp32_out: bool = False, add_wgrad: AddWGrad = None) -> None:
+                 bias_grad: BiasGrad = None, fp32_out: bool = False, add_wgrad: AddWGrad = None,
+                 b16: torch.Tensor | None = None, db_out: torch.Tensor | None = None) -> None:
         super().__init__()
-        w = lin.weight
-        if grad.shape != w.shape or grad.dtype != torch.float32 or grad.device != w.device:
-            raise ValueError(f"grad must be fp32 of shape {tuple(w.shape)} on {w.device}; got {grad.dtype} "
-                             f"{tuple(grad.shape)} on {grad.device}")
-        self.weight, self.bias = lin.weight, lin.bias
+        w, b = lin.weight, lin.bias
+        _check_view("grad", grad, w, torch.float32)
+        if (b16 is not None or db_out is not None) and b is None:
+            raise ValueError("b16 and db_out are for a Linear with a bias; this one has none")
+        if b16 is not None:
+            _check_view("b16", b16, b, torch.bfloat16)
+        if db_out is not None:
+            _check_view("db_out", db_out, b, torch.float32)
+        self.weight, self.bias = w, b
         self.in_features, self.out_features = lin.in_features, lin.out_features
         # Plain attributes, not buffers: views into the engine's flat gradient and bf16 shadow.
-        self.grad, self.w16 = grad, w16
+        self.grad, self.w16, self.b16, self.db_out = grad, w16, b16, db_out
         self.bias_grad, self.fp32_out, self.add_wgrad = bias_grad, fp32_out, add_wgrad
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
             return GradIntoLinearFunction.apply(x, self.weight, self.bias, self.grad, self.w16, self.bias_grad,
-                                                self.fp32_out, self.add_wgrad)
+                                                self.fp32_out, self.add_wgrad, self.b16, self.db_out)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, "
                 f"bias={self.bias is not None}, dW into the flat gradient"
                 + (", bf16 shadow" if self.w16 is not None else "")
-                + (", bias kernel" if self.bias_grad is not None else ""))
+                + (", bias kernel" if self.bias_grad is not None else "")
+                + (", db into the flat gradient" if self.db_out is not None else ""))

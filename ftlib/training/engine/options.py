@@ -124,6 +124,14 @@ class EngineOptions:
                "gradient by one split-K Triton GEMM with atomic adds (kernels/wgrad.py) instead of cuBLAS's GEMM "
                "with an fp32 output, which at these skinny shapes splits the reduction and sums the slices' "
                "partials in a second kernel")
+    bias_into_buffer: bool = _option(
+        False, "with grad_into_buffer and the bias kernel: each Linear's backward adds its bias gradient into the "
+               "bias's view of the flat gradient with the column sum's atomic adds (kernels/bias_linear.py, "
+               "bias_grad_add_) instead of partial rows, a torch sum and autograd's add (linears.py)")
+    bf16_bias_weights: bool = _option(
+        False, "under bf16 with bf16_weights and grad_into_buffer: the Linear layers on the bias kernel (GPT-2's) "
+               "read their weight and bias from the step's bf16 shadow too, which then covers the whole flat "
+               "buffer, instead of one autocast cast of each weight and bias per step (linears.py)")
     muon_grouped: bool = _option(
         False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
                "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "

@@ -11,8 +11,8 @@ Triton matmuls (attention, the Linear GEMM) go in only where ``tl.dot`` gets ten
 precision on the device: below sm_80 Triton lowers every ``tl.dot`` to FMA arithmetic
 (``ftlib.core.device``), where SDPA's kernels and cuBLAS use the tensor cores.
 
-Two swaps need the flat buffers and run after them: :func:`shadow_linears` (Linear weights read from
-a bf16 copy) and :func:`grad_into_linears` (Linear weight gradients written into the flat gradient).
+The swaps of the Linear layers that need the flat buffers (a bf16 copy of the weights, gradients written
+into the flat gradient) run after them: :mod:`ftlib.training.engine.linears`.
 """
 
 from __future__ import annotations
@@ -20,7 +20,6 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from functools import partial
 
 import torch
 import torch.nn as nn
@@ -127,8 +126,8 @@ def fuse_residual_dropout_(model: GPT) -> float:
     return model.config.dropout
 
 
-def _replace(model: nn.Module, match: type | tuple[type, ...], make: Callable[[nn.Module], nn.Module],
-             exact: bool = False, when: Callable[[nn.Module], bool] | None = None) -> int:
+def replace_modules(model: nn.Module, match: type | tuple[type, ...], make: Callable[[nn.Module], nn.Module],
+                    exact: bool = False, when: Callable[[nn.Module], bool] | None = None) -> int:
     """Every child module of type ``match`` (exactly, with ``exact``; and ``when(child)``) replaced by
     ``make(child)`` in place; returns how many."""
     n = 0
@@ -183,7 +182,7 @@ def swap_kernels(model: GPT, options: EngineOptions, prec: StepPrecision, info: 
             new.weight = old.weight
             return new
 
-        _replace(model, (RMSNorm, LayerNorm), norm_kernel)
+        replace_modules(model, (RMSNorm, LayerNorm), norm_kernel)
         out.applied[cfg.norm] = True
 
     _swap_attention(model, options, prec, info, blocked, out, why_not, any_kernel)
@@ -288,7 +287,7 @@ def _swap_linears(model: GPT, options: EngineOptions, prec: StepPrecision, info:
         if why_not is None and reason is None:
             from kernels.linear import TritonLinear
 
-            _replace(model, nn.Linear, lambda lin: TritonLinear(lin, lp))
+            replace_modules(model, nn.Linear, lambda lin: TritonLinear(lin, lp))
             out.notes["linear"] = f"Triton GEMM, input_precision={lp!r}"
         else:
             out.notes["linear"] = reason or why_not
@@ -307,63 +306,5 @@ def _swap_linears(model: GPT, options: EngineOptions, prec: StepPrecision, info:
     else:
         from kernels.bias_linear import BiasLinear
 
-        _replace(model, nn.Linear, BiasLinear, when=lambda lin: lin.bias is not None)
+        replace_modules(model, nn.Linear, BiasLinear, when=lambda lin: lin.bias is not None)
         out.notes["bias"] = "bias gradients on the Triton column sum (kernels/bias_linear.py)"
-
-
-def shadow_linears(model: GPT, flat_param16: torch.Tensor, spans: dict[str, tuple[int, int]]) -> int:
-    """Every plain ``nn.Linear`` onto :class:`ShadowLinear`, its weight read from ``flat_param16`` (the
-    bf16 copy of the decayed part of the flat buffer); returns how many."""
-    from ftlib.training.engine.bf16_weights import ShadowLinear
-
-    span_of = {id(p): spans[n] for n, p in model.named_parameters()}
-
-    def shadow(lin: nn.Linear) -> nn.Module:
-        off, size = span_of[id(lin.weight)]
-        return ShadowLinear(lin, flat_param16[off : off + size].view_as(lin.weight))
-
-    return _replace(model, nn.Linear, shadow, exact=True)  # not the Triton GEMM or bias-kernel Linears
-
-
-def grad_into_linears(model: GPT, flat_grad: torch.Tensor, spans: dict[str, tuple[int, int]],
-                      fp32_out: bool, add_wgrad: Callable | None = None) -> tuple[int, dict[str, str]]:
-    """Every plain, bf16-shadow or bias-kernel Linear onto :class:`GradIntoLinear`, its weight gradient
-    written into ``flat_grad``'s span of the weight; returns (how many, {Linear left on autograd: why}).
-
-    A weight held by another module too is taken only where it is ``GPT``'s tied head (the embedding
-    adds its contribution after the head has written: ``grad_into.py``); any other sharing stays."""
-    from ftlib.training.engine.bf16_weights import ShadowLinear
-    from ftlib.training.engine.grad_into import GradIntoLinear
-
-    bias_linear = None
-    if kernels_runnable(flat_grad.device) is None:
-        from kernels.bias_linear import BiasLinear, bias_grad
-
-        bias_linear = BiasLinear
-    span_of = {id(p): spans[n] for n, p in model.named_parameters()}
-    holders: dict[int, list[str]] = {}
-    for name, m in model.named_modules():
-        for p in m.parameters(recurse=False):
-            holders.setdefault(id(p), []).append(name)
-    tied_head = getattr(model, "head", None) is not None and model.head.weight is model.wte.weight
-    left: dict[str, str] = {}
-
-    def takes(name: str, m: nn.Module) -> bool:
-        if type(m) not in (nn.Linear, ShadowLinear, bias_linear):
-            return False
-        users = holders[id(m.weight)]
-        if len(users) == 1 or (tied_head and m is model.head and sorted(users) == ["head", "wte"]):
-            return True
-        left[name] = f"its weight is shared with {[u for u in users if u != name]}"
-        return False
-
-    chosen = {id(m) for name, m in model.named_modules() if takes(name, m)}
-
-    def into(lin: nn.Module) -> nn.Module:
-        off, size = span_of[id(lin.weight)]
-        grad = flat_grad[off : off + size].view_as(lin.weight)  # (size,) -> (N, K)
-        db = partial(bias_grad, out_dtype=lin.bias.dtype) if type(lin) is bias_linear else None
-        return GradIntoLinear(lin, grad, w16=getattr(lin, "w16", None), bias_grad=db, fp32_out=fp32_out,
-                              add_wgrad=add_wgrad)
-
-    return _replace(model, nn.Module, into, when=lambda m: id(m) in chosen), left
