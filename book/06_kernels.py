@@ -601,10 +601,12 @@ display(Markdown(option_trials.unmeasured_text(cand_rows)))
 
 # %% [markdown]
 # ### Tiles and grids, swept
-# Two launch choices were swept at the headline shape before any went on trial: the attention
+# Launch choices are swept at the headline shape before any goes on trial: the attention
 # kernels' tiles (block sizes, warps and pipeline stages, forward and backward apart;
-# `benchmarks/kernels/attention_tiles_dev.py`) and the residual-norm backward's grid (rows per tile,
-# programs per SM; `benchmarks/kernels/norm_bwd_grid_dev.py`). Each variant is checked against the
+# `benchmarks/kernels/attention_tiles_dev.py`), the same tiles for GPT-2's explicit-attention kernels in
+# bf16 and tf32 (`benchmarks/kernels/explicit_tiles_dev.py`: they also store and load the probabilities), and
+# the residual-norm backward's grid (rows per tile, programs per SM;
+# `benchmarks/kernels/norm_bwd_grid_dev.py`). Each variant is checked against the
 # fp64 reference, then timed in a CUDA graph; below, each sweep's fastest variants and the default,
 # and whether the fastest differs from the default by more than the spread of the replays. Only such
 # a difference goes on trial in the engine, where the whole step decides.
@@ -614,8 +616,7 @@ sweep_tab = sweeps.sweep_table(krows)
 if len(sweep_tab):
     show_frame(sweep_tab, digits=4)
     display(Markdown("\n".join(f"- {s}" for s in sweeps.sweep_findings(krows))))
-else:
-    print("Not swept yet: python -m benchmarks.kernels.attention_tiles_dev --record (and norm_bwd_grid_dev) on a GPU.")
+display(Markdown(sweeps.unswept_text(krows)))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

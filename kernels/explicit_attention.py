@@ -124,40 +124,44 @@ class ExplicitPackedAttentionFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int,
-                p_dtype: torch.dtype | None = None, input_precision: str = "ieee") -> torch.Tensor:
+                p_dtype: torch.dtype | None = None, input_precision: str = "ieee", fwd_tiles: Tiles | None = None,
+                bwd_tiles: Tiles | None = None) -> torch.Tensor:
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
         y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
         o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
-        _, p = explicit_attention_fwd(q, k, v, p_dtype, input_precision, out=o)
+        _, p = explicit_attention_fwd(q, k, v, p_dtype, input_precision, fwd_tiles, out=o)
         ctx.save_for_backward(qkv, p)
-        ctx.cfg = (n_head, n_kv_head, head_size, input_precision)
+        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qkv, p = ctx.saved_tensors
-        nh, nkv, hs, prec = ctx.cfg
+        nh, nkv, hs, prec, tiles = ctx.cfg
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, nh, nkv, hs)
         do = dy.contiguous().view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view (dy is contiguous here)
         dqkv = torch.empty_like(qkv)
         dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
-        explicit_attention_bwd(do, q, k, v, p, prec, dq_out=dq, dk_out=dk, dv_out=dv)
-        return dqkv, None, None, None, None, None
+        explicit_attention_bwd(do, q, k, v, p, prec, tiles, dq_out=dq, dk_out=dk, dv_out=dv)
+        return dqkv, None, None, None, None, None, None, None
 
 
 def explicit_attention_packed(
     qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
-    input_precision: str = "ieee",
+    input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None,
 ) -> torch.Tensor:
     """GPT-2's explicit causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C),
-    its probabilities written in ``p_dtype`` (None: qkv's dtype) as :func:`explicit_attention_fwd` says."""
+    its probabilities written in ``p_dtype`` (None: qkv's dtype) as :func:`explicit_attention_fwd` says.
+    ``fwd_tiles``/``bwd_tiles``: the forward's and the two backward kernels' tiles (None: chosen from the
+    device's shared memory, :mod:`kernels.tiles`)."""
     if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
                          f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
                          f"{tuple(qkv.shape)} strides {qkv.stride()}")
-    return ExplicitPackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, p_dtype, input_precision)
+    return ExplicitPackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, p_dtype, input_precision,
+                                                 fwd_tiles, bwd_tiles)
 
 
 class TritonExplicitAttention(nn.Module):
@@ -165,11 +169,12 @@ class TritonExplicitAttention(nn.Module):
     attention block that owns them)."""
 
     def __init__(self, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
-                 input_precision: str = "ieee") -> None:
+                 input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = n_head, n_kv_head, head_size
         self.p_dtype, self.input_precision = p_dtype, input_precision
+        self.fwd_tiles, self.bwd_tiles = fwd_tiles, bwd_tiles
 
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         return explicit_attention_packed(qkv, self.n_head, self.n_kv_head, self.head_size, self.p_dtype,
-                                         self.input_precision)
+                                         self.input_precision, self.fwd_tiles, self.bwd_tiles)

@@ -35,23 +35,40 @@ def test_tiles_are_parsed_per_pass_and_bad_text_is_refused():
         EngineOptions(attention_tiles="fwd 64x64 w4 s2", attention_layout="heads")
 
 
-def test_named_tiles_reach_the_launchers_and_train_like_the_chosen_ones(kernel_device, monkeypatch):
-    import kernels.attention as A
+def _flash_tiles(a: dict) -> tuple:  # kernels.attention's launchers take the tiles as keywords
+    return a.get("block_m"), a.get("block_n"), a.get("num_warps"), a.get("num_stages")
 
-    def tiles_of(a: dict) -> tuple:
-        return a.get("block_m"), a.get("block_n"), a.get("num_warps"), a.get("num_stages")
 
-    seen = {"fwd": record_calls(monkeypatch, A, "attention_fwd", tiles_of),
-            "bwd": record_calls(monkeypatch, A, "attention_bwd", tiles_of)}
-    batches = pattern_batches(FT1.vocab_size, B, T, 3, seed=2, device=kernel_device)
+def _explicit_tiles(a: dict) -> tuple:  # kernels.explicit_attention's take one Tiles
+    t = a.get("tiles")
+    return (None,) * 4 if t is None else (t.block_m, t.block_n, t.num_warps, t.num_stages)
+
+
+GPT2 = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)  # hs = 16, explicit attention
+# model, the module whose launchers take the tiles, their names, how a call names its tiles, and the engine's
+# description saying those kernels took the attention (GPT-2 as written: the explicit-attention kernels)
+ROUTES = {"flash": (FT1, "kernels.attention", ("attention_fwd", "attention_bwd"), _flash_tiles,
+                    lambda d: "attention" in d["kernels"]),
+          "explicit": (GPT2, "kernels.explicit_attention", ("explicit_attention_fwd", "explicit_attention_bwd"),
+                       _explicit_tiles, lambda d: d["fuse_softmax_matmuls"])}
+
+
+@pytest.mark.parametrize("route", list(ROUTES))
+def test_named_tiles_reach_the_launchers_and_train_like_the_chosen_ones(route, kernel_device, monkeypatch):
+    import importlib
+
+    cfg, module, (fwd, bwd), tiles_of, took = ROUTES[route]
+    mod = importlib.import_module(module)
+    seen = {"fwd": record_calls(monkeypatch, mod, fwd, tiles_of), "bwd": record_calls(monkeypatch, mod, bwd, tiles_of)}
+    batches = pattern_batches(cfg.vocab_size, B, T, 3, seed=2, device=kernel_device)
     losses = {}
     for tiles in (None, "fwd 16x16 w2 s1; bwd 16x16 w4 s1"):
         for s in seen.values():
             s.clear()
-        eng = Engine(FT1, B, T, "tf32", kernel_device, seed=3, attention_tiles=tiles, capture=False)
-        assert "attention" in eng.describe()["kernels"] and eng.describe()["attention_tiles"] == tiles
+        eng = Engine(cfg, B, T, "tf32", kernel_device, seed=3, attention_tiles=tiles, capture=False)
+        assert took(eng.describe()) and eng.describe()["attention_tiles"] == tiles
         losses[tiles] = torch.stack([eng.step(x, y).detach().clone() for x, y in batches])
-        if tiles is None:
+        if tiles is None:  # chosen by the launchers
             assert seen["fwd"] == {(None, None, None, None)} and seen["bwd"] == {(None, None, None, None)}
         else:
             assert seen["fwd"] == {(16, 16, 2, 1)} and seen["bwd"] == {(16, 16, 4, 1)}

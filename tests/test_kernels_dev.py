@@ -138,6 +138,21 @@ def test_the_attention_tile_sweep_checks_each_tile_against_the_reference(capsys)
 
 
 @pytest.mark.kernels
+def test_the_explicit_attention_tile_sweep_checks_each_tile_against_the_reference(capsys):
+    """GPT-2's explicit-attention kernels, bf16 and tf32: on the CPU every tile of the interpreter's grid; on a
+    GPU the default tile of each pass (the full sweep is a measurement, run with --record)."""
+    import torch
+
+    from benchmarks.kernels import explicit_tiles_dev as mod
+
+    names = [f"{p} {mod.tile_name((64, 64, 4, 2))}" for p in ("fwd", "bwd")] if torch.cuda.is_available() else []
+    rc = mod.main(["--check-only"] + (["--variants", ",".join(names)] if names else []))
+    out = capsys.readouterr().out
+    assert rc == 0 and "FAIL" not in out and "ERROR" not in out, out
+    assert out.count(" OK") == 2 * (len(names) or 2 * len(mod.CPU_GRID)), out  # two precisions
+
+
+@pytest.mark.kernels
 def test_the_norm_backward_grid_sweep_checks_each_grid_against_the_reference(capsys):
     """On the CPU every grid of the interpreter's list; on a GPU the old tile partials and the default
     grid (the full sweep is a measurement, run with --record)."""

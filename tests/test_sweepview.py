@@ -19,6 +19,8 @@ def test_the_defaults_are_the_launchers_defaults():
 
     tiles = TILE_CANDIDATES[0]
     assert sweeps.DEFAULTS["attention_tiles"] == {p: f"{p} {tiles.name}" for p in ("fwd", "bwd")}
+    assert sweeps.DEFAULTS["explicit_tiles"] == {f"{p} {prec}": f"{p} {tiles.name}" for p in ("fwd", "bwd")
+                                                 for prec in ("bf16", "tf32")}
     grid = RowGrid(ROWS, PERSISTENT_WARPS_PER_SM // row_tile_warps(ROWS, 256))
     assert sweeps.DEFAULTS["norm_bwd_grid"] == {"": f"atomic {grid.name}"}
 
@@ -52,3 +54,25 @@ def test_each_pass_has_its_own_default_and_the_newest_run_counts():
     assert text[0].startswith("h200, attention tiles (bwd), 2 variants: the default, bwd 64x64 w4 s2, is the fastest")
     assert "(fwd), 1 variants: the default, fwd 64x64 w4 s2, is the fastest (18.0 µs" in text[1]
     assert sweeps.sweep_findings([]) == [] and sweeps.sweep_table.rows([]) == []
+
+
+def test_the_explicit_tile_sweep_is_read_per_pass_and_precision():
+    rows = [_row("explicit_tiles", "fwd 64x64 w4 s2", 50.0, pass_="fwd tf32"),
+            _row("explicit_tiles", "fwd 128x64 w8 s2", 40.0, pass_="fwd tf32"),
+            _row("explicit_tiles", "fwd 64x64 w4 s2", 30.0, pass_="fwd bf16"),
+            _row("explicit_tiles", "fwd 32x64 w4 s2", 31.0, pass_="fwd bf16")]
+    text = sweeps.sweep_findings(rows)
+    assert len(text) == 2  # one per precision: bf16's default is fastest, tf32's is beaten beyond the spread
+    bf16, tf32 = text
+    assert "explicit-attention tiles (fwd bf16), 2 variants: the default, fwd 64x64 w4 s2, is the fastest" in bf16
+    assert "fastest fwd 128x64 w8 s2 at 40.0 µs" in tf32 and "worth a trial in the engine" in tf32
+    assert sweeps.engine_choice("explicit_tiles", "fwd tf32") is None  # the engine leaves the launchers' tiles
+
+
+def test_a_sweep_without_rows_is_named_with_its_command():
+    rows = [_row("norm_bwd_grid", "atomic 4 rows 4/SM", 24.0)]
+    text = sweeps.unswept_text(rows)
+    assert "attention tiles (`python -m benchmarks.kernels.attention_tiles_dev --record`" in text
+    assert "explicit_tiles_dev" in text and "norm_bwd_grid" not in text
+    everything = rows + [_row(op, "v", 1.0) for op in ("attention_tiles", "explicit_tiles")]
+    assert sweeps.unswept_text(everything) == ""

@@ -2,8 +2,9 @@
 
 Two benchmarks in ``benchmarks/kernels`` time one kernel at many launch parameters and store their rows in
 kernels.jsonl (with ``--record``): ``attention_tiles_dev`` (op ``attention_tiles``: the attention kernels'
-tiles, forward and backward apart) and ``norm_bwd_grid_dev`` (op ``norm_bwd_grid``: the fused
-residual-norm backward's grid). Each row is one variant's in-graph time with its p20 and p80 over
+tiles, forward and backward apart), ``explicit_tiles_dev`` (op ``explicit_tiles``: GPT-2's explicit-attention
+kernels' tiles, forward and backward apart, in bf16 and tf32) and ``norm_bwd_grid_dev`` (op ``norm_bwd_grid``:
+the fused residual-norm backward's grid). Each row is one variant's in-graph time with its p20 and p80 over
 replays. A variant beats the default *beyond the spread* when its p80 is below the default's p20: only
 such a win is worth a trial in the engine (``engine_candidates``), where the step decides.
 """
@@ -21,9 +22,12 @@ from ftlib.views.tables import table_view
 # checks these against kernels.tiles and kernels._common).
 DEFAULTS: dict[str, dict[str, str]] = {
     "attention_tiles": {"fwd": "fwd 64x64 w4 s2", "bwd": "bwd 64x64 w4 s2"},
+    "explicit_tiles": {f"{p} {prec}": f"{p} 64x64 w4 s2" for p in ("fwd", "bwd") for prec in ("bf16", "tf32")},
     "norm_bwd_grid": {"": "atomic 4 rows 4/SM"},
 }
-SWEEP_NAMES = {"attention_tiles": "attention tiles", "norm_bwd_grid": "residual-norm backward grid"}
+SWEEP_NAMES = {"attention_tiles": "attention tiles", "explicit_tiles": "GPT-2's explicit-attention tiles",
+               "norm_bwd_grid": "residual-norm backward grid"}
+DRIVERS = {op: f"benchmarks.kernels.{op}_dev" for op in DEFAULTS}  # the module that sweeps each (``--record``)
 
 
 def sweep_frame(rows: Iterable[dict[str, Any]]) -> pd.DataFrame:
@@ -98,9 +102,17 @@ def engine_choice(op: str, pass_: str = "") -> str | None:
     opts = EngineOptions()
     if op == "norm_bwd_grid" and opts.norm_bwd_grid is not None:
         return f"atomic {opts.norm_bwd_grid}"
-    if op == "attention_tiles" and opts.attention_tiles is not None:
+    if op in ("attention_tiles", "explicit_tiles") and opts.attention_tiles is not None:
         from kernels.tiles import parse_tiles
 
-        tiles = parse_tiles(opts.attention_tiles).get(pass_)
-        return f"{pass_} {tiles.name}" if tiles else None
+        kernel_pass = pass_.split()[0]  # the explicit sweep's passes also name the precision: 'fwd bf16'
+        tiles = parse_tiles(opts.attention_tiles).get(kernel_pass)
+        return f"{kernel_pass} {tiles.name}" if tiles else None
     return None
+
+
+def unswept_text(rows: Iterable[dict[str, Any]]) -> str:
+    """A sentence naming each sweep with no stored row, and the command that runs it ('' when none)."""
+    swept = set(sweep_frame(rows)["op"])
+    missing = [f"{SWEEP_NAMES[op]} (`python -m {DRIVERS[op]} --record` on a GPU)" for op in DEFAULTS if op not in swept]
+    return f"Not swept yet: {'; '.join(missing)}." if missing else ""

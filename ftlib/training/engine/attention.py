@@ -99,14 +99,19 @@ class FusedExplicitSelfAttention(nn.Module):
     output and the result written (B, T, C), so the batched GEMMs' layout copies and the ``cat`` of the
     three gradients go too. ``p_dtype``: the dtype P is written in (bf16 under bf16 autocast, what the
     ``att @ v`` matmul would cast it to; None keeps the scores' dtype); ``input_precision``: the products'
-    tl.dot precision for fp32 operands. No attention dropout (the swap checks)."""
+    tl.dot precision for fp32 operands; ``tiles``: the kernels' tiles per pass, as the option ``attention_tiles``
+    names them (None: chosen from the device). No attention dropout (the swap checks)."""
 
-    def __init__(self, attn: CausalSelfAttention, p_dtype: torch.dtype | None, input_precision: str) -> None:
+    def __init__(self, attn: CausalSelfAttention, p_dtype: torch.dtype | None, input_precision: str,
+                 tiles: str | None = None) -> None:
         super().__init__()
         from kernels.explicit_attention import TritonExplicitAttention
+        from kernels.tiles import parse_tiles
 
         self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
-        self.core = TritonExplicitAttention(attn.n_head, attn.n_kv_head, attn.head_size, p_dtype, input_precision)
+        named = parse_tiles(tiles) if tiles else {}
+        self.core = TritonExplicitAttention(attn.n_head, attn.n_kv_head, attn.head_size, p_dtype, input_precision,
+                                            named.get("fwd"), named.get("bwd"))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.resid_dropout(self.proj(self.core(self.qkv(x))))  # core: (B, T, C + 2 nkv hs) -> (B, T, C)

@@ -306,7 +306,9 @@ class Engine:
             "linear_precision": o.linear_precision if self.notes.get("linear", "").startswith("Triton") else None,
             "attention_precision": o.attention_precision,
             "attention_layout": o.attention_layout if self.kernels["attention"] else None,
-            "attention_tiles": o.attention_tiles if self.kernels["attention"] else None,
+            # The flash kernels' tiles, or GPT-2's explicit-attention kernels' where those take its attention.
+            "attention_tiles": (o.attention_tiles if self.kernels["attention"]
+                                or isinstance(attn, FusedExplicitSelfAttention) else None),
             "attention_kv_split": getattr(attn, "kv_split", None),  # the flash kernel's module, where it applied
             "fuse_residual_norm": self.fuse_residual_norm,
             "fuse_dropout": self.resid_dropout is not None,

@@ -65,7 +65,8 @@ class EngineOptions:
     attention_tiles: str | None = _option(
         None, "None: the attention kernels' tiles chosen from the device's shared memory (kernels/tiles.py); or "
               "'fwd <M>x<N> w<warps> s<stages>; bwd ...' (either pass, kernels.tiles.parse_tiles), with the "
-              "packed layout")
+              "packed layout: the flash kernels' tiles, or GPT-2's explicit-attention kernels' where they take "
+              "its attention (fuse_softmax_matmuls)")
     fuse_residual_norm: bool = _option(
         True, "every residual add fused into the norm after it (kernels/residual_norm.py), both ways")
     bias_kernel: bool = _option(

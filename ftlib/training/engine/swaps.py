@@ -236,7 +236,8 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
             unfit = _explicit_attention_unfit(cfg, options, prec, info) if options.fuse_softmax_matmuls else None
             if options.fuse_softmax_matmuls and unfit is None:
                 for blk in model.blocks:
-                    blk.attn = FusedExplicitSelfAttention(blk.attn, prec.low_dtype, prec.fp32_dot)
+                    blk.attn = FusedExplicitSelfAttention(blk.attn, prec.low_dtype, prec.fp32_dot,
+                                                          options.attention_tiles)
                 out.notes["softmax"] = ("scale + causal mask + softmax fused with the products around it "
                                         "(q k^T, P v), the probabilities still written (kernels/explicit_attention.py)")
             else:
