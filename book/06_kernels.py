@@ -585,6 +585,12 @@ if len(ktable):
 #   (`bias_grad_add_` in `kernels/bias_linear.py`); `bf16-bias-weights` lets those layers read the
 #   step's one bf16 copy of the flat buffer, as the FastTransformer's Linears already do. Neither
 #   changes what is computed: the same fp32 column sums (added in another order), the same bf16 values.
+# * `first-norm-into-buffer`: every norm but one follows a residual add and runs on the fused residual-norm
+#   kernels; the first block's first norm has no add before it and runs its own kernel, whose backward leaves
+#   partial rows for a torch sum and autograd's add per parameter (GPT-2's LayerNorm backward there also takes
+#   one row per step of a loop). The option runs that norm's backward on the fused residual-norm's kernel with
+#   no incoming residual gradient, its weight (and bias) gradients added into the flat gradient
+#   (`kernels/norm_into.py`).
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

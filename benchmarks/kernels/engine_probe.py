@@ -106,10 +106,11 @@ def main() -> int:
              # written), and with them back on cuBLAS's batched GEMMs, their layout copies and the cat of d(qkv)
              ("gpt2", "bf16", {}), ("gpt2", "bf16", {"fuse_softmax_matmuls": False}),
              ("gpt2", "tf32", {"fuse_softmax_matmuls": False}),
-             # GPT-2's bias gradients added into the flat gradient (a torch sum and an add per bias go) and, in
-             # bf16, its biased Linears on the bf16 shadow (an autocast cast of each weight and bias goes)
-             ("gpt2", "bf16", {"bias_into_buffer": True, "bf16_bias_weights": True}),
-             ("gpt2", "tf32", {"bias_into_buffer": True})]
+             # GPT-2's bias gradients added into the flat gradient (a torch sum and an add per bias go), in bf16 its
+             # biased Linears on the bf16 shadow (an autocast cast of each weight and bias goes), and its first
+             # LayerNorm's backward on the fused residual-norm kernel: every option on trial for GPT-2 at once
+             ("gpt2", "bf16", {"bias_into_buffer": True, "bf16_bias_weights": True, "first_norm_into_buffer": True}),
+             ("gpt2", "tf32", {"bias_into_buffer": True, "first_norm_into_buffer": True})]
     # The speedrun's step (chapter 8): 256x6 FT-style, B=64, residual dropout 0.2 (fused), bf16.
     from ftlib.harness.studies import SPEEDRUN_PROBE, speedrun_candidates
 

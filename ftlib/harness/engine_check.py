@@ -51,6 +51,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # shadow (the same bf16 values as autocast's casts).
     ("bf16", "gpt2", {"bias_into_buffer": True, "bf16_bias_weights": True}),
     ("tf32", "gpt2", {"bias_into_buffer": True}),
+    # The first norm's weight (and bias) gradients added into the flat gradient (in no fixed order).
+    *(("bf16", name, {"first_norm_into_buffer": True}) for name in ("fasttransformer", "gpt2")),
 )
 
 

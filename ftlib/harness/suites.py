@@ -256,12 +256,16 @@ def engine_variants() -> list[Case]:
 # On trial: GPT-2's bias gradients added into the flat gradient by the column sum's atomic adds (no partial
 # rows, torch sum and autograd add per bias), and, in bf16, its biased Linears' weights and biases read from
 # the step's bf16 shadow (no autocast cast of each per step); each alone, and both (the labels must not
-# extend one another: a label that another extends is read as a default case).
+# extend one another: a label that another extends is read as a default case). And every model's first norm
+# (the one no residual add precedes) on the fused residual-norm's backward with its gradients added into the
+# flat gradient.
 _GPT2_BASES = ("gpt2", "gpt2 +flash-attn")
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
     (" +bias-into-buffer", {"bias_into_buffer": True}, _GPT2_BASES, ("bf16", "tf32")),
     (" +bf16-bias-weights", {"bf16_bias_weights": True}, _GPT2_BASES, ("bf16",)),
     (" +both-bias-options", {"bias_into_buffer": True, "bf16_bias_weights": True}, _GPT2_BASES, ("bf16",)),
+    (" +first-norm-into-buffer", {"first_norm_into_buffer": True}, ("fasttransformer", *_GPT2_BASES),
+     ("bf16", "tf32")),
 )
 
 

@@ -45,7 +45,13 @@ from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_paramete
 from ftlib.training.engine.fused_mlp import fuse_mlps
 from ftlib.training.engine.linears import setup_linears, triton_gemm_why_not
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
-from ftlib.training.engine.swaps import FusedAddNorm, fuse_residual_dropout_, kernels_runnable, swap_kernels
+from ftlib.training.engine.swaps import (
+    FirstNormInto,
+    FusedAddNorm,
+    fuse_residual_dropout_,
+    kernels_runnable,
+    swap_kernels,
+)
 from ftlib.training.loss_scale import LossScaleConfig
 from ftlib.training.muon import is_muon_param
 
@@ -195,6 +201,14 @@ class Engine:
         if self.fuse_residual_norm:
             self.model.add_norm = FusedAddNorm(self.model, norm_out, dropout, o.norm_dw_partials,
                                                dw_into=o.norm_dw_into_buffer, bwd_grid=o.norm_bwd_grid)
+        if o.first_norm_into_buffer:  # the one norm no residual add precedes, onto the same backward kernel
+            first = self.model.blocks[0] if len(self.model.blocks) else None
+            if not (self.fuse_residual_norm and o.norm_dw_into_buffer and first is not None):
+                self.notes["first_norm_into_buffer"] = ("not applied: needs the fused residual-norm with "
+                                                        "norm_dw_into_buffer")
+            else:
+                first.norm1 = FirstNormInto(first.norm1, cfg.norm == "layernorm", o.norm_bwd_grid)
+                self.notes["first_norm_into_buffer"] = "the first norm's backward on the fused residual-norm kernel"
         return dropout
 
     def _loss(self):
@@ -325,6 +339,8 @@ class Engine:
                                   and self.config.n_head > self.config.n_kv_head),
             "muon_grouped": self.muon is not None and self.muon.grouped,
             "norm_dw_into_buffer": dw_into,
+            "first_norm_into_buffer": len(self.model.blocks) > 0 and isinstance(self.model.blocks[0].norm1,
+                                                                               FirstNormInto),
             "fuse_mlp_act": self.fused_mlps > 0,
             "wgrad_splitk": self.linears.wgrad_splitk,
             "bias_into_buffer": self.linears.bias_into_buffer,

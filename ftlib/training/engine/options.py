@@ -133,6 +133,11 @@ class EngineOptions:
         False, "under bf16 with bf16_weights and grad_into_buffer: the Linear layers on the bias kernel (GPT-2's) "
                "read their weight and bias from the step's bf16 shadow too, which then covers the whole flat "
                "buffer, instead of one autocast cast of each weight and bias per step (linears.py)")
+    first_norm_into_buffer: bool = _option(
+        False, "with the fused residual-norm and norm_dw_into_buffer: the first block's first norm (the one norm no "
+               "residual add precedes) runs its backward on the fused residual-norm's kernel with its weight (and "
+               "bias) gradients added into the flat gradient (kernels/norm_into.py), instead of its own norm "
+               "kernel's backward with partial rows, torch sums and autograd's adds")
     muon_grouped: bool = _option(
         False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
                "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "

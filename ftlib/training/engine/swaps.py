@@ -116,6 +116,40 @@ class FusedAddNorm(nn.Module):
         return add_rms_norm(x, branch, norm.weight, norm.eps, self.out_dtype, **kw)
 
 
+class FirstNormInto(nn.Module):
+    """Takes over the first block's first norm (its Parameters, under the same names: ``weight``, and ``bias``
+    for a LayerNorm): in training with gradients on, :func:`kernels.norm_into.norm_into`, the norm's backward on
+    the fused residual-norm kernel with its weight (and bias) gradients added into their ``.grad`` (the engine's
+    flat-gradient views, zeroed every step), on the grid ``bwd_grid`` names; elsewhere the norm's own kernel."""
+
+    def __init__(self, norm: nn.Module, layer_norm: bool, bwd_grid: str | None = None) -> None:
+        super().__init__()
+        self.layer_norm, self.eps, self.weight = layer_norm, norm.eps, norm.weight
+        if layer_norm:
+            self.bias = norm.bias
+        self.bwd_grid = None
+        if bwd_grid is not None:
+            from kernels._common import RowGrid
+
+            self.bwd_grid = RowGrid.parse(bwd_grid)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b = self.bias if self.layer_norm else None
+        if not (self.training and torch.is_grad_enabled()):
+            from kernels.layernorm import layer_norm
+            from kernels.rmsnorm import rms_norm
+
+            return layer_norm(x, self.weight, b, self.eps) if self.layer_norm else rms_norm(x, self.weight, self.eps)
+        from kernels.norm_into import norm_into
+
+        w = self.weight
+        if w.grad is None or (b is not None and b.grad is None):
+            raise RuntimeError("FirstNormInto needs the norm's .grad to be its gradient buffer (the engine's "
+                               "flat-gradient views); it is None")
+        grid = self.bwd_grid.launch(x.device) if self.bwd_grid is not None else {}
+        return norm_into(x, w, b, self.eps, self.layer_norm, w.grad, b.grad if b is not None else None, **grid)
+
+
 def fuse_residual_dropout_(model: GPT) -> float:
     """Replace every block's branch dropout (attention's ``resid_dropout``, the MLP's ``dropout``) by an
     identity, in place; returns their p, which :class:`FusedAddNorm` then applies inside its kernels.
