@@ -577,14 +577,18 @@ if len(ktable):
 #   products around it) for GPT-2 as written, the one model whose attention it changes, and
 #   `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against
 #   the launcher's 4) for the FastTransformer.
-# * `bias-into-buffer` and `bf16-bias-weights` (each alone, and both) concern GPT-2's Linear biases, which
-#   the FastTransformer does not have. With the bias kernel alone, each bias costs a column sum into
-#   partial rows, a torch sum of those rows and autograd's add into the flat gradient, and in bf16 one
-#   autocast cast of its layer's weight and one of the bias per step. `bias-into-buffer` adds each
-#   program's column sums straight into the bias's view of the flat gradient with atomic adds
-#   (`bias_grad_add_` in `kernels/bias_linear.py`); `bf16-bias-weights` lets those layers read the
-#   step's one bf16 copy of the flat buffer, as the FastTransformer's Linears already do. Neither
-#   changes what is computed: the same fp32 column sums (added in another order), the same bf16 values.
+# * `bias-into-buffer`, `bf16-bias-weights` and `branch-bias-into-norm` concern GPT-2's Linear biases, which
+#   the FastTransformer does not have; `all-bias-options` is all of them with `first-norm-into-buffer`. With
+#   the bias kernel alone, each bias costs a column sum into partial rows, a torch sum of those rows and
+#   autograd's add into the flat gradient, and in bf16 one autocast cast of its layer's weight and one of
+#   the bias per step. `bias-into-buffer` adds each program's column sums straight into the bias's view of
+#   the flat gradient with atomic adds (`bias_grad_add_` in `kernels/bias_linear.py`); `bf16-bias-weights`
+#   lets those layers read the step's one bf16 copy of the flat buffer, as the FastTransformer's Linears
+#   already do; `branch-bias-into-norm` takes the column sums of the attention's and the MLP's output
+#   projections inside the residual-norm backward that computes their gradient (`drb_out` in
+#   `kernels/residual_norm.py`), so no kernel reads that gradient again for them. None changes what is
+#   computed: the same fp32 column sums (added in another order; in bf16 the norm backward sums the
+#   gradient before it is rounded to bf16), the same bf16 values.
 # * `first-norm-into-buffer`: every norm but one follows a residual add and runs on the fused residual-norm
 #   kernels; the first block's first norm has no add before it and runs its own kernel, whose backward leaves
 #   partial rows for a torch sum and autograd's add per parameter (GPT-2's LayerNorm backward there also takes

@@ -1,8 +1,8 @@
 """Residual add fused with the norm that follows it (RMSNorm or LayerNorm), forward and backward.
 
-kernels (``_add_norm_fwd_kernel``, ``_add_norm_bwd_kernel`` or ``_add_norm_bwd_persistent_kernel``)
--> launchers (``add_norm_fwd``, ``add_norm_bwd``) -> ``AddNormFunction`` -> :func:`add_rms_norm`,
-:func:`add_layer_norm`.
+kernels (in :mod:`kernels.residual_norm_kernels`: ``_add_norm_fwd_kernel``, ``_add_norm_bwd_kernel`` or
+``_add_norm_bwd_persistent_kernel``) -> launchers (``add_norm_fwd``, ``add_norm_bwd``) -> ``AddNormFunction`` ->
+:func:`add_rms_norm`, :func:`add_layer_norm`.
 References: :func:`ftlib.model.reference.add_rms_norm_ref`, :func:`ftlib.model.reference.add_layer_norm_ref`.
 Used by ``ftlib.training.engine`` (option ``fuse_residual_norm``, through the model's
 ``AddNorm`` seam); its effect on the step is in data/results/h200/engine.jsonl.
@@ -54,7 +54,6 @@ from __future__ import annotations
 
 import torch
 import triton
-import triton.language as tl
 
 from kernels._common import (
     ADD_NORM_DW_PARTIALS,
@@ -66,7 +65,8 @@ from kernels._common import (
     row_tile_warps,
     same_device,
 )
-from kernels.dropout_mask import RNG4, SALTS, _block_n, _check_dropout, _keep, keep_mask
+from kernels.dropout_mask import RNG4, SALTS, _block_n, _check_dropout, keep_mask
+from kernels.residual_norm_kernels import _add_norm_bwd_kernel, _add_norm_bwd_persistent_kernel, _add_norm_fwd_kernel
 
 __all__ = ["ROWS", "RNG4", "SALTS", "AddNormFunction", "add_layer_norm", "add_norm_bwd", "add_norm_fwd", "add_rms_norm",
            "keep_mask"]
@@ -75,139 +75,6 @@ __all__ = ["ROWS", "RNG4", "SALTS", "AddNormFunction", "add_layer_norm", "add_no
 # residual + RMSNorm and + LayerNorm, fp32 and bf16, forward + backward at 8192 x 256 on the H200
 # (benchmarks/kernels/residual_norm_dev.py; data/results/h200/kernels.jsonl).
 ROWS = 4
-
-
-@triton.jit
-def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, SEED, M, N, eps, salt, p, scale,
-                         IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
-                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
-    """Per row of the (ROWS, N) tile:  s = x + r  (stored; with dropout s = x + r keep scale);
-    RMSNorm:    rstd = 1 / sqrt(mean(s^2) + eps),          shat = s rstd
-    LayerNorm:  rstd = 1 / sqrt(mean((s - mu)^2) + eps),   shat = (s - mu) rstd,  mu = mean(s)
-    h = shat w (+ b) (stored);  rstd (stored for the backward)."""
-    rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    rmask = rows < M
-    cmask = cols < N
-    mask = rmask[:, None] & cmask[None, :]
-    off = rows[:, None] * N + cols[None, :]
-    r = tl.load(R + off, mask=mask, other=0.0).to(CD)
-    if HAS_DROP:
-        r = tl.where(_keep(SEED, salt, rows, N, p, ROWS, BLOCK_N, RNG4), r * scale, 0.0)
-    s = tl.load(X + off, mask=mask, other=0.0).to(CD) + r
-    w = tl.load(W + cols, mask=cmask, other=0.0).to(CD)
-    if IS_LN:
-        mu = tl.sum(s, axis=1) / N
-        xc = tl.where(mask, s - mu[:, None], 0.0)  # padding columns must not enter the variance
-    else:
-        xc = s
-    rstd = 1.0 / tl.sqrt(tl.sum(xc * xc, axis=1) / N + eps)
-    h = xc * rstd[:, None] * w[None, :]
-    if HAS_BIAS:
-        h += tl.load(B + cols, mask=cmask, other=0.0).to(CD)[None, :]
-    tl.store(S + off, s.to(S.dtype.element_ty), mask=mask)
-    tl.store(RSTD + rows, rstd, mask=rmask)
-    tl.store(H + off, h.to(H.dtype.element_ty), mask=mask)
-
-
-@triton.jit
-def _add_norm_bwd_rows(DS, DH, S, RSTD, G, GR, SEED, w, rows, cols, M, N, salt, p, scale,
-                       IS_LN: tl.constexpr, HAS_DS: tl.constexpr, HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr,
-                       RNG4: tl.constexpr, ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
-    """g (and dr) for the rows ``rows`` of a (ROWS, BLOCK_N) tile, stored; returns (dh shat, dh),
-    the tile's dweight and dbias terms, zero outside the mask."""
-    rmask = rows < M
-    cmask = cols < N
-    mask = rmask[:, None] & cmask[None, :]
-    off = rows[:, None] * N + cols[None, :]
-    s = tl.load(S + off, mask=mask, other=0.0).to(CD)
-    dh = tl.load(DH + off, mask=mask, other=0.0).to(CD)
-    rstd = tl.load(RSTD + rows, mask=rmask, other=0.0).to(CD)
-    if IS_LN:
-        mu = tl.sum(s, axis=1) / N
-        shat = tl.where(mask, (s - mu[:, None]) * rstd[:, None], 0.0)
-    else:
-        shat = s * rstd[:, None]
-    dhw = dh * w[None, :]
-    c = tl.sum(dhw * shat, axis=1) / N
-    if IS_LN:
-        g = rstd[:, None] * (dhw - (tl.sum(dhw, axis=1) / N)[:, None] - shat * c[:, None])
-    else:
-        g = rstd[:, None] * (dhw - shat * c[:, None])
-    if HAS_DS:
-        g += tl.load(DS + off, mask=mask, other=0.0).to(CD)
-    tl.store(G + off, g.to(G.dtype.element_ty), mask=mask)
-    if HAS_GR:
-        if HAS_DROP:  # the mask is a function of (seed, salt, row, column) only: any tiling redraws it
-            g = tl.where(_keep(SEED, salt, rows, N, p, ROWS, BLOCK_N, RNG4), g * scale, 0.0)
-        tl.store(GR + off, g.to(GR.dtype.element_ty), mask=mask)
-    return dh * shat, dh
-
-
-@triton.jit
-def _add_norm_bwd_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M, N, salt, p, scale,
-                         IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
-                         HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
-                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
-    """Per row:  g = ds + rstd (dh w - [mean(dh w)] - shat mean(dh w shat))   ([.] LayerNorm only),
-    the gradient of x (and of r without dropout); with HAS_GR dr = g (keep scale) into GR in r's
-    dtype (the keep mask redrawn as in the forward); the tile's partials dw = sum_rows dh shat into DWP[pid] and
-    db = sum_rows dh into DBP[pid]. The LayerNorm mean is recomputed from s (none is saved)."""
-    pid = tl.program_id(0)
-    rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-    cols = tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    w = tl.load(W + cols, mask=cmask, other=0.0).to(CD)
-    dwt, dbt = _add_norm_bwd_rows(DS, DH, S, RSTD, G, GR, SEED, w, rows, cols, M, N, salt, p, scale,
-                                  IS_LN, HAS_DS, HAS_GR, HAS_DROP, RNG4, ROWS, BLOCK_N, CD)
-    tl.store(DWP + pid * N + cols, tl.sum(dwt, axis=0), mask=cmask)
-    if HAS_BIAS:
-        tl.store(DBP + pid * N + cols, tl.sum(dbt, axis=0), mask=cmask)
-
-
-@triton.jit
-def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M, N, salt, p, scale,
-                                    tiles_per_program,
-                                    IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
-                                    HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
-                                    ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr,
-                                    ATOMIC: tl.constexpr):
-    """The same g, dr, dw, db on a persistent grid (Liger-Kernel's rms_norm backward: a few programs
-    per SM). Program pid takes the ``tiles_per_program`` consecutive (ROWS, N) tiles from
-    tile pid * tiles_per_program on (the last run clipped at M); per row, as the tile kernel,
-
-        g = ds + rstd (dh w - [mean(dh w)] - shat mean(dh w shat)),   dx = g,   dr = g (keep scale)
-
-    and over all its rows it accumulates, in (ROWS, BLOCK_N) register tiles in CD,
-
-        acc_w += dh shat,   acc_b += dh   (LayerNorm with a bias only)
-
-    then writes DWP[pid] = sum over the ROWS axis of acc_w and DBP[pid] likewise: one partial row
-    per program for the launcher to sum (dw = sum_programs DWP, db = sum_programs DBP), instead of
-    one per tile. With ATOMIC, DWP and DBP are (N,) outputs instead, and each program adds its row
-    into them (DWP += sum over the ROWS axis of acc_w): the sum over programs done by atomic adds.
-    The keep mask depends on (seed, salt, row, column) only: the same as the forward's."""
-    pid = tl.program_id(0)
-    cols = tl.arange(0, BLOCK_N)
-    cmask = cols < N
-    w = tl.load(W + cols, mask=cmask, other=0.0).to(CD)
-    acc_w = tl.zeros((ROWS, BLOCK_N), dtype=CD)
-    acc_b = tl.zeros((ROWS, BLOCK_N), dtype=CD)
-    for i in range(tiles_per_program):
-        rows = ((pid * tiles_per_program + i) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
-        dwt, dbt = _add_norm_bwd_rows(DS, DH, S, RSTD, G, GR, SEED, w, rows, cols, M, N, salt, p, scale,
-                                      IS_LN, HAS_DS, HAS_GR, HAS_DROP, RNG4, ROWS, BLOCK_N, CD)
-        acc_w += dwt
-        if HAS_BIAS:
-            acc_b += dbt
-    if ATOMIC:
-        tl.atomic_add(DWP + cols, tl.sum(acc_w, axis=0), mask=cmask)
-        if HAS_BIAS:
-            tl.atomic_add(DBP + cols, tl.sum(acc_b, axis=0), mask=cmask)
-    else:
-        tl.store(DWP + pid * N + cols, tl.sum(acc_w, axis=0), mask=cmask)
-        if HAS_BIAS:
-            tl.store(DBP + pid * N + cols, tl.sum(acc_b, axis=0), mask=cmask)
 
 
 def _check(x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None) -> None:
@@ -265,7 +132,7 @@ def add_norm_bwd(
     layer_norm: bool, has_bias: bool, rows: int = ROWS, r_dtype: torch.dtype | None = None,
     p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
     dw_partials: str = "tile", programs: int | None = None,
-    dw_out: torch.Tensor | None = None, db_out: torch.Tensor | None = None,
+    dw_out: torch.Tensor | None = None, db_out: torch.Tensor | None = None, drb_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(dx, dr, dweight, dbias or None); ``ds`` None when s feeds only the norm.
 
@@ -276,12 +143,19 @@ def add_norm_bwd(
     ``kernels._common.persistent_grid``, a partial row each), the launcher summing the partial rows;
     or "atomic" (the persistent grid adding into (N,) outputs). ``dw_out`` (and ``db_out`` with a
     bias), "atomic" only: the weight's (and bias's) gradient buffers, in rstd's dtype, which the
-    kernel adds into; dweight and dbias are then returned as None (already accumulated)."""
+    kernel adds into; dweight and dbias are then returned as None (already accumulated). ``drb_out``,
+    "atomic" only: an (N,) buffer in rstd's dtype into which the kernel also adds the column sums of dr (the
+    gradient of a bias the branch added last, e.g. the projection's before the residual add)."""
     check_dw_partials(dw_partials, programs, ADD_NORM_DW_PARTIALS)
     into = dw_out is not None
     if into or db_out is not None:
         _check_outs(dw_partials, dw_out, db_out, w, rstd.dtype, has_bias)
     N = s.shape[-1]
+    if drb_out is not None and (dw_partials != "atomic" or tuple(drb_out.shape) != (N,)
+                                or drb_out.dtype != rstd.dtype or not drb_out.is_contiguous()
+                                or drb_out.device != s.device):
+        raise ValueError(f"drb_out needs dw_partials='atomic' and a contiguous ({N},) {rstd.dtype} buffer on "
+                         f"{s.device}; got {dw_partials!r}, {tuple(drb_out.shape)} {drb_out.dtype}")
     M = s.numel() // max(N, 1)
     r_dtype = r_dtype or s.dtype
     dh = dh.contiguous()
@@ -303,14 +177,16 @@ def add_norm_bwd(
     else:
         dwp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device)  # one partial row per program
         dbp = torch.empty((grid, N), dtype=rstd.dtype, device=s.device) if has_bias else dwp
-    args = (ds if ds is not None else dh, dh, s, w, rstd, g, gr, dwp, dbp, seed if p > 0 else rstd, M, N, salt, p,
-            1.0 / (1.0 - p))
+    head, tail = (ds if ds is not None else dh, dh, s, w, rstd, g, gr, dwp, dbp), (
+        seed if p > 0 else rstd, M, N, salt, p, 1.0 / (1.0 - p))
     meta = dict(IS_LN=layer_norm, HAS_BIAS=has_bias, HAS_DS=ds is not None, HAS_GR=has_gr, HAS_DROP=p > 0, RNG4=rng4,
                 ROWS=rows, BLOCK_N=block_n, CD=compute_dtype(s.dtype), num_warps=warps)
     if dw_partials == "tile":
-        _add_norm_bwd_kernel[(grid,)](*args, **meta)
+        _add_norm_bwd_kernel[(grid,)](*head, *tail, **meta)
     else:
-        _add_norm_bwd_persistent_kernel[(grid,)](*args, per_program, **meta, ATOMIC=atomic)
+        drb = drb_out if drb_out is not None else dwp  # not read without HAS_DRB
+        _add_norm_bwd_persistent_kernel[(grid,)](*head, drb, *tail, per_program, **meta, ATOMIC=atomic,
+                                                 HAS_DRB=drb_out is not None)
     if into:
         return g, gr, None, None
     if atomic:
@@ -343,7 +219,8 @@ class AddNormFunction(torch.autograd.Function):
                 layer_norm: bool, out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0,
                 seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4, dw_partials: str = "tile",
                 programs: int | None = None, dw_out: torch.Tensor | None = None,
-                db_out: torch.Tensor | None = None, bwd_rows: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                db_out: torch.Tensor | None = None, bwd_rows: int | None = None,
+                drb_out: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         check_dw_partials(dw_partials, programs, ADD_NORM_DW_PARTIALS)
         if dw_out is not None or db_out is not None:  # checked now, not first in the backward
             _check_outs(dw_partials, dw_out, db_out, w, accum_dtype(x.dtype), b is not None)
@@ -353,40 +230,44 @@ class AddNormFunction(torch.autograd.Function):
         ctx.r_dtype, ctx.layer_norm, ctx.has_bias, ctx.rows = r.dtype, layer_norm, b is not None, bwd_rows or rows
         ctx.p, ctx.seed, ctx.salt, ctx.rng4 = p, seed, salt, rng4  # the seed tensor: its value is read again
         ctx.dw_partials, ctx.programs, ctx.dw_out, ctx.db_out = dw_partials, programs, dw_out, db_out
+        ctx.drb_out = drb_out
         ctx.set_materialize_grads(False)  # an unused s arrives as None, not as a tensor of zeros
         return s, h
 
     @staticmethod
     def backward(ctx, ds: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         s, w, rstd = ctx.saved_tensors
-        none = (None,) * 15
+        none = (None,) * 16
         if dh is None:  # h unused: s's gradient passes through to x, and to r through the mask
             if ds is None:
                 return (None, None) + none
             dr = ds
             if ctx.p > 0:
                 dr = ds * keep_mask(ctx.seed, ds.shape, ctx.p, ctx.salt, ctx.rng4) / (1.0 - ctx.p)
+            if ctx.drb_out is not None:  # the branch bias's gradient, which the kernel would have added
+                ctx.drb_out.add_(dr.reshape(-1, dr.shape[-1]).sum(0))  # (..., N) -> (N,)
             return (ds, dr.to(ctx.r_dtype)) + none
         # dh may be bf16: loaded as fp32
         # With dw_out the weight's gradient is added into its buffer by the kernel: None goes to autograd.
         g, gr, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias, ctx.rows, ctx.r_dtype,
                                      ctx.p, ctx.seed, ctx.salt, ctx.rng4, ctx.dw_partials, ctx.programs,
-                                     ctx.dw_out, ctx.db_out)
-        return (g, gr, dw, db) + (None,) * 13
+                                     ctx.dw_out, ctx.db_out, ctx.drb_out)
+        return (g, gr, dw, db) + (None,) * 14
 
 
 def add_rms_norm(
     x: torch.Tensor, r: torch.Tensor, w: torch.Tensor, eps: float = 1e-5, out_dtype: torch.dtype | None = None,
     rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
     dw_partials: str = "tile", programs: int | None = None, dw_out: torch.Tensor | None = None,
-    bwd_rows: int | None = None,
+    bwd_rows: int | None = None, drb_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, rms_norm(x + r) * w), differentiable in x, r and w; h in ``out_dtype`` (default x's).
     ``p`` > 0: r through dropout first (mask from ``seed`` and ``salt``: module docstring).
     ``dw_partials``, ``programs``, ``dw_out``: the backward's dweight (:func:`add_norm_bwd`), on
-    ``bwd_rows``-row tiles (default ``rows``: the backward recomputes from s and rstd, any tiling)."""
+    ``bwd_rows``-row tiles (default ``rows``: the backward recomputes from s and rstd, any tiling);
+    ``drb_out``: also the column sums of r's gradient added there (:func:`add_norm_bwd`)."""
     return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype, rows, p, seed, salt, rng4, dw_partials,
-                                 programs, dw_out, None, bwd_rows)
+                                 programs, dw_out, None, bwd_rows, drb_out)
 
 
 def add_layer_norm(
@@ -394,7 +275,9 @@ def add_layer_norm(
     out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None,
     salt: int = 0, rng4: bool = RNG4, dw_partials: str = "tile", programs: int | None = None,
     dw_out: torch.Tensor | None = None, db_out: torch.Tensor | None = None, bwd_rows: int | None = None,
+    drb_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
-    """(x + r, layer_norm(x + r) * w + b), differentiable in x, r, w and b; h in ``out_dtype``."""
+    """(x + r, layer_norm(x + r) * w + b), differentiable in x, r, w and b; h in ``out_dtype``; the other
+    arguments as :func:`add_rms_norm`'s."""
     return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype, rows, p, seed, salt, rng4, dw_partials,
-                                 programs, dw_out, db_out, bwd_rows)
+                                 programs, dw_out, db_out, bwd_rows, drb_out)

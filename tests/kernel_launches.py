@@ -95,8 +95,11 @@ def _backward(*outs: torch.Tensor) -> None:
 
 def first_norm(cfg: ModelConfig, step: Step) -> None:
     """The first block's norm, on the embeddings (fp32 under autocast too): RMSNorm (option
-    norm_dw_partials: 'tile', or 'persistent') or LayerNorm. Extended: inputs in the step's dtype."""
+    norm_dw_partials: 'tile', or 'persistent') or LayerNorm. Extended: inputs in the step's dtype. Options:
+    its backward on the fused residual-norm kernel, its gradients added into fp32 buffers (option
+    first_norm_into_buffer, kernels.norm_into)."""
     from kernels.layernorm import layer_norm
+    from kernels.norm_into import norm_into
     from kernels.rmsnorm import rms_norm
 
     C = cfg.n_embd
@@ -107,6 +110,11 @@ def first_norm(cfg: ModelConfig, step: Step) -> None:
                 _backward(rms_norm(x, w, 1e-5, dw))
         else:
             _backward(layer_norm(x, w, _t(C, dtype=dt, grad=True) if cfg.bias else None))
+    if step.options:
+        ln, bias = cfg.norm == "layernorm", cfg.norm == "layernorm" and cfg.bias
+        x = _t(M, C, grad=True)
+        _backward(norm_into(x, _t(C), _t(C) if bias else None, 1e-5, ln, torch.zeros(C),
+                            torch.zeros(C) if bias else None))
 
 
 def residual_norms(cfg: ModelConfig, step: Step) -> None:
@@ -197,10 +205,11 @@ def mlp(cfg: ModelConfig, step: Step) -> None:
 
 def linears(cfg: ModelConfig, step: Step) -> None:
     """The Linear layers' bias gradients on the Triton column sum (engine option bias_kernel, configs with
-    biases: qkv, the attention's and the MLP's projections, the MLP's up-projection); their weight gradients
+    biases: qkv, the attention's and the MLP's projections, the MLP's up-projection), also adding into the flat
+    gradient (option bias_into_buffer); their weight gradients
     on the split-K kernel (engine option wgrad_splitk: autocast steps and tf32); in fp32 storage the
     Linear on the Triton GEMM (engine option linear_precision) instead, forward, dx and dW."""
-    from kernels.bias_linear import bias_grad
+    from kernels.bias_linear import bias_grad, bias_grad_add_
     from kernels.linear import linear
     from kernels.wgrad import wgrad_add_
 
@@ -208,6 +217,8 @@ def linears(cfg: ModelConfig, step: Step) -> None:
     if cfg.bias:
         for N in (3 * C, C, cfg.d_ff):
             bias_grad(_t(M, N, dtype=step.dt), F32)
+            # bias_into_buffer (on trial in bf16 and tf32): the column sums added into the flat gradient
+            bias_grad_add_(_t(M, N, dtype=step.dt), torch.zeros(N))
     if step.dt != F32 or step.prec == "tf32":
         wgrad_add_(torch.zeros(cfg.d_ff, C), _t(M, cfg.d_ff, dtype=step.dt), _t(M, C, dtype=step.dt),
                    "tf32" if step.dt == F32 else "ieee")

@@ -127,3 +127,54 @@ def test_where_the_bias_options_do_not_apply(kernel_device):
     assert not eng.describe()["bias_into_buffer"] and "no Linear on the bias kernel" in eng.notes["bf16_bias_weights"]
     # On trial: neither is a default until it has won.
     assert EngineOptions().bias_into_buffer is False and EngineOptions().bf16_bias_weights is False
+
+
+# branch_bias_into_norm: the projections' bias gradients added by the residual-norm backward that makes their dy.
+DROP = GPT.replace(dropout=0.1, attn_dropout=0.0)  # the residual dropout inside the fused norm: dr is masked
+
+
+@pytest.mark.parametrize("cfg,prec", [(GPT, "fp32"), (GPT, "bf16"), (DROP, "fp32")],
+                         ids=["fp32", "bf16", "fp32-residual-dropout"])
+def test_branch_bias_into_norm_trains_like_the_default(cfg, prec, kernel_device):
+    default, on = _engine(cfg, prec, kernel_device), _engine(cfg, prec, kernel_device, branch_bias_into_norm=True)
+    assert on.describe()["branch_bias_into_norm"] and not default.describe()["branch_bias_into_norm"]
+    taken = [m for m in _biased(on) if m.db_elsewhere]
+    assert {id(m.bias) for m in taken} == {id(b.attn.proj.bias) for b in on.model.blocks} | {
+        id(b.mlp.proj.bias) for b in on.model.blocks}
+    for eng in (default, on):  # the embedding's dropout draws from torch's generator: the same draws for both
+        torch.manual_seed(0)
+        _steps(eng, 1)
+    for name, (off, size) in on.spans.items():
+        got, want = on.flat_grad[off:off + size], default.flat_grad[off:off + size]
+        assert want.abs().sum() > 0, name
+        # bf16: the kernel sums dr in fp32 before it is rounded to bf16; the default sums the rounded dr.
+        tol = 1e-2 if prec == "bf16" and name.endswith("proj.bias") else 1e-5
+        assert ((got - want).norm() / want.norm()).item() < tol, name
+    losses = []
+    for eng in (on, default):
+        torch.manual_seed(1)
+        losses.append(torch.tensor(_steps(eng, 3)))
+    torch.testing.assert_close(*losses, rtol=1e-3, atol=1e-3)
+
+
+def test_branch_bias_into_norm_removes_two_column_sums_per_block(kernel_device):
+    cfg = GPT.replace(block_size=32)  # 256 rows: the default's column sums leave partial rows to sum
+    a = _op_counts(_engine(cfg, "fp32", kernel_device, b=8))
+    b = _op_counts(_engine(cfg, "fp32", kernel_device, b=8, branch_bias_into_norm=True))
+    per_block = 2 * cfg.n_layer
+    adds = ("aten::add_", "aten::add")
+    assert sum(a[k] for k in adds) - sum(b[k] for k in adds) == per_block, (a, b)  # AccumulateGrad's adds
+    assert a["aten::sum"] - b["aten::sum"] == per_block  # the partial rows' torch sums
+
+
+def test_where_branch_bias_into_norm_does_not_apply(kernel_device):
+    for cfg, off, why in ((FT, {}, "not applicable: the config has no biases"),
+                          (GPT, {"grad_into_buffer": False}, "needs grad_into_buffer and the bias kernel"),
+                          (GPT, {"bias_kernel": False}, "needs grad_into_buffer and the bias kernel"),
+                          (GPT, {"norm_dw_into_buffer": False}, "needs the fused residual-norm"),
+                          (GPT, {"fuse_mlp_act": True}, "fuse_mlp_act computes"),
+                          (DROP, {"fuse_dropout": False}, "a dropout module sits between")):
+        eng = _engine(cfg, "bf16", kernel_device, branch_bias_into_norm=True, **off)
+        assert not eng.describe()["branch_bias_into_norm"] and why in eng.notes["branch_bias_into_norm"], off
+        assert not any(getattr(m, "db_elsewhere", False) for m in eng.model.modules())
+    assert EngineOptions().branch_bias_into_norm is False  # on trial

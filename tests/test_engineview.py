@@ -230,3 +230,15 @@ def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
     none = row(with_attention, {"grad_into_buffer": "not applied: no plain, bf16-shadow or bias-kernel Linear"},
                grad_into_buffer=False, fuse_kv_split_sum=True)
     assert engineview.engine_config(none) == engineview.TODAY
+
+
+def test_options_on_trial_without_rows_are_listed_once_with_their_widest_options(monkeypatch):
+    from ftlib.views import option_trials
+
+    monkeypatch.setattr(option_trials, "CANDIDATES", (
+        (" +a", {"a": True}, ("gpt2",), ("bf16", "tf32")),
+        (" +all", {"a": True, "b": True}, ("gpt2",), ("bf16",)),
+        (" +all", {"a": True}, ("gpt2",), ("tf32",))))
+    assert option_trials.unmeasured([]) == [("+a", "a"), ("+all", "a, b")]
+    assert option_trials.unmeasured([{"label": "gpt2 +a"}]) == [("+all", "a, b")]
+    assert option_trials.unmeasured_text([{"label": "gpt2 +a"}, {"label": "gpt2 +all"}]) == ""

@@ -76,3 +76,41 @@ def test_the_buffers_are_checked(kernel_device):
         add_layer_norm(x, r, w, b, EPS, dw_partials="atomic", dw_out=torch.zeros_like(w))
     with pytest.raises(ValueError, match="expected one of"):
         add_rms_norm(x, r, w, EPS, dw_partials="atom")
+
+
+# drb_out: the column sums of r's gradient (a branch bias's gradient) added by the same programs.
+@pytest.mark.parametrize("p", [0.0, 0.2], ids=["no-dropout", "dropout"])
+@pytest.mark.parametrize("layer_norm", [False, True], ids=["add-rmsnorm", "add-layernorm"])
+def test_the_branch_bias_gradient_is_the_column_sum_of_dr(layer_norm, p, kernel_device):
+    t, (ds, dh) = _inputs((37, 40), kernel_device, seed=7)
+    x, r, w, b = (t[k].detach() for k in "xrwb")
+    bias = b if layer_norm else None
+    seed = torch.tensor([123], dtype=torch.int64, device=kernel_device)
+    s, _, rstd = add_norm_fwd(x, r, w, bias, EPS, layer_norm, p=p, seed=seed, salt=3)
+    kw = dict(p=p, seed=seed, salt=3, dw_partials="atomic", programs=3)
+    _, dr, _, _ = add_norm_bwd(ds, dh, s, w, rstd, layer_norm, layer_norm, **kw)
+    drb_out = torch.full((40,), 0.5, device=kernel_device)  # a contribution there already: the kernel adds
+    _, dr2, _, _ = add_norm_bwd(ds, dh, s, w, rstd, layer_norm, layer_norm, drb_out=drb_out, **kw)
+    _same(dr2, dr, torch.float32, "dr")
+    torch.testing.assert_close(drb_out.cpu().double(), dr.cpu().double().sum(0) + 0.5, atol=1e-4, rtol=1e-5)
+    assert p == 0 or (dr == 0).any()  # the dropped columns are in the sums as zeros
+
+
+def test_the_branch_bias_gradient_through_autograd_and_its_checks(kernel_device):
+    t, (ds, dh) = _inputs((37, 32), kernel_device, seed=8)
+    x, r, w = t["x"], t["r"], t["w"]
+    drb_out = torch.zeros(32, device=kernel_device)
+    s, h = add_rms_norm(x, r, w, EPS, dw_partials="atomic", drb_out=drb_out)
+    torch.autograd.backward((s, h), (ds, dh))
+    torch.testing.assert_close(drb_out, r.grad.sum(0), atol=1e-4, rtol=1e-5)  # dr = r's gradient (no dropout)
+    # h unused: the gradient of s alone reaches r, and its column sums still reach the buffer.
+    r2, drb2 = r.detach().clone().requires_grad_(True), torch.zeros(32, device=kernel_device)
+    s2, _ = add_rms_norm(x.detach(), r2, w.detach(), EPS, dw_partials="atomic", drb_out=drb2)
+    s2.backward(ds)
+    torch.testing.assert_close(drb2, ds.sum(0), atol=1e-4, rtol=1e-5)
+    s, _, rstd = add_norm_fwd(x.detach(), r.detach(), w.detach(), None, EPS, False)
+    with pytest.raises(ValueError, match="drb_out needs dw_partials='atomic'"):
+        add_norm_bwd(ds, dh, s, w.detach(), rstd, False, False, drb_out=torch.zeros(32, device=kernel_device))
+    with pytest.raises(ValueError, match="drb_out needs"):
+        add_norm_bwd(ds, dh, s, w.detach(), rstd, False, False, dw_partials="atomic",
+                     drb_out=torch.zeros(31, device=kernel_device))

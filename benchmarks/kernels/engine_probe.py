@@ -88,6 +88,8 @@ def main() -> int:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     t0 = time.time()
+    from ftlib.harness.suites import GPT2_BF16_OPTIONS, GPT2_TF32_OPTIONS
+
     # The engine's defaults (packed attention, fused residual-norm): the headline cases first.
     cases = [("fasttransformer", "tf32", {}), ("fasttransformer", "bf16", {}),
              # the norms' dweight partials on the persistent grid: the step's torch column sums shrink
@@ -106,11 +108,9 @@ def main() -> int:
              # written), and with them back on cuBLAS's batched GEMMs, their layout copies and the cat of d(qkv)
              ("gpt2", "bf16", {}), ("gpt2", "bf16", {"fuse_softmax_matmuls": False}),
              ("gpt2", "tf32", {"fuse_softmax_matmuls": False}),
-             # GPT-2's bias gradients added into the flat gradient (a torch sum and an add per bias go), in bf16 its
-             # biased Linears on the bf16 shadow (an autocast cast of each weight and bias goes), and its first
-             # LayerNorm's backward on the fused residual-norm kernel: every option on trial for GPT-2 at once
-             ("gpt2", "bf16", {"bias_into_buffer": True, "bf16_bias_weights": True, "first_norm_into_buffer": True}),
-             ("gpt2", "tf32", {"bias_into_buffer": True, "first_norm_into_buffer": True})]
+             # every option on trial for GPT-2's biases and first norm at once (ftlib.harness.suites): the torch
+             # sums, adds and casts of its bias gradients, most of its column sums and the first norm's kernel go
+             ("gpt2", "bf16", GPT2_BF16_OPTIONS), ("gpt2", "tf32", GPT2_TF32_OPTIONS)]
     # The speedrun's step (chapter 8): 256x6 FT-style, B=64, residual dropout 0.2 (fused), bf16.
     from ftlib.harness.studies import SPEEDRUN_PROBE, speedrun_candidates
 

@@ -253,19 +253,24 @@ def engine_variants() -> list[Case]:
 # GEMM) and attention_kv_split 8 and 2 (MQA's dK/dV programs per K/V head, against the launcher's choice)
 # lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py) never
 # went on trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
-# On trial: GPT-2's bias gradients added into the flat gradient by the column sum's atomic adds (no partial
-# rows, torch sum and autograd add per bias), and, in bf16, its biased Linears' weights and biases read from
-# the step's bf16 shadow (no autocast cast of each per step); each alone, and both (the labels must not
-# extend one another: a label that another extends is read as a default case). And every model's first norm
-# (the one no residual add precedes) on the fused residual-norm's backward with its gradients added into the
-# flat gradient.
-_GPT2_BASES = ("gpt2", "gpt2 +flash-attn")
+# On trial, for GPT-2's Linear biases (the FastTransformer has none): their gradients added into the flat
+# gradient by the column sum's atomic adds (no partial rows, torch sum and autograd add per bias); in bf16 the
+# biased Linears' weights and biases read from the step's bf16 shadow (no autocast cast of each per step); the
+# output projections' bias gradients added by the residual-norm backward that makes their dy (no column sum
+# for them at all). And every model's first norm (the one no residual add precedes) on the fused
+# residual-norm's backward with its gradients added into the flat gradient. Each alone on GPT-2 as written,
+# and all of them together there and with the attention kernel (the labels must not extend one another: a
+# label that another extends is read as a default case).
+GPT2_BF16_OPTIONS = {"bias_into_buffer": True, "bf16_bias_weights": True, "branch_bias_into_norm": True,
+                     "first_norm_into_buffer": True}
+GPT2_TF32_OPTIONS = {k: v for k, v in GPT2_BF16_OPTIONS.items() if k != "bf16_bias_weights"}  # the shadow is bf16's
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
-    (" +bias-into-buffer", {"bias_into_buffer": True}, _GPT2_BASES, ("bf16", "tf32")),
-    (" +bf16-bias-weights", {"bf16_bias_weights": True}, _GPT2_BASES, ("bf16",)),
-    (" +both-bias-options", {"bias_into_buffer": True, "bf16_bias_weights": True}, _GPT2_BASES, ("bf16",)),
-    (" +first-norm-into-buffer", {"first_norm_into_buffer": True}, ("fasttransformer", *_GPT2_BASES),
-     ("bf16", "tf32")),
+    (" +bias-into-buffer", {"bias_into_buffer": True}, ("gpt2",), ("bf16", "tf32")),
+    (" +bf16-bias-weights", {"bf16_bias_weights": True}, ("gpt2",), ("bf16",)),
+    (" +branch-bias-into-norm", {"branch_bias_into_norm": True}, ("gpt2",), ("bf16", "tf32")),
+    (" +first-norm-into-buffer", {"first_norm_into_buffer": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
+    (" +all-bias-options", GPT2_BF16_OPTIONS, ("gpt2", "gpt2 +flash-attn"), ("bf16",)),
+    (" +all-bias-options", GPT2_TF32_OPTIONS, ("gpt2", "gpt2 +flash-attn"), ("tf32",)),
 )
 
 

@@ -78,8 +78,11 @@ def unmeasured(candidate_rows: Iterable[dict[str, Any]]) -> list[tuple[str, str]
     """(option label, engine option name) of each option on trial in ``ftlib.harness.suites.CANDIDATES``
     that no stored row measured yet."""
     labels = {str(r.get("label", "")) for r in candidate_rows}
-    return [(suffix.strip(), ", ".join(extra)) for suffix, extra, *_ in CANDIDATES
-            if not any(label.endswith(suffix) for label in labels)]
+    missing: dict[str, dict[str, Any]] = {}  # one line per label: the widest option set given for it
+    for suffix, extra, *_ in CANDIDATES:
+        if not any(label.endswith(suffix) for label in labels) and len(extra) > len(missing.get(suffix.strip(), {})):
+            missing[suffix.strip()] = extra
+    return [(label, ", ".join(extra)) for label, extra in missing.items()]
 
 
 def unmeasured_text(candidate_rows: Iterable[dict[str, Any]]) -> str:

@@ -149,7 +149,7 @@ class Engine:
                              grouped=self.options.muon_grouped) if muon else None
         # The Linears onto the bf16 shadow and into the flat gradient (linears.py).
         self.linears = setup_linears(self.model, self.options, self.prec, self.flat_param, self.flat_grad,
-                                     self.spans, self.n_decay)
+                                     self.spans, self.n_decay, self.bias_elsewhere)
         self.flat_param16, self.grad_into = self.linears.shadow16, self.linears.grad_into
         self.notes.update(self.linears.notes)
         self.fused_mlps = 0
@@ -198,9 +198,12 @@ class Engine:
                 dropout = (fuse_residual_dropout_(self.model), start.to(self.device), bool(o.dropout_rng4))
                 self.notes["fuse_dropout"] = (f"residual dropout p={cfg.dropout} inside the fused residual-norm "
                                               "(mask from Philox, redrawn in the backward)")
+        branch_biases = self._branch_biases(dropout)
+        self.bias_elsewhere = frozenset(id(b) for b in branch_biases.values())  # for setup_linears
         if self.fuse_residual_norm:
             self.model.add_norm = FusedAddNorm(self.model, norm_out, dropout, o.norm_dw_partials,
-                                               dw_into=o.norm_dw_into_buffer, bwd_grid=o.norm_bwd_grid)
+                                               dw_into=o.norm_dw_into_buffer, bwd_grid=o.norm_bwd_grid,
+                                               branch_biases=branch_biases)
         if o.first_norm_into_buffer:  # the one norm no residual add precedes, onto the same backward kernel
             first = self.model.blocks[0] if len(self.model.blocks) else None
             if not (self.fuse_residual_norm and o.norm_dw_into_buffer and first is not None):
@@ -210,6 +213,32 @@ class Engine:
                 first.norm1 = FirstNormInto(first.norm1, cfg.norm == "layernorm", o.norm_bwd_grid)
                 self.notes["first_norm_into_buffer"] = "the first norm's backward on the fused residual-norm kernel"
         return dropout
+
+    def _branch_biases(self, dropout: tuple | None) -> dict[int, torch.nn.Parameter]:
+        """With ``branch_bias_into_norm`` where it applies: {id(norm): the bias of the output projection whose
+        result that norm's residual add takes}; else {}, with a note saying why."""
+        o, cfg = self.options, self.config
+        if not o.branch_bias_into_norm:
+            return {}
+        bias_kernel = self.notes.get("bias", "").startswith("bias gradients")
+        why = ("not applicable: the config has no biases" if not cfg.bias
+               else "not applied: needs the fused residual-norm with norm_dw_into_buffer"
+               if not (self.fuse_residual_norm and o.norm_dw_into_buffer)
+               else "not applied: needs grad_into_buffer and the bias kernel"
+               if not (o.grad_into_buffer and bias_kernel)
+               else "not applied: fuse_mlp_act computes its projection's bias gradient itself" if o.fuse_mlp_act
+               else "not applied: a dropout module sits between each projection and its add (fuse_dropout off)"
+               if cfg.dropout > 0 and dropout is None else None)
+        if why:
+            self.notes["branch_bias_into_norm"] = why
+            return {}
+        blocks = list(self.model.blocks)
+        nexts = [blk.norm1 for blk in blocks[1:]] + [self.model.norm_f]
+        out = {}
+        for blk, nxt in zip(blocks, nexts):  # the attention's add feeds norm2, the MLP's the next norm
+            out[id(blk.norm2)], out[id(nxt)] = blk.attn.proj.bias, blk.mlp.proj.bias
+        self.notes["branch_bias_into_norm"] = f"{len(out)} projection biases' gradients added by the norm backwards"
+        return out
 
     def _loss(self):
         if not self.kernels["cross_entropy"]:
@@ -339,6 +368,7 @@ class Engine:
                                   and self.config.n_head > self.config.n_kv_head),
             "muon_grouped": self.muon is not None and self.muon.grouped,
             "norm_dw_into_buffer": dw_into,
+            "branch_bias_into_norm": bool(self.bias_elsewhere),
             "first_norm_into_buffer": len(self.model.blocks) > 0 and isinstance(self.model.blocks[0].norm1,
                                                                                FirstNormInto),
             "fuse_mlp_act": self.fused_mlps > 0,

@@ -60,7 +60,8 @@ class GradIntoLinearFunction(torch.autograd.Function):
     read instead of casting ``weight`` under autocast; ``b16`` likewise for the bias. ``bias_grad``: see
     :data:`BiasGrad`. ``db_out``: instead, the bias's view of the flat gradient (zeroed before the backward),
     into which the column sum of dy is added (:func:`kernels.bias_linear.bias_grad_add_`); None is returned
-    for the bias then.
+    for the bias then. ``db_elsewhere``: the bias's gradient is added into the flat gradient by the kernel that
+    makes dy (option branch_bias_into_norm): nothing is computed or returned for it here.
     ``fp32_out``: low-precision GEMMs may write fp32 directly (:func:`kernels.mm_into.fp32_out_mm_available`).
     ``add_wgrad``: instead, a function (grad, dy2, x2) that *adds* dy2^T x2 into ``grad`` (the split-K
     kernel, :func:`kernels.wgrad.wgrad_add_`), for a ``grad`` zeroed before the backward, as the engine's is.
@@ -70,7 +71,8 @@ class GradIntoLinearFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grad: torch.Tensor,
                 w16: torch.Tensor | None, bias_grad: BiasGrad, fp32_out: bool, add_wgrad: AddWGrad,
-                b16: torch.Tensor | None = None, db_out: torch.Tensor | None = None) -> torch.Tensor:
+                b16: torch.Tensor | None = None, db_out: torch.Tensor | None = None,
+                db_elsewhere: bool = False) -> torch.Tensor:
         dev = x.device.type
         ctx.x_dtype = x.dtype
         wc = weight
@@ -84,7 +86,7 @@ class GradIntoLinearFunction(torch.autograd.Function):
             y = F.linear(x, wc, bias)
         ctx.save_for_backward(x, wc)
         ctx.grad, ctx.bias_grad, ctx.fp32_out, ctx.has_bias = grad, bias_grad, fp32_out, bias is not None
-        ctx.add_wgrad, ctx.db_out = add_wgrad, db_out
+        ctx.add_wgrad, ctx.db_out, ctx.db_elsewhere = add_wgrad, db_out, db_elsewhere
         return y
 
     @staticmethod
@@ -102,13 +104,15 @@ class GradIntoLinearFunction(torch.autograd.Function):
                 ctx.add_wgrad(ctx.grad, dy2, x.reshape(-1, K))  # x: (..., K) -> (M, K)
             elif ctx.needs_input_grad[1]:
                 weight_grad_into_(ctx.grad, dy2, x.reshape(-1, K), ctx.fp32_out)  # x: (..., K) -> (M, K)
-            if ctx.has_bias and ctx.needs_input_grad[2] and ctx.db_out is not None:
+            if ctx.db_elsewhere:
+                pass  # the bias's gradient is added where dy is made (the residual-norm backward)
+            elif ctx.has_bias and ctx.needs_input_grad[2] and ctx.db_out is not None:
                 from kernels.bias_linear import bias_grad_add_  # here: importing this module imports no Triton
 
                 bias_grad_add_(dy2, ctx.db_out)  # db added into the bias's view of the flat gradient
             elif ctx.has_bias and ctx.needs_input_grad[2]:
                 db = dy2.sum(0) if ctx.bias_grad is None else ctx.bias_grad(dy2)  # (N,)
-        return dx, None, db, None, None, None, None, None, None, None
+        return dx, None, db, None, None, None, None, None, None, None, None
 
 
 def _check_view(name: str, t: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> None:
@@ -128,12 +132,15 @@ class GradIntoLinear(nn.Module):
 
     def __init__(self, lin: nn.Module, grad: torch.Tensor, *, w16: torch.Tensor | None = None,
                  bias_grad: BiasGrad = None, fp32_out: bool = False, add_wgrad: AddWGrad = None,
-                 b16: torch.Tensor | None = None, db_out: torch.Tensor | None = None) -> None:
+                 b16: torch.Tensor | None = None, db_out: torch.Tensor | None = None,
+                 db_elsewhere: bool = False) -> None:
         super().__init__()
         w, b = lin.weight, lin.bias
         _check_view("grad", grad, w, torch.float32)
-        if (b16 is not None or db_out is not None) and b is None:
-            raise ValueError("b16 and db_out are for a Linear with a bias; this one has none")
+        if (b16 is not None or db_out is not None or db_elsewhere) and b is None:
+            raise ValueError("b16, db_out and db_elsewhere are for a Linear with a bias; this one has none")
+        if db_out is not None and db_elsewhere:
+            raise ValueError("db_out and db_elsewhere exclude each other: the bias gradient is added once")
         if b16 is not None:
             _check_view("b16", b16, b, torch.bfloat16)
         if db_out is not None:
@@ -141,13 +148,14 @@ class GradIntoLinear(nn.Module):
         self.weight, self.bias = w, b
         self.in_features, self.out_features = lin.in_features, lin.out_features
         # Plain attributes, not buffers: views into the engine's flat gradient and bf16 shadow.
-        self.grad, self.w16, self.b16, self.db_out = grad, w16, b16, db_out
+        self.grad, self.w16, self.b16, self.db_out, self.db_elsewhere = grad, w16, b16, db_out, db_elsewhere
         self.bias_grad, self.fp32_out, self.add_wgrad = bias_grad, fp32_out, add_wgrad
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
             return GradIntoLinearFunction.apply(x, self.weight, self.bias, self.grad, self.w16, self.bias_grad,
-                                                self.fp32_out, self.add_wgrad, self.b16, self.db_out)
+                                                self.fp32_out, self.add_wgrad, self.b16, self.db_out,
+                                                self.db_elsewhere)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -155,4 +163,5 @@ class GradIntoLinear(nn.Module):
                 f"bias={self.bias is not None}, dW into the flat gradient"
                 + (", bf16 shadow" if self.w16 is not None else "")
                 + (", bias kernel" if self.bias_grad is not None else "")
-                + (", db into the flat gradient" if self.db_out is not None else ""))
+                + (", db into the flat gradient" if self.db_out is not None else "")
+                + (", db added by the residual-norm backward" if self.db_elsewhere else ""))

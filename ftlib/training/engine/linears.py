@@ -53,13 +53,15 @@ def shadow_linears(model: GPT, flat_param16: torch.Tensor, spans: Spans) -> int:
 
 def grad_into_linears(model: GPT, flat_grad: torch.Tensor, spans: Spans, fp32_out: bool,
                       add_wgrad: Callable | None = None, *, shadow16: torch.Tensor | None = None,
-                      bias_into: bool = False) -> tuple[int, dict[str, str]]:
+                      bias_into: bool = False,
+                      bias_elsewhere: frozenset[int] = frozenset()) -> tuple[int, dict[str, str]]:
     """Every plain, bf16-shadow or bias-kernel Linear onto :class:`GradIntoLinear`, its weight gradient
     written into ``flat_grad``'s span of the weight; returns (how many, {Linear left on autograd: why}).
 
     For the bias-kernel Linears: ``shadow16``, a bf16 copy of the whole flat buffer, gives their weight
     and bias in bf16 (None: autocast's casts, one per step each); ``bias_into``, their bias gradient is
-    added into ``flat_grad``'s span of the bias by the column sum's atomic adds.
+    added into ``flat_grad``'s span of the bias by the column sum's atomic adds; a bias whose id is in
+    ``bias_elsewhere`` gets its gradient from the kernel that makes its dy (option branch_bias_into_norm).
 
     A weight held by another module too is taken only where it is ``GPT``'s tied head (the embedding
     adds its contribution after the head has written: ``grad_into.py``); any other sharing stays."""
@@ -100,7 +102,9 @@ def grad_into_linears(model: GPT, flat_grad: torch.Tensor, spans: Spans, fp32_ou
             kw["bias_grad"] = partial(bias_grad, out_dtype=lin.bias.dtype)
             if shadow16 is not None:
                 kw.update(w16=view(shadow16, lin.weight), b16=view(shadow16, lin.bias))
-            if bias_into:
+            if id(lin.bias) in bias_elsewhere:
+                kw["db_elsewhere"] = True
+            elif bias_into:
                 kw["db_out"] = view(flat_grad, lin.bias)
         return GradIntoLinear(lin, view(flat_grad, lin.weight), fp32_out=fp32_out, add_wgrad=add_wgrad, **kw)
 
@@ -151,10 +155,13 @@ def _bias_options(model: GPT, options: EngineOptions, bf16_shadow: bool,
 
 
 def setup_linears(model: GPT, options: EngineOptions, prec: StepPrecision, flat_param: torch.Tensor,
-                  flat_grad: torch.Tensor, spans: Spans, n_decay: int) -> LinearSetup:
+                  flat_grad: torch.Tensor, spans: Spans, n_decay: int,
+                  bias_elsewhere: frozenset[int] = frozenset()) -> LinearSetup:
     """The bf16 shadow (bf16 only: the decayed part of ``flat_param``, or all of it with
     ``bf16_bias_weights``), then the Linears onto the shadow and into the flat gradient where the options
-    ask for it and apply; the engine refreshes the shadow from ``flat_param`` at the start of every step."""
+    ask for it and apply; the engine refreshes the shadow from ``flat_param`` at the start of every step.
+    ``bias_elsewhere``: the ids of the biases whose gradients another kernel adds (:func:`grad_into_linears`);
+    each must be taken by a Linear that writes into the flat gradient, else a RuntimeError."""
     out = LinearSetup()
     o, device, low = options, flat_param.device, prec.base.autocast is not None
     bf16_shadow = o.bf16_weights and prec.low_dtype == torch.bfloat16 and o.linear_precision is None
@@ -167,6 +174,8 @@ def setup_linears(model: GPT, options: EngineOptions, prec: StepPrecision, flat_
         n = shadow_linears(model, out.shadow16, spans)
         out.notes["bf16_weights"] = f"{n} Linear layers on one bf16 shadow of the flat weights"
     if not o.grad_into_buffer:
+        if bias_elsewhere:
+            raise RuntimeError("bias gradients added by another kernel need grad_into_buffer")
         return out
     fp32_out = low and fp32_out_mm_available(device)
     add_wgrad = None
@@ -178,7 +187,12 @@ def setup_linears(model: GPT, options: EngineOptions, prec: StepPrecision, flat_
         out.notes["wgrad_splitk"] = "weight gradients added by the split-K kernel (kernels/wgrad.py)"
         add_wgrad = partial(wgrad_add_, input_precision="ieee" if low else "tf32")
     n, left = grad_into_linears(model, flat_grad, spans, fp32_out, add_wgrad,
-                                shadow16=out.shadow16 if whole else None, bias_into=into)
+                                shadow16=out.shadow16 if whole else None, bias_into=into,
+                                bias_elsewhere=bias_elsewhere)
+    taken = {id(m.bias) for m in model.modules() if getattr(m, "db_elsewhere", False)}
+    if taken != set(bias_elsewhere):
+        raise RuntimeError(f"{len(set(bias_elsewhere) - taken)} bias(es) whose gradient another kernel adds are not "
+                           "on a Linear that writes into the flat gradient: it would be added twice or not at all")
     out.grad_into, out.wgrad_splitk = n, add_wgrad is not None and n > 0
     out.bias_into_buffer, out.bf16_bias_weights = into and n > 0, whole and n > 0
     if n == 0:

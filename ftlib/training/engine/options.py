@@ -138,6 +138,11 @@ class EngineOptions:
                "residual add precedes) runs its backward on the fused residual-norm's kernel with its weight (and "
                "bias) gradients added into the flat gradient (kernels/norm_into.py), instead of its own norm "
                "kernel's backward with partial rows, torch sums and autograd's adds")
+    branch_bias_into_norm: bool = _option(
+        False, "with the fused residual-norm, norm_dw_into_buffer, grad_into_buffer and the bias kernel (GPT-2): the "
+               "gradient of each residual branch's last bias (the attention's and the MLP's output projections) is "
+               "added into the flat gradient by the norm backward that computes that branch's gradient "
+               "(kernels/residual_norm.py, drb_out), instead of one column-sum kernel per projection")
     muon_grouped: bool = _option(
         False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
                "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "

@@ -71,7 +71,9 @@ class FusedAddNorm(nn.Module):
     ``dw_into``: instead, the backward adds each norm's weight (and bias) gradient into that parameter's
     ``.grad`` with atomic adds (``dw_partials="atomic"``) and hands autograd nothing to add: for the
     engine, whose ``.grad`` tensors are views of one flat buffer zeroed at the start of every step;
-    ``bwd_grid`` ('<rows> rows <P>/SM', :class:`kernels._common.RowGrid`) the grid that backward runs on.
+    ``bwd_grid`` ('<rows> rows <P>/SM', :class:`kernels._common.RowGrid`) the grid that backward runs on;
+    ``branch_biases`` (with ``dw_into``): {id(norm): the bias of the projection whose output that norm's add
+    takes}, whose gradient, the column sums of the branch's gradient, the same backward adds into its ``.grad``.
 
     ``dropout`` = (p, seed tensor, rng4): each branch's residual dropout runs inside the kernel, for a
     model whose branch dropout modules are identities (:func:`fuse_residual_dropout_`). Call site k
@@ -81,8 +83,10 @@ class FusedAddNorm(nn.Module):
 
     def __init__(self, model: GPT, out_dtype: torch.dtype | None,
                  dropout: tuple[float, torch.Tensor, bool] | None = None, dw_partials: str = "tile",
-                 dw_into: bool = False, bwd_grid: str | None = None) -> None:
+                 dw_into: bool = False, bwd_grid: str | None = None,
+                 branch_biases: dict[int, nn.Parameter] | None = None) -> None:
         super().__init__()
+        self.branch_biases = branch_biases or {}  # id(norm) -> the bias its add's branch added last
         self.bwd_grid = None
         if bwd_grid is not None:  # parsed once here, not at every forward
             from kernels._common import RowGrid
@@ -111,6 +115,10 @@ class FusedAddNorm(nn.Module):
                 kw.update(bwd_rows=launch["rows"], programs=launch["programs"])
             if self.layernorm:
                 kw["db_out"] = bias.grad if bias is not None else None
+            if (bb := self.branch_biases.get(id(norm))) is not None:
+                if bb.grad is None:
+                    raise RuntimeError("branch_biases need each bias's .grad to be its flat-gradient view; it is None")
+                kw["drb_out"] = bb.grad
         if self.layernorm:
             return add_layer_norm(x, branch, norm.weight, bias, norm.eps, self.out_dtype, **kw)
         return add_rms_norm(x, branch, norm.weight, norm.eps, self.out_dtype, **kw)
