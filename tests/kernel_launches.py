@@ -121,7 +121,8 @@ def residual_norms(cfg: ModelConfig, step: Step) -> None:
     """Each residual add with the norm after it (kernels.residual_norm): fp32 stream, the branch and the
     norm's output in the step's dtype, the config's dropout inside, weight gradients added into the flat
     buffer on the default grid; the last add's s feeds nothing (no ds). The keep mask drawn alone (the
-    backward when only s is used; tests). Options: weight gradients as 'tile' / 'persistent' partials
+    backward when only s is used; tests); with biases, the branch bias's gradient added by the same backward
+    (branch_bias_into_norm). Options: weight gradients as 'tile' / 'persistent' partials
     (norm_dw_into_buffer off), one Philox call per element (dropout_rng4 off). Extended: every input
     stored in the step's dtype."""
     from kernels._common import RowGrid
@@ -144,6 +145,8 @@ def residual_norms(cfg: ModelConfig, step: Step) -> None:
         into["db_out"] = torch.zeros(C) if b is not None else None
     _backward(*add_norm(x, r, w, b, **into))
     _backward(add_norm(x, r, w, b, **into)[1])  # the final norm: s unused, no ds
+    if cfg.bias:  # branch_bias_into_norm (on trial in bf16 and tf32): the projection's bias gradient added too
+        _backward(*add_norm(x, r, w, b, **into, drb_out=torch.zeros(C)))
     keep_mask(seed, (M, C), 0.1, salt=5)
     if step.options:
         for dw in ("tile", "persistent"):
