@@ -4,6 +4,7 @@ enters a result key; and the precision name resolved once into what the engine's
 None of the options changes what the step computes, only how it is executed (up to the order of
 float sums; ``fuse_dropout`` also changes the random stream of the dropout masks, not their
 distribution; ``grad_into_buffer`` under bf16 on CUDA skips the rounding of the weight gradients
+to bf16, and ``branch_bias_into_norm`` sums the projections' bias gradients before their dy is rounded
 to bf16). The defaults are the measured winners (chapter 6 shows the variants against them).
 
 Result keys. An option enters a key only where a benchmark case or a training recipe sets it (a
