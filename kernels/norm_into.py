@@ -30,7 +30,7 @@ import torch
 
 from kernels._common import accum_dtype, check_tensor
 from kernels.layernorm import layer_norm_fwd
-from kernels.residual_norm import ROWS, add_norm_bwd
+from kernels.residual_norm import ROWS, _check_outs, add_norm_bwd
 from kernels.rmsnorm import rms_norm_fwd
 
 
@@ -69,11 +69,5 @@ def norm_into(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: flo
     check_tensor("x", x, contiguous=False)
     if b is not None and not layer_norm:
         raise ValueError("a bias is only defined for LayerNorm (layer_norm=True)")
-    want = accum_dtype(x.dtype)
-    N = x.shape[-1]
-    for name, t in (("dw_out", dw_out), ("db_out", db_out)):
-        if t is not None and (tuple(t.shape) != (N,) or t.dtype != want or not t.is_contiguous()):
-            raise ValueError(f"{name} must be a contiguous ({N},) {want} buffer; got {tuple(t.shape)} {t.dtype}")
-    if dw_out is None or (db_out is None) == (b is not None):
-        raise ValueError("dw_out is required, and db_out exactly when there is a bias")
+    _check_outs("atomic", dw_out, db_out, w, accum_dtype(x.dtype), b is not None)  # now, not first in the backward
     return NormIntoFunction.apply(x, w, b, eps, layer_norm, dw_out, db_out, rows, programs)

@@ -150,12 +150,11 @@ def add_norm_bwd(
     into = dw_out is not None
     if into or db_out is not None:
         _check_outs(dw_partials, dw_out, db_out, w, rstd.dtype, has_bias)
+    if drb_out is not None:
+        if dw_partials != "atomic":
+            raise ValueError(f"drb_out needs dw_partials='atomic', got {dw_partials!r}")
+        _check_out_buffer("drb_out", drb_out, w, rstd.dtype)
     N = s.shape[-1]
-    if drb_out is not None and (dw_partials != "atomic" or tuple(drb_out.shape) != (N,)
-                                or drb_out.dtype != rstd.dtype or not drb_out.is_contiguous()
-                                or drb_out.device != s.device):
-        raise ValueError(f"drb_out needs dw_partials='atomic' and a contiguous ({N},) {rstd.dtype} buffer on "
-                         f"{s.device}; got {dw_partials!r}, {tuple(drb_out.shape)} {drb_out.dtype}")
     M = s.numel() // max(N, 1)
     r_dtype = r_dtype or s.dtype
     dh = dh.contiguous()
@@ -202,13 +201,17 @@ def _check_outs(dw_partials: str, dw_out: torch.Tensor | None, db_out: torch.Ten
     if dw_out is None or (db_out is None) == has_bias:
         raise ValueError("dw_out is required with db_out, and db_out exactly when the norm has a bias")
     for name, t in (("dw_out", dw_out), ("db_out", db_out)):
-        if t is None:
-            continue
-        check_tensor(name, t, ndim=1)
-        same_device(("weight", w), (name, t))
-        if t.shape != w.shape or t.dtype != dtype:
-            raise ValueError(f"{name} must be {tuple(w.shape)} in {dtype} (the kernel adds into it), "
-                             f"got {tuple(t.shape)} in {t.dtype}")
+        if t is not None:
+            _check_out_buffer(name, t, w, dtype)
+
+
+def _check_out_buffer(name: str, t: torch.Tensor, w: torch.Tensor, dtype: torch.dtype) -> None:
+    """ValueError unless ``t`` is a contiguous buffer of the weight's shape and device in ``dtype``."""
+    check_tensor(name, t, ndim=1)
+    same_device(("weight", w), (name, t))
+    if t.shape != w.shape or t.dtype != dtype:
+        raise ValueError(f"{name} must be {tuple(w.shape)} in {dtype} (the kernel adds into it), "
+                         f"got {tuple(t.shape)} in {t.dtype}")
 
 
 class AddNormFunction(torch.autograd.Function):

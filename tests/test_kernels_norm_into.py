@@ -74,11 +74,13 @@ def test_a_misrouted_weight_gradient_fails_the_comparison(kernel_device, monkeyp
 def test_bad_buffers_are_refused(kernel_device):
     x, w, b, _ = _inputs((8, 16), torch.float32, kernel_device, True)
     z = torch.zeros(16, device=kernel_device)
-    with pytest.raises(ValueError, match="db_out exactly when there is a bias"):
+    with pytest.raises(ValueError, match="db_out exactly when the norm has a bias"):
         norm_into(x, w, b, 1e-5, True, z, None)
-    with pytest.raises(ValueError, match="db_out exactly when there is a bias"):
+    with pytest.raises(ValueError, match="db_out exactly when the norm has a bias"):
         norm_into(x, w, None, 1e-5, True, z, z.clone())
-    with pytest.raises(ValueError, match=r"dw_out must be a contiguous \(16,\) torch.float32"):
+    with pytest.raises(ValueError, match="dw_out must be contiguous"):
+        norm_into(x, w, b, 1e-5, True, torch.zeros(32, device=kernel_device)[::2], z)
+    with pytest.raises(ValueError, match=r"dw_out must be \(16,\) in torch.float32"):
         norm_into(x, w, b, 1e-5, True, torch.zeros(16, device=kernel_device, dtype=torch.bfloat16), z)
     with pytest.raises(ValueError, match="only defined for LayerNorm"):
         norm_into(x, w, b, 1e-5, False, z, z.clone())

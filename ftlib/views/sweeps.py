@@ -1,6 +1,6 @@
 """Launch-parameter sweeps read back for chapter 6: which tile or grid is fastest, against the default.
 
-Two benchmarks in ``benchmarks/kernels`` time one kernel at many launch parameters and store their rows in
+Three benchmarks in ``benchmarks/kernels`` time one kernel at many launch parameters and store their rows in
 kernels.jsonl (with ``--record``): ``attention_tiles_dev`` (op ``attention_tiles``: the attention kernels'
 tiles, forward and backward apart), ``explicit_tiles_dev`` (op ``explicit_tiles``: GPT-2's explicit-attention
 kernels' tiles, forward and backward apart, in bf16 and tf32) and ``norm_bwd_grid_dev`` (op ``norm_bwd_grid``:

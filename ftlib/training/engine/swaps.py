@@ -20,6 +20,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -34,6 +35,9 @@ from ftlib.training.engine.attention import (
     KernelCausalSelfAttention,
 )
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
+
+if TYPE_CHECKING:
+    from kernels._common import RowGrid
 
 # Head sizes the attention kernel takes (tl.dot needs a power of two in [16, 128]).
 ATTN_HEAD_SIZES = (16, 32, 64, 128)
@@ -62,6 +66,26 @@ def triton_dot_blocked(info: DeviceInfo | None, dot: str) -> str | None:
             "(FMA arithmetic below sm_80)")
 
 
+def _row_grid(text: str | None) -> RowGrid | None:
+    """The backward grid ``text`` names ('<rows> rows <P>/SM'), parsed once at construction, not at every forward;
+    None: the launcher's own."""
+    if text is None:
+        return None
+    from kernels._common import RowGrid
+
+    return RowGrid.parse(text)
+
+
+def _grad_views(who: str, *params: nn.Parameter | None) -> list[torch.Tensor | None]:
+    """Each parameter's ``.grad`` (None for a missing parameter): the engine's flat-gradient views, which the
+    kernels add into; a RuntimeError where one is None."""
+    grads = [p.grad if p is not None else None for p in params]
+    if any(p is not None and g is None for p, g in zip(params, grads)):
+        raise RuntimeError(f"{who} needs each parameter's .grad to be its gradient buffer (the engine's "
+                           "flat-gradient views); it is None")
+    return grads
+
+
 class FusedAddNorm(nn.Module):
     """The model's ``add_norm`` on one kernel each way (:mod:`kernels.residual_norm`): the residual
     add and the RMSNorm or LayerNorm after it, the norm's output in ``out_dtype`` (bf16 under bf16
@@ -87,11 +111,7 @@ class FusedAddNorm(nn.Module):
                  branch_biases: dict[int, nn.Parameter] | None = None) -> None:
         super().__init__()
         self.branch_biases = branch_biases or {}  # id(norm) -> the bias its add's branch added last
-        self.bwd_grid = None
-        if bwd_grid is not None:  # parsed once here, not at every forward
-            from kernels._common import RowGrid
-
-            self.bwd_grid = RowGrid.parse(bwd_grid)
+        self.bwd_grid = _row_grid(bwd_grid)
         self.layernorm = model.config.norm == "layernorm"
         self.out_dtype, self.dropout, self.dw_partials, self.dw_into = out_dtype, dropout, dw_partials, dw_into
         blocks = list(model.blocks)
@@ -106,19 +126,15 @@ class FusedAddNorm(nn.Module):
         kw = dict(p=p, seed=seed, salt=self._salt[id(norm)], rng4=rng4, dw_partials=self.dw_partials)
         bias = norm.bias if self.layernorm else None
         if self.dw_into and torch.is_grad_enabled():
-            if norm.weight.grad is None or (bias is not None and bias.grad is None):
-                raise RuntimeError("dw_into needs each norm parameter's .grad to be its gradient buffer (the "
-                                   "engine's flat-gradient views); it is None")
-            kw.update(dw_partials="atomic", dw_out=norm.weight.grad)
+            dw, db, drb = _grad_views("dw_into", norm.weight, bias, self.branch_biases.get(id(norm)))
+            kw.update(dw_partials="atomic", dw_out=dw)
             if self.bwd_grid is not None:
                 launch = self.bwd_grid.launch(x.device)
                 kw.update(bwd_rows=launch["rows"], programs=launch["programs"])
             if self.layernorm:
-                kw["db_out"] = bias.grad if bias is not None else None
-            if (bb := self.branch_biases.get(id(norm))) is not None:
-                if bb.grad is None:
-                    raise RuntimeError("branch_biases need each bias's .grad to be its flat-gradient view; it is None")
-                kw["drb_out"] = bb.grad
+                kw["db_out"] = db
+            if drb is not None:
+                kw["drb_out"] = drb
         if self.layernorm:
             return add_layer_norm(x, branch, norm.weight, bias, norm.eps, self.out_dtype, **kw)
         return add_rms_norm(x, branch, norm.weight, norm.eps, self.out_dtype, **kw)
@@ -135,11 +151,7 @@ class FirstNormInto(nn.Module):
         self.layer_norm, self.eps, self.weight = layer_norm, norm.eps, norm.weight
         if layer_norm:
             self.bias = norm.bias
-        self.bwd_grid = None
-        if bwd_grid is not None:
-            from kernels._common import RowGrid
-
-            self.bwd_grid = RowGrid.parse(bwd_grid)
+        self.bwd_grid = _row_grid(bwd_grid)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = self.bias if self.layer_norm else None
@@ -150,12 +162,9 @@ class FirstNormInto(nn.Module):
             return layer_norm(x, self.weight, b, self.eps) if self.layer_norm else rms_norm(x, self.weight, self.eps)
         from kernels.norm_into import norm_into
 
-        w = self.weight
-        if w.grad is None or (b is not None and b.grad is None):
-            raise RuntimeError("FirstNormInto needs the norm's .grad to be its gradient buffer (the engine's "
-                               "flat-gradient views); it is None")
+        dw, db = _grad_views("FirstNormInto", self.weight, b)
         grid = self.bwd_grid.launch(x.device) if self.bwd_grid is not None else {}
-        return norm_into(x, w, b, self.eps, self.layer_norm, w.grad, b.grad if b is not None else None, **grid)
+        return norm_into(x, self.weight, b, self.eps, self.layer_norm, dw, db, **grid)
 
 
 def fuse_residual_dropout_(model: GPT) -> float:
