@@ -595,6 +595,13 @@ if len(ktable):
 #   one row per step of a loop). The option runs that norm's backward on the fused residual-norm's kernel with
 #   no incoming residual gradient, its weight (and bias) gradients added into the flat gradient
 #   (`kernels/norm_into.py`).
+# * `explicit-one-pass`: GPT-2's attention forward passes over each row's keys twice, once for the row's
+#   max and sum and once to write P and multiply it by v, and its dQ kernel twice too, once for the row
+#   sums D = rowsum(P * dP) and once for dq, because each key tile needs a number only the whole row
+#   gives. At T = 256 a whole row of scores fits one tile in registers, and each kernel passes once:
+#   q kᵀ is formed once forward, P is read once and dO vᵀ formed once in the dQ kernel. The products
+#   then run over the keys past the diagonal too (masked to zero, never loaded), a small cost at head
+#   size 32. The sweep below times these kernels at every query-tile height and warp count.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

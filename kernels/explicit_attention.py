@@ -14,6 +14,11 @@ k, v straight from the packed qkv projection and write the output (B, T, C) and 
 Tiles: as the flash-attention kernels choose theirs (``kernels/tiles.py``; the operand tiles are the
 same, the stored P tile is registers forward and one more tile load backward), under their own cache
 entries (``family='explicit'``).
+
+One pass (``one_pass``): for rows of at most ``ONE_PASS_MAX_T`` keys the forward and the dQ kernel can
+take every key of a row in one tile and pass over the keys once instead of twice (the kernels module
+says how); the dK/dV kernel is the same either way. Off unless asked for: which is faster at a shape is
+measured (``benchmarks/kernels/explicit_tiles_dev.py``), not assumed.
 """
 
 from __future__ import annotations
@@ -29,25 +34,65 @@ from kernels.attention import LOG2E, _check_qkv, _packed_views, _prec, _upcast
 from kernels.explicit_attention_kernels import (
     _explicit_attn_bwd_dkdv_kernel,
     _explicit_attn_bwd_dq_kernel,
+    _explicit_attn_bwd_dq_one_pass_kernel,
     _explicit_attn_fwd_kernel,
+    _explicit_attn_fwd_one_pass_kernel,
 )
 from kernels.tiles import Tiles, launch_tiled, tiles_to_try
 
 FAMILY = "explicit"  # the tile cache's name for these kernels (kernels.tiles.tiles_to_try)
+# The one-pass kernels hold a (BLOCK_M, row) tile of scores and its exponentials in registers: past 512
+# keys that is more than a block's registers at the smallest BLOCK_M, and spills.
+ONE_PASS_MAX_T = 512
+
+
+def one_pass_tiles(T: int, block_m: int = 32, num_warps: int | None = None) -> Tiles:
+    """Tiles of the one-pass kernels for rows of T keys: BLOCK_M query rows, the row as the key tile
+    (BLOCK_N = T's power of two, at least 16), one stage (there is no loop to pipeline). ``num_warps``
+    None: 4, or 8 where a (BLOCK_M, BLOCK_N) fp32 tile would take more than 64 registers a thread at 4
+    (each kernel holds two such tiles: the scores and their exponentials, or P and dP)."""
+    if not 0 < T <= ONE_PASS_MAX_T:
+        raise ValueError(f"the one-pass kernels take rows of 1 to {ONE_PASS_MAX_T} keys, got T={T}")
+    block_t = max(16, 1 << (T - 1).bit_length())
+    if num_warps is None:
+        num_warps = 4 if block_m * block_t <= 64 * 32 * 4 else 8
+    return Tiles(block_m, block_t, num_warps, 1)
+
+
+def _row_tiles(one_pass: bool | Tiles, T: int) -> Tiles | None:
+    """The one-pass kernels' tiles (None: two passes): ``one_pass`` True takes :func:`one_pass_tiles`,
+    a :class:`Tiles` must span the row."""
+    if one_pass is False:
+        return None
+    tiles = one_pass_tiles(T) if one_pass is True else one_pass
+    if not isinstance(tiles, Tiles) or tiles.block_n < T or T > ONE_PASS_MAX_T:
+        raise ValueError(f"one_pass must be a bool or Tiles whose block_n spans the row (>= T={T}, T <= "
+                         f"{ONE_PASS_MAX_T}); got {one_pass!r}")
+    return tiles
+
+
+def _launch_once(kernel: str, launch, tiles: Tiles) -> None:
+    launch_tiled(kernel, launch, [tiles], None)  # explicit tiles: no fallback, a clear error if they do not load
 
 
 def explicit_attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_dtype: torch.dtype | None = None,
     input_precision: str = "ieee", tiles: Tiles | None = None, out: torch.Tensor | None = None,
+    one_pass: bool | Tiles = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o (B, nh, T, hs), p (B, nh, T, T)) with p = softmax(q k^T / sqrt(hs) + causal mask), zeros above the
     diagonal, stored in ``p_dtype`` (None: q's dtype; bf16 under bf16 autocast, what GPT-2's ``att @ v``
     casts it to), and o = p v from p as stored. q (B, nh, T, hs) and k, v (B, nkv, T, hs) may be strided
     views (unit last stride); ``out``: a strided view to write o into (e.g. of the (B, T, C) output).
-    ``input_precision``: the products' tl.dot precision for fp32 operands ('ieee', 'tf32', 'tf32x3')."""
+    ``input_precision``: the products' tl.dot precision for fp32 operands ('ieee', 'tf32', 'tf32x3').
+    ``tiles``: the two-pass kernel's (None: chosen from the device); ``one_pass``: True or row-spanning
+    :class:`Tiles` for the one-pass kernel instead (then ``tiles`` must be None)."""
     _check_qkv(q, k, v, input_precision)
     B, nh, T, hs = q.shape
     nkv = k.shape[1]
+    row = _row_tiles(one_pass, T)
+    if row is not None and tiles is not None:
+        raise ValueError("give the forward's tiles as one_pass=Tiles(...) for the one-pass kernel, not as tiles")
     p_dtype = q.dtype if p_dtype is None else p_dtype
     if p_dtype not in (torch.float32, torch.bfloat16, torch.float16, torch.float64):
         raise TypeError(f"p_dtype {p_dtype} is not a float dtype the kernels store")
@@ -64,6 +109,17 @@ def explicit_attention_fwd(
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
 
+    def launch_one_pass(t: Tiles) -> None:
+        _explicit_attn_fwd_one_pass_kernel[(triton.cdiv(T, t.block_m), B * nh)](
+            q, k, v, o, p, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
+            nh, T, LOG2E / math.sqrt(hs), nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_T=t.block_n,
+            PREC=_prec(q.dtype, input_precision), UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype),
+            num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+
+    if row is not None:
+        _launch_once("fwd", launch_one_pass, row)
+        return o, p
     key, order = tiles_to_try("fwd", hs, q.dtype, T, q.device, tiles, family=FAMILY)
     launch_tiled("fwd", launch, order, key)
     return o, p
@@ -72,14 +128,17 @@ def explicit_attention_fwd(
 def explicit_attention_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor,
     input_precision: str = "ieee", tiles: Tiles | None = None, dq_out: torch.Tensor | None = None,
-    dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None,
+    dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None, one_pass: bool | Tiles = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for _, p = explicit_attention_fwd(q, k, v, ...), from the stored p (never recomputed; the
     output is not needed: the softmax backward's row sums come from p and dP).
-    ``dq_out``/``dk_out``/``dv_out``: strided views to write into (e.g. of one packed d(qkv) buffer)."""
+    ``dq_out``/``dk_out``/``dv_out``: strided views to write into (e.g. of one packed d(qkv) buffer).
+    ``tiles``: both kernels' (None: chosen from the device); ``one_pass``: True or row-spanning
+    :class:`Tiles` run the dQ kernel in one pass at those tiles (``tiles`` then go to the dK/dV kernel)."""
     _check_qkv(q, k, v, input_precision)
     B, nh, T, hs = q.shape
     nkv = k.shape[1]
+    row = _row_tiles(one_pass, T)
     check_tensor("do", do, dtypes=(q.dtype,), ndim=4, contiguous=False)
     check_tensor("p", p, ndim=4)
     if do.shape != q.shape or do.stride(-1) != 1:
@@ -110,8 +169,18 @@ def explicit_attention_bwd(
             PREC=prec, UPCAST=upcast, CD=cd, num_warps=t.num_warps, num_stages=t.num_stages,
         )
 
-    key, order = tiles_to_try("bwd_dq", hs, q.dtype, T, q.device, tiles, family=FAMILY)
-    launch_tiled("bwd_dq", launch_dq, order, key)
+    def launch_dq_one_pass(t: Tiles) -> None:
+        _explicit_attn_bwd_dq_one_pass_kernel[(triton.cdiv(T, t.block_m), B * nh)](
+            k, v, do, p, delta, dq, *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
+            *dq.stride()[:3], nh, T, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_T=t.block_n,
+            PREC=prec, UPCAST=upcast, CD=cd, num_warps=t.num_warps, num_stages=t.num_stages,
+        )
+
+    if row is not None:
+        _launch_once("bwd_dq", launch_dq_one_pass, row)
+    else:
+        key, order = tiles_to_try("bwd_dq", hs, q.dtype, T, q.device, tiles, family=FAMILY)
+        launch_tiled("bwd_dq", launch_dq, order, key)
     key, order = tiles_to_try("bwd_dkdv", hs, q.dtype, T, q.device, tiles, family=FAMILY)
     launch_tiled("bwd_dkdv", launch_dkdv, order, key)
     return dq, dk, dv
@@ -125,43 +194,45 @@ class ExplicitPackedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int,
                 p_dtype: torch.dtype | None = None, input_precision: str = "ieee", fwd_tiles: Tiles | None = None,
-                bwd_tiles: Tiles | None = None) -> torch.Tensor:
+                bwd_tiles: Tiles | None = None, one_pass: bool = False) -> torch.Tensor:
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
         y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
         o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
-        _, p = explicit_attention_fwd(q, k, v, p_dtype, input_precision, fwd_tiles, out=o)
+        _, p = explicit_attention_fwd(q, k, v, p_dtype, input_precision, fwd_tiles, out=o, one_pass=one_pass)
         ctx.save_for_backward(qkv, p)
-        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles)
+        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, one_pass)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qkv, p = ctx.saved_tensors
-        nh, nkv, hs, prec, tiles = ctx.cfg
+        nh, nkv, hs, prec, tiles, one_pass = ctx.cfg
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, nh, nkv, hs)
         do = dy.contiguous().view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view (dy is contiguous here)
         dqkv = torch.empty_like(qkv)
         dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
-        explicit_attention_bwd(do, q, k, v, p, prec, tiles, dq_out=dq, dk_out=dk, dv_out=dv)
-        return dqkv, None, None, None, None, None, None, None
+        explicit_attention_bwd(do, q, k, v, p, prec, tiles, dq_out=dq, dk_out=dk, dv_out=dv, one_pass=one_pass)
+        return dqkv, None, None, None, None, None, None, None, None
 
 
 def explicit_attention_packed(
     qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
     input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None,
+    one_pass: bool = False,
 ) -> torch.Tensor:
     """GPT-2's explicit causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C),
     its probabilities written in ``p_dtype`` (None: qkv's dtype) as :func:`explicit_attention_fwd` says.
     ``fwd_tiles``/``bwd_tiles``: the forward's and the two backward kernels' tiles (None: chosen from the
-    device's shared memory, :mod:`kernels.tiles`)."""
+    device's shared memory, :mod:`kernels.tiles`); ``one_pass``: the forward and the dQ kernel in one pass at
+    :func:`one_pass_tiles` (then ``fwd_tiles`` must be None; ``bwd_tiles`` go to the dK/dV kernel)."""
     if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
                          f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
                          f"{tuple(qkv.shape)} strides {qkv.stride()}")
     return ExplicitPackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, p_dtype, input_precision,
-                                                 fwd_tiles, bwd_tiles)
+                                                 fwd_tiles, bwd_tiles, one_pass)
 
 
 class TritonExplicitAttention(nn.Module):
@@ -169,12 +240,13 @@ class TritonExplicitAttention(nn.Module):
     attention block that owns them)."""
 
     def __init__(self, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
-                 input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None) -> None:
+                 input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None,
+                 one_pass: bool = False) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = n_head, n_kv_head, head_size
         self.p_dtype, self.input_precision = p_dtype, input_precision
-        self.fwd_tiles, self.bwd_tiles = fwd_tiles, bwd_tiles
+        self.fwd_tiles, self.bwd_tiles, self.one_pass = fwd_tiles, bwd_tiles, one_pass
 
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         return explicit_attention_packed(qkv, self.n_head, self.n_kv_head, self.head_size, self.p_dtype,
-                                         self.input_precision, self.fwd_tiles, self.bwd_tiles)
+                                         self.input_precision, self.fwd_tiles, self.bwd_tiles, self.one_pass)

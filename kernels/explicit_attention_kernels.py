@@ -28,6 +28,15 @@ the same two-kernel backward without atomics) but with P stored as GPT-2 stores 
 
 The scores S, the gradients dP and dS never reach memory; P is written once and read back three times
 (its lower triangle: the upper one is known to be zero).
+
+One pass, where a key tile spans the whole row (T up to a few hundred): the forward and the dQ kernel
+above pass over the keys twice because a row's max and sum (forward) or D (backward) must be known
+before P or dS can be formed from a key block. With every key of the row in one tile the two passes
+are one: the forward forms s = q k^T for the whole row, takes its max and sum, writes the row of P (its
+zeros above the diagonal in the same store) and multiplies it by v; the dQ kernel loads the row of P
+once, forms dP = dO v^T, D = rowsum(P * dP) from it, dS and dq. Each q k^T (forward) and dO v^T and P
+load (backward) happens once instead of twice; the price is a row-long tile in registers and products
+over the keys past the diagonal block, which are masked to zero (never loaded).
 """
 
 from __future__ import annotations
@@ -179,3 +188,68 @@ def _explicit_attn_bwd_dkdv_kernel(
              mask=col_ok[:, None])
     tl.store(DV + b * sdvb + kvh * sdvh + offs_n[:, None] * sdvt + offs_d[None, :], dv.to(DV.dtype.element_ty),
              mask=col_ok[:, None])
+
+
+@triton.jit
+def _explicit_attn_fwd_one_pass_kernel(
+    Q, K, V, Out, P,  # as _explicit_attn_fwd_kernel
+    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
+    nh, T, qk_scale, group,
+    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr,  # BLOCK_T >= T: the whole row
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+):
+    """P and O for one (query block, batch * head), every key of the rows in one tile, in one pass:
+
+        s2 = q k^T * scale * log2 e   (-inf above the diagonal and past T),   m = rowmax(s2)
+        P = exp2(s2 - m) / rowsum(exp2(s2 - m))   stored for the whole row (zeros above the diagonal)
+        O = P v  with P as stored
+    """
+    start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_T, HS)
+    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    hi = tl.minimum((start_m + 1) * BLOCK_M, T)  # causal: keys <= the block's last query are loaded
+    kt = tl.load(K + b * skb + kvh * skh + offs_t[None, :] * skt + offs_d[:, None], mask=offs_t[None, :] < hi,
+                 other=0.0)  # (HS, BLOCK_T)
+    s = _dot(q, kt, PREC, UPCAST).to(CD) * qk_scale  # (BLOCK_M, BLOCK_T)
+    keep = (offs_m[:, None] >= offs_t[None, :]) & (offs_t[None, :] < T)
+    s = tl.where(keep, s, float("-inf"))
+    m = tl.max(s, axis=1)  # finite: key 0 is kept for every row
+    e = tl.exp2(s - m[:, None])  # 0 where masked
+    p = (e * (1.0 / tl.sum(e, axis=1))[:, None]).to(P.dtype.element_ty)
+    p_rows = P + (b * nh + h) * T * T + offs_m[:, None].to(tl.int64) * T  # (BLOCK_M, 1) row starts
+    tl.store(p_rows + offs_t[None, :], p, mask=row_ok[:, None] & (offs_t[None, :] < T))
+    v = tl.load(V + b * svb + kvh * svh + offs_t[:, None] * svt + offs_d[None, :], mask=offs_t[:, None] < hi,
+                other=0.0)  # (BLOCK_T, HS)
+    o = _dot(p.to(v.dtype), v, PREC, UPCAST).to(CD)
+    tl.store(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], o.to(Out.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+@triton.jit
+def _explicit_attn_bwd_dq_one_pass_kernel(
+    K, V, DO, P, DELTA, DQ,  # as _explicit_attn_bwd_dq_kernel
+    skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot, sdqb, sdqh, sdqt,
+    nh, T, sm_scale, group,
+    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr,  # BLOCK_T >= T: the whole row
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+):
+    """dq for one (query block, batch * head) from the stored P, every key of the rows in one tile:
+
+        dP = dO v^T,  D = rowsum(P * dP)  (stored for the dK/dV kernel),  dS = P * (dP - D),  dq = scale * dS k
+    """
+    start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_T, HS)
+    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    hi = tl.minimum((start_m + 1) * BLOCK_M, T)
+    keep = (offs_m[:, None] >= offs_t[None, :]) & (offs_t[None, :] < T) & row_ok[:, None]
+    p_rows = P + (b * nh + h) * T * T + offs_m[:, None].to(tl.int64) * T
+    p = tl.load(p_rows + offs_t[None, :], mask=keep, other=0.0).to(CD)  # (BLOCK_M, BLOCK_T), as stored
+    vt = tl.load(V + b * svb + kvh * svh + offs_t[None, :] * svt + offs_d[:, None], mask=offs_t[None, :] < hi,
+                 other=0.0)  # (HS, BLOCK_T)
+    dp = _dot(do, vt, PREC, UPCAST).to(CD)
+    delta = tl.sum(p * dp, axis=1)
+    tl.store(DELTA + (b * nh + h) * T + offs_m, delta, mask=row_ok)
+    ds = p * (dp - delta[:, None])
+    k = tl.load(K + b * skb + kvh * skh + offs_t[:, None] * skt + offs_d[None, :], mask=offs_t[:, None] < hi,
+                other=0.0)  # (BLOCK_T, HS)
+    dq = _dot(ds.to(k.dtype), k, PREC, UPCAST).to(CD) * sm_scale
+    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+             mask=row_ok[:, None])

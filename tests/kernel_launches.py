@@ -177,6 +177,8 @@ def attention(cfg: ModelConfig, step: Step) -> None:
         if cfg.attn_dropout_p == 0 and step.triton_dot:  # fuse_softmax_matmuls: the products fused too
             qkv = _t(B, T, (nh + 2 * nkv) * hs, dtype=step.dt, grad=True)
             _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec))
+            if step.options or step.cc < 80:  # option explicit_one_pass (a T4 compiles its strict-fp32 step)
+                _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, one_pass=True))
         return
     if cfg.attn_dropout_p > 0 or not step.triton_dot:
         return  # SDPA kept

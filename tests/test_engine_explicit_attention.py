@@ -101,3 +101,29 @@ def test_where_it_does_not_apply_the_note_says_why(kernel_device):
     assert "not applied in strict fp32" in eng.describe()["notes"]["softmax"]
     eng, _ = _train(GPT2, "fp32", kernel_device, attention_precision="tf32x3")
     assert eng.describe()["fuse_softmax_matmuls"] and eng.model.blocks[0].attn.core.input_precision == "tf32x3"
+
+
+@pytest.mark.parametrize("cfg,precision,tol", [(GPT2_MQA, "bf16", 3e-2), (GPT2, "tf32", 1e-4)],
+                         ids=["mqa-bf16", "tf32"])
+def test_one_pass_trains_like_the_two_passes(kernel_device, cfg, precision, tol):
+    """Option explicit_one_pass: the same losses and gradients as the two-pass kernels (a default's reach), the
+    note says so; 'fwd' tiles conflict with it, and past the kernels' longest row it is not applied."""
+    on, losses_on = _train(cfg, precision, kernel_device, explicit_one_pass=True)
+    off, losses_off = _train(cfg, precision, kernel_device)
+    assert all(blk.attn.core.one_pass for blk in on.model.blocks)
+    assert not any(blk.attn.core.one_pass for blk in off.model.blocks)
+    assert "one pass over each row" in on.describe()["notes"]["softmax"]
+    torch.testing.assert_close(losses_on, losses_off, rtol=tol, atol=tol)
+    for name, (o, size) in on.spans.items():
+        g_on, g_off = on.flat_grad[o:o + size], off.flat_grad[o:o + size]
+        assert ((g_on - g_off).norm() / g_off.norm().clamp_min(1e-12)).item() < 10 * tol, name
+
+
+def test_one_pass_where_it_does_not_apply(kernel_device):
+    with pytest.raises(ValueError, match="names 'fwd' tiles"):
+        EngineOptions(explicit_one_pass=True, attention_tiles="fwd 64x64 w4 s2")
+    EngineOptions(explicit_one_pass=True, attention_tiles="bwd 32x32 w4 s2")  # the dK/dV kernel's: allowed
+    long = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=1024)
+    eng = Engine(long, B, T, "tf32", kernel_device, capture=False, explicit_one_pass=True)
+    assert not eng.model.blocks[0].attn.core.one_pass
+    assert "explicit_one_pass not applied" in eng.describe()["notes"]["softmax"]

@@ -145,11 +145,18 @@ def test_the_explicit_attention_tile_sweep_checks_each_tile_against_the_referenc
 
     from benchmarks.kernels import explicit_tiles_dev as mod
 
-    names = [f"{p} {mod.tile_name((64, 64, 4, 2))}" for p in ("fwd", "bwd")] if torch.cuda.is_available() else []
+    names = []
+    if torch.cuda.is_available():
+        from kernels.explicit_attention import one_pass_tiles
+
+        names = [f"{p} {t}" for p in ("fwd", "bwd") for t in (mod.tile_name((64, 64, 4, 2)),
+                                                              f"one-pass {one_pass_tiles(256).name}")]
     rc = mod.main(["--check-only"] + (["--variants", ",".join(names)] if names else []))
     out = capsys.readouterr().out
     assert rc == 0 and "FAIL" not in out and "ERROR" not in out, out
-    assert out.count(" OK") == 2 * (len(names) or 2 * len(mod.CPU_GRID)), out  # two precisions
+    assert "one-pass" in out
+    per_pass = len(mod.CPU_GRID) + len(mod.ONE_PASS_CPU)  # the two-pass tiles and the one-pass ones
+    assert out.count(" OK") == 2 * (len(names) or 2 * per_pass), out  # two precisions
 
 
 @pytest.mark.kernels

@@ -9,13 +9,16 @@ pytest.importorskip("triton")
 
 from kernel_tolerance import assert_within_lowp_error  # noqa: E402
 
+import kernels.explicit_attention as explicit_module  # noqa: E402
 from ftlib.model.attention import causal_softmax_ref  # noqa: E402
 from ftlib.model.reference import causal_attention_ref  # noqa: E402
 from kernels.explicit_attention import (  # noqa: E402
+    ONE_PASS_MAX_T,
     TritonExplicitAttention,
     explicit_attention_bwd,
     explicit_attention_fwd,
     explicit_attention_packed,
+    one_pass_tiles,
 )
 from kernels.tiles import Tiles  # noqa: E402
 
@@ -84,6 +87,45 @@ def test_unequal_tiles_and_short_sequences(kernel_device):
             assert _rel_err(got, want) < 1e-5, (T, tiles, name)
 
 
+@pytest.mark.parametrize("dtype,prec,tol", CASES)
+def test_one_pass_matches_the_reference_and_the_two_passes(dtype, prec, tol, kernel_device):
+    """The one-pass forward and dQ kernels (a whole row per key tile): the same P, output and gradients,
+    up to the order of float sums, at the default one-pass tiles (two row blocks, the last ragged) and at
+    16-row ones, with grouped K/V heads."""
+    q, k, v, do = _inputs(2, 4, 2, 37, 32, dtype, kernel_device)
+    ref, p_ref = _reference(q, k, v, do)
+    o2, p2 = explicit_attention_fwd(q, k, v, input_precision=prec, tiles=SMALL)
+    two = (o2, *explicit_attention_bwd(do, q, k, v, p2, prec, tiles=SMALL))
+    for one_pass in (True, Tiles(16, 64, 4, 1)):
+        o, p = explicit_attention_fwd(q, k, v, input_precision=prec, one_pass=one_pass)
+        grads = explicit_attention_bwd(do, q, k, v, p, prec, tiles=SMALL, one_pass=one_pass)
+        assert _rel_err(p, p_ref) < tol and (p.cpu()[..., torch.ones(37, 37, dtype=torch.bool).triu(1)] == 0).all()
+        for name, got, want, other in zip(("o", "dq", "dk", "dv"), (o, *grads), ref, two):
+            assert _rel_err(got, want) < tol, (one_pass, name, _rel_err(got, want))
+            assert _rel_err(got, other.cpu().double()) < tol, (one_pass, name)
+
+
+def test_one_pass_short_rows_and_its_own_kernels(kernel_device, monkeypatch):
+    """Rows shorter than the smallest tile, and a row that fills it exactly; the two-pass kernels never run."""
+
+    class Unused:
+        def __getitem__(self, grid):
+            raise AssertionError("a two-pass kernel ran")
+
+    monkeypatch.setattr(explicit_module, "_explicit_attn_fwd_kernel", Unused())
+    monkeypatch.setattr(explicit_module, "_explicit_attn_bwd_dq_kernel", Unused())
+    for T in (5, 16):
+        q, k, v, do = _inputs(1, 2, 1, T, 32, torch.float32, kernel_device, seed=T)
+        o, p = explicit_attention_fwd(q, k, v, one_pass=True)
+        grads = explicit_attention_bwd(do, q, k, v, p, tiles=SMALL, one_pass=True)
+        ref, p_ref = _reference(q, k, v, do)
+        assert _rel_err(p, p_ref) < 1e-5, T
+        for name, got, want in zip(("o", "dq", "dk", "dv"), (o, *grads), ref):
+            assert _rel_err(got, want) < 1e-5, (T, name)
+    with pytest.raises(AssertionError, match="two-pass kernel ran"):
+        explicit_attention_fwd(q, k, v)
+
+
 def test_backward_reads_the_stored_probabilities(kernel_device):
     """The backward uses P as stored, not a recomputation: scaling P's rows changes dV accordingly."""
     q, k, v, do = _inputs(1, 2, 2, 37, 32, torch.float64, kernel_device)
@@ -102,14 +144,15 @@ def test_probabilities_in_a_lower_dtype(kernel_device):
     assert _rel_err(o, want) < 1e-5
 
 
-def test_packed_writes_the_layout_of_the_module(kernel_device):
+@pytest.mark.parametrize("one_pass", [False, True])
+def test_packed_writes_the_layout_of_the_module(kernel_device, one_pass):
     """From the packed qkv to (B, T, C) and d(qkv), the same as the strided views through the reference."""
     B, T, nh, nkv, hs = 2, 37, 4, 2, 32
     g = torch.Generator().manual_seed(3)
     qkv = torch.randn(B, T, (nh + 2 * nkv) * hs, generator=g, dtype=torch.float64).to(kernel_device)
     qkv.requires_grad_(True)
     dy = torch.randn(B, T, nh * hs, generator=g, dtype=torch.float64).to(kernel_device)
-    y = TritonExplicitAttention(nh, nkv, hs)(qkv)
+    y = TritonExplicitAttention(nh, nkv, hs, one_pass=one_pass)(qkv)
     (dqkv,) = torch.autograd.grad(y, qkv, dy)
     ref_in = qkv.detach().cpu().requires_grad_(True)
     q, k, v = ref_in.split([nh * hs, nkv * hs, nkv * hs], dim=-1)
@@ -140,3 +183,12 @@ def test_bad_arguments_say_what_is_wrong(kernel_device):
         explicit_attention_bwd(do, q, k, v, p, dk_out=torch.empty(1, 2, 8, 32, device=kernel_device))
     with pytest.raises(ValueError, match="qkv must be"):
         explicit_attention_packed(torch.empty(1, 8, 100, device=kernel_device), 4, 1, 32)
+    with pytest.raises(ValueError, match="as one_pass=Tiles"):
+        explicit_attention_fwd(q, k, v, tiles=SMALL, one_pass=True)
+    with pytest.raises(ValueError, match="must be a bool or Tiles"):
+        explicit_attention_bwd(do, q, k, v, p, one_pass="rows")
+    q, k, v, _ = _inputs(1, 4, 1, 37, 32, torch.float32, kernel_device)
+    with pytest.raises(ValueError, match=r"spans the row \(>= T=37"):
+        explicit_attention_fwd(q, k, v, one_pass=Tiles(16, 32))
+    with pytest.raises(ValueError, match="rows of 1 to"):
+        one_pass_tiles(ONE_PASS_MAX_T + 1)

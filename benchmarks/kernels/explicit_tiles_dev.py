@@ -17,6 +17,11 @@ checked against the fp64 reference. Work: the causal half of 4 B nh T^2 hs FLOPs
 bytes: P written once (forward) or read once (backward) in its dtype, with q, k, v (and dO) in and o (and dq,
 dk, dv) out.
 
+The one-pass kernels (option ``explicit_one_pass``: the forward and the dQ kernel take a whole row of keys
+in one tile and pass over it once) are timed in the same runs, at every BLOCK_M and warp count of
+``ONE_PASS_GRID``, named 'fwd one-pass 32x256 w4 s1'; their backward variants run the dK/dV kernel at the
+default tiles, as the engine does.
+
 Not part of the ``kernels`` suite: run it with ``--record`` (rows already stored are skipped, so a cut-off run
 resumes). A tile faster than the default beyond the spread can go on trial in the engine as the option
 ``attention_tiles``, which reaches these kernels where they take GPT-2's attention.
@@ -27,6 +32,10 @@ from __future__ import annotations
 from benchmarks.kernels._harness import Recorder, Variant, parse_args, run, setup
 from benchmarks.kernels.attention_tiles_dev import CPU_GRID, GPU_GRID, tile_name
 
+# (BLOCK_M, warps) of the one-pass kernels; their key tile is the row, one stage (there is no loop).
+ONE_PASS_GRID = [(m, w) for m in (16, 32, 64) for w in (2, 4, 8)]
+ONE_PASS_CPU = [(16, 4)]
+
 
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:
     args = parse_args(__doc__, argv, recorder)
@@ -34,12 +43,13 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     import torch
 
     from ftlib.model.reference import causal_attention_ref
-    from kernels.explicit_attention import explicit_attention_bwd, explicit_attention_fwd
+    from kernels.explicit_attention import explicit_attention_bwd, explicit_attention_fwd, one_pass_tiles
     from kernels.tiles import Tiles
 
     cuda = device.type == "cuda"
     B, nh, T, hs = (32, 8, 256, 32) if cuda else (1, 2, 37, 32)
     grid = GPU_GRID if cuda else CPU_GRID
+    rows = [one_pass_tiles(T, m, w) for m, w in (ONE_PASS_GRID if cuda else ONE_PASS_CPU)]
     flops_fwd = 4 * B * nh * T * T * hs / 2
     shape = {"B": B, "nh": nh, "nkv": nh, "T": T, "hs": hs}
     # One function per precision, so the closures below bind its tensors, not loop variables.
@@ -58,13 +68,21 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
         def bwd(t):
             return lambda: explicit_attention_bwd(do, q, k, v, p, dot, tiles=Tiles(*t))
 
+        def fwd_one(t):
+            return lambda: explicit_attention_fwd(q, k, v, input_precision=dot, one_pass=t)[0]
+
+        def bwd_one(t):
+            return lambda: explicit_attention_bwd(do, q, k, v, p, dot, one_pass=t)
+
         what = f"B={B} nh={nh} T={T} hs={hs} {prec}"
         ok = run(f"explicit attention forward tiles {what}", args, device, lambda: o64,
-                 [Variant(f"fwd {tile_name(t)}", fwd(t), tol, impl="triton") for t in grid],
+                 [Variant(f"fwd {tile_name(t)}", fwd(t), tol, impl="triton") for t in grid]
+                 + [Variant(f"fwd one-pass {t.name}", fwd_one(t), tol, impl="triton") for t in rows],
                  unit="TFLOP/s", op="explicit_tiles", flops=flops_fwd, nbytes=p_bytes + 4 * io,
                  shape={**shape, "pass": f"fwd {prec}"}, dtype=dtype)
         return ok & run(f"explicit attention backward tiles {what}", args, device, lambda: grads64,
-                        [Variant(f"bwd {tile_name(t)}", bwd(t), tol, impl="triton") for t in grid],
+                        [Variant(f"bwd {tile_name(t)}", bwd(t), tol, impl="triton") for t in grid]
+                        + [Variant(f"bwd one-pass {t.name}", bwd_one(t), tol, impl="triton") for t in rows],
                         unit="TFLOP/s", op="explicit_tiles", flops=2.5 * flops_fwd, nbytes=p_bytes + 7 * io,
                         shape={**shape, "pass": f"bwd {prec}"}, dtype=dtype)
 

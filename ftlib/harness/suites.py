@@ -271,6 +271,7 @@ CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], 
     (" +first-norm-into-buffer", {"first_norm_into_buffer": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
     (" +all-bias-options", GPT2_BF16_OPTIONS, ("gpt2", "gpt2 +flash-attn"), ("bf16",)),
     (" +all-bias-options", GPT2_TF32_OPTIONS, ("gpt2", "gpt2 +flash-attn"), ("tf32",)),
+    (" +explicit-one-pass", {"explicit_one_pass": True}, ("gpt2",), ("bf16", "tf32")),
 )
 
 

@@ -100,10 +100,11 @@ class FusedExplicitSelfAttention(nn.Module):
     three gradients go too. ``p_dtype``: the dtype P is written in (bf16 under bf16 autocast, what the
     ``att @ v`` matmul would cast it to; None keeps the scores' dtype); ``input_precision``: the products'
     tl.dot precision for fp32 operands; ``tiles``: the kernels' tiles per pass, as the option ``attention_tiles``
-    names them (None: chosen from the device). No attention dropout (the swap checks)."""
+    names them (None: chosen from the device); ``one_pass``: the forward and dQ kernels over whole rows
+    (option ``explicit_one_pass``). No attention dropout (the swap checks)."""
 
     def __init__(self, attn: CausalSelfAttention, p_dtype: torch.dtype | None, input_precision: str,
-                 tiles: str | None = None) -> None:
+                 tiles: str | None = None, one_pass: bool = False) -> None:
         super().__init__()
         from kernels.explicit_attention import TritonExplicitAttention
         from kernels.tiles import parse_tiles
@@ -111,7 +112,7 @@ class FusedExplicitSelfAttention(nn.Module):
         self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
         named = parse_tiles(tiles) if tiles else {}
         self.core = TritonExplicitAttention(attn.n_head, attn.n_kv_head, attn.head_size, p_dtype, input_precision,
-                                            named.get("fwd"), named.get("bwd"))
+                                            named.get("fwd"), named.get("bwd"), one_pass)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.resid_dropout(self.proj(self.core(self.qkv(x))))  # core: (B, T, C + 2 nkv hs) -> (B, T, C)

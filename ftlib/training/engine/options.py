@@ -144,6 +144,11 @@ class EngineOptions:
                "gradient of each residual branch's last bias (the attention's and the MLP's output projections) is "
                "added into the flat gradient by the norm backward that computes that branch's gradient "
                "(kernels/residual_norm.py, drb_out), instead of one column-sum kernel per projection")
+    explicit_one_pass: bool = _option(
+        False, "with fuse_softmax_matmuls (GPT-2), for sequences of up to 512 keys: the explicit attention's forward "
+               "and dQ kernels take a whole row of keys in one tile and pass over it once, instead of twice over "
+               "key tiles (kernels/explicit_attention.py, one_pass); attention_tiles may then name only 'bwd' "
+               "tiles, which go to the dK/dV kernel")
     muon_grouped: bool = _option(
         False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
                "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "
@@ -170,11 +175,15 @@ class EngineOptions:
             from kernels.tiles import parse_tiles  # here: the options import no Triton unless tiles are named
 
             try:
-                parse_tiles(self.attention_tiles)
+                named = parse_tiles(self.attention_tiles)
             except (ValueError, TypeError) as e:
                 bad.append(str(e))
+                named = {}
             if self.attention_layout != "packed":
                 bad.append(f"attention_tiles={self.attention_tiles!r} needs attention_layout='packed'")
+            if self.explicit_one_pass and "fwd" in named:
+                bad.append(f"attention_tiles={self.attention_tiles!r} names 'fwd' tiles, which explicit_one_pass "
+                           "replaces with a whole row (kernels.explicit_attention.one_pass_tiles): name 'bwd' only")
         kvs = self.attention_kv_split
         if kvs is not None:
             if isinstance(kvs, bool) or not isinstance(kvs, int) or kvs < 1 or kvs & (kvs - 1):

@@ -286,17 +286,32 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
         else:
             unfit = _explicit_attention_unfit(cfg, options, prec, info) if options.fuse_softmax_matmuls else None
             if options.fuse_softmax_matmuls and unfit is None:
+                one_pass, one_pass_note = _explicit_one_pass(cfg, options)
                 for blk in model.blocks:
                     blk.attn = FusedExplicitSelfAttention(blk.attn, prec.low_dtype, prec.fp32_dot,
-                                                          options.attention_tiles)
+                                                          options.attention_tiles, one_pass)
                 out.notes["softmax"] = ("scale + causal mask + softmax fused with the products around it "
-                                        "(q k^T, P v), the probabilities still written (kernels/explicit_attention.py)")
+                                        "(q k^T, P v), the probabilities still written (kernels/explicit_attention.py)"
+                                        + one_pass_note)
             else:
                 for blk in model.blocks:
                     blk.attn = FusedSoftmaxSelfAttention(blk.attn, prec.low_dtype)
                 out.notes["softmax"] = "scale + causal mask + softmax fused (kernels/causal_softmax.py)"
             if unfit:
                 out.notes["softmax"] += f"; fuse_softmax_matmuls {unfit}"
+
+
+def _explicit_one_pass(cfg: ModelConfig, options: EngineOptions) -> tuple[bool, str]:
+    """Whether the explicit attention runs its one-pass kernels (option ``explicit_one_pass``), and what
+    the note adds: they take rows of at most ``ONE_PASS_MAX_T`` keys."""
+    if not options.explicit_one_pass:
+        return False, ""
+    from kernels.explicit_attention import ONE_PASS_MAX_T
+
+    if cfg.block_size > ONE_PASS_MAX_T:
+        return False, (f"; explicit_one_pass not applied: its kernels take rows of up to {ONE_PASS_MAX_T} keys, "
+                       f"block_size is {cfg.block_size}")
+    return True, "; the forward and dQ kernels in one pass over each row (explicit_one_pass)"
 
 
 def _explicit_attention_unfit(cfg: ModelConfig, options: EngineOptions, prec: StepPrecision,
