@@ -64,7 +64,7 @@ def _row_tiles(one_pass: bool | Tiles, T: int) -> Tiles | None:
     a :class:`Tiles` must span the row."""
     if one_pass is False:
         return None
-    tiles = one_pass_tiles(T) if one_pass is True else one_pass
+    tiles = one_pass_tiles(max(T, 1)) if one_pass is True else one_pass  # T = 0: nothing launches
     if not isinstance(tiles, Tiles) or tiles.block_n < T or T > ONE_PASS_MAX_T:
         raise ValueError(f"one_pass must be a bool or Tiles whose block_n spans the row (>= T={T}, T <= "
                          f"{ONE_PASS_MAX_T}); got {one_pass!r}")
