@@ -110,9 +110,7 @@ def main() -> int:
              ("gpt2", "tf32", {"fuse_softmax_matmuls": False}),
              # every option on trial for GPT-2's biases and first norm at once (ftlib.harness.suites): the torch
              # sums, adds and casts of its bias gradients, most of its column sums and the first norm's kernel go
-             ("gpt2", "bf16", GPT2_BF16_OPTIONS), ("gpt2", "tf32", GPT2_TF32_OPTIONS),
-             # GPT-2's attention forward and dQ kernels in one pass over each row (option explicit_one_pass)
-             ("gpt2", "bf16", {"explicit_one_pass": True}), ("gpt2", "tf32", {"explicit_one_pass": True})]
+             ("gpt2", "bf16", GPT2_BF16_OPTIONS), ("gpt2", "tf32", GPT2_TF32_OPTIONS)]
     # The speedrun's step (chapter 8): 256x6 FT-style, B=64, residual dropout 0.2 (fused), bf16.
     from ftlib.harness.studies import SPEEDRUN_PROBE, speedrun_candidates
 

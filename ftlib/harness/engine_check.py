@@ -54,8 +54,6 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("bf16", "gpt2", GPT2_BF16_OPTIONS),
     ("tf32", "gpt2", GPT2_TF32_OPTIONS),
     ("bf16", "fasttransformer", {"first_norm_into_buffer": True}),
-    # GPT-2's explicit attention in one pass over each row (the softmax's sums in another order).
-    *((prec, "gpt2", {"explicit_one_pass": True}) for prec in ("bf16", "tf32")),
 )
 
 

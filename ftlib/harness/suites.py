@@ -250,7 +250,8 @@ def engine_variants() -> list[Case]:
 # on trial; an option waiting for a trial goes here. grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer,
 # norm_bwd_grid and fuse_softmax_matmuls (GPT-2's explicit attention in one kernel each way) won theirs and
 # are defaults now; the 16-programs-per-SM grids, fuse_mlp_act (the MLP's GELU in the epilogues of a Triton
-# GEMM) and attention_kv_split 8 and 2 (MQA's dK/dV programs per K/V head, against the launcher's choice)
+# GEMM), attention_kv_split 8 and 2 (MQA's dK/dV programs per K/V head, against the launcher's choice) and
+# explicit_one_pass (GPT-2's attention forward and dQ kernels in one pass over each row, at 32-row tiles)
 # lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py) never
 # went on trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
 # On trial, for GPT-2's Linear biases (the FastTransformer has none): their gradients added into the flat
@@ -271,7 +272,6 @@ CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], 
     (" +first-norm-into-buffer", {"first_norm_into_buffer": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
     (" +all-bias-options", GPT2_BF16_OPTIONS, ("gpt2", "gpt2 +flash-attn"), ("bf16",)),
     (" +all-bias-options", GPT2_TF32_OPTIONS, ("gpt2", "gpt2 +flash-attn"), ("tf32",)),
-    (" +explicit-one-pass", {"explicit_one_pass": True}, ("gpt2",), ("bf16", "tf32")),
 )
 
 
