@@ -101,24 +101,19 @@ def explicit_attention_fwd(
     if B * nh * T == 0:
         return o, p
 
+    # The one-pass kernel takes the two-pass kernel's arguments; its BLOCK_N is the whole row.
+    kernel = _explicit_attn_fwd_kernel if row is None else _explicit_attn_fwd_one_pass_kernel
+
     def launch(t: Tiles) -> None:
-        _explicit_attn_fwd_kernel[(triton.cdiv(T, t.block_m), B * nh)](
+        kernel[(triton.cdiv(T, t.block_m), B * nh)](
             q, k, v, o, p, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             nh, T, LOG2E / math.sqrt(hs), nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
             PREC=_prec(q.dtype, input_precision), UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype),
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
 
-    def launch_one_pass(t: Tiles) -> None:
-        _explicit_attn_fwd_one_pass_kernel[(triton.cdiv(T, t.block_m), B * nh)](
-            q, k, v, o, p, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
-            nh, T, LOG2E / math.sqrt(hs), nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_T=t.block_n,
-            PREC=_prec(q.dtype, input_precision), UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype),
-            num_warps=t.num_warps, num_stages=t.num_stages,
-        )
-
     if row is not None:
-        _launch_once("fwd", launch_one_pass, row)
+        _launch_once("fwd", launch, row)
         return o, p
     key, order = tiles_to_try("fwd", hs, q.dtype, T, q.device, tiles, family=FAMILY)
     launch_tiled("fwd", launch, order, key)
@@ -155,8 +150,11 @@ def explicit_attention_bwd(
     prec, upcast, cd = _prec(q.dtype, input_precision), _upcast(q.dtype), compute_dtype(q.dtype)
     sm_scale = 1.0 / math.sqrt(hs)
 
+    # The one-pass dQ kernel takes the two-pass kernel's arguments; its BLOCK_N is the whole row.
+    dq_kernel = _explicit_attn_bwd_dq_kernel if row is None else _explicit_attn_bwd_dq_one_pass_kernel
+
     def launch_dq(t: Tiles) -> None:  # first: it also writes D = rowsum(P * dP) for the dK/dV kernel
-        _explicit_attn_bwd_dq_kernel[(triton.cdiv(T, t.block_m), B * nh)](
+        dq_kernel[(triton.cdiv(T, t.block_m), B * nh)](
             k, v, do, p, delta, dq, *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
             *dq.stride()[:3], nh, T, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
             PREC=prec, UPCAST=upcast, CD=cd, num_warps=t.num_warps, num_stages=t.num_stages,
@@ -169,15 +167,8 @@ def explicit_attention_bwd(
             PREC=prec, UPCAST=upcast, CD=cd, num_warps=t.num_warps, num_stages=t.num_stages,
         )
 
-    def launch_dq_one_pass(t: Tiles) -> None:
-        _explicit_attn_bwd_dq_one_pass_kernel[(triton.cdiv(T, t.block_m), B * nh)](
-            k, v, do, p, delta, dq, *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
-            *dq.stride()[:3], nh, T, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_T=t.block_n,
-            PREC=prec, UPCAST=upcast, CD=cd, num_warps=t.num_warps, num_stages=t.num_stages,
-        )
-
     if row is not None:
-        _launch_once("bwd_dq", launch_dq_one_pass, row)
+        _launch_once("bwd_dq", launch_dq, row)
     else:
         key, order = tiles_to_try("bwd_dq", hs, q.dtype, T, q.device, tiles, family=FAMILY)
         launch_tiled("bwd_dq", launch_dq, order, key)

@@ -195,7 +195,7 @@ def _explicit_attn_fwd_one_pass_kernel(
     Q, K, V, Out, P,  # as _explicit_attn_fwd_kernel
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
     nh, T, qk_scale, group,
-    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr,  # BLOCK_T >= T: the whole row
+    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  # BLOCK_N >= T: the whole row
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
 ):
     """P and O for one (query block, batch * head), every key of the rows in one tile, in one pass:
@@ -204,12 +204,12 @@ def _explicit_attn_fwd_one_pass_kernel(
         P = exp2(s2 - m) / rowsum(exp2(s2 - m))   stored for the whole row (zeros above the diagonal)
         O = P v  with P as stored
     """
-    start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_T, HS)
+    start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     hi = tl.minimum((start_m + 1) * BLOCK_M, T)  # causal: keys <= the block's last query are loaded
     kt = tl.load(K + b * skb + kvh * skh + offs_t[None, :] * skt + offs_d[:, None], mask=offs_t[None, :] < hi,
-                 other=0.0)  # (HS, BLOCK_T)
-    s = _dot(q, kt, PREC, UPCAST).to(CD) * qk_scale  # (BLOCK_M, BLOCK_T)
+                 other=0.0)  # (HS, BLOCK_N)
+    s = _dot(q, kt, PREC, UPCAST).to(CD) * qk_scale  # (BLOCK_M, BLOCK_N)
     keep = (offs_m[:, None] >= offs_t[None, :]) & (offs_t[None, :] < T)
     s = tl.where(keep, s, float("-inf"))
     m = tl.max(s, axis=1)  # finite: key 0 is kept for every row
@@ -218,7 +218,7 @@ def _explicit_attn_fwd_one_pass_kernel(
     p_rows = P + (b * nh + h) * T * T + offs_m[:, None].to(tl.int64) * T  # (BLOCK_M, 1) row starts
     tl.store(p_rows + offs_t[None, :], p, mask=row_ok[:, None] & (offs_t[None, :] < T))
     v = tl.load(V + b * svb + kvh * svh + offs_t[:, None] * svt + offs_d[None, :], mask=offs_t[:, None] < hi,
-                other=0.0)  # (BLOCK_T, HS)
+                other=0.0)  # (BLOCK_N, HS)
     o = _dot(p.to(v.dtype), v, PREC, UPCAST).to(CD)
     tl.store(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], o.to(Out.dtype.element_ty),
              mask=row_ok[:, None])
@@ -229,27 +229,27 @@ def _explicit_attn_bwd_dq_one_pass_kernel(
     K, V, DO, P, DELTA, DQ,  # as _explicit_attn_bwd_dq_kernel
     skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot, sdqb, sdqh, sdqt,
     nh, T, sm_scale, group,
-    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_T: tl.constexpr,  # BLOCK_T >= T: the whole row
+    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  # BLOCK_N >= T: the whole row
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
 ):
     """dq for one (query block, batch * head) from the stored P, every key of the rows in one tile:
 
         dP = dO v^T,  D = rowsum(P * dP)  (stored for the dK/dV kernel),  dS = P * (dP - D),  dq = scale * dS k
     """
-    start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_T, HS)
+    start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     hi = tl.minimum((start_m + 1) * BLOCK_M, T)
     keep = (offs_m[:, None] >= offs_t[None, :]) & (offs_t[None, :] < T) & row_ok[:, None]
     p_rows = P + (b * nh + h) * T * T + offs_m[:, None].to(tl.int64) * T
-    p = tl.load(p_rows + offs_t[None, :], mask=keep, other=0.0).to(CD)  # (BLOCK_M, BLOCK_T), as stored
+    p = tl.load(p_rows + offs_t[None, :], mask=keep, other=0.0).to(CD)  # (BLOCK_M, BLOCK_N), as stored
     vt = tl.load(V + b * svb + kvh * svh + offs_t[None, :] * svt + offs_d[:, None], mask=offs_t[None, :] < hi,
-                 other=0.0)  # (HS, BLOCK_T)
+                 other=0.0)  # (HS, BLOCK_N)
     dp = _dot(do, vt, PREC, UPCAST).to(CD)
     delta = tl.sum(p * dp, axis=1)
     tl.store(DELTA + (b * nh + h) * T + offs_m, delta, mask=row_ok)
     ds = p * (dp - delta[:, None])
     k = tl.load(K + b * skb + kvh * skh + offs_t[:, None] * skt + offs_d[None, :], mask=offs_t[:, None] < hi,
-                other=0.0)  # (BLOCK_T, HS)
+                other=0.0)  # (BLOCK_N, HS)
     dq = _dot(ds.to(k.dtype), k, PREC, UPCAST).to(CD) * sm_scale
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
              mask=row_ok[:, None])
