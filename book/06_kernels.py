@@ -548,8 +548,10 @@ if len(ktable):
 # and passes the 100-step check (below); the table shows each trial's outcome. An option on trial is timed
 # in its own suite, `engine_candidates`, each case beside the default case it would change. Each default
 # has a case in the `engine` suite that switches it off again (`-grad-into-buffer`, `-fused-kv-sum`,
-# `-norm-dw-into-buffer`, `-norm-bwd-grid`; the lines under the table of section "What each kernel buys"
-# say which of them have rows). The options the trials below concern:
+# `-norm-dw-into-buffer`, `-norm-bwd-grid`, `-fuse-softmax-matmuls`, `-bias-into-buffer`,
+# `-bf16-bias-weights`, `-branch-bias-into-norm`, `-first-norm-into-buffer`, and `-bias-options` for the last
+# four at once; the lines under the table of section "What each kernel buys" say which of them have rows).
+# The options the trials below concern:
 #
 # * `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option does
 #   (NVIDIA/Megatron-LM, with its `fused_weight_gradient_mlp_cuda` extension): each Linear's backward
@@ -578,7 +580,8 @@ if len(ktable):
 #   `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against
 #   the launcher's 4) for the FastTransformer.
 # * `bias-into-buffer`, `bf16-bias-weights` and `branch-bias-into-norm` concern GPT-2's Linear biases, which
-#   the FastTransformer does not have; `all-bias-options` is all of them with `first-norm-into-buffer`. With
+#   the FastTransformer does not have; `all-bias-options` was all of them with `first-norm-into-buffer`, and
+#   the four are defaults now. With
 #   the bias kernel alone, each bias costs a column sum into partial rows, a torch sum of those rows and
 #   autograd's add into the flat gradient, and in bf16 one autocast cast of its layer's weight and one of
 #   the bias per step. `bias-into-buffer` adds each program's column sums straight into the bias's view of
@@ -602,6 +605,10 @@ if len(ktable):
 #   q kᵀ is formed once forward, P is read once and dO vᵀ formed once in the dQ kernel. The products
 #   then run over the keys past the diagonal too (masked to zero, never loaded), a small cost at head
 #   size 32. The sweep below times these kernels at every query-tile height and warp count.
+# * `explicit-dq-one-pass`: the dQ kernel of `explicit-one-pass` alone, the forward left on two passes, at
+#   the tile where the sweep below found it faster than the two-pass kernel: 64 query rows on 4 warps (one
+#   warpgroup), the whole row of keys in one tile. Its 64 rows of fp32 scores need more shared memory than a
+#   Tesla T4 gives a block, so below sm_80 the engine leaves the two-pass kernel in place.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

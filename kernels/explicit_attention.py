@@ -16,9 +16,10 @@ same, the stored P tile is registers forward and one more tile load backward), u
 entries (``family='explicit'``).
 
 One pass (``one_pass``): for rows of at most ``ONE_PASS_MAX_T`` keys the forward and the dQ kernel can
-take every key of a row in one tile and pass over the keys once instead of twice (the kernels module
-says how); the dK/dV kernel is the same either way. Off unless asked for: which is faster at a shape is
-measured (``benchmarks/kernels/explicit_tiles_dev.py``), not assumed.
+each take every key of a row in one tile and pass over the keys once instead of twice (the kernels module
+says how); the dK/dV kernel is the same either way. Each is asked for on its own (``fwd_one_pass``,
+``dq_one_pass``), off unless asked for: which is faster at a shape, and at which tile, is measured
+(``benchmarks/kernels/explicit_tiles_dev.py``), not assumed.
 """
 
 from __future__ import annotations
@@ -185,45 +186,47 @@ class ExplicitPackedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int,
                 p_dtype: torch.dtype | None = None, input_precision: str = "ieee", fwd_tiles: Tiles | None = None,
-                bwd_tiles: Tiles | None = None, one_pass: bool = False) -> torch.Tensor:
+                bwd_tiles: Tiles | None = None, fwd_one_pass: bool | Tiles = False,
+                dq_one_pass: bool | Tiles = False) -> torch.Tensor:
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
         y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
         o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
-        _, p = explicit_attention_fwd(q, k, v, p_dtype, input_precision, fwd_tiles, out=o, one_pass=one_pass)
+        _, p = explicit_attention_fwd(q, k, v, p_dtype, input_precision, fwd_tiles, out=o, one_pass=fwd_one_pass)
         ctx.save_for_backward(qkv, p)
-        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, one_pass)
+        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, dq_one_pass)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qkv, p = ctx.saved_tensors
-        nh, nkv, hs, prec, tiles, one_pass = ctx.cfg
+        nh, nkv, hs, prec, tiles, dq_one_pass = ctx.cfg
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, nh, nkv, hs)
         do = dy.contiguous().view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view (dy is contiguous here)
         dqkv = torch.empty_like(qkv)
         dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
-        explicit_attention_bwd(do, q, k, v, p, prec, tiles, dq_out=dq, dk_out=dk, dv_out=dv, one_pass=one_pass)
-        return dqkv, None, None, None, None, None, None, None, None
+        explicit_attention_bwd(do, q, k, v, p, prec, tiles, dq_out=dq, dk_out=dk, dv_out=dv, one_pass=dq_one_pass)
+        return dqkv, None, None, None, None, None, None, None, None, None
 
 
 def explicit_attention_packed(
     qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
     input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None,
-    one_pass: bool = False,
+    fwd_one_pass: bool | Tiles = False, dq_one_pass: bool | Tiles = False,
 ) -> torch.Tensor:
     """GPT-2's explicit causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C),
     its probabilities written in ``p_dtype`` (None: qkv's dtype) as :func:`explicit_attention_fwd` says.
     ``fwd_tiles``/``bwd_tiles``: the forward's and the two backward kernels' tiles (None: chosen from the
-    device's shared memory, :mod:`kernels.tiles`); ``one_pass``: the forward and the dQ kernel in one pass at
-    :func:`one_pass_tiles` (then ``fwd_tiles`` must be None; ``bwd_tiles`` go to the dK/dV kernel)."""
+    device's shared memory, :mod:`kernels.tiles`); ``fwd_one_pass``, ``dq_one_pass``: the forward, the dQ
+    kernel in one pass, True at :func:`one_pass_tiles` or at row-spanning :class:`Tiles` (the forward's then
+    replace ``fwd_tiles``, which must be None; with the dQ kernel's, ``bwd_tiles`` go to the dK/dV kernel)."""
     if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
                          f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
                          f"{tuple(qkv.shape)} strides {qkv.stride()}")
     return ExplicitPackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, p_dtype, input_precision,
-                                                 fwd_tiles, bwd_tiles, one_pass)
+                                                 fwd_tiles, bwd_tiles, fwd_one_pass, dq_one_pass)
 
 
 class TritonExplicitAttention(nn.Module):
@@ -232,12 +235,14 @@ class TritonExplicitAttention(nn.Module):
 
     def __init__(self, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
                  input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None,
-                 one_pass: bool = False) -> None:
+                 fwd_one_pass: bool | Tiles = False, dq_one_pass: bool | Tiles = False) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = n_head, n_kv_head, head_size
         self.p_dtype, self.input_precision = p_dtype, input_precision
-        self.fwd_tiles, self.bwd_tiles, self.one_pass = fwd_tiles, bwd_tiles, one_pass
+        self.fwd_tiles, self.bwd_tiles = fwd_tiles, bwd_tiles
+        self.fwd_one_pass, self.dq_one_pass = fwd_one_pass, dq_one_pass
 
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
         return explicit_attention_packed(qkv, self.n_head, self.n_kv_head, self.head_size, self.p_dtype,
-                                         self.input_precision, self.fwd_tiles, self.bwd_tiles, self.one_pass)
+                                         self.input_precision, self.fwd_tiles, self.bwd_tiles, self.fwd_one_pass,
+                                         self.dq_one_pass)

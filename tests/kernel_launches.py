@@ -94,10 +94,11 @@ def _backward(*outs: torch.Tensor) -> None:
 
 
 def first_norm(cfg: ModelConfig, step: Step) -> None:
-    """The first block's norm, on the embeddings (fp32 under autocast too): RMSNorm (option
-    norm_dw_partials: 'tile', or 'persistent') or LayerNorm. Extended: inputs in the step's dtype. Options:
-    its backward on the fused residual-norm kernel, its gradients added into fp32 buffers (option
-    first_norm_into_buffer, kernels.norm_into)."""
+    """The first block's norm, on the embeddings (fp32 under autocast too): its backward on the fused
+    residual-norm kernel, its gradients added into fp32 buffers (first_norm_into_buffer, a default,
+    kernels.norm_into); on its own kernel (outside the step, and the option off): RMSNorm (option
+    norm_dw_partials: 'tile', or 'persistent') or LayerNorm. Extended: inputs in the step's dtype."""
+    from kernels._common import RowGrid
     from kernels.layernorm import layer_norm
     from kernels.norm_into import norm_into
     from kernels.rmsnorm import rms_norm
@@ -110,11 +111,11 @@ def first_norm(cfg: ModelConfig, step: Step) -> None:
                 _backward(rms_norm(x, w, 1e-5, dw))
         else:
             _backward(layer_norm(x, w, _t(C, dtype=dt, grad=True) if cfg.bias else None))
-    if step.options:
-        ln, bias = cfg.norm == "layernorm", cfg.norm == "layernorm" and cfg.bias
-        x = _t(M, C, grad=True)
-        _backward(norm_into(x, _t(C), _t(C) if bias else None, 1e-5, ln, torch.zeros(C),
-                            torch.zeros(C) if bias else None))
+    ln, bias = cfg.norm == "layernorm", cfg.norm == "layernorm" and cfg.bias
+    x = _t(M, C, grad=True)
+    grid = RowGrid.parse(NORM_BWD_GRID)  # the engine's: the fused residual-norm's grid (FirstNormInto)
+    _backward(norm_into(x, _t(C), _t(C) if bias else None, 1e-5, ln, torch.zeros(C),
+                        torch.zeros(C) if bias else None, rows=grid.rows, programs=grid.per_sm * SMS[step.cc]))
 
 
 def residual_norms(cfg: ModelConfig, step: Step) -> None:
@@ -145,7 +146,7 @@ def residual_norms(cfg: ModelConfig, step: Step) -> None:
         into["db_out"] = torch.zeros(C) if b is not None else None
     _backward(*add_norm(x, r, w, b, **into))
     _backward(add_norm(x, r, w, b, **into)[1])  # the final norm: s unused, no ds
-    if cfg.bias:  # branch_bias_into_norm (on trial in bf16 and tf32): the projection's bias gradient added too
+    if cfg.bias:  # branch_bias_into_norm (a default): the projection's bias gradient added too
         _backward(*add_norm(x, r, w, b, **into, drb_out=torch.zeros(C)))
     keep_mask(seed, (M, C), 0.1, salt=5)
     if step.options:
@@ -166,9 +167,10 @@ def attention(cfg: ModelConfig, step: Step) -> None:
     launched) only where the grid is small for the GPU, on a T4 only at the small batch. Options: the
     'heads' layout, q, k, v as strided views of the qkv output (KernelCausalSelfAttention); on sm_75 only
     when extended, the costliest compile here (FMA code) for strides the packed layout's already have."""
+    from ftlib.training.engine.swaps import DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS
     from kernels.attention import flash_attention, packed_attention
     from kernels.causal_softmax import causal_softmax
-    from kernels.explicit_attention import explicit_attention_packed
+    from kernels.explicit_attention import explicit_attention_packed, one_pass_tiles
 
     nh, nkv, hs = cfg.n_head, cfg.n_kv_head, cfg.head_size
     if cfg.attn_impl == "explicit":
@@ -177,8 +179,13 @@ def attention(cfg: ModelConfig, step: Step) -> None:
         if cfg.attn_dropout_p == 0 and step.triton_dot:  # fuse_softmax_matmuls: the products fused too
             qkv = _t(B, T, (nh + 2 * nkv) * hs, dtype=step.dt, grad=True)
             _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec))
-            if step.options or step.cc < 80:  # option explicit_one_pass (a T4 compiles its strict-fp32 step)
-                _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, one_pass=True))
+            if step.options or step.cc < 80:  # the one-pass options (a T4 compiles its strict-fp32 step)
+                # explicit_one_pass: the forward and dQ kernels at their default row tiles
+                _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, fwd_one_pass=True,
+                                                    dq_one_pass=True))
+            if step.options and step.cc >= 80:  # explicit_dq_one_pass (on trial; not below sm_80, the engine's rule)
+                dq_tiles = one_pass_tiles(T, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)  # the engine's tile
+                _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, dq_one_pass=dq_tiles))
         return
     if cfg.attn_dropout_p > 0 or not step.triton_dot:
         return  # SDPA kept
@@ -222,7 +229,7 @@ def linears(cfg: ModelConfig, step: Step) -> None:
     if cfg.bias:
         for N in (3 * C, C, cfg.d_ff):
             bias_grad(_t(M, N, dtype=step.dt), F32)
-            # bias_into_buffer (on trial in bf16 and tf32): the column sums added into the flat gradient
+            # bias_into_buffer (a default): the column sums added into the flat gradient
             bias_grad_add_(_t(M, N, dtype=step.dt), torch.zeros(N))
     if step.dt != F32 or step.prec == "tf32":
         wgrad_add_(torch.zeros(cfg.d_ff, C), _t(M, cfg.d_ff, dtype=step.dt), _t(M, C, dtype=step.dt),

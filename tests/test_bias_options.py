@@ -1,7 +1,9 @@
 """The engine's bias options (``ftlib.training.engine.linears``): ``bias_into_buffer`` (each bias gradient added
 into the flat gradient by the column sum's atomic adds) and ``bf16_bias_weights`` (the bias-kernel Linears read
-their weight and bias from the step's bf16 shadow). Each trains like the default engine, removes the ops it
-says it removes, and says where it does not apply."""
+their weight and bias from the step's bf16 shadow), and ``branch_bias_into_norm`` (the output projections' bias
+gradients added by the residual-norm backward), all on by default. Each, alone on the engine without the four
+bias and first-norm options, trains like that engine, removes the ops it says it removes, and says where it
+does not apply."""
 
 from __future__ import annotations
 
@@ -12,6 +14,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ftlib.harness.engine_check import pattern_batches
+from ftlib.harness.suites import BIAS_OPTIONS_OFF
 from ftlib.model.config import preset
 from ftlib.training.engine import Engine, EngineOptions, grad_into
 
@@ -26,8 +29,10 @@ pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (
 
 
 def _engine(cfg, prec: str, dev, b: int = B, **options) -> Engine:
+    """The engine without the bias and first-norm options but those in ``options``: each is tested alone."""
     # lr 1e-2: a gradient off anywhere moves the next steps' parameters far beyond rounding.
-    return Engine(cfg, b, cfg.block_size, prec, dev, seed=4, lr=1e-2, capture=False, **options)
+    return Engine(cfg, b, cfg.block_size, prec, dev, seed=4, lr=1e-2, capture=False,
+                  **{**BIAS_OPTIONS_OFF, **options})
 
 
 def _steps(eng: Engine, n: int, seed: int = 7) -> list[float]:
@@ -141,8 +146,8 @@ def test_where_the_bias_options_do_not_apply(kernel_device):
     assert eng.notes["bf16_bias_weights"] == "not applied: needs bf16 with bf16_weights" and eng.flat_param16 is None
     eng = _engine(GPT, "bf16", kernel_device, bias_kernel=False, **both)
     assert not eng.describe()["bias_into_buffer"] and "no Linear on the bias kernel" in eng.notes["bf16_bias_weights"]
-    # On trial: neither is a default until it has won.
-    assert EngineOptions().bias_into_buffer is False and EngineOptions().bf16_bias_weights is False
+    # Defaults: they won their trial (chapter 6).
+    assert EngineOptions().bias_into_buffer is True and EngineOptions().bf16_bias_weights is True
 
 
 # branch_bias_into_norm: the projections' bias gradients added by the residual-norm backward that makes their dy.
@@ -194,4 +199,16 @@ def test_where_branch_bias_into_norm_does_not_apply(kernel_device):
         eng = _engine(cfg, "bf16", kernel_device, branch_bias_into_norm=True, **off)
         assert not eng.describe()["branch_bias_into_norm"] and why in eng.notes["branch_bias_into_norm"], off
         assert not any(getattr(m, "db_elsewhere", False) for m in eng.model.modules())
-    assert EngineOptions().branch_bias_into_norm is False  # on trial
+    assert EngineOptions().branch_bias_into_norm is True  # a default: it won its trial
+
+
+@pytest.mark.parametrize("prec", ["bf16", "tf32"])
+def test_the_default_engine_runs_every_bias_option_that_applies(prec, kernel_device):
+    """GPT-2's default engine: the four options on where they apply (the bf16 shadow only under bf16); the
+    FastTransformer's: only the first norm (it has no biases)."""
+    eng = Engine(GPT, B, T, prec, kernel_device, capture=False).describe()
+    assert eng["bias_into_buffer"] and eng["branch_bias_into_norm"] and eng["first_norm_into_buffer"]
+    assert eng["bf16_bias_weights"] is (prec == "bf16")
+    ft = Engine(FT, B, T, prec, kernel_device, capture=False).describe()
+    assert ft["first_norm_into_buffer"]
+    assert not (ft["bias_into_buffer"] or ft["bf16_bias_weights"] or ft["branch_bias_into_norm"])

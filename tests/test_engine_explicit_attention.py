@@ -103,16 +103,23 @@ def test_where_it_does_not_apply_the_note_says_why(kernel_device):
     assert eng.describe()["fuse_softmax_matmuls"] and eng.model.blocks[0].attn.core.input_precision == "tf32x3"
 
 
+@pytest.mark.parametrize("option", ["explicit_one_pass", "explicit_dq_one_pass"])
 @pytest.mark.parametrize("cfg,precision,tol", [(GPT2_MQA, "bf16", 3e-2), (GPT2, "tf32", 1e-4)],
                          ids=["mqa-bf16", "tf32"])
-def test_one_pass_trains_like_the_two_passes(kernel_device, cfg, precision, tol):
-    """Option explicit_one_pass: the same losses and gradients as the two-pass kernels (a default's reach), the
-    note says so; 'fwd' tiles conflict with it, and past the kernels' longest row it is not applied."""
-    on, losses_on = _train(cfg, precision, kernel_device, explicit_one_pass=True)
+def test_one_pass_trains_like_the_two_passes(kernel_device, cfg, precision, tol, option):
+    """Options explicit_one_pass (the forward and dQ kernels) and explicit_dq_one_pass (the dQ kernel alone, at
+    64 query rows on 4 warps): the same losses and gradients as the two-pass kernels (a default's reach), the
+    note says so."""
+    from ftlib.training.engine.swaps import DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS
+    from kernels.explicit_attention import one_pass_tiles
+
+    on, losses_on = _train(cfg, precision, kernel_device, **{option: True})
     off, losses_off = _train(cfg, precision, kernel_device)
-    assert all(blk.attn.core.one_pass for blk in on.model.blocks)
-    assert not any(blk.attn.core.one_pass for blk in off.model.blocks)
-    assert "one pass over each row" in on.describe()["notes"]["softmax"]
+    fwd, dq = ((True, True) if option == "explicit_one_pass" else
+               (False, one_pass_tiles(cfg.block_size, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)))
+    assert all(blk.attn.core.fwd_one_pass == fwd and blk.attn.core.dq_one_pass == dq for blk in on.model.blocks)
+    assert not any(blk.attn.core.fwd_one_pass or blk.attn.core.dq_one_pass for blk in off.model.blocks)
+    assert f"one pass over each row ({option})" in on.describe()["notes"]["softmax"]
     torch.testing.assert_close(losses_on, losses_off, rtol=tol, atol=tol)
     for name, (o, size) in on.spans.items():
         g_on, g_off = on.flat_grad[o:o + size], off.flat_grad[o:o + size]
@@ -124,6 +131,23 @@ def test_one_pass_where_it_does_not_apply(kernel_device):
         EngineOptions(explicit_one_pass=True, attention_tiles="fwd 64x64 w4 s2")
     EngineOptions(explicit_one_pass=True, attention_tiles="bwd 32x32 w4 s2")  # the dK/dV kernel's: allowed
     long = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=1024)
-    eng = Engine(long, B, T, "tf32", kernel_device, capture=False, explicit_one_pass=True)
-    assert not eng.model.blocks[0].attn.core.one_pass
-    assert "explicit_one_pass not applied" in eng.describe()["notes"]["softmax"]
+    eng = Engine(long, B, T, "tf32", kernel_device, capture=False, explicit_one_pass=True, explicit_dq_one_pass=True)
+    assert not (eng.model.blocks[0].attn.core.fwd_one_pass or eng.model.blocks[0].attn.core.dq_one_pass)
+    assert "explicit_one_pass and explicit_dq_one_pass not applied" in eng.describe()["notes"]["softmax"]
+
+
+def test_dq_one_pass_is_not_applied_below_sm_80():
+    """The dQ option's 64-row tile of fp32 scores needs more shared memory than a T4's block has (the compile
+    test measures it): on sm_75 the two-pass dQ kernel stays, and the note says why."""
+    from ftlib.core.device import DeviceInfo
+    from ftlib.training.engine.swaps import _explicit_one_pass
+
+    t4, h200 = (DeviceInfo(name=n, kind="cuda", capability=cap) for n, cap in (("T4", (7, 5)), ("H200", (9, 0))))
+    opts = EngineOptions(explicit_dq_one_pass=True)
+    fwd, dq, note = _explicit_one_pass(GPT2, opts, t4)
+    assert (fwd, dq) == (False, False) and "explicit_dq_one_pass not applied" in note and "sm_80" in note
+    fwd, dq, note = _explicit_one_pass(GPT2, opts, h200)
+    assert fwd is False and dq.block_m == 64 and dq.num_warps == 4 and dq.block_n >= GPT2.block_size
+    # With both options on a T4 the forward's stays, and the dQ kernel takes the forward option's tiles.
+    fwd, dq, note = _explicit_one_pass(GPT2, EngineOptions(explicit_one_pass=True, explicit_dq_one_pass=True), t4)
+    assert fwd is True and dq is True and "(explicit_one_pass)" in note and "explicit_dq_one_pass not applied" in note

@@ -7,6 +7,7 @@ from synthetic_results import ENGINE_MS, VARIANT_MS, write_all
 
 from ftlib.views import engine as engineview
 from ftlib.views import engine_check, option_trials
+from ftlib.views import engine_config as ec
 from ftlib.views.bench import ok_rows
 
 
@@ -156,7 +157,7 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
     def row(run, cfg, extra=None, **ran):
         return {"mode": "engine", "device_slug": "h200", "run_id": run, "config": cfg, "extra": extra or {},
                 "engine": {"grad_into_buffer": True, "fuse_kv_split_sum": True, "norm_dw_into_buffer": True,
-                           "norm_bwd_grid": "8 rows 4/SM", **ran}}
+                           "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True, **ran}}
 
     rows = [row("a", mqa, grad_into_buffer=False, fuse_kv_split_sum=False),
             row("b", mha, grad_into_buffer=False, fuse_kv_split_sum=False),  # MHA: no split to sum
@@ -167,15 +168,16 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
             # the residual-norm left unfused: the norms' atomic weight gradients have no kernel to live in
             row("g", mqa, fuse_residual_norm=False, norm_dw_into_buffer=False, norm_bwd_grid=None),
             row("h", mqa, norm_bwd_grid=None)]  # the atomic adds on the launcher's grid, not the default's
-    lines = engineview.options_behind(rows).splitlines()
-    assert len(lines) == 4
-    assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[0]  # a, e
-    assert "3 of these runs ran with `grad_into_buffer` off" in lines[1]  # a, b, e
+    lines = ec.options_behind(rows).splitlines()
+    assert len(lines) == 5
+    assert "1 of these runs ran with `first_norm_into_buffer` off" in lines[0]  # e; g had no fused norm for it
+    assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[1]  # a, e
+    assert "3 of these runs ran with `grad_into_buffer` off" in lines[2]  # a, b, e
     # h only: e and g had no atomic adds for a grid to run (they count under norm_dw_into_buffer)
-    assert "1 of these runs ran with `norm_bwd_grid` off" in lines[2]
-    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[3]  # e, not g
-    assert "1 of these runs ran with `grad_into_buffer`" in engineview.options_behind(rows, run_ids={"b", "c"})
-    assert engineview.options_behind(rows, run_ids={"c", "d"}) == ""
+    assert "1 of these runs ran with `norm_bwd_grid` off" in lines[3]
+    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[4]  # e, not g
+    assert "1 of these runs ran with `grad_into_buffer`" in ec.options_behind(rows, run_ids={"b", "c"})
+    assert ec.options_behind(rows, run_ids={"c", "d"}) == ""
 
 
 def test_only_the_newest_profiled_commit_of_each_device_is_shown():
@@ -194,7 +196,8 @@ def test_probes_are_named_against_todays_defaults():
     without it."""
     mqa = {"n_head": 8, "n_kv_head": 1}
     ran = {"grad_into_buffer": True, "fuse_kv_split_sum": True, "fuse_residual_norm": True,
-           "norm_bwd_grid": "8 rows 4/SM", "kernels": ["rmsnorm", "attention"], "notes": {}}
+           "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True, "kernels": ["rmsnorm", "attention"],
+           "notes": {}}
 
     def probe(label, kw, **engine):
         return {"status": "ok", "device_slug": "h200", "commit": "c", "date": "d", "label": label, "config": mqa,
@@ -216,20 +219,48 @@ def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
     def row(kernels, notes=None, **ran):
         return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": mqa, "extra": {},
                 "engine": {"kernels": kernels, "notes": notes or {}, "norm_dw_into_buffer": True,
-                           "norm_bwd_grid": "8 rows 4/SM", **ran}}
+                           "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True, **ran}}
 
     # Strict fp32 keeps SDPA: no dK/dV split to sum, so the current engine runs without the fused split sum.
     sdpa = row([k for k in with_attention if k != "attention"], grad_into_buffer=True, fuse_kv_split_sum=False)
-    assert engineview.engine_config(sdpa) == engineview.TODAY
-    assert engineview.engine_config({**sdpa, "engine": {**sdpa["engine"], "grad_into_buffer": False}}) == (
+    assert ec.engine_config(sdpa) == ec.TODAY
+    assert ec.engine_config({**sdpa, "engine": {**sdpa["engine"], "grad_into_buffer": False}}) == (
         "without grad_into_buffer")
     # On the attention kernel the split sum applies: a row without it ran an earlier engine.
-    assert engineview.engine_config(row(with_attention, grad_into_buffer=True, fuse_kv_split_sum=False)) == (
+    assert ec.engine_config(row(with_attention, grad_into_buffer=True, fuse_kv_split_sum=False)) == (
         "without fuse_kv_split_sum")
     # An option the engine noted as not applied to the step is not missing from it.
     none = row(with_attention, {"grad_into_buffer": "not applied: no plain, bf16-shadow or bias-kernel Linear"},
                grad_into_buffer=False, fuse_kv_split_sum=True)
-    assert engineview.engine_config(none) == engineview.TODAY
+    assert ec.engine_config(none) == ec.TODAY
+
+
+def test_the_bias_and_first_norm_defaults_count_only_where_they_could_apply():
+    """GPT-2's bias options need its biases and the pieces they live in; the first norm's, the fused
+    residual-norm with its atomic adds. A row that predates them ran without them where they apply."""
+    gpt2, ft = {"n_head": 12, "n_kv_head": 12, "bias": True}, {"n_head": 8, "n_kv_head": 1, "bias": False}
+    base = {"grad_into_buffer": True, "norm_dw_into_buffer": True, "norm_bwd_grid": "8 rows 4/SM",
+            "fuse_residual_norm": True, "bias_kernel": True, "bf16_weights": True, "kernels": [], "notes": {}}
+
+    def row(cfg, prec, extra=None, **ran):
+        return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": cfg, "precision": prec,
+                "extra": extra or {}, "engine": {**base, **ran}}
+
+    bias = ["bias_into_buffer", "bf16_bias_weights", "branch_bias_into_norm", "first_norm_into_buffer"]
+    assert ec.options_off(row(gpt2, "bf16")) == bias  # stored before the four existed
+    assert ec.options_off(row(gpt2, "tf32")) == [n for n in bias if n != "bf16_bias_weights"]  # the shadow is bf16's
+    assert ec.options_off(row(ft, "bf16")) == ["first_norm_into_buffer"]  # no biases
+    assert ec.options_off(row(gpt2, "bf16", **dict.fromkeys(bias, True))) == []
+    # Without the bias kernel none of GPT-2's bias options could apply; without the fused residual-norm
+    # (and its atomic adds) neither the branch biases nor the first norm; the GELU-epilogue GEMM sums its own.
+    assert ec.options_off(row(gpt2, "bf16", {"bias_kernel": False}, bias_kernel=False)) == ["first_norm_into_buffer"]
+    assert ec.options_off(row(gpt2, "tf32", fuse_residual_norm=False, norm_dw_into_buffer=False)) == [
+        "bias_into_buffer"]
+    assert "branch_bias_into_norm" not in ec.options_off(row(gpt2, "tf32", fuse_mlp_act=True))
+    # An ablation that set an option off on purpose is not an earlier engine.
+    ran = {**dict.fromkeys(bias, True), "bias_into_buffer": False}
+    ablation = row(gpt2, "bf16", {"bias_into_buffer": False}, **ran)
+    assert ec.engine_config(ablation) == ec.TODAY
 
 
 def test_options_on_trial_without_rows_are_listed_once_with_their_widest_options(monkeypatch):

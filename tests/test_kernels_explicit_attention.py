@@ -144,15 +144,17 @@ def test_probabilities_in_a_lower_dtype(kernel_device):
     assert _rel_err(o, want) < 1e-5
 
 
-@pytest.mark.parametrize("one_pass", [False, True])
-def test_packed_writes_the_layout_of_the_module(kernel_device, one_pass):
-    """From the packed qkv to (B, T, C) and d(qkv), the same as the strided views through the reference."""
+@pytest.mark.parametrize("fwd_one_pass,dq_one_pass", [(False, False), (True, True), (False, Tiles(64, 64, 4, 1))],
+                         ids=["two-pass", "one-pass", "dq-one-pass-64-rows"])
+def test_packed_writes_the_layout_of_the_module(kernel_device, fwd_one_pass, dq_one_pass):
+    """From the packed qkv to (B, T, C) and d(qkv), the same as the strided views through the reference; with
+    the forward and the dQ kernel each in one or two passes."""
     B, T, nh, nkv, hs = 2, 37, 4, 2, 32
     g = torch.Generator().manual_seed(3)
     qkv = torch.randn(B, T, (nh + 2 * nkv) * hs, generator=g, dtype=torch.float64).to(kernel_device)
     qkv.requires_grad_(True)
     dy = torch.randn(B, T, nh * hs, generator=g, dtype=torch.float64).to(kernel_device)
-    y = TritonExplicitAttention(nh, nkv, hs, one_pass=one_pass)(qkv)
+    y = TritonExplicitAttention(nh, nkv, hs, fwd_one_pass=fwd_one_pass, dq_one_pass=dq_one_pass)(qkv)
     (dqkv,) = torch.autograd.grad(y, qkv, dy)
     ref_in = qkv.detach().cpu().requires_grad_(True)
     q, k, v = ref_in.split([nh * hs, nkv * hs, nkv * hs], dim=-1)

@@ -23,7 +23,6 @@ from ftlib.core.precision import precision_region
 from ftlib.harness.bench.step import CHECK_RTOL
 from ftlib.harness.provenance import provenance, run_id
 from ftlib.harness.results import ResultStore, row_key
-from ftlib.harness.suites import GPT2_BF16_OPTIONS, GPT2_TF32_OPTIONS
 from ftlib.model.config import ModelConfig, preset
 from ftlib.model.gpt import build_model
 from ftlib.training.engine import Engine
@@ -48,12 +47,11 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     *(("tf32", name, {"fuse_mlp_act": True}) for name in ("fasttransformer", "gpt2")),
     # MQA's dK/dV partial sums grouped otherwise (the same gradients, summed in another order).
     *(("bf16", "fasttransformer", {"attention_kv_split": n}) for n in (8, 2)),
-    # GPT-2's bias options, all at once (each on trial alone too): the bias gradients added into the flat
-    # gradient in no fixed order, the biased Linears on the bf16 shadow (autocast's bf16 values), the projections'
-    # bias gradients summed from dr in fp32 before its bf16 rounding, the first norm's gradients added atomically.
-    ("bf16", "gpt2", GPT2_BF16_OPTIONS),
-    ("tf32", "gpt2", GPT2_TF32_OPTIONS),
-    ("bf16", "fasttransformer", {"first_norm_into_buffer": True}),
+    # GPT-2's bias options (its bias gradients added into the flat gradient in no fixed order, its biased
+    # Linears on the bf16 shadow, its projections' bias gradients summed from dr in fp32 before its bf16
+    # rounding) and the first norm's gradients added atomically are defaults: the default checks train with them.
+    # GPT-2's dQ kernel in one pass over each row (the same sums in another order).
+    *((prec, "gpt2", {"explicit_dq_one_pass": True}) for prec in ("bf16", "tf32")),
 )
 
 

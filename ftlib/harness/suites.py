@@ -169,6 +169,12 @@ def grid_compile() -> list[Case]:
     return make_cases(grid_configs(), [(HEADLINE_B, HEADLINE_T)], ["compile-ro"], ["fp32"])
 
 
+# The four options that won their trial for GPT-2's biases and first norm, all off: the engine before them
+# (ablations in ``engine``, the probe's case).
+BIAS_OPTIONS_OFF = {"bias_into_buffer": False, "bf16_bias_weights": False, "branch_bias_into_norm": False,
+                    "first_norm_into_buffer": False}
+
+
 def engine_variants() -> list[Case]:
     """The engine with its defaults, then with one piece changed at a time, both presets.
 
@@ -243,38 +249,36 @@ def engine_variants() -> list[Case]:
     # kernel each way with the products fused (the probabilities written either way).
     cases += [case("gpt2 -fuse-softmax-matmuls", "gpt2", prec, {"fuse_softmax_matmuls": False})
               for prec in ("bf16", "tf32")]
+    # GPT-2's bias gradients back on partial rows, torch sums and autograd's adds; its biased Linears back on
+    # autocast's casts (bf16); its output projections' bias gradients back on column sums; every model's
+    # first norm back on its own kernel's backward. Each alone, then all four at once.
+    for prec in ("bf16", "tf32"):
+        cases.append(case("gpt2 -bias-into-buffer", "gpt2", prec, {"bias_into_buffer": False}))
+        if prec == "bf16":  # the shadow is bf16's
+            cases.append(case("gpt2 -bf16-bias-weights", "gpt2", prec, {"bf16_bias_weights": False}))
+        cases += [case("gpt2 -branch-bias-into-norm", "gpt2", prec, {"branch_bias_into_norm": False}),
+                  *(case(f"{name} -first-norm-into-buffer", name, prec, {"first_norm_into_buffer": False})
+                    for name in ("fasttransformer", "gpt2")),
+                  case("gpt2 -bias-options", "gpt2", prec, BIAS_OPTIONS_OFF)]
     return cases
 
 
 # (label suffix, engine options, the base cases it applies to, the precisions it applies in) of each option
 # on trial; an option waiting for a trial goes here. grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer,
-# norm_bwd_grid and fuse_softmax_matmuls (GPT-2's explicit attention in one kernel each way) won theirs and
-# are defaults now; the 16-programs-per-SM grids, fuse_mlp_act (the MLP's GELU in the epilogues of a Triton
-# GEMM), attention_kv_split 8 and 2 (MQA's dK/dV programs per K/V head, against the launcher's choice) and
-# explicit_one_pass (GPT-2's attention forward and dQ kernels in one pass over each row, at 32-row tiles)
+# norm_bwd_grid, fuse_softmax_matmuls (GPT-2's explicit attention in one kernel each way), GPT-2's bias
+# options (bias_into_buffer, bf16_bias_weights, branch_bias_into_norm) and first_norm_into_buffer won theirs
+# and are defaults now; the 16-programs-per-SM grids, fuse_mlp_act (the MLP's GELU in the epilogues of a
+# Triton GEMM), attention_kv_split 8 and 2 (MQA's dK/dV programs per K/V head, against the launcher's choice)
+# and explicit_one_pass (GPT-2's attention forward and dQ kernels in one pass over each row, at 32-row tiles)
 # lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py) never
 # went on trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
-# On trial, for GPT-2's Linear biases (the FastTransformer has none): their gradients added into the flat
-# gradient by the column sum's atomic adds (no partial rows, torch sum and autograd add per bias); in bf16 the
-# biased Linears' weights and biases read from the step's bf16 shadow (no autocast cast of each per step); the
-# output projections' bias gradients added by the residual-norm backward that makes their dy (no column sum
-# for them at all). And every model's first norm (the one no residual add precedes) on the fused
-# residual-norm's backward with its gradients added into the flat gradient. Each alone on GPT-2 as written,
-# and all of them together there and with the attention kernel (the labels must not extend one another: a
-# label that another extends is read as a default case).
-GPT2_BF16_OPTIONS = {"bias_into_buffer": True, "bf16_bias_weights": True, "branch_bias_into_norm": True,
-                     "first_norm_into_buffer": True}
-GPT2_TF32_OPTIONS = {k: v for k, v in GPT2_BF16_OPTIONS.items() if k != "bf16_bias_weights"}  # the shadow is bf16's
+# On trial, for GPT-2's explicit attention: the dQ kernel alone in one pass over each row, at the tile where
+# it beat the two-pass kernel on its own (64 query rows on 4 warps, benchmarks/kernels/explicit_tiles_dev.py),
+# the forward staying on two passes. Labels must not extend one another: a label that another extends is
+# read as a default case.
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
-    (" +bias-into-buffer", {"bias_into_buffer": True}, ("gpt2",), ("bf16", "tf32")),
-    (" +bf16-bias-weights", {"bf16_bias_weights": True}, ("gpt2",), ("bf16",)),
-    (" +branch-bias-into-norm", {"branch_bias_into_norm": True}, ("gpt2",), ("bf16", "tf32")),
-    (" +first-norm-into-buffer", {"first_norm_into_buffer": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
-    (" +all-bias-options", GPT2_BF16_OPTIONS, ("gpt2", "gpt2 +flash-attn"), ("bf16",)),
-    (" +all-bias-options", GPT2_TF32_OPTIONS, ("gpt2", "gpt2 +flash-attn"), ("tf32",)),
+    (" +explicit-dq-one-pass", {"explicit_dq_one_pass": True}, ("gpt2",), ("bf16", "tf32")),
 )
-
-
 def engine_candidates() -> list[Case]:
     """Engine options built but not yet measured, each beside the default engine it would change, both
     in the same run: per precision and model (GPT-2 also with the attention kernel), the default

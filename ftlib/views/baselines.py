@@ -13,7 +13,7 @@ Rules every function here keeps (the book's measuring rules):
   only when the whole range is on one side (:func:`verdict`) and the runs come from at least
   two machine starts.
 * **Never pooled.** Everything is grouped by device (``device_slug``), and the engine's rows by the
-  engine they ran (:func:`ftlib.views.engine.engine_config`): a run measured before an option became
+  engine they ran (:func:`ftlib.views.engine_config.engine_config`): a run measured before an option became
   a default ran another engine, whose ratios stand apart from the current engine's.
 """
 
@@ -29,7 +29,7 @@ from ftlib.harness.bench.step import case_ident
 from ftlib.harness.provenance import is_clean_commit
 from ftlib.harness.results import load_rows
 from ftlib.harness.suites import LATER_STEP_CONFIGS
-from ftlib.views.engine import TODAY, engine_config
+from ftlib.views.engine_config import TODAY, engine_config
 
 SUITE = "baselines"
 # (mode, optimizer) -> how the book names the configuration.

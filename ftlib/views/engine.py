@@ -24,8 +24,8 @@ import plotly.graph_objects as go
 
 from ftlib.harness.suites import SUITES
 from ftlib.training.engine.options import EngineOptions
-from ftlib.training.engine.swaps import ATTN_HEAD_SIZES
 from ftlib.views.bench import select
+from ftlib.views.engine_config import TRIAL_WINNERS, engine_config, options_off
 from ftlib.views.plots import PALETTE, legend_below
 from ftlib.views.tables import table_view
 
@@ -216,7 +216,8 @@ def probe_label(r: dict[str, Any]) -> str:
     for k, v in kw.items():
         if k in TRIAL_WINNERS and str(now.get(k)) == str(v):
             label = label.replace(f" {k}={v}", "")
-    off = options_off({"mode": "engine", "engine": r.get("describe"), "extra": kw, "config": r.get("config")})
+    off = options_off({"mode": "engine", "engine": r.get("describe"), "extra": kw, "config": r.get("config"),
+                       "precision": r.get("precision")})
     return label + "".join(f" {k}={'False' if isinstance(now[k], bool) else None}" for k in off or [])
 
 
@@ -250,7 +251,12 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("fuse_dropout=True dropout_rng4=False", "fused dropout, one draw per element"),
                  ("fuse_dropout=False dropout_rng4=False", "unfused dropout"),
                  ("linear_precision=tf32x3 attention_precision=tf32x3", "3xTF32"),
-                 ("attention_for_explicit=True", "fused attention"))
+                 ("attention_for_explicit=True", "fused attention"),
+                 ("bias_into_buffer=False bf16_bias_weights=False branch_bias_into_norm=False "
+                  "first_norm_into_buffer=False", "without the bias and first-norm options"),
+                 ("bias_into_buffer=False branch_bias_into_norm=False first_norm_into_buffer=False",
+                  "without the bias and first-norm options"),
+                 ("explicit_dq_one_pass=True", "one-pass dQ"))
 
 
 def case_name(r: dict[str, Any]) -> str:
@@ -287,87 +293,3 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
                       title=f"Kernels per training step, by category, {device} (engine step, profiled uncaptured)",
                       xaxis_title="kernels launched per step", yaxis=dict(autorange="reversed"))
     return legend_below(fig)
-
-
-# Options that are defaults because they were faster beyond the spread in their trial (suite
-# engine_candidates) and passed their 100-step check. Rows of an engine without them are another engine's:
-# their ratios are never pooled with the current engine's.
-TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid",
-                 "fuse_softmax_matmuls")
-TODAY = "the current defaults"
-
-
-def options_off(row: dict[str, Any], names: Iterable[str] = TRIAL_WINNERS) -> list[str] | None:
-    """The options of ``names`` that are on by default now but were off in an engine row's step; None where
-    the row does not say (stored before the engine described itself). Each row's ``engine`` field is the
-    engine's ``describe()``, which reports an option as applied, so an option the row's model cannot use
-    (the split sum on multi-head attention) is not counted, and a row from before an option existed ran
-    without it. An option the row's case set on purpose (an ablation's ``extra``) is not counted either."""
-    ran = row.get("engine")
-    if not isinstance(ran, dict):
-        return None
-    now = dataclasses.asdict(EngineOptions())  # a default that is True, or a named grid, against False/None
-    return [n for n in names if n not in (row.get("extra") or {}) and now.get(n) not in (None, False)
-            and ran.get(n) in (None, False) and _applies(n, row)]
-
-
-def engine_config(row: dict[str, Any]) -> str:
-    """Which engine an engine row ran, against the current defaults: ``TODAY``, 'without <options>', or
-    'options not recorded'; '' for a row of another mode."""
-    if row.get("mode") != "engine":
-        return ""
-    off = options_off(row)
-    return "options not recorded" if off is None else "without " + ", ".join(off) if off else TODAY
-
-
-def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str] | None = None,
-                   names: Iterable[str] = TRIAL_WINNERS) -> str:
-    """Where stored engine rows (of ``run_ids``, if given) ran with one of ``names`` off that is on by
-    default now (:func:`options_off`): one line per device and option, with the number of runs, whose
-    ratios the engine tables keep apart from the current engine (:func:`engine_config`). Empty when none did."""
-    wanted = None if run_ids is None else set(run_ids)
-    seen: dict[tuple[str, str], set[str]] = {}
-    for r in engine_rows:
-        if r.get("mode") != "engine" or (wanted is not None and r.get("run_id") not in wanted):
-            continue
-        for name in options_off(r, names) or []:
-            seen.setdefault((r["device_slug"], name), set()).add(str(r.get("run_id")))
-    return "\n".join(
-        f"* On {dev}, the engine rows of {len(ids)} of these runs ran with `{name}` off; it is on by default "
-        f"in the current engine (its trial is in the section on engine options below), so those runs' ratios are "
-        f"an earlier engine's, on lines of their own."
-        for (dev, name), ids in sorted(seen.items()))
-
-
-def _applies(name: str, row: dict[str, Any]) -> bool:
-    """Whether option ``name`` could change ``row``'s step, by what its engine reported: not where the engine
-    noted it as not applied or not applicable; the split sum needs multi-query attention on the attention
-    kernel (strict fp32 keeps SDPA, which has no split to sum); the norms' atomic weight gradients need the
-    fused residual-norm, their grid those adds. Where the row does not say which kernels ran, it applies."""
-    ran = row.get("engine") if isinstance(row.get("engine"), dict) else {}
-    if str((ran.get("notes") or {}).get(name, "")).startswith(("not applied", "not applicable")):
-        return False
-    if name == "fuse_kv_split_sum":
-        cfg, kernels = row.get("config") or {}, ran.get("kernels")
-        return (cfg.get("n_kv_head", cfg.get("n_head")) != cfg.get("n_head")
-                and (kernels is None or "attention" in kernels))
-    if name == "fuse_softmax_matmuls":  # it extends the fused softmax of explicit attention kept as written
-        return _explicit_kernel_fits(row, ran)
-    if name == "norm_dw_into_buffer":  # the atomic adds live in the fused residual-norm's backward
-        return ran.get("fuse_residual_norm", True) is not False
-    return name != "norm_bwd_grid" or ran.get("norm_dw_into_buffer") is True  # the grid those adds run on
-
-
-def _explicit_kernel_fits(row: dict[str, Any], ran: dict[str, Any]) -> bool:
-    """Whether GPT-2's explicit attention kernel could have taken a row's attention, by the engine's own rules
-    (``ftlib.training.engine.swaps``): the fused softmax ran (explicit attention, kernels on, no attention
-    kernel in its place), no attention dropout, a head size the kernels take, not strict fp32 without a dot
-    precision. A row that ran with the option records any other reason in its softmax note."""
-    cfg = row.get("config") or {}
-    if not ran.get("fused_softmax") or "fuse_softmax_matmuls not" in str((ran.get("notes") or {}).get("softmax", "")):
-        return False
-    attn_dropout = cfg.get("attn_dropout")
-    dropout = cfg.get("dropout", 0.0) if attn_dropout is None else attn_dropout
-    head_size = cfg["n_embd"] // cfg["n_head"] if cfg.get("n_embd") and cfg.get("n_head") else None
-    strict_fp32 = row.get("precision") == "fp32" and not ran.get("attention_precision")
-    return not dropout and head_size in ATTN_HEAD_SIZES and not strict_fp32

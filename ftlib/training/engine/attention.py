@@ -11,12 +11,16 @@ and runs its core on kernels (``ftlib.training.engine.swaps`` decides which one 
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
 from ftlib.model.attention import CausalSelfAttention
+
+if TYPE_CHECKING:  # the kernels (and Triton) load only where a kernel module is built
+    from kernels.tiles import Tiles
 
 
 class KernelCausalSelfAttention(nn.Module):
@@ -100,11 +104,13 @@ class FusedExplicitSelfAttention(nn.Module):
     three gradients go too. ``p_dtype``: the dtype P is written in (bf16 under bf16 autocast, what the
     ``att @ v`` matmul would cast it to; None keeps the scores' dtype); ``input_precision``: the products'
     tl.dot precision for fp32 operands; ``tiles``: the kernels' tiles per pass, as the option ``attention_tiles``
-    names them (None: chosen from the device); ``one_pass``: the forward and dQ kernels over whole rows
-    (option ``explicit_one_pass``). No attention dropout (the swap checks)."""
+    names them (None: chosen from the device); ``fwd_one_pass``, ``dq_one_pass``: the forward, the dQ kernel
+    over whole rows, True or at row-spanning tiles (options ``explicit_one_pass``, ``explicit_dq_one_pass``).
+    No attention dropout (the swap checks)."""
 
     def __init__(self, attn: CausalSelfAttention, p_dtype: torch.dtype | None, input_precision: str,
-                 tiles: str | None = None, one_pass: bool = False) -> None:
+                 tiles: str | None = None, fwd_one_pass: bool | Tiles = False,
+                 dq_one_pass: bool | Tiles = False) -> None:
         super().__init__()
         from kernels.explicit_attention import TritonExplicitAttention
         from kernels.tiles import parse_tiles
@@ -112,7 +118,8 @@ class FusedExplicitSelfAttention(nn.Module):
         self.qkv, self.proj, self.resid_dropout = attn.qkv, attn.proj, attn.resid_dropout
         named = parse_tiles(tiles) if tiles else {}
         self.core = TritonExplicitAttention(attn.n_head, attn.n_kv_head, attn.head_size, p_dtype, input_precision,
-                                            named.get("fwd"), named.get("bwd"), one_pass)
+                                            named.get("fwd"), named.get("bwd"), fwd_one_pass,
+                                            dq_one_pass)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.resid_dropout(self.proj(self.core(self.qkv(x))))  # core: (B, T, C + 2 nkv hs) -> (B, T, C)

@@ -127,28 +127,33 @@ class EngineOptions:
                "with an fp32 output, which at these skinny shapes splits the reduction and sums the slices' "
                "partials in a second kernel")
     bias_into_buffer: bool = _option(
-        False, "with grad_into_buffer and the bias kernel: each Linear's backward adds its bias gradient into the "
+        True, "with grad_into_buffer and the bias kernel: each Linear's backward adds its bias gradient into the "
                "bias's view of the flat gradient with the column sum's atomic adds (kernels/bias_linear.py, "
-               "bias_grad_add_) instead of partial rows, a torch sum and autograd's add (linears.py)")
+               "bias_grad_add_) instead of partial rows, a torch sum and autograd's add (linears.py)", keyless=False)
     bf16_bias_weights: bool = _option(
-        False, "under bf16 with bf16_weights and grad_into_buffer: the Linear layers on the bias kernel (GPT-2's) "
+        True, "under bf16 with bf16_weights and grad_into_buffer: the Linear layers on the bias kernel (GPT-2's) "
                "read their weight and bias from the step's bf16 shadow too, which then covers the whole flat "
-               "buffer, instead of one autocast cast of each weight and bias per step (linears.py)")
+               "buffer, instead of one autocast cast of each weight and bias per step (linears.py)", keyless=False)
     first_norm_into_buffer: bool = _option(
-        False, "with the fused residual-norm and norm_dw_into_buffer: the first block's first norm (the one norm no "
+        True, "with the fused residual-norm and norm_dw_into_buffer: the first block's first norm (the one norm no "
                "residual add precedes) runs its backward on the fused residual-norm's kernel with its weight (and "
                "bias) gradients added into the flat gradient (kernels/norm_into.py), instead of its own norm "
-               "kernel's backward with partial rows, torch sums and autograd's adds")
+               "kernel's backward with partial rows, torch sums and autograd's adds", keyless=False)
     branch_bias_into_norm: bool = _option(
-        False, "with the fused residual-norm, norm_dw_into_buffer, grad_into_buffer and the bias kernel (GPT-2): the "
+        True, "with the fused residual-norm, norm_dw_into_buffer, grad_into_buffer and the bias kernel (GPT-2): the "
                "gradient of each residual branch's last bias (the attention's and the MLP's output projections) is "
                "added into the flat gradient by the norm backward that computes that branch's gradient "
-               "(kernels/residual_norm.py, drb_out), instead of one column-sum kernel per projection")
+               "(kernels/residual_norm.py, drb_out), instead of one column-sum kernel per projection", keyless=False)
     explicit_one_pass: bool = _option(
         False, "with fuse_softmax_matmuls (GPT-2), for sequences of up to 512 keys: the explicit attention's forward "
                "and dQ kernels take a whole row of keys in one tile and pass over it once, instead of twice over "
                "key tiles (kernels/explicit_attention.py, one_pass); attention_tiles may then name only 'bwd' "
                "tiles, which go to the dK/dV kernel")
+    explicit_dq_one_pass: bool = _option(
+        False, "with fuse_softmax_matmuls (GPT-2), for sequences of up to 512 keys: the explicit attention's dQ "
+               "kernel alone takes a whole row of keys in one tile of 64 query rows on 4 warps and passes over it "
+               "once (kernels/explicit_attention.py, dq_one_pass), the forward staying on two passes; "
+               "attention_tiles' 'bwd' tiles then go to the dK/dV kernel only")
     muon_grouped: bool = _option(
         False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
                "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "

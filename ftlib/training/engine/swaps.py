@@ -38,6 +38,7 @@ from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecisi
 
 if TYPE_CHECKING:
     from kernels._common import RowGrid
+    from kernels.tiles import Tiles
 
 # Head sizes the attention kernel takes (tl.dot needs a power of two in [16, 128]).
 ATTN_HEAD_SIZES = (16, 32, 64, 128)
@@ -286,10 +287,10 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
         else:
             unfit = _explicit_attention_unfit(cfg, options, prec, info) if options.fuse_softmax_matmuls else None
             if options.fuse_softmax_matmuls and unfit is None:
-                one_pass, one_pass_note = _explicit_one_pass(cfg, options)
+                fwd_one_pass, dq_one_pass, one_pass_note = _explicit_one_pass(cfg, options, info)
                 for blk in model.blocks:
                     blk.attn = FusedExplicitSelfAttention(blk.attn, prec.low_dtype, prec.fp32_dot,
-                                                          options.attention_tiles, one_pass)
+                                                          options.attention_tiles, fwd_one_pass, dq_one_pass)
                 out.notes["softmax"] = ("scale + causal mask + softmax fused with the products around it "
                                         "(q k^T, P v), the probabilities still written (kernels/explicit_attention.py)"
                                         + one_pass_note)
@@ -301,17 +302,38 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
                 out.notes["softmax"] += f"; fuse_softmax_matmuls {unfit}"
 
 
-def _explicit_one_pass(cfg: ModelConfig, options: EngineOptions) -> tuple[bool, str]:
-    """Whether the explicit attention runs its one-pass kernels (option ``explicit_one_pass``), and what
-    the note adds: they take rows of at most ``ONE_PASS_MAX_T`` keys."""
-    if not options.explicit_one_pass:
-        return False, ""
-    from kernels.explicit_attention import ONE_PASS_MAX_T
+# The dQ kernel's one-pass tile (option explicit_dq_one_pass): 64 query rows on one warpgroup, the shape
+# that beat the two-pass kernel in benchmarks/kernels/explicit_tiles_dev.py's sweep.
+DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS = 64, 4
+
+
+def _explicit_one_pass(cfg: ModelConfig, options: EngineOptions,
+                       info: DeviceInfo | None) -> tuple[bool, bool | Tiles, str]:
+    """(forward, dQ kernel) one-pass arguments of the explicit attention (options ``explicit_one_pass``,
+    ``explicit_dq_one_pass``; the latter's tile wins for dQ where both are on), and what the note adds:
+    the kernels take rows of at most ``ONE_PASS_MAX_T`` keys, so the tile spans ``block_size``; the dQ
+    option's 64-row tile of fp32 scores needs more shared memory than a block has below sm_80 (a T4's 64 KB)."""
+    names = [n for n in ("explicit_one_pass", "explicit_dq_one_pass") if getattr(options, n)]
+    if not names:
+        return False, False, ""
+    from kernels.explicit_attention import ONE_PASS_MAX_T, one_pass_tiles
 
     if cfg.block_size > ONE_PASS_MAX_T:
-        return False, (f"; explicit_one_pass not applied: its kernels take rows of up to {ONE_PASS_MAX_T} keys, "
-                       f"block_size is {cfg.block_size}")
-    return True, "; the forward and dQ kernels in one pass over each row (explicit_one_pass)"
+        return False, False, (f"; {' and '.join(names)} not applied: the one-pass kernels take rows of up to "
+                              f"{ONE_PASS_MAX_T} keys, block_size is {cfg.block_size}")
+    fwd, dq, note = options.explicit_one_pass, options.explicit_one_pass, ""
+    if options.explicit_dq_one_pass:
+        cap = info.capability if info is not None else None
+        if cap is not None and cap < (8, 0):
+            note = ("; explicit_dq_one_pass not applied: its 64-row tile does not fit a block's shared memory "
+                    "below sm_80")
+            names.remove("explicit_dq_one_pass")
+        else:
+            dq = one_pass_tiles(cfg.block_size, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)
+    if not names:
+        return False, False, note
+    which = "the forward and dQ kernels" if fwd else "the dQ kernel"
+    return fwd, dq, f"; {which} in one pass over each row ({', '.join(names)})" + note
 
 
 def _explicit_attention_unfit(cfg: ModelConfig, options: EngineOptions, prec: StepPrecision,
