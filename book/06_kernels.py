@@ -79,7 +79,7 @@ from ftlib.training.engine.options import EngineOptions
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views import engine as engineview
-from ftlib.views import engine_check, engine_goals, kernel_lessons, option_trials, steadiness, sweeps
+from ftlib.views import engine_check, engine_config, engine_goals, kernel_lessons, option_trials, steadiness, sweeps
 from ftlib.views import kernels as kernelview
 from ftlib.views import ledger as ledgerview
 from ftlib.views.bench import devices, ok_rows, provenance_line
@@ -206,7 +206,7 @@ else:
 speedups = br.engine_speedup_table(runs)
 show_frame(speedups, preview=list(speedups.columns))
 # Runs whose engine ran without one of the current defaults measured an earlier engine: its own lines, said here.
-display(Markdown(engineview.options_behind(baseline_rows, set(runs["run_id"])) if len(runs) else ""))
+display(Markdown(engine_config.options_behind(baseline_rows, set(runs["run_id"])) if len(runs) else ""))
 for dev in sorted(set(runs["device_slug"])):
     show(br.config_figure(runs, dev, "bf16"), f"engine-configs-bf16-{dev}")
 

@@ -209,9 +209,12 @@ def baselines_run(run: str, machine: str, ms: dict[tuple[str, str, str], float],
                "device": "NVIDIA H200", "run_id": run, "machine_id": machine, "commit": commit,
                "date": "2026-12-03T10:00:00Z"}
         if c.mode == "engine":  # the engine's describe(): today's options, as applied
+            bias = c.config.bias  # GPT-2's bias options apply to it alone; the bf16 shadow in bf16 alone
             row["engine"] = {"grad_into_buffer": True, "fuse_kv_split_sum": c.config.n_kv_head < c.config.n_head,
                              "fuse_residual_norm": True, "norm_dw_into_buffer": True,
-                             "norm_bwd_grid": "8 rows 4/SM"}
+                             "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True,
+                             "bias_into_buffer": bias, "branch_bias_into_norm": bias,
+                             "bf16_bias_weights": bias and c.precision == "bf16"}
         row.update((bad or {}).get(ident, {}))
         rows.append(row)
     return rows

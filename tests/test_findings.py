@@ -16,7 +16,8 @@ from ftlib.views import findings
 OLDER = {("fasttransformer", "engine", "default"): {"engine": {"grad_into_buffer": False,
                                                                 "fuse_kv_split_sum": False,
                                                                 "norm_dw_into_buffer": True,
-                                                                "norm_bwd_grid": "8 rows 4/SM"}}}
+                                                                "norm_bwd_grid": "8 rows 4/SM",
+                                                                "first_norm_into_buffer": True}}}
 
 
 @pytest.fixture()
