@@ -73,7 +73,10 @@ def test_kernels_swapped_where_they_apply(dev):
     gpt = Engine(GPT4, B, T, "fp32", dev)
     assert [op for op in KERNEL_OPS if gpt.kernels[op]] == ["layernorm", "embedding", "cross_entropy", "adamw"]
     assert "explicit" in gpt.notes["attention"]  # GPT-2's materialized softmax stays by default
-    assert type(gpt.model.blocks[0].norm1).__name__ == "TritonLayerNorm"
+    # The first norm on the fused residual-norm's backward (first_norm_into_buffer), else the LayerNorm kernel.
+    assert type(gpt.model.blocks[0].norm1).__name__ == "FirstNormInto"
+    own = Engine(GPT4, B, T, "fp32", dev, first_norm_into_buffer=False)
+    assert type(own.model.blocks[0].norm1).__name__ == "TritonLayerNorm"
     flash = Engine(GPT4, B, T, "fp32", dev, attention_for_explicit=True)
     assert flash.kernels["attention"] and flash.model.blocks[0].attn.core.input_precision == "ieee"
     strict = Engine(FT1, B, T, "fp32", dev)  # strict fp32: SDPA's kernel won in a graph, so it stays
@@ -209,10 +212,12 @@ def test_engine_mode_in_bench_step(dev):
 
 
 def test_norm_dw_partials_reach_the_norm_kernels(dev):
-    eng = Engine(FT1, B, T, "fp32", dev, norm_dw_partials="persistent")
+    # The first norm's own kernel runs its backward only without first_norm_into_buffer (a default).
+    own = {"first_norm_into_buffer": False}
+    eng = Engine(FT1, B, T, "fp32", dev, norm_dw_partials="persistent", **own)
     assert eng.model.add_norm.dw_partials == "persistent" and eng.model.blocks[0].norm1.dw_partials == "persistent"
     assert eng.describe()["norm_dw_partials"] == "persistent"
-    assert Engine(FT1, B, T, "fp32", dev).model.blocks[0].norm1.dw_partials == "tile"  # the default
+    assert Engine(FT1, B, T, "fp32", dev, **own).model.blocks[0].norm1.dw_partials == "tile"  # the default
     assert Engine(FT1, B, T, "fp32", dev, use_kernels=False).describe()["norm_dw_partials"] is None
     with pytest.raises(ValueError, match="norm_dw_partials='tiles'"):
         EngineOptions(norm_dw_partials="tiles")

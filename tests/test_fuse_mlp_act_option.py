@@ -35,8 +35,12 @@ def test_the_fused_mlps_train_like_the_unfused_ones(kernel_device, cfg, precisio
     assert all(type(m) is FusedMLP for m in mlps) and on.describe()["fuse_mlp_act"]
     assert not off.describe()["fuse_mlp_act"]
     assert mlps[0].dw1_out is not None  # the gradient views kept, and the bf16 shadows where the Linears had them
-    # bf16 shadows where the Linears had them: GPT-2's bias-kernel Linears cast their weights instead
-    assert (mlps[0].w1c is not None) == (cfg is FT and precision == "bf16")
+    # bf16 shadows where the Linears had them: every Linear under bf16 (GPT-2's bias-kernel Linears with
+    # bf16_bias_weights, a default); with it off, GPT-2's cast their weights instead
+    assert (mlps[0].w1c is not None) == (precision == "bf16")
+    if cfg is GPT2 and precision == "bf16":
+        cast, _ = _train(cfg, precision, kernel_device, fuse_mlp_act=True, bf16_bias_weights=False)
+        assert cast.model.blocks[0].mlp.w1c is None
     assert mlps[0].input_precision == ("tf32" if precision == "tf32" else "ieee")
     assert [n for n, _ in on.model.named_parameters()] == [n for n, _ in off.model.named_parameters()]
     assert "GEMM epilogues" in on.describe()["notes"]["fuse_mlp_act"]
