@@ -109,6 +109,15 @@ def test_the_placement_effect_shows_each_baseline_of_the_same_run():
     assert got["strongest baseline of the run"].startswith("1.17×")
 
 
+def test_the_placement_effect_without_a_run_of_the_current_engine_keeps_its_columns():
+    # Every engine row ran an earlier engine (here: one stored before any option was recorded as applied).
+    older = {("gpt2", "engine", "default"): {"engine": {}}, ("fasttransformer", "engine", "default"): {"engine": {}}}
+    rows = run_rows("r1", "m1", fast(gpt2__engine__default=3.0, gpt2__compile_ro__fused=4.0), bad=older)
+    tab = br.placement_effect(bv.load(CASES, rows=rows))
+    assert tab.empty and list(tab.columns) == br.PLACEMENT_COLUMNS
+    assert tab[tab["model"] == "GPT-2"].empty  # what the findings select from it
+
+
 def test_model_ratios_compare_the_two_models_in_the_same_configuration_and_at_their_best():
     rows = run_rows("r1", "m1", fast(gpt2__compile_ro__default=9.0, fasttransformer__compile_ro__default=6.0,
                                      gpt2__compile_ro__whole_step=8.0, fasttransformer__compile_ro__fused=5.0))

@@ -74,6 +74,10 @@ def engine_speedup_table(df: pd.DataFrame) -> pd.DataFrame:
         "verdict": tab["verdict"], "runs": [runs_note(r, m) for r, m in zip(tab["runs"], tab["machines"])]})
 
 
+PLACEMENT_COLUMNS = ["device", "model", "precision", "engine measured against", "baseline ms",
+                     "engine speed-up (median, min–max)", "verdict"]
+
+
 def placement_effect(df: pd.DataFrame) -> pd.DataFrame:
     """How the baseline's optimizer placement changes the engine's speed-up, per run then over runs.
 
@@ -96,18 +100,15 @@ def placement_effect(df: pd.DataFrame) -> pd.DataFrame:
     parts.append(m[["device_slug", "run_id", "machine_id", "label", "precision", "median_ms", "median_ms_base",
                     "against"]])
     per_run = pd.concat(parts, ignore_index=True)
-    if per_run.empty:
-        return pd.DataFrame()
+    if per_run.empty:  # no run of the current engine: the table's columns, no rows
+        return pd.DataFrame(columns=PLACEMENT_COLUMNS)
     per_run["speedup"] = per_run["median_ms_base"] / per_run["median_ms"]
     tab = spread(per_run, ["device_slug", "label", "precision", "against"])
     ms = per_run.groupby(["device_slug", "label", "precision", "against"], sort=False)["median_ms_base"].median()
     tab = tab.merge(ms.rename("baseline ms").reset_index(), on=["device_slug", "label", "precision", "against"])
-    return pd.DataFrame({
-        "device": tab["device_slug"], "model": tab["label"].map(MODEL_NAMES), "precision": tab["precision"],
-        "engine measured against": tab["against"], "baseline ms": tab["baseline ms"],
-        "engine speed-up (median, min–max)": [fmt_range(m, lo, hi) for m, lo, hi in
-                                              zip(tab["median"], tab["min"], tab["max"])],
-        "verdict": tab["verdict"]})
+    return pd.DataFrame(dict(zip(PLACEMENT_COLUMNS, (
+        tab["device_slug"], tab["label"].map(MODEL_NAMES), tab["precision"], tab["against"], tab["baseline ms"],
+        [fmt_range(m, lo, hi) for m, lo, hi in zip(tab["median"], tab["min"], tab["max"])], tab["verdict"]))))
 
 
 def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequence[str] | None = None) -> go.Figure:
