@@ -289,8 +289,11 @@ if len(ptable):
                                                                 "roofline µs", "step / sum of floors",
                                                                 "step / roofline", "gaps µs (measured)",
                                                                 "measured gap per kernel µs"])
-        show(ledgerview.ledger_figure(dev_rows, dev), f"engine-ledger-{dev}")
-        display(Markdown(ledgerview.ledger_summary(dev_rows, dev)))
+        if ledgerview.figure_rows(dev_rows, dev):
+            show(ledgerview.ledger_figure(dev_rows, dev), f"engine-ledger-{dev}")
+            display(Markdown(ledgerview.ledger_summary(dev_rows, dev)))
+        else:
+            display(Markdown(ledgerview.no_default_profile(dev)))
 
 # %% [markdown]
 # ### What each kernel buys

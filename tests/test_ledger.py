@@ -157,3 +157,20 @@ def test_summary_names_the_classes_furthest_from_their_floor():
     assert text.startswith("* **FastTransformer bf16**")
     assert f"{led[0]['class']} ({led[0]['above floor µs']:,.0f} µs above" in text
     assert f"{led[1]['class']} (" in text and f"{led[2]['class']} (" not in text
+
+
+def test_without_a_default_engine_case_the_figure_gives_way_to_a_sentence():
+    """Probe rows are named against today's defaults (ftlib.views.engine.latest_probes): a profile of an earlier
+    engine is no default case, so the figure has no panel for it and the chapter says why instead."""
+    import dataclasses
+
+    from ftlib.training.engine.options import EngineOptions
+    from ftlib.views.engine import latest_probes
+    from ftlib.views.engine_config import TRIAL_WINNERS
+
+    today = {k: v for k, v in dataclasses.asdict(EngineOptions()).items() if k in TRIAL_WINNERS}
+    old = probe_row(commit="c")  # its describe() records none of today's defaults
+    now = probe_row(commit="c", describe={**old["describe"], **today})
+    assert latest_probes([old])[0]["label"] != "fasttransformer" and L.figure_rows(latest_probes([old]), "h200") == []
+    assert [r["label"] for r in L.figure_rows(latest_probes([now]), "h200")] == ["fasttransformer"]
+    assert L.no_default_profile("h200").startswith("No profile of the current engine's default steps on h200")

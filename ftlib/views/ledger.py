@@ -247,6 +247,13 @@ def figure_rows(probe_rows: Iterable[dict[str, Any]], device: str) -> list[dict[
                                        order.index(r["precision"]) if r["precision"] in order else 9))
 
 
+def no_default_profile(device: str) -> str:
+    """What stands in place of the ledger figure where ``device``'s newest profile has no default-engine case."""
+    return (f"No profile of the current engine's default steps on {device} yet: the cases profiled there ran an "
+            "earlier engine (their names say which of today's defaults they lacked), so the tables above stand "
+            "for them and the figure waits for a profile of today's engine.")
+
+
 PANELS_PER_ROW = 3  # cases side by side in the ledger figure; more go on further rows
 
 
