@@ -102,7 +102,8 @@ if MEASURE:
     run_plan(plan, device)
     dev = device_slug(device)
 else:
-    dev = (devices(ok_rows(cv.SOURCES)) or [None])[0]  # the first GPU with stored rows of this chapter's suites
+    # The first GPU with rows of this chapter's own suites (the grid, the ladder), else of any it reads.
+    dev = (devices(ok_rows(cv.OWN_SOURCES)) or devices(ok_rows(cv.SOURCES)) or [None])[0]
 rows = cv.measured(dev, include_cpu=MEASURE) if dev else []
 print("Measured on:", provenance_line(rows) or "nothing stored yet")
 
