@@ -279,6 +279,8 @@ def engine_variants() -> list[Case]:
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
     (" +explicit-dq-one-pass", {"explicit_dq_one_pass": True}, ("gpt2",), ("bf16", "tf32")),
 )
+
+
 def engine_candidates() -> list[Case]:
     """Engine options built but not yet measured, each beside the default engine it would change, both
     in the same run: per precision and model (GPT-2 also with the attention kernel), the default

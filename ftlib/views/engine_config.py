@@ -80,17 +80,16 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
                 and (kernels is None or "attention" in kernels))
     if name == "fuse_softmax_matmuls":  # it extends the fused softmax of explicit attention kept as written
         return _explicit_kernel_fits(row, ran)
-    if name == "norm_dw_into_buffer":  # the atomic adds live in the fused residual-norm's backward
-        return ran.get("fuse_residual_norm", True) is not False
     if name in _NEEDS:
         return _needs_met(name, row, ran)
     return name != "norm_bwd_grid" or ran.get("norm_dw_into_buffer") is True  # the grid those adds run on
 
 
-# What each option needs of a step (ftlib.training.engine.linears, engine): engine fields that must not
+# What each option needs of a step (ftlib.training.engine.linears, engine, swaps): engine fields that must not
 # have been off (a row from before a field existed ran with it unrecorded, which counts as on), and
 # whether the config needs biases (the FastTransformer has none).
 _NEEDS: dict[str, tuple[tuple[str, ...], bool]] = {
+    "norm_dw_into_buffer": (("fuse_residual_norm",), False),  # the atomic adds live in its backward
     "bias_into_buffer": (("grad_into_buffer", "bias_kernel"), True),
     "bf16_bias_weights": (("grad_into_buffer", "bias_kernel", "bf16_weights"), True),
     "branch_bias_into_norm": (("grad_into_buffer", "bias_kernel", "fuse_residual_norm", "norm_dw_into_buffer"),
@@ -100,7 +99,8 @@ _NEEDS: dict[str, tuple[tuple[str, ...], bool]] = {
 
 
 def _needs_met(name: str, row: dict[str, Any], ran: dict[str, Any]) -> bool:
-    """Whether a bias or first-norm option (:data:`_NEEDS`) could have applied to ``row``'s step; the bf16
+    """Whether an option of :data:`_NEEDS` (the norms' and the biases' gradients into the flat gradient, the
+    bf16 shadow) could have applied to ``row``'s step; the bf16
     shadow only under bf16, the branch biases not beside the GELU-epilogue GEMM (which sums its own) nor
     with an unfused dropout between each projection and its add."""
     fields, bias = _NEEDS[name]
