@@ -552,8 +552,9 @@ if len(ktable):
 # in its own suite, `engine_candidates`, each case beside the default case it would change. Each default
 # has a case in the `engine` suite that switches it off again (`-grad-into-buffer`, `-fused-kv-sum`,
 # `-norm-dw-into-buffer`, `-norm-bwd-grid`, `-fuse-softmax-matmuls`, `-bias-into-buffer`,
-# `-bf16-bias-weights`, `-branch-bias-into-norm`, `-first-norm-into-buffer`, and `-bias-options` for the last
-# four at once; the lines under the table of section "What each kernel buys" say which of them have rows).
+# `-bf16-bias-weights`, `-branch-bias-into-norm`, `-first-norm-into-buffer`, `-bias-options` for the last
+# four at once, and `-explicit-dq-one-pass`; the lines under the table of section "What each kernel buys" say
+# which of them have rows).
 # The options the trials below concern:
 #
 # * `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option does
@@ -610,8 +611,9 @@ if len(ktable):
 #   size 32. The sweep below times these kernels at every query-tile height and warp count.
 # * `explicit-dq-one-pass`: the dQ kernel of `explicit-one-pass` alone, the forward left on two passes, at
 #   the tile where the sweep below found it faster than the two-pass kernel: 64 query rows on 4 warps (one
-#   warpgroup), the whole row of keys in one tile. Its 64 rows of fp32 scores need more shared memory than a
-#   Tesla T4 gives a block, so below sm_80 the engine leaves the two-pass kernel in place.
+#   warpgroup), the whole row of keys in one tile. It is a default now (the table below gives its trial).
+#   Its 64 rows of fp32 scores need more shared memory than a Tesla T4 gives a block, so below sm_80 the
+#   engine leaves the two-pass kernel in place.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

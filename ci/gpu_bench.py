@@ -18,7 +18,17 @@ import sys
 
 from ftlib.core.device import pick_device
 from ftlib.harness.custom_suites import known_suites, parse_suites
-from ftlib.harness.gpu_runner import MIN_BUDGET_S, RESERVE_S, collect, list_suites, plan, run, warm, with_precisions
+from ftlib.harness.gpu_runner import (
+    MIN_BUDGET_S,
+    RESERVE_S,
+    collect,
+    list_suites,
+    plan,
+    run,
+    warm,
+    with_labels,
+    with_precisions,
+)
 from ftlib.harness.suites import SUITES
 
 
@@ -46,6 +56,8 @@ def main(argv: list[str] | None = None) -> int:
                          f"known: {', '.join(known_suites())}")
     ap.add_argument("--precisions", default=None,
                     help="run, warm: only the cases in these comma-separated precisions (e.g. fp16)")
+    ap.add_argument("--labels", default=None,
+                    help="run: only the cases with these comma-separated labels (one case suite)")
     ap.add_argument("--budget-s", type=_budget, default=540.0, help="seconds this call may take (at least 60)")
     ap.add_argument("--notebooks", default="", help="chapters to execute with papermill, e.g. 01,03")
     ap.add_argument("--device", default="auto", help="auto, cuda, cuda:N or cpu")
@@ -71,6 +83,10 @@ def main(argv: list[str] | None = None) -> int:
         if args.precisions and not_cases:
             raise ValueError("--precisions applies to the case suites only (gpu_bench.py list), "
                              "not to " + ", ".join(not_cases))
+        if args.labels:  # every label must name a case of the one suite asked for
+            if len(names) != 1 or names[0] not in SUITES:
+                raise ValueError("--labels needs --only with one case suite")
+            with_labels(SUITES[names[0]].cases(), args.labels)
         if args.command == "run":
             return run(args)
         if args.command == "plan":

@@ -183,7 +183,7 @@ def attention(cfg: ModelConfig, step: Step) -> None:
                 # explicit_one_pass: the forward and dQ kernels at their default row tiles
                 _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, fwd_one_pass=True,
                                                     dq_one_pass=True))
-            if step.options and step.cc >= 80:  # explicit_dq_one_pass (on trial; not below sm_80, the engine's rule)
+            if step.cc >= 80:  # explicit_dq_one_pass, a default (not below sm_80, the engine's rule)
                 dq_tiles = one_pass_tiles(T, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)  # the engine's tile
                 _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, dq_one_pass=dq_tiles))
         return

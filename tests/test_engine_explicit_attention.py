@@ -108,18 +108,22 @@ def test_where_it_does_not_apply_the_note_says_why(kernel_device):
                          ids=["mqa-bf16", "tf32"])
 def test_one_pass_trains_like_the_two_passes(kernel_device, cfg, precision, tol, option):
     """Options explicit_one_pass (the forward and dQ kernels) and explicit_dq_one_pass (the dQ kernel alone, at
-    64 query rows on 4 warps): the same losses and gradients as the two-pass kernels (a default's reach), the
-    note says so."""
+    64 query rows on 4 warps; a default since it won its trial): the same losses and gradients as the two-pass
+    kernels (a default's reach), the note and the description say so."""
     from ftlib.training.engine.swaps import DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS
     from kernels.explicit_attention import one_pass_tiles
 
-    on, losses_on = _train(cfg, precision, kernel_device, **{option: True})
-    off, losses_off = _train(cfg, precision, kernel_device)
+    assert EngineOptions().explicit_dq_one_pass is True and EngineOptions().explicit_one_pass is False
+    on_kw = {"explicit_one_pass": True, "explicit_dq_one_pass": False} if option == "explicit_one_pass" else {}
+    on, losses_on = _train(cfg, precision, kernel_device, **on_kw)
+    off, losses_off = _train(cfg, precision, kernel_device, explicit_dq_one_pass=False)
     fwd, dq = ((True, True) if option == "explicit_one_pass" else
                (False, one_pass_tiles(cfg.block_size, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)))
     assert all(blk.attn.core.fwd_one_pass == fwd and blk.attn.core.dq_one_pass == dq for blk in on.model.blocks)
     assert not any(blk.attn.core.fwd_one_pass or blk.attn.core.dq_one_pass for blk in off.model.blocks)
     assert f"one pass over each row ({option})" in on.describe()["notes"]["softmax"]
+    assert on.describe()[option] is True and not any(off.describe()[n] for n in ("explicit_one_pass",
+                                                                               "explicit_dq_one_pass"))
     torch.testing.assert_close(losses_on, losses_off, rtol=tol, atol=tol)
     for name, (o, size) in on.spans.items():
         g_on, g_off = on.flat_grad[o:o + size], off.flat_grad[o:o + size]

@@ -263,6 +263,31 @@ def test_the_bias_and_first_norm_defaults_count_only_where_they_could_apply():
     assert ec.engine_config(ablation) == ec.TODAY
 
 
+def test_the_one_pass_dq_default_counts_only_where_its_kernel_could_run():
+    """GPT-2's dQ kernel in one pass needs the explicit-attention kernel, rows of at most 512 keys and sm_80
+    or later (its tile's shared memory). A row that predates the option ran without it where it applies."""
+    gpt2 = {"n_embd": 768, "n_head": 12, "n_kv_head": 12, "bias": True, "block_size": 256}
+    base = {"grad_into_buffer": True, "norm_dw_into_buffer": True, "norm_bwd_grid": "8 rows 4/SM",
+            "fuse_residual_norm": True, "bias_kernel": True, "bf16_weights": True, "kernels": [], "fused_softmax": True,
+            "fuse_softmax_matmuls": True, "bias_into_buffer": True, "bf16_bias_weights": True,
+            "branch_bias_into_norm": True, "first_norm_into_buffer": True,
+            "notes": {"softmax": "scale + causal mask + softmax fused with the products around it"}}
+
+    def row(cap="9.0", cfg=None, extra=None, **ran):
+        return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": {**gpt2, **(cfg or {})},
+                "precision": "bf16", "capability": cap, "extra": extra or {}, "engine": {**base, **ran}}
+
+    assert ec.options_off(row()) == ["explicit_dq_one_pass"]  # stored before the option existed
+    assert ec.engine_config(row(explicit_dq_one_pass=True)) == ec.TODAY
+    assert ec.options_off(row("7.5")) == []  # a T4: the 64-row tile does not fit its shared memory
+    assert ec.options_off(row(cfg={"block_size": 1024})) == []  # rows longer than the one-pass kernels take
+    # cuBLAS's products around the softmax: an earlier engine, but no dQ kernel of ours to run in one pass
+    assert ec.options_off(row(fuse_softmax_matmuls=False)) == ["fuse_softmax_matmuls"]
+    assert ec.options_off(row(cfg={"n_head": 12, "n_kv_head": 12, "n_embd": 12 * 48})) == []  # head size 48
+    # The ablation that switched it off on purpose is not an earlier engine.
+    assert ec.engine_config(row(extra={"explicit_dq_one_pass": False}, explicit_dq_one_pass=False)) == ec.TODAY
+
+
 def test_options_on_trial_without_rows_are_listed_once_with_their_widest_options(monkeypatch):
     from ftlib.views import option_trials
 

@@ -290,6 +290,22 @@ def test_precisions_measures_only_those_cases(tmp_path, monkeypatch, clean_commi
     assert {r["precision"] for r in ResultStore("baselines", "cpu").rows()} == {"fp32"}
 
 
+def test_labels_measure_only_those_cases(tmp_path, monkeypatch, clean_commit, capsys):
+    """A few cases of a long suite in a run of their own (an ablation beside its default case)."""
+    tiny = _tiny_baselines(monkeypatch)
+    tiny = [tiny[0], dataclasses.replace(tiny[1], label="fasttransformer fused")]
+    monkeypatch.setitem(SUITES, "baselines", dataclasses.replace(SUITES["baselines"], make=lambda: tiny))
+    one = tiny[0].label
+    assert gpu_runner.with_labels(tiny, one) == [c for c in tiny if c.label == one]
+    assert gpu_runner.with_labels(tiny, None) == tiny
+    with pytest.raises(ValueError, match="no case is labelled nope"):
+        gpu_runner.with_labels(tiny, f"{one},nope")
+    assert _run(tmp_path / "out", "--labels", one) == 0
+    assert {r["label"] for r in ResultStore("baselines", "cpu").rows()} == {one}
+    assert _run(tmp_path / "out", "--labels", "nope") == 2
+    assert "no case is labelled nope" in capsys.readouterr().err
+
+
 def test_precisions_refuses_unknown_names_and_custom_suites(tmp_path, capsys):
     assert _run(tmp_path / "out", "--precisions", "fp8") == 2
     assert "unknown fp8" in capsys.readouterr().err

@@ -49,9 +49,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     *(("bf16", "fasttransformer", {"attention_kv_split": n}) for n in (8, 2)),
     # GPT-2's bias options (its bias gradients added into the flat gradient in no fixed order, its biased
     # Linears on the bf16 shadow, its projections' bias gradients summed from dr in fp32 before its bf16
-    # rounding) and the first norm's gradients added atomically are defaults: the default checks train with them.
-    # GPT-2's dQ kernel in one pass over each row (the same sums in another order).
-    *((prec, "gpt2", {"explicit_dq_one_pass": True}) for prec in ("bf16", "tf32")),
+    # rounding), the first norm's gradients added atomically and GPT-2's dQ kernel in one pass over each row
+    # (the same sums in another order) are defaults: the default checks train with them.
 )
 
 

@@ -70,6 +70,18 @@ def with_precisions(cases: list[Case], precisions: str | None) -> list[Case]:
     return [c for c in cases if c.precision in want]
 
 
+def with_labels(cases: list[Case], labels: str | None) -> list[Case]:
+    """The cases whose label is one of the comma-separated ``labels`` (all of them when None): a few cases of
+    a long suite measured again in a run of their own, such as one ablation beside its default case."""
+    if not labels:
+        return cases
+    want = {x.strip() for x in labels.split(",") if x.strip()}
+    unknown = want - {c.label for c in cases}
+    if unknown or not want:
+        raise ValueError(f"--labels: no case is labelled {', '.join(sorted(unknown)) or '(empty list)'}")
+    return [c for c in cases if c.label in want]
+
+
 def check_provenance(names: list[str], allow_dirty: bool) -> str:
     """The commit rows will record; refuses uncommitted code for suites the book reads.
 
@@ -138,7 +150,7 @@ def _run_suite(name: str, slug: str, device, deadline: float, out: Path, args: a
     store.rows()  # an unreadable file fails here, before anything is measured
     info = DeviceInfo.detect(device)
     cases, skipped = [], {}
-    for c in with_precisions(suite.cases(), args.precisions):
+    for c in with_labels(with_precisions(suite.cases(), args.precisions), getattr(args, "labels", None)):
         why = case_why_not(info, c)
         if why is None:
             cases.append(c)

@@ -256,7 +256,8 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                   "first_norm_into_buffer=False", "without the bias and first-norm options"),
                  ("bias_into_buffer=False branch_bias_into_norm=False first_norm_into_buffer=False",
                   "without the bias and first-norm options"),
-                 ("explicit_dq_one_pass=True", "one-pass dQ"))
+                 ("explicit_dq_one_pass=True", "one-pass dQ"),
+                 ("explicit_dq_one_pass=False", "two-pass dQ"))
 
 
 def case_name(r: dict[str, Any]) -> str:

@@ -20,7 +20,7 @@ from ftlib.training.engine.swaps import ATTN_HEAD_SIZES
 # their ratios are never pooled with the current engine's.
 TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid",
                  "fuse_softmax_matmuls", "bias_into_buffer", "bf16_bias_weights", "branch_bias_into_norm",
-                 "first_norm_into_buffer")
+                 "first_norm_into_buffer", "explicit_dq_one_pass")
 TODAY = "the current defaults"
 
 
@@ -80,6 +80,8 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
                 and (kernels is None or "attention" in kernels))
     if name == "fuse_softmax_matmuls":  # it extends the fused softmax of explicit attention kept as written
         return _explicit_kernel_fits(row, ran)
+    if name == "explicit_dq_one_pass":  # a tile of that kernel's dQ pass, over whole rows (swaps.py)
+        return _dq_one_pass_fits(row, ran)
     if name in _NEEDS:
         return _needs_met(name, row, ran)
     return name != "norm_bwd_grid" or ran.get("norm_dw_into_buffer") is True  # the grid those adds run on
@@ -112,6 +114,21 @@ def _needs_met(name: str, row: dict[str, Any], ran: dict[str, Any]) -> bool:
     if name == "branch_bias_into_norm":
         return not ran.get("fuse_mlp_act") and not (cfg.get("dropout", 0.0) > 0 and ran.get("fuse_dropout") is False)
     return True
+
+
+def _dq_one_pass_fits(row: dict[str, Any], ran: dict[str, Any]) -> bool:
+    """Whether GPT-2's dQ kernel could have run in one pass over each row in a row's step, by the engine's rules
+    (``ftlib.training.engine.swaps._explicit_one_pass``): on the explicit attention kernel (which must have
+    run where the row says), rows of at most ``ONE_PASS_MAX_T`` keys, sm_80 or later (the 64-row tile's
+    shared memory). A row without a capability (a CPU row) is taken to be one where it fits."""
+    from kernels.explicit_attention import ONE_PASS_MAX_T
+
+    if ran.get("fuse_softmax_matmuls") is False or not _explicit_kernel_fits(row, ran):
+        return False
+    block = (row.get("config") or {}).get("block_size")
+    cap = str(row.get("capability") or "")
+    major = int(cap.split(".")[0]) if cap.split(".")[0].isdigit() else None
+    return (block is None or block <= ONE_PASS_MAX_T) and (major is None or major >= 8)
 
 
 def _explicit_kernel_fits(row: dict[str, Any], ran: dict[str, Any]) -> bool:

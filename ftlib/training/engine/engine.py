@@ -360,6 +360,10 @@ class Engine:
             "bf16_weights": self.flat_param16 is not None,
             "fused_softmax": self.notes.get("softmax", "").startswith("scale"),
             "fuse_softmax_matmuls": isinstance(attn, FusedExplicitSelfAttention),
+            # GPT-2's explicit-attention kernels over whole rows, where the swap applied them.
+            "explicit_one_pass": bool(isinstance(attn, FusedExplicitSelfAttention) and attn.core.fwd_one_pass),
+            "explicit_dq_one_pass": bool(isinstance(attn, FusedExplicitSelfAttention) and o.explicit_dq_one_pass
+                                         and attn.core.dq_one_pass),
             "grad_into_buffer": self.grad_into > 0,
             # Where an RMSNorm or fused residual-norm backward runs (the LayerNorm kernel's is always persistent).
             "norm_dw_partials": o.norm_dw_partials if self.fuse_residual_norm or self.kernels["rmsnorm"] else None,

@@ -150,10 +150,10 @@ class EngineOptions:
                "key tiles (kernels/explicit_attention.py, one_pass); attention_tiles may then name only 'bwd' "
                "tiles, which go to the dK/dV kernel")
     explicit_dq_one_pass: bool = _option(
-        False, "with fuse_softmax_matmuls (GPT-2), for sequences of up to 512 keys: the explicit attention's dQ "
-               "kernel alone takes a whole row of keys in one tile of 64 query rows on 4 warps and passes over it "
-               "once (kernels/explicit_attention.py, dq_one_pass), the forward staying on two passes; "
-               "attention_tiles' 'bwd' tiles then go to the dK/dV kernel only")
+        True, "with fuse_softmax_matmuls (GPT-2), for sequences of up to 512 keys on sm_80 or later: the explicit "
+              "attention's dQ kernel alone takes a whole row of keys in one tile of 64 query rows on 4 warps and "
+              "passes over it once (kernels/explicit_attention.py, dq_one_pass), the forward staying on two "
+              "passes; attention_tiles' 'bwd' tiles then go to the dK/dV kernel only", keyless=False)
     muon_grouped: bool = _option(
         False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
                "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "
