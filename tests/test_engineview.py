@@ -283,6 +283,10 @@ def test_the_one_pass_dq_default_counts_only_where_its_kernel_could_run():
     assert ec.options_off(row(cfg={"block_size": 1024})) == []  # rows longer than the one-pass kernels take
     # cuBLAS's products around the softmax: an earlier engine, but no dQ kernel of ours to run in one pass
     assert ec.options_off(row(fuse_softmax_matmuls=False)) == ["fuse_softmax_matmuls"]
+    # A row from before that option existed ran without it, and so without the one-pass dQ kernel too.
+    older = row()
+    del older["engine"]["fuse_softmax_matmuls"]
+    assert ec.options_off(older) == ["fuse_softmax_matmuls"]
     assert ec.options_off(row(cfg={"n_head": 12, "n_kv_head": 12, "n_embd": 12 * 48})) == []  # head size 48
     # The ablation that switched it off on purpose is not an earlier engine.
     assert ec.engine_config(row(extra={"explicit_dq_one_pass": False}, explicit_dq_one_pass=False)) == ec.TODAY

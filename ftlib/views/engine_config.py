@@ -119,11 +119,14 @@ def _needs_met(name: str, row: dict[str, Any], ran: dict[str, Any]) -> bool:
 def _dq_one_pass_fits(row: dict[str, Any], ran: dict[str, Any]) -> bool:
     """Whether GPT-2's dQ kernel could have run in one pass over each row in a row's step, by the engine's rules
     (``ftlib.training.engine.swaps._explicit_one_pass``): on the explicit attention kernel (which must have
-    run where the row says), rows of at most ``ONE_PASS_MAX_T`` keys, sm_80 or later (the 64-row tile's
-    shared memory). A row without a capability (a CPU row) is taken to be one where it fits."""
+    run where the row says; a row from before ``fuse_softmax_matmuls`` existed ran cuBLAS's products), rows
+    of at most ``ONE_PASS_MAX_T`` keys, sm_80 or later (the 64-row tile's shared memory). A row without a
+    capability (a CPU row) is taken to be one where it fits."""
+
     from kernels.explicit_attention import ONE_PASS_MAX_T
 
-    if ran.get("fuse_softmax_matmuls") is False or not _explicit_kernel_fits(row, ran):
+    # Before fuse_softmax_matmuls existed (the field absent), cuBLAS took the products around the softmax.
+    if not ran.get("fuse_softmax_matmuls") or not _explicit_kernel_fits(row, ran):
         return False
     block = (row.get("config") or {}).get("block_size")
     cap = str(row.get("capability") or "")
