@@ -58,10 +58,9 @@ _CPU_BLOCKS = (8, 16, 1)
 MIN_TILES_PER_SPLIT = 4  # fewer BLOCK_M tiles per split and the partials cost more than they save
 # The row splits aim at this many programs per SM (benchmarks/kernels/bias_grad_dev.py times others).
 PROGRAMS_PER_SM = 2
-# Wide outputs (N >= WIDE_N) take 128-column tiles and ~4 programs per SM: kernels.jsonl, H200,
-# M = 8192 in a graph, fp32 / bf16: N = 768 19.9 / 17.6 us against 24.6 / 19.1 for the default,
-# N = 1024 21.7 / 18.4 against 29.1 / 20.6; at N = 256 the default stays ahead (10.9 / 12.3
-# against 16.7 / 15.8), where 64-column tiles give twice the programs.
+# Wide outputs (N >= WIDE_N) take 128-column tiles and ~4 programs per SM: faster at GPT-2's N = 768
+# and 1024 (M = 8192, fp32 and bf16, in a graph; benchmarks/kernels/bias_grad_dev.py, kernels.jsonl);
+# at N = 256 the 64-column default stays ahead, since it gives twice the programs.
 WIDE_N, _GPU_WIDE = 512, ((32, 128, 4), 4)
 
 

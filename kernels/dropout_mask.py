@@ -20,9 +20,9 @@ from kernels._common import check_tensor, same_device
 # Call sites per step that the salt may separate (seed * SALTS + salt keys each stream).
 SALTS = 1024
 # The mask's random numbers: one Philox call per 4 columns (v2, True) or per element (v1, False).
-# H200, (8192, 256) fwd+bwd in a graph, fp32 / bf16: v1 46.6 / 42.2 us, v2 37.6 / 32.4 us; the
-# speedrun step (B=64, dropout 0.2, bf16): 2.90 ms with v1, 2.68 ms with v2, 2.82 ms with
-# nn.Dropout (engine_probe.jsonl, benchmarks/kernels/h200-kernels.log).
+# Philox returns four 32-bit numbers per call, so v2 draws a quarter of the calls; it is the faster of
+# the two alone (8192 x 256, fwd+bwd in a graph) and in the speedrun step, where v1 also loses to
+# nn.Dropout (kernels.jsonl and engine_probe.jsonl; chapter 6 and the lab notes show the numbers).
 RNG4 = True
 
 

@@ -35,8 +35,10 @@ from kernels._common import (
 MAX_FUSED_BYTES = 65536  # one row must fit in one block (as in Liger); C=256 is far below this
 
 
-ROWS = 4  # rows per program (kernels.jsonl, H200, 8192 x 256 fwd+bwd in a graph: 4 rows 25.7 us, 16 rows 28.4,
-#            one row per program 54; torch.compile 25)
+# Rows per program: the fastest of 1, 4 and 16 for forward + backward at 8192 x 256 in a CUDA graph
+# (benchmarks/kernels; the kernel table of chapter 6 shows each from data/results/<device>/kernels.jsonl).
+# One row per program leaves most of each program's warps idle at C = 256.
+ROWS = 4
 
 
 @triton.jit
