@@ -125,12 +125,17 @@ def explicit_attention_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor,
     input_precision: str = "ieee", tiles: Tiles | None = None, dq_out: torch.Tensor | None = None,
     dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None, one_pass: bool | Tiles = False,
+    db_out: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for _, p = explicit_attention_fwd(q, k, v, ...), from the stored p (never recomputed; the
     output is not needed: the softmax backward's row sums come from p and dP).
     ``dq_out``/``dk_out``/``dv_out``: strided views to write into (e.g. of one packed d(qkv) buffer).
     ``tiles``: both kernels' (None: chosen from the device); ``one_pass``: True or row-spanning
-    :class:`Tiles` run the dQ kernel in one pass at those tiles (``tiles`` then go to the dK/dV kernel)."""
+    :class:`Tiles` run the dQ kernel in one pass at those tiles (``tiles`` then go to the dK/dV kernel).
+    ``db_out``: an fp32 ((nh + 2 nkv) hs,) tensor into which the kernels add the column sums of dq, dk and dv
+    as stored, over the batch and the sequence, heads side by side in the packed [q | k | v] order: the
+    gradient of a bias added to the packed qkv projection (e.g. its view of a flat gradient, zeroed
+    before the step: the kernels add, never write)."""
     _check_qkv(q, k, v, input_precision)
     B, nh, T, hs = q.shape
     nkv = k.shape[1]
@@ -145,27 +150,35 @@ def explicit_attention_bwd(
     dq = out_tensor("dq_out", dq_out, (B, nh, T, hs), q.dtype, q.device)
     dk = out_tensor("dk_out", dk_out, (B, nkv, T, hs), k.dtype, k.device)
     dv = out_tensor("dv_out", dv_out, (B, nkv, T, hs), v.dtype, v.device)
+    if db_out is not None:
+        check_tensor("db_out", db_out, dtypes=(torch.float32,), ndim=1)
+        if db_out.numel() != (nh + 2 * nkv) * hs or db_out.device != q.device:
+            raise ValueError(f"db_out must hold (nh + 2 nkv) hs = {(nh + 2 * nkv) * hs} values on {q.device}, got "
+                             f"{db_out.numel()} on {db_out.device}")
     if B * nh * T == 0:
         return dq, dk.zero_(), dv.zero_()
     delta = torch.empty((B, nh, T), dtype=accum_dtype(q.dtype), device=q.device)
     prec, upcast, cd = _prec(q.dtype, input_precision), _upcast(q.dtype), compute_dtype(q.dtype)
     sm_scale = 1.0 / math.sqrt(hs)
+    db = delta if db_out is None else db_out  # without db_out the kernels never touch their DB argument
 
     # The one-pass dQ kernel takes the two-pass kernel's arguments; its BLOCK_N is the whole row.
     dq_kernel = _explicit_attn_bwd_dq_kernel if row is None else _explicit_attn_bwd_dq_one_pass_kernel
 
     def launch_dq(t: Tiles) -> None:  # first: it also writes D = rowsum(P * dP) for the dK/dV kernel
         dq_kernel[(triton.cdiv(T, t.block_m), B * nh)](
-            k, v, do, p, delta, dq, *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
+            k, v, do, p, delta, dq, db, *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
             *dq.stride()[:3], nh, T, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            PREC=prec, UPCAST=upcast, CD=cd, num_warps=t.num_warps, num_stages=t.num_stages,
+            PREC=prec, UPCAST=upcast, CD=cd, HAS_DB=db_out is not None, num_warps=t.num_warps,
+            num_stages=t.num_stages,
         )
 
     def launch_dkdv(t: Tiles) -> None:
         _explicit_attn_bwd_dkdv_kernel[(triton.cdiv(T, t.block_n), B * nkv)](
-            q, v, do, p, delta, dk, dv, *q.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3],
+            q, v, do, p, delta, dk, dv, db, *q.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3],
             *dv.stride()[:3], nh, nkv, T, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            PREC=prec, UPCAST=upcast, CD=cd, num_warps=t.num_warps, num_stages=t.num_stages,
+            PREC=prec, UPCAST=upcast, CD=cd, HAS_DB=db_out is not None, num_warps=t.num_warps,
+            num_stages=t.num_stages,
         )
 
     if row is not None:
@@ -181,68 +194,89 @@ def explicit_attention_bwd(
 class ExplicitPackedAttentionFunction(torch.autograd.Function):
     """From the packed qkv projection (B, T, C + 2 nkv hs) to the (B, T, C) output and back: q, k, v are
     read as strided views, o is written through a (B, nh, T, hs) view of the output and dq, dk, dv
-    through views of one d(qkv) buffer, so no layout copy runs either way. Saves qkv and P."""
+    through views of one d(qkv) buffer, so no layout copy runs either way. Saves qkv and P. ``db_out``: where the
+    backward adds the qkv projection's bias gradient (:func:`explicit_attention_bwd`); None: nowhere."""
 
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int,
                 p_dtype: torch.dtype | None = None, input_precision: str = "ieee", fwd_tiles: Tiles | None = None,
                 bwd_tiles: Tiles | None = None, fwd_one_pass: bool | Tiles = False,
-                dq_one_pass: bool | Tiles = False) -> torch.Tensor:
+                dq_one_pass: bool | Tiles = False, db_out: torch.Tensor | None = None) -> torch.Tensor:
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
         y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
         o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
         _, p = explicit_attention_fwd(q, k, v, p_dtype, input_precision, fwd_tiles, out=o, one_pass=fwd_one_pass)
         ctx.save_for_backward(qkv, p)
-        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, dq_one_pass)
+        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, dq_one_pass, db_out)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qkv, p = ctx.saved_tensors
-        nh, nkv, hs, prec, tiles, dq_one_pass = ctx.cfg
+        nh, nkv, hs, prec, tiles, dq_one_pass, db_out = ctx.cfg
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, nh, nkv, hs)
         do = dy.contiguous().view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view (dy is contiguous here)
         dqkv = torch.empty_like(qkv)
         dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
-        explicit_attention_bwd(do, q, k, v, p, prec, tiles, dq_out=dq, dk_out=dk, dv_out=dv, one_pass=dq_one_pass)
-        return dqkv, None, None, None, None, None, None, None, None, None
+        explicit_attention_bwd(do, q, k, v, p, prec, tiles, dq_out=dq, dk_out=dk, dv_out=dv, one_pass=dq_one_pass,
+                               db_out=db_out)
+        return dqkv, None, None, None, None, None, None, None, None, None, None
 
 
 def explicit_attention_packed(
     qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
     input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None,
-    fwd_one_pass: bool | Tiles = False, dq_one_pass: bool | Tiles = False,
+    fwd_one_pass: bool | Tiles = False, dq_one_pass: bool | Tiles = False, db_out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """GPT-2's explicit causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C),
     its probabilities written in ``p_dtype`` (None: qkv's dtype) as :func:`explicit_attention_fwd` says.
     ``fwd_tiles``/``bwd_tiles``: the forward's and the two backward kernels' tiles (None: chosen from the
     device's shared memory, :mod:`kernels.tiles`); ``fwd_one_pass``, ``dq_one_pass``: the forward, the dQ
     kernel in one pass, True at :func:`one_pass_tiles` or at row-spanning :class:`Tiles` (the forward's then
-    replace ``fwd_tiles``, which must be None; with the dQ kernel's, ``bwd_tiles`` go to the dK/dV kernel)."""
+    replace ``fwd_tiles``, which must be None; with the dQ kernel's, ``bwd_tiles`` go to the dK/dV kernel);
+    ``db_out``: where the backward adds the gradient of the qkv projection's bias (:func:`explicit_attention_bwd`)."""
     if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
                          f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
                          f"{tuple(qkv.shape)} strides {qkv.stride()}")
     return ExplicitPackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, p_dtype, input_precision,
-                                                 fwd_tiles, bwd_tiles, fwd_one_pass, dq_one_pass)
+                                                 fwd_tiles, bwd_tiles, fwd_one_pass, dq_one_pass, db_out)
 
 
 class TritonExplicitAttention(nn.Module):
     """Thin module over :func:`explicit_attention_packed` (no parameters: the projections stay with the
-    attention block that owns them)."""
+    attention block that owns them). ``db_into``: a bias of the qkv projection whose ``.grad`` (a buffer the
+    caller zeroes before each step) the backward adds its gradient into; None: the projection's own."""
 
     def __init__(self, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
                  input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None,
-                 fwd_one_pass: bool | Tiles = False, dq_one_pass: bool | Tiles = False) -> None:
+                 fwd_one_pass: bool | Tiles = False, dq_one_pass: bool | Tiles = False,
+                 db_into: nn.Parameter | None = None) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = n_head, n_kv_head, head_size
         self.p_dtype, self.input_precision = p_dtype, input_precision
         self.fwd_tiles, self.bwd_tiles = fwd_tiles, bwd_tiles
         self.fwd_one_pass, self.dq_one_pass = fwd_one_pass, dq_one_pass
+        self._db_into: tuple[nn.Parameter, ...] = ()  # a reference to the projection's bias, not a parameter here
+        self.set_db_into(db_into)
+
+    @property
+    def db_into(self) -> nn.Parameter | None:
+        return self._db_into[0] if self._db_into else None
+
+    def set_db_into(self, bias: nn.Parameter | None) -> None:
+        """The bias whose ``.grad`` the backward adds into (None: none). A method, not an attribute: a
+        Parameter set as an attribute would become this module's parameter too."""
+        self._db_into = () if bias is None else (bias,)
 
     def forward(self, qkv: torch.Tensor) -> torch.Tensor:
+        db = None
+        if self._db_into:
+            db = self._db_into[0].grad
+            if db is None:
+                raise RuntimeError("db_into needs its .grad to be a gradient buffer to add into; it is None")
         return explicit_attention_packed(qkv, self.n_head, self.n_kv_head, self.head_size, self.p_dtype,
                                          self.input_precision, self.fwd_tiles, self.bwd_tiles, self.fwd_one_pass,
-                                         self.dq_one_pass)
+                                         self.dq_one_pass, db)

@@ -37,6 +37,14 @@ zeros above the diagonal in the same store) and multiplies it by v; the dQ kerne
 once, forms dP = dO v^T, D = rowsum(P * dP) from it, dS and dq. Each q k^T (forward) and dO v^T and P
 load (backward) happens once instead of twice; the price is a row-long tile in registers and products
 over the keys past the diagonal block, which are masked to zero (never loaded).
+
+Bias gradient (``HAS_DB``): GPT-2's qkv projection adds a bias b, so db = the column sums of d(qkv) =
+[dq | dk | dv] over the batch and the sequence. The backward kernels hold every value of dq, dk and dv once,
+so each can add its tile's column sums (of the values as stored, as a column-sum kernel would read them)
+into db with atomic adds instead of a column-sum kernel reading d(qkv) back: dq's into db[h hs : (h+1) hs],
+dk's and dv's into the K and V heads' slices. The sums' order is not fixed (atomics). The K heads' sums are
+zero in exact arithmetic (each row of dS sums to zero: a key bias shifts a whole row of scores, which the
+softmax ignores); they are added as computed, as the column-sum kernel would add them.
 """
 
 from __future__ import annotations
@@ -45,6 +53,13 @@ import triton
 import triton.language as tl
 
 from kernels.attention_kernels import _dot, _query_program
+
+
+@triton.jit
+def _add_col_sums(db_ptrs, tile, rows_ok):
+    """db_ptrs[d] += sum over the tile's valid rows of tile[:, d], in fp32 (atomic: other programs add to the
+    same columns)."""
+    tl.atomic_add(db_ptrs, tl.sum(tl.where(rows_ok[:, None], tile.to(tl.float32), 0.0), axis=0))
 
 
 @triton.jit
@@ -100,16 +115,16 @@ def _explicit_attn_fwd_kernel(
 
 @triton.jit
 def _explicit_attn_bwd_dq_kernel(
-    K, V, DO, P, DELTA, DQ,  # DELTA: (B, nh, T) written here, read by the dK/dV kernel
+    K, V, DO, P, DELTA, DQ, DB,  # DELTA: (B, nh, T) written here, read by the dK/dV kernel; DB: (C + 2 nkv HS,) fp32
     skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot, sdqb, sdqh, sdqt,
     nh, T, sm_scale, group,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HAS_DB: tl.constexpr,
 ):
     """dq for one (query block, batch * head) from the stored P, in two passes over the key blocks:
 
         pass 1:  D = rowsum(P * dP) with dP = dO v^T   (stored for the dK/dV kernel)
-        pass 2:  dS = P * (dP - D),  dq = scale * dS k
+        pass 2:  dS = P * (dP - D),  dq = scale * dS k;   HAS_DB: db[h hs + d] += sum_rows dq[:, d]
     """
     start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -139,20 +154,23 @@ def _explicit_attn_bwd_dq_kernel(
     dq = dq * sm_scale
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
              mask=row_ok[:, None])
+    if HAS_DB:
+        _add_col_sums(DB + h * HS + offs_d, dq.to(DQ.dtype.element_ty), row_ok)
 
 
 @triton.jit
 def _explicit_attn_bwd_dkdv_kernel(
-    Q, V, DO, P, DELTA, DK, DV,  # DK, DV: (B, nkv, T, HS) strided
+    Q, V, DO, P, DELTA, DK, DV, DB,  # DK, DV: (B, nkv, T, HS) strided; DB: (C + 2 nkv HS,) fp32
     sqb, sqh, sqt, svb, svh, svt, sdob, sdoh, sdot, sdkb, sdkh, sdkt, sdvb, sdvh, sdvt,
     nh, nkv, T, sm_scale, group,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HAS_DB: tl.constexpr,
 ):
     """dk, dv for one (key block, batch * kv head), over the group's query heads and the query blocks
     at or after the key block (causal), from the stored P read transposed:
 
         dV += P^T dO,  dS^T = P^T * (v dO^T - D),  dK += scale * dS^T q
+        HAS_DB: db[(nh + kvh) hs + d] += sum_rows dk[:, d],  db[(nh + nkv + kvh) hs + d] += sum_rows dv[:, d]
     """
     start_n = tl.program_id(0)
     bk = tl.program_id(1)
@@ -188,6 +206,9 @@ def _explicit_attn_bwd_dkdv_kernel(
              mask=col_ok[:, None])
     tl.store(DV + b * sdvb + kvh * sdvh + offs_n[:, None] * sdvt + offs_d[None, :], dv.to(DV.dtype.element_ty),
              mask=col_ok[:, None])
+    if HAS_DB:
+        _add_col_sums(DB + (nh + kvh) * HS + offs_d, dk.to(DK.dtype.element_ty), col_ok)
+        _add_col_sums(DB + (nh + nkv + kvh) * HS + offs_d, dv.to(DV.dtype.element_ty), col_ok)
 
 
 @triton.jit
@@ -226,15 +247,16 @@ def _explicit_attn_fwd_one_pass_kernel(
 
 @triton.jit
 def _explicit_attn_bwd_dq_one_pass_kernel(
-    K, V, DO, P, DELTA, DQ,  # as _explicit_attn_bwd_dq_kernel
+    K, V, DO, P, DELTA, DQ, DB,  # as _explicit_attn_bwd_dq_kernel
     skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot, sdqb, sdqh, sdqt,
     nh, T, sm_scale, group,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  # BLOCK_N >= T: the whole row
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HAS_DB: tl.constexpr,
 ):
     """dq for one (query block, batch * head) from the stored P, every key of the rows in one tile:
 
         dP = dO v^T,  D = rowsum(P * dP)  (stored for the dK/dV kernel),  dS = P * (dP - D),  dq = scale * dS k
+        HAS_DB: db[h hs + d] += sum_rows dq[:, d]
     """
     start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -253,3 +275,5 @@ def _explicit_attn_bwd_dq_one_pass_kernel(
     dq = _dot(ds.to(k.dtype), k, PREC, UPCAST).to(CD) * sm_scale
     tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
              mask=row_ok[:, None])
+    if HAS_DB:
+        _add_col_sums(DB + h * HS + offs_d, dq.to(DQ.dtype.element_ty), row_ok)

@@ -50,6 +50,8 @@ JIT_HELPERS: dict[str, str] = {
                                                 "kernels over query blocks",
     "kernels.gelu_mlp._gelu_parts": "gelu(z) and gelu'(z); inside _gemm_gelu_tile_kernel's epilogues",
     "kernels.dropout_mask._keep": "the Philox keep mask; inside _keep_mask_kernel and the residual-norm kernels",
+    "kernels.explicit_attention_kernels._add_col_sums": "a tile's column sums added into the qkv bias gradient; "
+                                                        "inside the explicit attention's backward kernels",
     "kernels.residual_norm_kernels._add_norm_bwd_rows": "one row tile of the backward; inside both backward kernels",
     "kernels.rmsnorm._rms_norm_bwd_rows": "one row tile of the backward; inside both backward kernels",
 }

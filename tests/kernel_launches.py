@@ -183,9 +183,13 @@ def attention(cfg: ModelConfig, step: Step) -> None:
                 # explicit_one_pass: the forward and dQ kernels at their default row tiles
                 _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, fwd_one_pass=True,
                                                     dq_one_pass=True))
+            dq = {}
             if step.cc >= 80:  # explicit_dq_one_pass, a default (not below sm_80, the engine's rule)
-                dq_tiles = one_pass_tiles(T, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)  # the engine's tile
-                _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, dq_one_pass=dq_tiles))
+                dq = {"dq_one_pass": one_pass_tiles(T, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)}  # the engine's tile
+                _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, **dq))
+            if step.options:  # qkv_bias_into_attention: the backward kernels add the qkv bias's gradient (HAS_DB)
+                db = torch.zeros((nh + 2 * nkv) * hs)
+                _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, db_out=db, **dq))
         return
     if cfg.attn_dropout_p > 0 or not step.triton_dot:
         return  # SDPA kept

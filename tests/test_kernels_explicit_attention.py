@@ -165,6 +165,46 @@ def test_packed_writes_the_layout_of_the_module(kernel_device, fwd_one_pass, dq_
     torch.testing.assert_close(dqkv.cpu(), dqkv_ref)
 
 
+@pytest.mark.parametrize("nkv,dtype,one_pass", [(4, torch.float32, False), (1, torch.float32, True),
+                                                 (2, torch.bfloat16, Tiles(64, 64, 4, 1))],
+                         ids=["mha-two-pass", "mqa-one-pass", "gqa-bf16-one-pass-64-rows"])
+def test_bias_gradient_adds_the_column_sums_of_dqkv(kernel_device, nkv, dtype, one_pass):
+    """db_out: the backward kernels add the column sums of dq, dk and dv as stored (over the batch and the
+    sequence, heads side by side in the packed [q | k | v] order) to what db_out holds, and the gradients
+    themselves do not change. Several programs add to each column (2 sequences of 3 query or key blocks).
+    The K heads' sums are zero in exact arithmetic (each row of dS sums to zero: softmax ignores a shift that a
+    key bias adds to a whole row of scores), so the Q and V slices are what this can tell apart."""
+    B, nh, T, hs = 2, 4, 37, 32
+    q, k, v, do = _inputs(B, nh, nkv, T, hs, dtype, kernel_device)
+    _, p = explicit_attention_fwd(q, k, v, tiles=SMALL)
+    plain = explicit_attention_bwd(do, q, k, v, p, tiles=SMALL, one_pass=one_pass)
+    start = torch.linspace(-1.0, 1.0, (nh + 2 * nkv) * hs, device=kernel_device)  # what the buffer held before
+    db = start.clone()
+    grads = explicit_attention_bwd(do, q, k, v, p, tiles=SMALL, one_pass=one_pass, db_out=db)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, plain):
+        torch.testing.assert_close(got, want, rtol=0, atol=0, msg=name)
+    sums = torch.cat([g.cpu().double().sum(dim=(0, 2)).reshape(-1) for g in grads])  # (B, h, T, hs) -> (h hs,)
+    added = db.cpu().double() - start.cpu().double()
+    torch.testing.assert_close(added, sums, rtol=1e-5, atol=1e-5 * sums.abs().max().item())
+
+
+def test_module_adds_its_bias_gradient_into_the_bias_buffer(kernel_device):
+    """TritonExplicitAttention(db_into=bias): the backward adds d(qkv)'s column sums into bias.grad, and the bias
+    stays the projection's parameter, not the module's."""
+    B, T, nh, nkv, hs = 2, 21, 2, 1, 16
+    g = torch.Generator().manual_seed(5)
+    qkv = torch.randn(B, T, (nh + 2 * nkv) * hs, generator=g).to(kernel_device).requires_grad_(True)
+    dy = torch.randn(B, T, nh * hs, generator=g).to(kernel_device)
+    bias = torch.nn.Parameter(torch.zeros((nh + 2 * nkv) * hs, device=kernel_device))
+    module = TritonExplicitAttention(nh, nkv, hs, db_into=bias)
+    assert list(module.parameters()) == [] and module.db_into is bias
+    with pytest.raises(RuntimeError, match="db_into needs its .grad"):
+        module(qkv)
+    bias.grad = torch.zeros_like(bias)
+    (dqkv,) = torch.autograd.grad(module(qkv), qkv, dy)
+    torch.testing.assert_close(bias.grad, dqkv.sum(dim=(0, 1)), rtol=1e-5, atol=1e-5)
+
+
 def test_gradcheck(kernel_device):
     qkv = torch.randn(1, 9, 4 * 16, dtype=torch.float64).to(kernel_device).requires_grad_(True)
     assert torch.autograd.gradcheck(lambda t: explicit_attention_packed(t, 2, 1, 16), (qkv,), eps=1e-6, atol=1e-6)
@@ -181,6 +221,10 @@ def test_bad_arguments_say_what_is_wrong(kernel_device):
     o, p = explicit_attention_fwd(q, k, v)
     with pytest.raises(ValueError, match=r"p must be \(B, nh, T, T\)"):
         explicit_attention_bwd(do, q, k, v, p[..., :4].contiguous())
+    with pytest.raises(ValueError, match=r"db_out must hold \(nh \+ 2 nkv\) hs = 192"):
+        explicit_attention_bwd(do, q, k, v, p, db_out=torch.zeros(128, device=kernel_device))
+    with pytest.raises(TypeError, match="db_out has dtype"):
+        explicit_attention_bwd(do, q, k, v, p, db_out=torch.zeros(192, dtype=torch.float64, device=kernel_device))
     with pytest.raises(ValueError, match="dk_out must be"):
         explicit_attention_bwd(do, q, k, v, p, dk_out=torch.empty(1, 2, 8, 32, device=kernel_device))
     with pytest.raises(ValueError, match="qkv must be"):

@@ -112,7 +112,9 @@ def main() -> int:
              # casts of its bias gradients, its projections' column sums and the first norm's own kernel come back
              ("gpt2", "bf16", BIAS_OPTIONS_OFF), ("gpt2", "tf32", BIAS_OPTIONS_OFF),
              # GPT-2's dQ kernel back on two passes over each row's keys (one-pass by default)
-             ("gpt2", "bf16", {"explicit_dq_one_pass": False})]
+             ("gpt2", "bf16", {"explicit_dq_one_pass": False}),
+             # on trial: the qkv bias gradient added by the attention's backward kernels (a column sum less a layer)
+             ("gpt2", "bf16", {"qkv_bias_into_attention": True}), ("gpt2", "tf32", {"qkv_bias_into_attention": True})]
     # The speedrun's step (chapter 8): 256x6 FT-style, B=64, residual dropout 0.2 (fused), bf16.
     from ftlib.harness.studies import SPEEDRUN_PROBE, speedrun_candidates
 

@@ -276,9 +276,12 @@ def engine_variants() -> list[Case]:
 # and explicit_one_pass (GPT-2's attention forward and dQ kernels in one pass over each row, at 32-row tiles)
 # lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py) never
 # went on trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
-# No option is on trial now. Labels must not extend one another: a label that another extends is read as a
-# default case.
-CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = ()
+# On trial: qkv_bias_into_attention (GPT-2's qkv bias gradient added by its explicit attention's backward
+# kernels, one column-sum kernel per layer fewer). Labels must not extend one another: a label that another
+# extends is read as a default case.
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
+    (" +qkv-bias-into-attention", {"qkv_bias_into_attention": True}, ("gpt2",), ("bf16", "tf32")),
+)
 
 
 def engine_candidates() -> list[Case]:

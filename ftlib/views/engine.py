@@ -257,7 +257,8 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("bias_into_buffer=False branch_bias_into_norm=False first_norm_into_buffer=False",
                   "without the bias and first-norm options"),
                  ("explicit_dq_one_pass=True", "one-pass dQ"),
-                 ("explicit_dq_one_pass=False", "two-pass dQ"))
+                 ("explicit_dq_one_pass=False", "two-pass dQ"),
+                 ("qkv_bias_into_attention=True", "qkv bias summed in the attention"))
 
 
 def case_name(r: dict[str, Any]) -> str:

@@ -5,7 +5,8 @@ and runs its core on kernels (``ftlib.training.engine.swaps`` decides which one 
 * :class:`FusedSoftmaxSelfAttention`: GPT-2's explicit attention as written, its scale, mask and softmax
   fused into one kernel each way, the products on cuBLAS (engine option ``fused_softmax``).
 * :class:`FusedExplicitSelfAttention`: GPT-2's explicit attention as written, the products with K and V
-  fused with the softmax, the probabilities still written (engine option ``fuse_softmax_matmuls``).
+  fused with the softmax, the probabilities still written (engine option ``fuse_softmax_matmuls``); with
+  :func:`qkv_biases_into_attention`, its kernels also add the qkv bias's gradient (``qkv_bias_into_attention``).
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ import torch.nn.functional as F
 from ftlib.model.attention import CausalSelfAttention
 
 if TYPE_CHECKING:  # the kernels (and Triton) load only where a kernel module is built
+    from ftlib.training.engine.options import EngineOptions
     from kernels.tiles import Tiles
 
 
@@ -123,3 +125,26 @@ class FusedExplicitSelfAttention(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.resid_dropout(self.proj(self.core(self.qkv(x))))  # core: (B, T, C + 2 nkv hs) -> (B, T, C)
+
+
+def qkv_biases_into_attention(model: nn.Module, options: EngineOptions, notes: dict[str, str]) -> frozenset[int]:
+    """With ``qkv_bias_into_attention`` where it applies: each :class:`FusedExplicitSelfAttention` hands its
+    qkv projection's bias to its kernels, whose backward adds that bias's gradient into its ``.grad`` (the flat
+    gradient's view); returns the ids of those biases, whose Linears then sum none (``setup_linears``'
+    ``bias_elsewhere``). Else an empty set, with a note in ``notes`` saying why."""
+    if not options.qkv_bias_into_attention:
+        return frozenset()
+    attns = [m for m in model.modules() if isinstance(m, FusedExplicitSelfAttention)]
+    bias_kernel = notes.get("bias", "").startswith("bias gradients")
+    why = ("not applicable: the explicit attention kernels (fuse_softmax_matmuls) do not take this attention"
+           if not attns else "not applicable: the qkv projection has no bias" if attns[0].qkv.bias is None
+           else "not applied: needs grad_into_buffer and the bias kernel"
+           if not (options.grad_into_buffer and bias_kernel) else None)
+    if why:
+        notes["qkv_bias_into_attention"] = why
+        return frozenset()
+    for m in attns:
+        m.core.set_db_into(m.qkv.bias)
+    notes["qkv_bias_into_attention"] = (f"{len(attns)} qkv projection biases' gradients added by the explicit "
+                                        "attention's backward kernels (kernels/explicit_attention.py)")
+    return frozenset(id(m.qkv.bias) for m in attns)

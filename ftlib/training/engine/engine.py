@@ -40,7 +40,7 @@ import torch.nn.functional as F
 from ftlib.core.device import DeviceInfo, pick_device
 from ftlib.model.config import ModelConfig, preset
 from ftlib.model.gpt import build_model
-from ftlib.training.engine.attention import FusedExplicitSelfAttention
+from ftlib.training.engine.attention import FusedExplicitSelfAttention, qkv_biases_into_attention
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
 from ftlib.training.engine.fused_mlp import fuse_mlps
 from ftlib.training.engine.linears import setup_linears, triton_gemm_why_not
@@ -126,6 +126,7 @@ class Engine:
         swaps = swap_kernels(self.model, self.options, self.prec, self.device_info, dev)
         self.kernels, self.notes = swaps.applied, swaps.notes
         self.resid_dropout = self._fuse_residual_norm(seed)
+        self.qkv_biases = qkv_biases_into_attention(self.model, self.options, self.notes)  # their Linears sum none
         self._loss_fn = self._loss()
 
         # Flat buffers, decayed parameters first (ftlib.training.step.param_groups 'matrices'); with
@@ -149,7 +150,7 @@ class Engine:
                              grouped=self.options.muon_grouped) if muon else None
         # The Linears onto the bf16 shadow and into the flat gradient (linears.py).
         self.linears = setup_linears(self.model, self.options, self.prec, self.flat_param, self.flat_grad,
-                                     self.spans, self.n_decay, self.bias_elsewhere)
+                                     self.spans, self.n_decay, self.bias_elsewhere | self.qkv_biases)
         self.flat_param16, self.grad_into = self.linears.shadow16, self.linears.grad_into
         self.notes.update(self.linears.notes)
         self.fused_mlps = 0
@@ -373,6 +374,7 @@ class Engine:
             "muon_grouped": self.muon is not None and self.muon.grouped,
             "norm_dw_into_buffer": dw_into,
             "branch_bias_into_norm": bool(self.bias_elsewhere),
+            "qkv_bias_into_attention": bool(self.qkv_biases),
             "first_norm_into_buffer": len(self.model.blocks) > 0 and isinstance(self.model.blocks[0].norm1,
                                                                                FirstNormInto),
             "fuse_mlp_act": self.fused_mlps > 0,

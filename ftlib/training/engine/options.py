@@ -154,6 +154,11 @@ class EngineOptions:
               "attention's dQ kernel alone takes a whole row of keys in one tile of 64 query rows on 4 warps and "
               "passes over it once (kernels/explicit_attention.py, dq_one_pass), the forward staying on two "
               "passes; attention_tiles' 'bwd' tiles then go to the dK/dV kernel only", keyless=False)
+    qkv_bias_into_attention: bool = _option(
+        False, "with fuse_softmax_matmuls, grad_into_buffer and the bias kernel (GPT-2): the qkv projection's bias "
+               "gradient, the column sums of d(qkv), added into the flat gradient by the explicit attention's "
+               "backward kernels as they write dq, dk and dv (kernels/explicit_attention.py, db_out), instead of "
+               "one column-sum kernel per layer reading d(qkv) back")
     muon_grouped: bool = _option(
         False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
                "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "
