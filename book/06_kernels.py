@@ -621,6 +621,11 @@ if len(ktable):
 #   would read d(qkv) back goes: one kernel and one read of a (B·T, 3C) tensor per layer. The K part of that
 #   gradient is zero in exact arithmetic (a key bias shifts a whole row of scores by the same amount, which
 #   the softmax ignores); the kernels add it as computed, as the column sum would.
+# * `fc-bias-into-gelu` (on trial): the MLP's up-projection bias gradient is the column sums of dz, the output
+#   of GELU's backward. The option runs GELU's backward on the column-sum kernel itself (`gelu_bwd_bias_add_`
+#   in `kernels/bias_linear.py`): it reads z and da, writes dz = da · gelu'(z) and adds the column sums of
+#   dz as stored into the flat gradient, so the elementwise GELU-backward kernel and the column sum that read
+#   dz back become one kernel per layer. `both-bias-sums` is the two options together.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

@@ -5,9 +5,9 @@ kernel (``_col_sum_kernel``) -> launcher (``bias_grad``) -> ``BiasLinearFunction
 (:func:`ftlib.model.reference.linear_ref`).
 
 Why: in GPT-2 every ``nn.Linear`` has a bias. With x (M, K) = (B*T, K) = (8192, 256) and N in
-{768, 256, 1024, 256}, profiling the engine on the H200 showed PyTorch computing each bias
-gradient ``dy.sum(0)`` with a generic column reduction at ~13-20 us per call (~470 us per
-training step over 24 Linears), ~5x off the memory floor. Here the three GEMMs stay on
+{768, 256, 1024, 256}, the engine's profile shows PyTorch computing each bias gradient
+``dy.sum(0)`` with a generic column reduction several times off the memory floor, 24 times a
+step (chapter 6 gives the measured times). Here the three GEMMs stay on
 ``F.linear`` / ``torch.mm`` (cuBLAS: speed and numerics of the matmuls unchanged) and only the
 bias gradient moves to Triton.
 
@@ -31,6 +31,11 @@ stage, the cast and autograd's add into the parameter's gradient all go. It is m
 buffer zeroed before the backward (the engine's flat gradient), where adding is writing; the order of
 the S adds per column is not fixed, so db is then reproducible only to fp32 rounding.
 
+:func:`gelu_bwd_bias_add_` puts a GELU's backward in front of that sum, for the Linear a GELU follows (the
+MLP's up-projection): the kernel reads z and da, writes dz = da * gelu'(z) and sums dz as stored, so the
+column sum does not read dz back (GELU and its derivative as in :mod:`kernels.gelu_mlp`);
+:class:`GeluBiasGradFunction` is F.gelu with that backward.
+
 Autocast: F.linear is on autocast's lower-precision list. ``BiasLinearFunction.forward`` mirrors
 that itself (casts x, W, b to the autocast dtype, fp64 excepted, and runs F.linear with autocast
 off), saves the cast tensors so the backward GEMMs run in that dtype as autocast's would, and
@@ -48,6 +53,7 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._common import FLOAT_DTYPES, accum_dtype, check_tensor, compute_dtype, interpret_mode, same_device
+from kernels.gelu_mlp import _gelu_parts
 
 # (BLOCK_M, BLOCK_N, num_warps). GPU: 64 columns are 128 B (bf16) / 256 B (fp32) per row,
 # whole cache lines, and 64 columns keep enough column blocks that the row splits stay a few
@@ -62,13 +68,19 @@ PROGRAMS_PER_SM = 2
 # and 1024 (M = 8192, fp32 and bf16, in a graph; benchmarks/kernels/bias_grad_dev.py, kernels.jsonl);
 # at N = 256 the 64-column default stays ahead, since it gives twice the programs.
 WIDE_N, _GPU_WIDE = 512, ((32, 128, 4), 4)
+GELU_KINDS = {"none": 1, "tanh": 2}  # F.gelu's approximate= -> the kernel's GELU constexpr
 
 
 @triton.jit
-def _col_sum_kernel(DY, P, M, N, stride_m, stride_n, rows_per_split,
-                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr, ATOMIC: tl.constexpr):
+def _col_sum_kernel(DY, P, Z, DZ, M, N, stride_m, stride_n, rows_per_split,
+                    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr, ATOMIC: tl.constexpr,
+                    GELU: tl.constexpr = 0):
     """P[ps, c] = sum_{m in [ps rows_per_split, min((ps+1) rows_per_split, M))} DY[m, c] for the
     BLOCK_N columns c of program (pn, ps), accumulated in CD (fp32; fp64 for fp64 DY).
+    GELU (1: exact, 2: tanh-approximated; 0: none): DY is the gradient of a GELU's output and Z its
+    input, both (M, N) with DY's strides; the kernel first forms DZ = DY * gelu'(Z) (in CD, rounded to
+    DZ's dtype and stored into DZ, (M, N) contiguous) and sums DZ as stored: the GELU's backward and the
+    preceding Linear's bias gradient in one pass (``gelu_bwd_bias_add_``).
 
     DY is (M, N) with any strides (coalesced when stride_n == 1); P is (S, N) contiguous in CD.
     ATOMIC: P is instead one (N,) row in CD, and each program adds its sum into it,
@@ -87,7 +99,13 @@ def _col_sum_kernel(DY, P, M, N, stride_m, stride_n, rows_per_split,
     for m in range(r0, r1, BLOCK_M):
         rows = (m + tl.arange(0, BLOCK_M)).to(tl.int64)  # int64: M * stride_m may pass 2^31
         mask = (rows[:, None] < r1) & cmask[None, :]
-        acc += tl.load(DY + rows[:, None] * stride_m + cols[None, :] * stride_n, mask=mask, other=0.0).to(CD)
+        offs = rows[:, None] * stride_m + cols[None, :] * stride_n
+        dy = tl.load(DY + offs, mask=mask, other=0.0)
+        if GELU:
+            z = tl.load(Z + offs, mask=mask, other=0.0).to(CD)
+            dy = (dy.to(CD) * _gelu_parts(z, GELU == 2)[1]).to(DZ.dtype.element_ty)
+            tl.store(DZ + rows[:, None] * N + cols[None, :], dy, mask=mask)
+        acc += dy.to(CD)
     part = tl.sum(acc, axis=0)  # (BLOCK_M, BLOCK_N) -> (BLOCK_N,)
     if ATOMIC:
         tl.atomic_add(P + cols, part, mask=cmask)
@@ -107,9 +125,11 @@ def _num_splits(M: int, N: int, block_m: int, block_n: int, device: torch.device
 
 
 def _launch(dy2d: torch.Tensor, out: torch.Tensor | None, atomic: bool, splits: int | None,
-            blocks: tuple[int, int, int] | None, per_sm: int) -> torch.Tensor:
+            blocks: tuple[int, int, int] | None, per_sm: int,
+            gelu: tuple[torch.Tensor, torch.Tensor, str] | None = None) -> torch.Tensor:
     """Run ``_col_sum_kernel`` over dy2d (M, N), M, N > 0: into a new (S, N) partials tensor, or
-    (``atomic``) adding into ``out`` (N,); returns what the kernel wrote."""
+    (``atomic``) adding into ``out`` (N,); returns what the kernel wrote. ``gelu`` = (z, dz, approximate):
+    the sums are of dz = dy2d * gelu'(z), which the kernel writes into dz."""
     if splits is not None and int(splits) < 1:
         raise ValueError(f"splits must be >= 1, got {splits}")
     if int(per_sm) < 1:
@@ -124,9 +144,12 @@ def _launch(dy2d: torch.Tensor, out: torch.Tensor | None, atomic: bool, splits: 
     S = triton.cdiv(M, rows_per_split)
     if not atomic:
         out = torch.empty((S, N), dtype=accum_dtype(dy2d.dtype), device=dy2d.device)  # (S, N) partials
+    kind = 0 if gelu is None else GELU_KINDS[gelu[2]]
+    gelu = (dy2d, dy2d) if gelu is None else gelu[:2]  # Z, DZ: never touched without GELU
     _col_sum_kernel[(triton.cdiv(N, block_n), S)](
-        dy2d, out, M, N, dy2d.stride(0), dy2d.stride(1), rows_per_split,
-        BLOCK_M=block_m, BLOCK_N=block_n, CD=compute_dtype(dy2d.dtype), ATOMIC=atomic, num_warps=num_warps)
+        dy2d, out, *gelu, M, N, dy2d.stride(0), dy2d.stride(1), rows_per_split,
+        BLOCK_M=block_m, BLOCK_N=block_n, CD=compute_dtype(dy2d.dtype), ATOMIC=atomic, GELU=kind,
+        num_warps=num_warps)
     return out
 
 
@@ -174,6 +197,33 @@ def bias_grad_add_(
     if M == 0 or N == 0:
         return db_out
     return _launch(dy2d, db_out, True, splits, blocks, per_sm)
+
+
+def gelu_bwd_bias_add_(
+    z: torch.Tensor, da: torch.Tensor, db_out: torch.Tensor, approximate: str = "tanh",
+) -> torch.Tensor:
+    """GELU's backward fused with the bias gradient of the Linear before it: returns dz = da * gelu'(z), in z's
+    dtype (the values F.gelu's backward gives, computed in fp32), and adds the column sums of dz as stored
+    into ``db_out`` with atomic adds (:func:`bias_grad_add_`'s grid and contract). z, da: (..., N) contiguous,
+    the same shape and dtype; ``approximate``: F.gelu's ('none' or 'tanh')."""
+    if approximate not in GELU_KINDS:
+        raise ValueError(f"approximate must be one of {list(GELU_KINDS)} (F.gelu's), got {approximate!r}")
+    check_tensor("z", z)
+    check_tensor("da", da, dtypes=(z.dtype,))
+    if da.shape != z.shape or z.dim() < 1:
+        raise ValueError(f"da must have z's shape {tuple(z.shape)}, got {tuple(da.shape)}")
+    N = z.shape[-1]
+    z2, da2 = z.reshape(-1, N), da.reshape(-1, N)  # (..., N) -> (M, N) views (contiguous)
+    check_tensor("db_out", db_out, ndim=1)
+    same_device(("z", z), ("da", da), ("db_out", db_out))
+    want = accum_dtype(z.dtype)
+    if db_out.shape[0] != N or db_out.dtype != want:
+        raise ValueError(f"db_out must be ({N},) {want} for z {tuple(z.shape)} {z.dtype}; got "
+                         f"{tuple(db_out.shape)} {db_out.dtype}")
+    dz = torch.empty_like(z)
+    if z2.shape[0] > 0 and N > 0:
+        _launch(da2, db_out, True, None, None, PROGRAMS_PER_SM, (z2, dz.view(-1, N), approximate))
+    return dz
 
 
 def _check(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor) -> None:
@@ -264,3 +314,29 @@ class BiasLinear(nn.Module):
 
     def extra_repr(self) -> str:
         return f"in_features={self.in_features}, out_features={self.out_features}, bias=True"
+
+
+class GeluBiasGradFunction(torch.autograd.Function):
+    """a = gelu(z) forward (F.gelu itself), and backward dz = da * gelu'(z) with the preceding Linear's bias
+    gradient, the column sums of dz, added into ``db_out`` (:func:`gelu_bwd_bias_add_`). Saves z, as F.gelu's
+    backward does."""
+
+    @staticmethod
+    def forward(ctx, z: torch.Tensor, approximate: str, db_out: torch.Tensor) -> torch.Tensor:
+        ctx.save_for_backward(z)
+        ctx.approximate, ctx.db_out = approximate, db_out
+        return F.gelu(z, approximate=approximate)
+
+    @staticmethod
+    @once_differentiable
+    def backward(ctx, da: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
+        (z,) = ctx.saved_tensors
+        return gelu_bwd_bias_add_(z, da.contiguous(), ctx.db_out, ctx.approximate), None, None
+
+
+def gelu_bias_grad(z: torch.Tensor, approximate: str, db_out: torch.Tensor) -> torch.Tensor:
+    """``F.gelu(z, approximate=approximate)`` whose backward also adds the column sums of dz into ``db_out``
+    (the bias gradient of the Linear that produced z; its own column sum must then be skipped)."""
+    if approximate not in GELU_KINDS:
+        raise ValueError(f"approximate must be one of {list(GELU_KINDS)} (F.gelu's), got {approximate!r}")
+    return GeluBiasGradFunction.apply(z, approximate, db_out)

@@ -222,10 +222,11 @@ def mlp(cfg: ModelConfig, step: Step) -> None:
 def linears(cfg: ModelConfig, step: Step) -> None:
     """The Linear layers' bias gradients on the Triton column sum (engine option bias_kernel, configs with
     biases: qkv, the attention's and the MLP's projections, the MLP's up-projection), also adding into the flat
-    gradient (option bias_into_buffer); their weight gradients
+    gradient (option bias_into_buffer), the up-projection's behind GELU's backward (option fc_bias_into_gelu);
+    their weight gradients
     on the split-K kernel (engine option wgrad_splitk: autocast steps and tf32); in fp32 storage the
     Linear on the Triton GEMM (engine option linear_precision) instead, forward, dx and dW."""
-    from kernels.bias_linear import bias_grad, bias_grad_add_
+    from kernels.bias_linear import bias_grad, bias_grad_add_, gelu_bwd_bias_add_
     from kernels.linear import linear
     from kernels.wgrad import wgrad_add_
 
@@ -235,6 +236,10 @@ def linears(cfg: ModelConfig, step: Step) -> None:
             bias_grad(_t(M, N, dtype=step.dt), F32)
             # bias_into_buffer (a default): the column sums added into the flat gradient
             bias_grad_add_(_t(M, N, dtype=step.dt), torch.zeros(N))
+        if step.options and cfg.activation in ("gelu", "gelu_tanh"):  # fc_bias_into_gelu: GELU's backward first
+            approximate = "tanh" if cfg.activation == "gelu_tanh" else "none"
+            gelu_bwd_bias_add_(_t(M, cfg.d_ff, dtype=step.dt), _t(M, cfg.d_ff, dtype=step.dt), torch.zeros(cfg.d_ff),
+                               approximate)
     if step.dt != F32 or step.prec == "tf32":
         wgrad_add_(torch.zeros(cfg.d_ff, C), _t(M, cfg.d_ff, dtype=step.dt), _t(M, C, dtype=step.dt),
                    "tf32" if step.dt == F32 else "ieee")

@@ -205,7 +205,8 @@ def _row_kernel_specs(n_embd: int, T: int, dtype: torch.dtype) -> list[AotSpec]:
                          dict(BLOCK_V=bv, CD=cd), 4 if bv >= 1024 else 1))
     for wide, (bm, bnn, w) in ((False, bias_linear._GPU_BLOCKS), (True, bias_linear._GPU_WIDE[0])):
         specs.append(AotSpec(f"bias_linear.col_sum{' wide' if wide else ''}", bias_linear._col_sum_kernel,
-                             {"DY": dt, "P": "*fp32"}, dict(BLOCK_M=bm, BLOCK_N=bnn, CD=cd), w))
+                             {"DY": dt, "P": "*fp32", "Z": dt, "DZ": dt}, dict(BLOCK_M=bm, BLOCK_N=bnn, CD=cd),
+                             w))
     return specs
 
 

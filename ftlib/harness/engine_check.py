@@ -51,8 +51,10 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # Linears on the bf16 shadow, its projections' bias gradients summed from dr in fp32 before its bf16
     # rounding), the first norm's gradients added atomically and GPT-2's dQ kernel in one pass over each row
     # (the same sums in another order) are defaults: the default checks train with them.
-    # On trial: GPT-2's qkv bias gradient summed by its attention's backward kernels (from dq, dk, dv as stored).
+    # On trial: GPT-2's qkv bias gradient summed by its attention's backward kernels (from dq, dk, dv as stored),
+    # its up-projection's by GELU's backward (from dz as stored).
     *((prec, "gpt2", {"qkv_bias_into_attention": True}) for prec in ("tf32", "bf16")),
+    *((prec, "gpt2", {"fc_bias_into_gelu": True}) for prec in ("tf32", "bf16")),
 )
 
 

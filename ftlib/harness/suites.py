@@ -277,10 +277,13 @@ def engine_variants() -> list[Case]:
 # lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py) never
 # went on trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
 # On trial: qkv_bias_into_attention (GPT-2's qkv bias gradient added by its explicit attention's backward
-# kernels, one column-sum kernel per layer fewer). Labels must not extend one another: a label that another
-# extends is read as a default case.
+# kernels) and fc_bias_into_gelu (its up-projection's by GELU's backward on the column-sum kernel), each one
+# column-sum kernel per layer fewer, alone and together. Labels must not extend one another: a label that
+# another extends is read as a default case.
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
     (" +qkv-bias-into-attention", {"qkv_bias_into_attention": True}, ("gpt2",), ("bf16", "tf32")),
+    (" +fc-bias-into-gelu", {"fc_bias_into_gelu": True}, ("gpt2",), ("bf16", "tf32")),
+    (" +both-bias-sums", {"qkv_bias_into_attention": True, "fc_bias_into_gelu": True}, ("gpt2",), ("bf16", "tf32")),
 )
 
 

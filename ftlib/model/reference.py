@@ -143,6 +143,16 @@ def gelu_mlp_ref(x: torch.Tensor, w1: torch.Tensor, b1: torch.Tensor | None, w2:
     return F.linear(F.gelu(F.linear(x, w1, b1), approximate=approximate), w2, b2)
 
 
+def gelu_bias_grad_ref(z: torch.Tensor, da: torch.Tensor,
+                       approximate: str = "tanh") -> tuple[torch.Tensor, torch.Tensor]:
+    """(dz, db) of GELU's backward and the preceding Linear's bias gradient, as autograd and a column sum give
+    them: dz = F.gelu's backward of da at z (in z's dtype), db = the fp32 column sums of dz as stored over
+    every leading dim. What ``kernels.bias_linear.gelu_bwd_bias_add_`` computes in one kernel."""
+    zr = z.detach().requires_grad_(True)
+    (dz,) = torch.autograd.grad(F.gelu(zr, approximate=approximate), zr, da)
+    return dz, dz.reshape(-1, z.shape[-1]).to(torch.promote_types(z.dtype, torch.float32)).sum(0)
+
+
 def kv_split_sum_ref(part: torch.Tensor, nkv: int, out: torch.Tensor) -> torch.Tensor:
     """The MQA dK (or dV) split sum as ``attention_bwd`` runs it without the fused kernel: the
     (B, nkv * n_split, T, hs) partials, split s of K/V head h at index h * n_split + s, summed over

@@ -258,7 +258,9 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                   "without the bias and first-norm options"),
                  ("explicit_dq_one_pass=True", "one-pass dQ"),
                  ("explicit_dq_one_pass=False", "two-pass dQ"),
-                 ("qkv_bias_into_attention=True", "qkv bias summed in the attention"))
+                 ("qkv_bias_into_attention=True fc_bias_into_gelu=True", "bias sums in attention and GELU"),
+                 ("qkv_bias_into_attention=True", "qkv bias summed in the attention"),
+                 ("fc_bias_into_gelu=True", "up-projection bias summed in GELU"))
 
 
 def case_name(r: dict[str, Any]) -> str:

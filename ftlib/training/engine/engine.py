@@ -42,7 +42,7 @@ from ftlib.model.config import ModelConfig, preset
 from ftlib.model.gpt import build_model
 from ftlib.training.engine.attention import FusedExplicitSelfAttention, qkv_biases_into_attention
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
-from ftlib.training.engine.fused_mlp import fuse_mlps
+from ftlib.training.engine.fused_mlp import fc_biases_into_gelu, fuse_mlps
 from ftlib.training.engine.linears import setup_linears, triton_gemm_why_not
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import (
@@ -127,6 +127,7 @@ class Engine:
         self.kernels, self.notes = swaps.applied, swaps.notes
         self.resid_dropout = self._fuse_residual_norm(seed)
         self.qkv_biases = qkv_biases_into_attention(self.model, self.options, self.notes)  # their Linears sum none
+        self.fc_biases = fc_biases_into_gelu(self.model, self.options, self.notes)  # the same
         self._loss_fn = self._loss()
 
         # Flat buffers, decayed parameters first (ftlib.training.step.param_groups 'matrices'); with
@@ -150,7 +151,7 @@ class Engine:
                              grouped=self.options.muon_grouped) if muon else None
         # The Linears onto the bf16 shadow and into the flat gradient (linears.py).
         self.linears = setup_linears(self.model, self.options, self.prec, self.flat_param, self.flat_grad,
-                                     self.spans, self.n_decay, self.bias_elsewhere | self.qkv_biases)
+                                     self.spans, self.n_decay, self.bias_elsewhere | self.qkv_biases | self.fc_biases)
         self.flat_param16, self.grad_into = self.linears.shadow16, self.linears.grad_into
         self.notes.update(self.linears.notes)
         self.fused_mlps = 0
@@ -375,6 +376,7 @@ class Engine:
             "norm_dw_into_buffer": dw_into,
             "branch_bias_into_norm": bool(self.bias_elsewhere),
             "qkv_bias_into_attention": bool(self.qkv_biases),
+            "fc_bias_into_gelu": bool(self.fc_biases),
             "first_norm_into_buffer": len(self.model.blocks) > 0 and isinstance(self.model.blocks[0].norm1,
                                                                                FirstNormInto),
             "fuse_mlp_act": self.fused_mlps > 0,

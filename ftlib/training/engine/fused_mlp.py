@@ -1,4 +1,5 @@
-"""The engine's MLPs with GELU in their GEMM epilogues (``kernels/gelu_mlp.py``; engine option ``fuse_mlp_act``).
+"""The engine's MLPs with GELU in their GEMM epilogues (``kernels/gelu_mlp.py``; engine option ``fuse_mlp_act``),
+or with the up-projection's bias gradient summed by GELU's backward (:class:`GeluBiasMLP`; ``fc_bias_into_gelu``).
 
 Each block's ``MLP`` (fc -> GELU -> proj -> dropout) runs as one :func:`kernels.gelu_mlp.gelu_mlp` call: the
 up-projection's GEMM writes the pre-activation and its GELU, the backward's GEMM through the
@@ -14,6 +15,7 @@ products cuBLAS runs on the FMA units, a route the Triton GEMM would change rath
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -21,6 +23,9 @@ import torch.nn as nn
 from ftlib.model.gpt import GPT
 from ftlib.model.mlp import MLP
 from ftlib.training.engine.grad_into import GradIntoLinear
+
+if TYPE_CHECKING:
+    from ftlib.training.engine.options import EngineOptions
 
 APPROXIMATE = {"gelu": "none", "gelu_tanh": "tanh"}  # the model's activation -> F.gelu's name
 
@@ -74,3 +79,49 @@ def fuse_mlps(model: GPT, low_precision: bool, tf32: bool, why_not: str | None) 
             blk.mlp = FusedMLP(blk.mlp, "tf32" if tf32 and not low_precision else "ieee")
             n += 1
     return n, f"{n} MLPs with GELU in their GEMM epilogues (kernels/gelu_mlp.py)"
+
+
+class GeluBiasMLP(MLP):
+    """Takes over an ``MLP`` (its Linears, under the same names) and, in training mode with gradients on, runs
+    its GELU as :func:`kernels.bias_linear.gelu_bias_grad`: F.gelu forward, and a backward that also adds the
+    up-projection's bias gradient (the column sums of dz) into that bias's ``.grad``, the engine's flat-gradient
+    view, so the up-projection's own column sum goes (its Linear is told so: ``setup_linears``'
+    ``bias_elsewhere``). Elsewhere (evaluation, sampling) the MLP's own forward."""
+
+    def __init__(self, mlp: MLP) -> None:
+        nn.Module.__init__(self)  # not MLP.__init__: the Linears are the given MLP's, not new ones
+        self.fc, self.proj, self.dropout = mlp.fc, mlp.proj, mlp.dropout
+        self.activation, self.approximate = mlp.activation, APPROXIMATE[mlp.activation]
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if not (self.training and torch.is_grad_enabled()):
+            return super().forward(x)
+        from kernels.bias_linear import gelu_bias_grad
+
+        db = self.fc.bias.grad
+        if db is None:
+            raise RuntimeError("GeluBiasMLP needs the up-projection's bias .grad to be a gradient buffer to add into")
+        return self.dropout(self.proj(gelu_bias_grad(self.fc(x), self.approximate, db)))
+
+
+def fc_biases_into_gelu(model: GPT, options: EngineOptions, notes: dict[str, str]) -> frozenset[int]:
+    """With ``fc_bias_into_gelu`` where it applies: every block's MLP onto :class:`GeluBiasMLP`; returns the ids of
+    the up-projections' biases, whose Linears then sum none. Else an empty set, with a note saying why."""
+    if not options.fc_bias_into_gelu:
+        return frozenset()
+    cfg = model.config
+    bias_kernel = notes.get("bias", "").startswith("bias gradients")
+    why = ("not applicable: the config has no biases" if not cfg.bias
+           else f"not applicable: the MLP's activation is {cfg.activation!r}, not GELU"
+           if cfg.activation not in APPROXIMATE
+           else "not applied: fuse_mlp_act sums the up-projection's bias gradient itself" if options.fuse_mlp_act
+           else "not applied: needs grad_into_buffer and the bias kernel"
+           if not (options.grad_into_buffer and bias_kernel) else None)
+    if why:
+        notes["fc_bias_into_gelu"] = why
+        return frozenset()
+    for blk in model.blocks:
+        blk.mlp = GeluBiasMLP(blk.mlp)
+    notes["fc_bias_into_gelu"] = (f"{len(model.blocks)} up-projection biases' gradients added by GELU's backward "
+                                  "(kernels/bias_linear.py, gelu_bwd_bias_add_)")
+    return frozenset(id(blk.mlp.fc.bias) for blk in model.blocks)
