@@ -20,6 +20,10 @@ each take every key of a row in one tile and pass over the keys once instead of 
 says how); the dK/dV kernel is the same either way. Each is asked for on its own (``fwd_one_pass``,
 ``dq_one_pass``), off unless asked for: which is faster at a shape, and at which tile, is measured
 (``benchmarks/kernels/explicit_tiles_dev.py``), not assumed.
+
+Bias gradient (``db_out``, off unless given): the backward kernels can also add the column sums of dq, dk
+and dv as they store them into a buffer, the gradient of the qkv projection's bias, so that no column-sum
+kernel reads d(qkv) back (the kernels module says how; the engine's option ``qkv_bias_into_attention``).
 """
 
 from __future__ import annotations
