@@ -69,6 +69,19 @@ def test_the_explicit_tile_sweep_is_read_per_pass_and_precision():
     assert sweeps.engine_choice("explicit_tiles", "fwd tf32") is None  # the engine leaves the launchers' tiles
 
 
+def test_the_explicit_backward_sweep_knows_the_engines_one_pass_dq_kernel():
+    """The engine runs GPT-2's dQ kernel in one pass (64 query rows, 4 warps) by default: where the sweep finds
+    that variant fastest, the finding says the engine runs it, not that it is worth a trial."""
+    one_pass = "bwd one-pass 64x256 w4 s1"
+    assert sweeps.engine_choice("explicit_tiles", "bwd bf16") == one_pass
+    rows = [_row("explicit_tiles", "bwd 64x64 w4 s2", 60.0, pass_="bwd bf16"),
+            _row("explicit_tiles", one_pass, 55.0, pass_="bwd bf16"),
+            _row("explicit_tiles", "bwd one-pass 32x256 w2 s1", 59.0, pass_="bwd bf16")]
+    (text,) = sweeps.sweep_findings(rows)
+    assert f"fastest {one_pass} at 55.0 µs" in text and "the engine runs it by default" in text
+    assert "worth a trial" not in text
+
+
 def test_a_sweep_without_rows_is_named_with_its_command():
     rows = [_row("norm_bwd_grid", "atomic 4 rows 4/SM", 24.0)]
     text = sweeps.unswept_text(rows)
