@@ -156,7 +156,14 @@ def test_the_explicit_attention_tile_sweep_checks_each_tile_against_the_referenc
     assert rc == 0 and "FAIL" not in out and "ERROR" not in out, out
     assert "one-pass" in out
     per_pass = len(mod.CPU_GRID) + len(mod.ONE_PASS_CPU)  # the two-pass tiles and the one-pass ones
-    assert out.count(" OK") == 2 * (len(names) or 2 * per_pass), out  # two precisions
+    # backward also: the one-pass dQ kernel with the dK/dV kernel at each grid tile (none is the launcher's default)
+    assert out.count(" OK") == 2 * (len(names) or 2 * per_pass + len(mod.CPU_GRID)), out  # two precisions
+    assert "+ dkdv 16x16 w4 s2" in out
+    # ci/gpu-plan's explicit-dkdv step: the launcher's default, the engine's, and each other dK/dV tile of the grid
+    gpu = mod.dkdv_variants()
+    assert gpu[:2] == ["bwd 64x64 w4 s2", "bwd one-pass 64x256 w4 s1"] and len(set(gpu)) == len(mod.GPU_GRID) + 1
+    assert "bwd one-pass 64x256 w4 s1 + dkdv 128x64 w8 s3" in gpu
+    assert not any(n.endswith("+ dkdv 64x64 w4 s2") for n in gpu)
 
 
 @pytest.mark.kernels

@@ -22,6 +22,11 @@ in one tile and pass over it once) are timed in the same runs, at every BLOCK_M 
 ``ONE_PASS_GRID``, named 'fwd one-pass 32x256 w4 s1'; their backward variants run the dK/dV kernel at the
 default tiles, as the engine does.
 
+The engine runs the dQ kernel in one pass by default (option ``explicit_dq_one_pass``, 64 query rows on 4
+warps) and the dK/dV kernel at the launcher's tiles; the variants 'bwd one-pass 64x256 w4 s1 + dkdv 32x64 w4
+s3' keep that dQ kernel and run the dK/dV kernel at each other tile of the grid (what ``attention_tiles``
+naming 'bwd' tiles would do), the largest of GPT-2's attention kernels in tf32.
+
 Not part of the ``kernels`` suite: run it with ``--record`` (rows already stored are skipped, so a cut-off run
 resumes). A tile faster than the default beyond the spread can go on trial in the engine as the option
 ``attention_tiles``, which reaches these kernels where they take GPT-2's attention.
@@ -37,19 +42,40 @@ ONE_PASS_GRID = [(m, w) for m in (16, 32, 64) for w in (2, 4, 8)]
 ONE_PASS_CPU = [(16, 4)]
 
 
+def dkdv_name(dq_row, t: tuple[int, int, int, int]) -> str:
+    """The name of the variant with the one-pass dQ kernel at ``dq_row`` and the dK/dV kernel at tiles ``t``."""
+    return f"bwd one-pass {dq_row.name} + dkdv {tile_name(t)}"
+
+
+def dkdv_variants() -> list[str]:
+    """The GPU sweep's backward variants around the engine's one-pass dQ kernel (``ci/gpu-plan``'s step
+    ``explicit-dkdv``): the launcher's two-pass default, the engine's default, and that dQ kernel with the
+    dK/dV kernel at each other tile of the grid. Imports Triton: call it after the interpreter is chosen."""
+    from ftlib.training.engine.swaps import DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS
+    from kernels.explicit_attention import one_pass_tiles
+    from kernels.tiles import TILE_CANDIDATES, Tiles
+
+    dq_row = one_pass_tiles(256, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)
+    return [f"bwd {TILE_CANDIDATES[0].name}", f"bwd one-pass {dq_row.name}",
+            *(dkdv_name(dq_row, t) for t in GPU_GRID if Tiles(*t) != TILE_CANDIDATES[0])]
+
+
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:
     args = parse_args(__doc__, argv, recorder)
     device = setup(args)
     import torch
 
     from ftlib.model.reference import causal_attention_ref
+    from ftlib.training.engine.swaps import DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS
     from kernels.explicit_attention import explicit_attention_bwd, explicit_attention_fwd, one_pass_tiles
-    from kernels.tiles import Tiles
+    from kernels.tiles import TILE_CANDIDATES, Tiles
 
     cuda = device.type == "cuda"
     B, nh, T, hs = (32, 8, 256, 32) if cuda else (1, 2, 37, 32)
     grid = GPU_GRID if cuda else CPU_GRID
     rows = [one_pass_tiles(T, m, w) for m, w in (ONE_PASS_GRID if cuda else ONE_PASS_CPU)]
+    dq_row = one_pass_tiles(T, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS) if cuda else rows[0]  # the engine's dQ tile
+    dkdv_grid = [t for t in grid if Tiles(*t) != TILE_CANDIDATES[0]]  # the launcher's default: 'bwd one-pass ...'
     flops_fwd = 4 * B * nh * T * T * hs / 2
     shape = {"B": B, "nh": nh, "nkv": nh, "T": T, "hs": hs}
     # One function per precision, so the closures below bind its tensors, not loop variables.
@@ -74,6 +100,9 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
         def bwd_one(t):
             return lambda: explicit_attention_bwd(do, q, k, v, p, dot, one_pass=t)
 
+        def bwd_dkdv(t):  # the engine's one-pass dQ kernel, the dK/dV kernel at tiles t
+            return lambda: explicit_attention_bwd(do, q, k, v, p, dot, tiles=Tiles(*t), one_pass=dq_row)
+
         what = f"B={B} nh={nh} T={T} hs={hs} {prec}"
         ok = run(f"explicit attention forward tiles {what}", args, device, lambda: o64,
                  [Variant(f"fwd {tile_name(t)}", fwd(t), tol, impl="triton") for t in grid]
@@ -82,7 +111,8 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
                  shape={**shape, "pass": f"fwd {prec}"}, dtype=dtype)
         return ok & run(f"explicit attention backward tiles {what}", args, device, lambda: grads64,
                         [Variant(f"bwd {tile_name(t)}", bwd(t), tol, impl="triton") for t in grid]
-                        + [Variant(f"bwd one-pass {t.name}", bwd_one(t), tol, impl="triton") for t in rows],
+                        + [Variant(f"bwd one-pass {t.name}", bwd_one(t), tol, impl="triton") for t in rows]
+                        + [Variant(dkdv_name(dq_row, t), bwd_dkdv(t), tol, impl="triton") for t in dkdv_grid],
                         unit="TFLOP/s", op="explicit_tiles", flops=2.5 * flops_fwd, nbytes=p_bytes + 7 * io,
                         shape={**shape, "pass": f"bwd {prec}"}, dtype=dtype)
 
