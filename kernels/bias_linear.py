@@ -187,16 +187,26 @@ def bias_grad_add_(
     grid and ``splits``/``blocks``/``per_sm`` are :func:`bias_grad`'s.
     """
     check_tensor("dy2d", dy2d, ndim=2, contiguous=False)
-    check_tensor("db_out", db_out, ndim=1)
-    same_device(("dy2d", dy2d), ("db_out", db_out))
+    _check_db_out(db_out, "dy2d", dy2d)
     M, N = dy2d.shape
-    want = accum_dtype(dy2d.dtype)
-    if db_out.shape[0] != N or db_out.dtype != want:
-        raise ValueError(f"db_out must be ({N},) {want} for dy2d {tuple(dy2d.shape)} {dy2d.dtype}; got "
-                         f"{tuple(db_out.shape)} {db_out.dtype}")
     if M == 0 or N == 0:
         return db_out
     return _launch(dy2d, db_out, True, splits, blocks, per_sm)
+
+
+def _check_db_out(db_out: torch.Tensor, name: str, dy: torch.Tensor) -> None:
+    """db_out must be (N,), contiguous, in the accumulation dtype of ``dy`` (..., N) and on its device."""
+    check_tensor("db_out", db_out, ndim=1)
+    same_device((name, dy), ("db_out", db_out))
+    N, want = dy.shape[-1], accum_dtype(dy.dtype)
+    if db_out.shape[0] != N or db_out.dtype != want:
+        raise ValueError(f"db_out must be ({N},) {want} for {name} {tuple(dy.shape)} {dy.dtype}; got "
+                         f"{tuple(db_out.shape)} {db_out.dtype}")
+
+
+def _check_approximate(approximate: str) -> None:
+    if approximate not in GELU_KINDS:
+        raise ValueError(f"approximate must be one of {list(GELU_KINDS)} (F.gelu's), got {approximate!r}")
 
 
 def gelu_bwd_bias_add_(
@@ -206,20 +216,15 @@ def gelu_bwd_bias_add_(
     dtype (the values F.gelu's backward gives, computed in fp32), and adds the column sums of dz as stored
     into ``db_out`` with atomic adds (:func:`bias_grad_add_`'s grid and contract). z, da: (..., N) contiguous,
     the same shape and dtype; ``approximate``: F.gelu's ('none' or 'tanh')."""
-    if approximate not in GELU_KINDS:
-        raise ValueError(f"approximate must be one of {list(GELU_KINDS)} (F.gelu's), got {approximate!r}")
+    _check_approximate(approximate)
     check_tensor("z", z)
     check_tensor("da", da, dtypes=(z.dtype,))
     if da.shape != z.shape or z.dim() < 1:
         raise ValueError(f"da must have z's shape {tuple(z.shape)}, got {tuple(da.shape)}")
+    same_device(("z", z), ("da", da))
+    _check_db_out(db_out, "z", z)
     N = z.shape[-1]
     z2, da2 = z.reshape(-1, N), da.reshape(-1, N)  # (..., N) -> (M, N) views (contiguous)
-    check_tensor("db_out", db_out, ndim=1)
-    same_device(("z", z), ("da", da), ("db_out", db_out))
-    want = accum_dtype(z.dtype)
-    if db_out.shape[0] != N or db_out.dtype != want:
-        raise ValueError(f"db_out must be ({N},) {want} for z {tuple(z.shape)} {z.dtype}; got "
-                         f"{tuple(db_out.shape)} {db_out.dtype}")
     dz = torch.empty_like(z)
     if z2.shape[0] > 0 and N > 0:
         _launch(da2, db_out, True, None, None, PROGRAMS_PER_SM, (z2, dz.view(-1, N), approximate))
@@ -337,6 +342,5 @@ class GeluBiasGradFunction(torch.autograd.Function):
 def gelu_bias_grad(z: torch.Tensor, approximate: str, db_out: torch.Tensor) -> torch.Tensor:
     """``F.gelu(z, approximate=approximate)`` whose backward also adds the column sums of dz into ``db_out``
     (the bias gradient of the Linear that produced z; its own column sum must then be skipped)."""
-    if approximate not in GELU_KINDS:
-        raise ValueError(f"approximate must be one of {list(GELU_KINDS)} (F.gelu's), got {approximate!r}")
+    _check_approximate(approximate)  # here, not first in the backward
     return GeluBiasGradFunction.apply(z, approximate, db_out)
