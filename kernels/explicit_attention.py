@@ -251,36 +251,19 @@ def explicit_attention_packed(
 
 class TritonExplicitAttention(nn.Module):
     """Thin module over :func:`explicit_attention_packed` (no parameters: the projections stay with the
-    attention block that owns them). ``db_into``: a bias of the qkv projection whose ``.grad`` (a buffer the
-    caller zeroes before each step) the backward adds its gradient into; None: the projection's own."""
+    attention block that owns them). ``forward``'s ``db_out``: where the backward adds the qkv projection's
+    bias gradient (a buffer the caller zeroes before each step); None: nowhere, the projection sums its own."""
 
     def __init__(self, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
                  input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None,
-                 fwd_one_pass: bool | Tiles = False, dq_one_pass: bool | Tiles = False,
-                 db_into: nn.Parameter | None = None) -> None:
+                 fwd_one_pass: bool | Tiles = False, dq_one_pass: bool | Tiles = False) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = n_head, n_kv_head, head_size
         self.p_dtype, self.input_precision = p_dtype, input_precision
         self.fwd_tiles, self.bwd_tiles = fwd_tiles, bwd_tiles
         self.fwd_one_pass, self.dq_one_pass = fwd_one_pass, dq_one_pass
-        self._db_into: tuple[nn.Parameter, ...] = ()  # a reference to the projection's bias, not a parameter here
-        self.set_db_into(db_into)
 
-    @property
-    def db_into(self) -> nn.Parameter | None:
-        return self._db_into[0] if self._db_into else None
-
-    def set_db_into(self, bias: nn.Parameter | None) -> None:
-        """The bias whose ``.grad`` the backward adds into (None: none). A method, not an attribute: a
-        Parameter set as an attribute would become this module's parameter too."""
-        self._db_into = () if bias is None else (bias,)
-
-    def forward(self, qkv: torch.Tensor) -> torch.Tensor:
-        db = None
-        if self._db_into:
-            db = self._db_into[0].grad
-            if db is None:
-                raise RuntimeError("db_into needs its .grad to be a gradient buffer to add into; it is None")
+    def forward(self, qkv: torch.Tensor, db_out: torch.Tensor | None = None) -> torch.Tensor:
         return explicit_attention_packed(qkv, self.n_head, self.n_kv_head, self.head_size, self.p_dtype,
                                          self.input_precision, self.fwd_tiles, self.bwd_tiles, self.fwd_one_pass,
-                                         self.dq_one_pass, db)
+                                         self.dq_one_pass, db_out)

@@ -73,6 +73,16 @@ def test_each_trains_like_the_default_with_one_column_sum_less_per_layer(prec, o
     torch.testing.assert_close(torch.tensor(_steps(on, 3)), torch.tensor(_steps(default, 3)), rtol=1e-3, atol=1e-3)
 
 
+@pytest.mark.parametrize("option,bias", [(o, b) for o, _, b in OPTIONS], ids=[o for o, _, _ in OPTIONS])
+def test_each_needs_the_bias_gradient_buffer_to_add_into(option, bias, kernel_device):
+    eng = _engine(GPT, "tf32", kernel_device, **{option: True})
+    (param,) = [p for n, p in eng.model.named_parameters() if n.endswith(bias)]
+    param.grad = None  # not the flat gradient's view any more
+    (x, y), = pattern_batches(GPT.vocab_size, B, T, 1, device=kernel_device)
+    with pytest.raises(RuntimeError, match=r"needs each parameter's \.grad to be its gradient buffer"):
+        eng.model(x, y)
+
+
 def test_gelu_bias_mlp_evaluates_with_the_mlps_own_forward(kernel_device):
     eng = _engine(GPT, "tf32", kernel_device, fc_bias_into_gelu=True)
     assert all(type(blk.mlp).__name__ == "GeluBiasMLP" for blk in eng.model.blocks)

@@ -188,21 +188,20 @@ def test_bias_gradient_adds_the_column_sums_of_dqkv(kernel_device, nkv, dtype, o
     torch.testing.assert_close(added, sums, rtol=1e-5, atol=1e-5 * sums.abs().max().item())
 
 
-def test_module_adds_its_bias_gradient_into_the_bias_buffer(kernel_device):
-    """TritonExplicitAttention(db_into=bias): the backward adds d(qkv)'s column sums into bias.grad, and the bias
-    stays the projection's parameter, not the module's."""
+def test_module_adds_its_bias_gradient_into_the_buffer_it_is_given(kernel_device):
+    """TritonExplicitAttention()(qkv, db_out): the backward adds d(qkv)'s column sums into db_out; without it,
+    into nothing (the module holds no parameter either way)."""
     B, T, nh, nkv, hs = 2, 21, 2, 1, 16
     g = torch.Generator().manual_seed(5)
     qkv = torch.randn(B, T, (nh + 2 * nkv) * hs, generator=g).to(kernel_device).requires_grad_(True)
     dy = torch.randn(B, T, nh * hs, generator=g).to(kernel_device)
-    bias = torch.nn.Parameter(torch.zeros((nh + 2 * nkv) * hs, device=kernel_device))
-    module = TritonExplicitAttention(nh, nkv, hs, db_into=bias)
-    assert list(module.parameters()) == [] and module.db_into is bias
-    with pytest.raises(RuntimeError, match="db_into needs its .grad"):
-        module(qkv)
-    bias.grad = torch.zeros_like(bias)
-    (dqkv,) = torch.autograd.grad(module(qkv), qkv, dy)
-    torch.testing.assert_close(bias.grad, dqkv.sum(dim=(0, 1)), rtol=1e-5, atol=1e-5)
+    module = TritonExplicitAttention(nh, nkv, hs)
+    assert list(module.parameters()) == []
+    db = torch.zeros((nh + 2 * nkv) * hs, device=kernel_device)
+    (dqkv,) = torch.autograd.grad(module(qkv, db), qkv, dy)
+    torch.testing.assert_close(db, dqkv.sum(dim=(0, 1)), rtol=1e-5, atol=1e-5)
+    (plain,) = torch.autograd.grad(module(qkv), qkv, dy)
+    torch.testing.assert_close(plain, dqkv, rtol=0, atol=0)
 
 
 def test_gradcheck(kernel_device):

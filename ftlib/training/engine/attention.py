@@ -19,6 +19,7 @@ import torch.nn as nn
 import torch.nn.functional as F
 
 from ftlib.model.attention import CausalSelfAttention
+from ftlib.training.engine.grad_into import bias_sum_why_not, grad_views
 
 if TYPE_CHECKING:  # the kernels (and Triton) load only where a kernel module is built
     from ftlib.training.engine.options import EngineOptions
@@ -108,7 +109,8 @@ class FusedExplicitSelfAttention(nn.Module):
     tl.dot precision for fp32 operands; ``tiles``: the kernels' tiles per pass, as the option ``attention_tiles``
     names them (None: chosen from the device); ``fwd_one_pass``, ``dq_one_pass``: the forward, the dQ kernel
     over whole rows, True or at row-spanning tiles (options ``explicit_one_pass``, ``explicit_dq_one_pass``).
-    No attention dropout (the swap checks)."""
+    ``bias_into`` (set by :func:`qkv_biases_into_attention`): the backward kernels add the qkv bias's gradient
+    into its ``.grad``, the flat gradient's view. No attention dropout (the swap checks)."""
 
     def __init__(self, attn: CausalSelfAttention, p_dtype: torch.dtype | None, input_precision: str,
                  tiles: str | None = None, fwd_one_pass: bool | Tiles = False,
@@ -122,9 +124,11 @@ class FusedExplicitSelfAttention(nn.Module):
         self.core = TritonExplicitAttention(attn.n_head, attn.n_kv_head, attn.head_size, p_dtype, input_precision,
                                             named.get("fwd"), named.get("bwd"), fwd_one_pass,
                                             dq_one_pass)
+        self.bias_into = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.resid_dropout(self.proj(self.core(self.qkv(x))))  # core: (B, T, C + 2 nkv hs) -> (B, T, C)
+        db = grad_views("qkv_bias_into_attention", self.qkv.bias)[0] if self.bias_into else None
+        return self.resid_dropout(self.proj(self.core(self.qkv(x), db)))  # core: (B, T, C + 2 nkv hs) -> (B, T, C)
 
 
 def qkv_biases_into_attention(model: nn.Module, options: EngineOptions, notes: dict[str, str]) -> frozenset[int]:
@@ -135,16 +139,14 @@ def qkv_biases_into_attention(model: nn.Module, options: EngineOptions, notes: d
     if not options.qkv_bias_into_attention:
         return frozenset()
     attns = [m for m in model.modules() if isinstance(m, FusedExplicitSelfAttention)]
-    bias_kernel = notes.get("bias", "").startswith("bias gradients")
     why = ("not applicable: the explicit attention kernels (fuse_softmax_matmuls) do not take this attention"
            if not attns else "not applicable: the qkv projection has no bias" if attns[0].qkv.bias is None
-           else "not applied: needs grad_into_buffer and the bias kernel"
-           if not (options.grad_into_buffer and bias_kernel) else None)
+           else bias_sum_why_not(options, notes))
     if why:
         notes["qkv_bias_into_attention"] = why
         return frozenset()
     for m in attns:
-        m.core.set_db_into(m.qkv.bias)
+        m.bias_into = True
     notes["qkv_bias_into_attention"] = (f"{len(attns)} qkv projection biases' gradients added by the explicit "
                                         "attention's backward kernels (kernels/explicit_attention.py)")
     return frozenset(id(m.qkv.bias) for m in attns)

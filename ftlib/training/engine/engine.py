@@ -43,6 +43,7 @@ from ftlib.model.gpt import build_model
 from ftlib.training.engine.attention import FusedExplicitSelfAttention, qkv_biases_into_attention
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
 from ftlib.training.engine.fused_mlp import fc_biases_into_gelu, fuse_mlps
+from ftlib.training.engine.grad_into import bias_sum_why_not
 from ftlib.training.engine.linears import setup_linears, triton_gemm_why_not
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import (
@@ -222,15 +223,13 @@ class Engine:
         o, cfg = self.options, self.config
         if not o.branch_bias_into_norm:
             return {}
-        bias_kernel = self.notes.get("bias", "").startswith("bias gradients")
         why = ("not applicable: the config has no biases" if not cfg.bias
                else "not applied: needs the fused residual-norm with norm_dw_into_buffer"
                if not (self.fuse_residual_norm and o.norm_dw_into_buffer)
-               else "not applied: needs grad_into_buffer and the bias kernel"
-               if not (o.grad_into_buffer and bias_kernel)
-               else "not applied: fuse_mlp_act computes its projection's bias gradient itself" if o.fuse_mlp_act
-               else "not applied: a dropout module sits between each projection and its add (fuse_dropout off)"
-               if cfg.dropout > 0 and dropout is None else None)
+               else bias_sum_why_not(o, self.notes)
+               or ("not applied: fuse_mlp_act computes its projection's bias gradient itself" if o.fuse_mlp_act
+                   else "not applied: a dropout module sits between each projection and its add (fuse_dropout off)"
+                   if cfg.dropout > 0 and dropout is None else None))
         if why:
             self.notes["branch_bias_into_norm"] = why
             return {}

@@ -22,7 +22,7 @@ import torch.nn as nn
 
 from ftlib.model.gpt import GPT
 from ftlib.model.mlp import MLP
-from ftlib.training.engine.grad_into import GradIntoLinear
+from ftlib.training.engine.grad_into import GradIntoLinear, bias_sum_why_not, grad_views
 
 if TYPE_CHECKING:
     from ftlib.training.engine.options import EngineOptions
@@ -98,9 +98,7 @@ class GeluBiasMLP(MLP):
             return super().forward(x)
         from kernels.bias_linear import gelu_bias_grad
 
-        db = self.fc.bias.grad
-        if db is None:
-            raise RuntimeError("GeluBiasMLP needs the up-projection's bias .grad to be a gradient buffer to add into")
+        (db,) = grad_views("GeluBiasMLP", self.fc.bias)
         return self.dropout(self.proj(gelu_bias_grad(self.fc(x), self.approximate, db)))
 
 
@@ -110,13 +108,11 @@ def fc_biases_into_gelu(model: GPT, options: EngineOptions, notes: dict[str, str
     if not options.fc_bias_into_gelu:
         return frozenset()
     cfg = model.config
-    bias_kernel = notes.get("bias", "").startswith("bias gradients")
     why = ("not applicable: the config has no biases" if not cfg.bias
            else f"not applicable: the MLP's activation is {cfg.activation!r}, not GELU"
            if cfg.activation not in APPROXIMATE
            else "not applied: fuse_mlp_act sums the up-projection's bias gradient itself" if options.fuse_mlp_act
-           else "not applied: needs grad_into_buffer and the bias kernel"
-           if not (options.grad_into_buffer and bias_kernel) else None)
+           else bias_sum_why_not(options, notes))
     if why:
         notes["fc_bias_into_gelu"] = why
         return frozenset()

@@ -39,6 +39,7 @@ shared by two Linears is left on autograd (``linears.grad_into_linears`` says wh
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import torch
 import torch.nn as nn
@@ -47,10 +48,33 @@ from torch.autograd.function import once_differentiable
 
 from kernels.mm_into import weight_grad_into_
 
+if TYPE_CHECKING:
+    from ftlib.training.engine.options import EngineOptions
+
 # db (N,) in the bias dtype from dy (M, N); None: dy.sum(0), cast by autograd like autocast's.
 BiasGrad = Callable[[torch.Tensor], torch.Tensor] | None
 # (grad, dy2, x2) -> None, adding dy2^T x2 into grad; None: written by kernels.mm_into.weight_grad_into_.
 AddWGrad = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None
+
+
+
+def grad_views(who: str, *params: nn.Parameter | None) -> list[torch.Tensor | None]:
+    """Each parameter's ``.grad`` (None for a missing parameter): the engine's flat-gradient views, which the
+    kernels add into; a RuntimeError where one is None."""
+    grads = [p.grad if p is not None else None for p in params]
+    if any(p is not None and g is None for p, g in zip(params, grads)):
+        raise RuntimeError(f"{who} needs each parameter's .grad to be its gradient buffer (the engine's "
+                           "flat-gradient views); it is None")
+    return grads
+
+
+def bias_sum_why_not(options: EngineOptions, notes: dict[str, str]) -> str | None:
+    """Why another kernel cannot add a Linear's bias gradient in its place (options branch_bias_into_norm,
+    qkv_bias_into_attention, fc_bias_into_gelu), or None: the Linear must be on the bias kernel (its note in
+    ``notes``) and write into the flat gradient, so that its own column sum can be skipped."""
+    if options.grad_into_buffer and notes.get("bias", "").startswith("bias gradients"):
+        return None
+    return "not applied: needs grad_into_buffer and the bias kernel"
 
 
 class GradIntoLinearFunction(torch.autograd.Function):

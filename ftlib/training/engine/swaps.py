@@ -34,6 +34,7 @@ from ftlib.training.engine.attention import (
     FusedSoftmaxSelfAttention,
     KernelCausalSelfAttention,
 )
+from ftlib.training.engine.grad_into import grad_views
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 
 if TYPE_CHECKING:
@@ -77,16 +78,6 @@ def _row_grid(text: str | None) -> RowGrid | None:
     return RowGrid.parse(text)
 
 
-def _grad_views(who: str, *params: nn.Parameter | None) -> list[torch.Tensor | None]:
-    """Each parameter's ``.grad`` (None for a missing parameter): the engine's flat-gradient views, which the
-    kernels add into; a RuntimeError where one is None."""
-    grads = [p.grad if p is not None else None for p in params]
-    if any(p is not None and g is None for p, g in zip(params, grads)):
-        raise RuntimeError(f"{who} needs each parameter's .grad to be its gradient buffer (the engine's "
-                           "flat-gradient views); it is None")
-    return grads
-
-
 class FusedAddNorm(nn.Module):
     """The model's ``add_norm`` on one kernel each way (:mod:`kernels.residual_norm`): the residual
     add and the RMSNorm or LayerNorm after it, the norm's output in ``out_dtype`` (bf16 under bf16
@@ -127,7 +118,7 @@ class FusedAddNorm(nn.Module):
         kw = dict(p=p, seed=seed, salt=self._salt[id(norm)], rng4=rng4, dw_partials=self.dw_partials)
         bias = norm.bias if self.layernorm else None
         if self.dw_into and torch.is_grad_enabled():
-            dw, db, drb = _grad_views("dw_into", norm.weight, bias, self.branch_biases.get(id(norm)))
+            dw, db, drb = grad_views("dw_into", norm.weight, bias, self.branch_biases.get(id(norm)))
             kw.update(dw_partials="atomic", dw_out=dw)
             if self.bwd_grid is not None:
                 launch = self.bwd_grid.launch(x.device)
@@ -163,7 +154,7 @@ class FirstNormInto(nn.Module):
             return layer_norm(x, self.weight, b, self.eps) if self.layer_norm else rms_norm(x, self.weight, self.eps)
         from kernels.norm_into import norm_into
 
-        dw, db = _grad_views("FirstNormInto", self.weight, b)
+        dw, db = grad_views("FirstNormInto", self.weight, b)
         grid = self.bwd_grid.launch(x.device) if self.bwd_grid is not None else {}
         return norm_into(x, self.weight, b, self.eps, self.layer_norm, dw, db, **grid)
 
