@@ -1,8 +1,8 @@
-"""Two engine options (off, on trial) that sum one of GPT-2's bias gradients inside a kernel that already holds
-its dy, instead of a column-sum kernel per layer reading dy back: ``qkv_bias_into_attention`` (the qkv
-projection's, in the explicit attention's backward kernels: kernels/explicit_attention.py, db_out) and
-``fc_bias_into_gelu`` (the MLP up-projection's, in GELU's backward: kernels/bias_linear.py,
-gelu_bwd_bias_add_). On the default engine each trains like the default, takes that column sum away and
+"""Two engine options that sum one of GPT-2's bias gradients inside a kernel that already holds its dy, instead
+of a column-sum kernel per layer reading dy back: ``qkv_bias_into_attention`` (the qkv projection's, in the
+explicit attention's backward kernels: kernels/explicit_attention.py, db_out; off, it lost its trial) and
+``fc_bias_into_gelu`` (the MLP up-projection's, in GELU's backward: kernels/bias_linear.py, gelu_bwd_bias_add_;
+a default, it won its trial). Each, on, trains like the engine with it off, takes that column sum away and
 nothing else, and says where it does not apply."""
 
 from __future__ import annotations
@@ -39,15 +39,15 @@ OPTIONS = [("qkv_bias_into_attention", 3 * GPT.n_embd, "attn.qkv.bias"), ("fc_bi
 
 @pytest.mark.parametrize("option,width,bias", OPTIONS, ids=[o for o, _, _ in OPTIONS])
 @pytest.mark.parametrize("prec", ["tf32", "bf16"])  # strict fp32 keeps cuBLAS's products around the softmax
-def test_each_trains_like_the_default_with_one_column_sum_less_per_layer(prec, option, width, bias, kernel_device,
-                                                                         monkeypatch):
+def test_each_trains_like_the_engine_without_it_with_one_column_sum_less_per_layer(prec, option, width, bias,
+                                                                                   kernel_device, monkeypatch):
     import kernels.bias_linear as BL
 
     widths = []  # the column sums added into the flat gradient, by width
     real = BL.bias_grad_add_
     monkeypatch.setattr(BL, "bias_grad_add_", lambda dy, out, **k: widths.append(out.numel()) or real(dy, out, **k))
-    default, on = _engine(GPT, prec, kernel_device), _engine(GPT, prec, kernel_device, **{option: True})
-    assert on.describe()[option] and not default.describe()[option]
+    off, on = _engine(GPT, prec, kernel_device, **{option: False}), _engine(GPT, prec, kernel_device, **{option: True})
+    assert on.describe()[option] and not off.describe()[option]
     assert on.notes[option].startswith(f"{GPT.n_layer} ")
     mine = {id(p) for n, p in on.model.named_parameters() if n.endswith(bias)}
     taken = {id(m.bias) for m in on.model.modules() if isinstance(m, grad_into.GradIntoLinear) and m.db_elsewhere}
@@ -56,11 +56,11 @@ def test_each_trains_like_the_default_with_one_column_sum_less_per_layer(prec, o
     _steps(on, 1)
     on_widths = sorted(widths)
     widths.clear()
-    _steps(default, 1)
+    _steps(off, 1)
     assert sorted(widths) == sorted(on_widths + [width] * GPT.n_layer)
     C = GPT.n_embd
-    for name, (off, size) in on.spans.items():
-        got, want = on.flat_grad[off:off + size], default.flat_grad[off:off + size]
+    for name, (start, size) in on.spans.items():
+        got, want = on.flat_grad[start:start + size], off.flat_grad[start:start + size]
         # The qkv bias's K slice is zero in exact arithmetic (a key bias shifts whole rows of scores), so only
         # rounding noise to compare: its Q and V slices are compared.
         parts = [(got[:C], want[:C]), (got[2 * C:], want[2 * C:])] if name.endswith("qkv.bias") else [(got, want)]
@@ -70,7 +70,7 @@ def test_each_trains_like_the_default_with_one_column_sum_less_per_layer(prec, o
             assert w.abs().sum() > 0, name
             assert ((g - w).norm() / w.norm()).item() < tol, name
     # Then three more steps: the losses follow.
-    torch.testing.assert_close(torch.tensor(_steps(on, 3)), torch.tensor(_steps(default, 3)), rtol=1e-3, atol=1e-3)
+    torch.testing.assert_close(torch.tensor(_steps(on, 3)), torch.tensor(_steps(off, 3)), rtol=1e-3, atol=1e-3)
 
 
 @pytest.mark.parametrize("option,bias", [(o, b) for o, _, b in OPTIONS], ids=[o for o, _, _ in OPTIONS])
@@ -100,7 +100,7 @@ def test_where_fc_bias_into_gelu_does_not_apply(kernel_device):
         eng = _engine(cfg, "tf32", kernel_device, fc_bias_into_gelu=True, **off)
         assert not eng.describe()["fc_bias_into_gelu"], off
         assert why in eng.notes["fc_bias_into_gelu"], (off, eng.notes["fc_bias_into_gelu"])
-    assert EngineOptions().fc_bias_into_gelu is False  # on trial, off until it wins
+    assert EngineOptions().fc_bias_into_gelu is True  # it won its trial: a default
 
 
 def test_where_qkv_bias_into_attention_does_not_apply(kernel_device):
@@ -114,4 +114,4 @@ def test_where_qkv_bias_into_attention_does_not_apply(kernel_device):
         eng = _engine(cfg, off.pop("precision", "tf32"), kernel_device, qkv_bias_into_attention=True, **off)
         assert not eng.describe()["qkv_bias_into_attention"], off
         assert why in eng.notes["qkv_bias_into_attention"], (off, eng.notes["qkv_bias_into_attention"])
-    assert EngineOptions().qkv_bias_into_attention is False  # on trial, off until it wins
+    assert EngineOptions().qkv_bias_into_attention is False  # it lost its trial: an option, off

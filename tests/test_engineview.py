@@ -246,8 +246,9 @@ def test_the_bias_and_first_norm_defaults_count_only_where_they_could_apply():
         return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": cfg, "precision": prec,
                 "extra": extra or {}, "engine": {**base, **ran}}
 
-    bias = ["bias_into_buffer", "bf16_bias_weights", "branch_bias_into_norm", "first_norm_into_buffer"]
-    assert ec.options_off(row(gpt2, "bf16")) == bias  # stored before the four existed
+    bias = ["bias_into_buffer", "bf16_bias_weights", "branch_bias_into_norm", "first_norm_into_buffer",
+            "fc_bias_into_gelu"]
+    assert ec.options_off(row(gpt2, "bf16")) == bias  # stored before the five existed
     assert ec.options_off(row(gpt2, "tf32")) == [n for n in bias if n != "bf16_bias_weights"]  # the shadow is bf16's
     assert ec.options_off(row(ft, "bf16")) == ["first_norm_into_buffer"]  # no biases
     assert ec.options_off(row(gpt2, "bf16", **dict.fromkeys(bias, True))) == []
@@ -255,8 +256,11 @@ def test_the_bias_and_first_norm_defaults_count_only_where_they_could_apply():
     # (and its atomic adds) neither the branch biases nor the first norm; the GELU-epilogue GEMM sums its own.
     assert ec.options_off(row(gpt2, "bf16", {"bias_kernel": False}, bias_kernel=False)) == ["first_norm_into_buffer"]
     assert ec.options_off(row(gpt2, "tf32", fuse_residual_norm=False, norm_dw_into_buffer=False)) == [
-        "bias_into_buffer"]
-    assert "branch_bias_into_norm" not in ec.options_off(row(gpt2, "tf32", fuse_mlp_act=True))
+        "bias_into_buffer", "fc_bias_into_gelu"]
+    mlp_act = ec.options_off(row(gpt2, "tf32", fuse_mlp_act=True))
+    assert "branch_bias_into_norm" not in mlp_act and "fc_bias_into_gelu" not in mlp_act
+    # GELU's backward sums the up-projection's bias gradient: not in an MLP of another activation.
+    assert "fc_bias_into_gelu" not in ec.options_off(row({**gpt2, "activation": "relu2"}, "tf32"))
     # An ablation that set an option off on purpose is not an earlier engine.
     ran = {**dict.fromkeys(bias, True), "bias_into_buffer": False}
     ablation = row(gpt2, "bf16", {"bias_into_buffer": False}, **ran)
@@ -270,7 +274,7 @@ def test_the_one_pass_dq_default_counts_only_where_its_kernel_could_run():
     base = {"grad_into_buffer": True, "norm_dw_into_buffer": True, "norm_bwd_grid": "8 rows 4/SM",
             "fuse_residual_norm": True, "bias_kernel": True, "bf16_weights": True, "kernels": [], "fused_softmax": True,
             "fuse_softmax_matmuls": True, "bias_into_buffer": True, "bf16_bias_weights": True,
-            "branch_bias_into_norm": True, "first_norm_into_buffer": True,
+            "branch_bias_into_norm": True, "first_norm_into_buffer": True, "fc_bias_into_gelu": True,
             "notes": {"softmax": "scale + causal mask + softmax fused with the products around it"}}
 
     def row(cap="9.0", cfg=None, extra=None, **ran):

@@ -50,7 +50,8 @@ pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (
 
 
 # The bias options need grad_into_buffer: off on both sides, so that each pair compares grad_into_buffer alone.
-BIAS_ALONE = {"bias_into_buffer": False, "bf16_bias_weights": False, "branch_bias_into_norm": False}
+BIAS_ALONE = {"bias_into_buffer": False, "bf16_bias_weights": False, "branch_bias_into_norm": False,
+              "fc_bias_into_gelu": False}
 
 
 def _pair(cfg, prec: str, dev, **options) -> tuple[Engine, Engine]:

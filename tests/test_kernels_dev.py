@@ -151,6 +151,7 @@ def test_the_explicit_attention_tile_sweep_checks_each_tile_against_the_referenc
 
         names = [f"{p} {t}" for p in ("fwd", "bwd") for t in (mod.tile_name((64, 64, 4, 2)),
                                                               f"one-pass {one_pass_tiles(256).name}")]
+        names.append(mod.dkdv_variants()[2])  # the engine's dQ kernel with one other dK/dV tile
     rc = mod.main(["--check-only"] + (["--variants", ",".join(names)] if names else []))
     out = capsys.readouterr().out
     assert rc == 0 and "FAIL" not in out and "ERROR" not in out, out
@@ -158,7 +159,7 @@ def test_the_explicit_attention_tile_sweep_checks_each_tile_against_the_referenc
     per_pass = len(mod.CPU_GRID) + len(mod.ONE_PASS_CPU)  # the two-pass tiles and the one-pass ones
     # backward also: the one-pass dQ kernel with the dK/dV kernel at each grid tile (none is the launcher's default)
     assert out.count(" OK") == 2 * (len(names) or 2 * per_pass + len(mod.CPU_GRID)), out  # two precisions
-    assert "+ dkdv 16x16 w4 s2" in out
+    assert (names[-1] if names else "+ dkdv 16x16 w4 s2") in out
     # ci/gpu-plan's explicit-dkdv step: the launcher's default, the engine's, and each other dK/dV tile of the grid
     gpu = mod.dkdv_variants()
     assert gpu[:2] == ["bwd 64x64 w4 s2", "bwd one-pass 64x256 w4 s1"] and len(set(gpu)) == len(mod.GPU_GRID) + 1

@@ -260,7 +260,8 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("explicit_dq_one_pass=False", "two-pass dQ"),
                  ("qkv_bias_into_attention=True fc_bias_into_gelu=True", "bias sums in attention and GELU"),
                  ("qkv_bias_into_attention=True", "qkv bias summed in the attention"),
-                 ("fc_bias_into_gelu=True", "up-projection bias summed in GELU"))
+                 ("fc_bias_into_gelu=True", "up-projection bias summed in GELU"),
+                 ("fc_bias_into_gelu=False", "up-projection bias summed apart"))
 
 
 def case_name(r: dict[str, Any]) -> str:

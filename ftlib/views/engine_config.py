@@ -20,7 +20,7 @@ from ftlib.training.engine.swaps import ATTN_HEAD_SIZES
 # their ratios are never pooled with the current engine's.
 TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid",
                  "fuse_softmax_matmuls", "bias_into_buffer", "bf16_bias_weights", "branch_bias_into_norm",
-                 "first_norm_into_buffer", "explicit_dq_one_pass")
+                 "first_norm_into_buffer", "explicit_dq_one_pass", "fc_bias_into_gelu")
 TODAY = "the current defaults"
 
 
@@ -97,6 +97,7 @@ _NEEDS: dict[str, tuple[tuple[str, ...], bool]] = {
     "branch_bias_into_norm": (("grad_into_buffer", "bias_kernel", "fuse_residual_norm", "norm_dw_into_buffer"),
                               True),
     "first_norm_into_buffer": (("fuse_residual_norm", "norm_dw_into_buffer"), False),
+    "fc_bias_into_gelu": (("grad_into_buffer", "bias_kernel"), True),
 }
 
 
@@ -113,6 +114,8 @@ def _needs_met(name: str, row: dict[str, Any], ran: dict[str, Any]) -> bool:
         return row.get("precision") == "bf16"
     if name == "branch_bias_into_norm":
         return not ran.get("fuse_mlp_act") and not (cfg.get("dropout", 0.0) > 0 and ran.get("fuse_dropout") is False)
+    if name == "fc_bias_into_gelu":  # GELU's backward does the sum; the GELU-epilogue GEMM sums its own
+        return not ran.get("fuse_mlp_act") and cfg.get("activation", "gelu") in ("gelu", "gelu_tanh")
     return True
 
 

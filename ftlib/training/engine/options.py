@@ -160,10 +160,10 @@ class EngineOptions:
                "backward kernels as they write dq, dk and dv (kernels/explicit_attention.py, db_out), instead of "
                "one column-sum kernel per layer reading d(qkv) back")
     fc_bias_into_gelu: bool = _option(
-        False, "with grad_into_buffer and the bias kernel, GELU MLPs with biases (GPT-2): GELU's backward runs on the "
-               "column-sum kernel (kernels/bias_linear.py, gelu_bwd_bias_add_), which writes dz and adds its column "
-               "sums, the up-projection's bias gradient, into the flat gradient, instead of an elementwise kernel "
-               "and a column-sum kernel reading dz back; not with fuse_mlp_act")
+        True, "with grad_into_buffer and the bias kernel, GELU MLPs with biases (GPT-2): GELU's backward runs on the "
+              "column-sum kernel (kernels/bias_linear.py, gelu_bwd_bias_add_), which writes dz and adds its column "
+              "sums, the up-projection's bias gradient, into the flat gradient, instead of an elementwise kernel "
+              "and a column-sum kernel reading dz back; not with fuse_mlp_act", keyless=False)
     muon_grouped: bool = _option(
         False, "with Muon (a recipe's optimizer='muon'): the matrices of each shape orthogonalized in one batched "
                "Newton-Schulz, the rest as multi-tensor launches (ftlib.training.muon.muon_update_grouped_), "
