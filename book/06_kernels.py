@@ -614,18 +614,20 @@ if len(ktable):
 #   warpgroup), the whole row of keys in one tile. It is a default now (the table below gives its trial).
 #   Its 64 rows of fp32 scores need more shared memory than a Tesla T4 gives a block, so below sm_80 the
 #   engine leaves the two-pass kernel in place.
-# * `qkv-bias-into-attention` (on trial): GPT-2's qkv projection adds a bias, whose gradient is the column sums
-#   of d(qkv) = [dq | dk | dv] over the batch and the sequence. The attention's backward kernels hold each of
-#   those values once, as they store it, so each adds its tile's column sums into the bias's view of the flat
-#   gradient with atomic adds (`db_out` in `kernels/explicit_attention.py`), and the column-sum kernel that
-#   would read d(qkv) back goes: one kernel and one read of a (B·T, 3C) tensor per layer. The K part of that
-#   gradient is zero in exact arithmetic (a key bias shifts a whole row of scores by the same amount, which
-#   the softmax ignores); the kernels add it as computed, as the column sum would.
-# * `fc-bias-into-gelu` (on trial): the MLP's up-projection bias gradient is the column sums of dz, the output
-#   of GELU's backward. The option runs GELU's backward on the column-sum kernel itself (`gelu_bwd_bias_add_`
-#   in `kernels/bias_linear.py`): it reads z and da, writes dz = da · gelu'(z) and adds the column sums of
-#   dz as stored into the flat gradient, so the elementwise GELU-backward kernel and the column sum that read
-#   dz back become one kernel per layer. `both-bias-sums` is the two options together.
+# * `qkv-bias-into-attention` (lost its trial; an option): GPT-2's qkv projection adds a bias, whose gradient is
+#   the column sums of d(qkv) = [dq | dk | dv] over the batch and the sequence. The attention's backward kernels
+#   hold each of those values once, as they store it, so each adds its tile's column sums into the bias's view of
+#   the flat gradient with atomic adds (`db_out` in `kernels/explicit_attention.py`), and the column-sum kernel
+#   that would read d(qkv) back goes: one kernel and one read of a (B·T, 3C) tensor per layer. The K part of that
+#   gradient is zero in exact arithmetic (a key bias shifts a whole row of scores by the same amount, which the
+#   softmax ignores); the kernels add it as computed, as the column sum would. It lost: the sums and their atomic
+#   adds cost the attention's backward kernels more time than the column-sum kernels they replace took (the table
+#   below).
+# * `fc-bias-into-gelu` (a default now): the MLP's up-projection bias gradient is the column sums of dz, the
+#   output of GELU's backward. The option runs GELU's backward on the column-sum kernel itself
+#   (`gelu_bwd_bias_add_` in `kernels/bias_linear.py`): it reads z and da, writes dz = da · gelu'(z) and adds the
+#   column sums of dz as stored into the flat gradient, so the elementwise GELU-backward kernel and the column sum
+#   that read dz back become one kernel per layer. `both-bias-sums` is the two options together.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.
