@@ -213,7 +213,7 @@ def baselines_run(run: str, machine: str, ms: dict[tuple[str, str, str], float],
             row["engine"] = {"grad_into_buffer": True, "fuse_kv_split_sum": c.config.n_kv_head < c.config.n_head,
                              "fuse_residual_norm": True, "norm_dw_into_buffer": True,
                              "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True,
-                             "bias_into_buffer": bias, "branch_bias_into_norm": bias,
+                             "bias_into_buffer": bias, "branch_bias_into_norm": bias, "fc_bias_into_gelu": bias,
                              "bf16_bias_weights": bias and c.precision == "bf16"}
         row.update((bad or {}).get(ident, {}))
         rows.append(row)

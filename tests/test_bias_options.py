@@ -2,8 +2,8 @@
 into the flat gradient by the column sum's atomic adds) and ``bf16_bias_weights`` (the bias-kernel Linears read
 their weight and bias from the step's bf16 shadow), and ``branch_bias_into_norm`` (the output projections' bias
 gradients added by the residual-norm backward), all on by default. Each, alone on the engine without the four
-bias and first-norm options, trains like that engine, removes the ops it says it removes, and says where it
-does not apply."""
+bias and first-norm options and without ``fc_bias_into_gelu`` (tests/test_bias_sum_options.py), trains like that
+engine, removes the ops it says it removes, and says where it does not apply."""
 
 from __future__ import annotations
 
@@ -29,10 +29,11 @@ pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (
 
 
 def _engine(cfg, prec: str, dev, b: int = B, **options) -> Engine:
-    """The engine without the bias and first-norm options but those in ``options``: each is tested alone."""
+    """The engine without the bias, first-norm and GELU bias-sum options but those in ``options``: each is tested
+    alone."""
     # lr 1e-2: a gradient off anywhere moves the next steps' parameters far beyond rounding.
     return Engine(cfg, b, cfg.block_size, prec, dev, seed=4, lr=1e-2, capture=False,
-                  **{**BIAS_OPTIONS_OFF, **options})
+                  **{**BIAS_OPTIONS_OFF, "fc_bias_into_gelu": False, **options})
 
 
 def _steps(eng: Engine, n: int, seed: int = 7) -> list[float]:
