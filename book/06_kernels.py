@@ -553,8 +553,8 @@ if len(ktable):
 # has a case in the `engine` suite that switches it off again (`-grad-into-buffer`, `-fused-kv-sum`,
 # `-norm-dw-into-buffer`, `-norm-bwd-grid`, `-fuse-softmax-matmuls`, `-bias-into-buffer`,
 # `-bf16-bias-weights`, `-branch-bias-into-norm`, `-first-norm-into-buffer`, `-bias-options` for the last
-# four at once, and `-explicit-dq-one-pass`; the lines under the table of section "What each kernel buys" say
-# which of them have rows).
+# four at once, `-explicit-dq-one-pass` and `-fc-bias-into-gelu`; the lines under the table of section "What
+# each kernel buys" say which of them have rows).
 # The options the trials below concern:
 #
 # * `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option does

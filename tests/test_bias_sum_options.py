@@ -37,8 +37,12 @@ def _steps(eng: Engine, n: int, seed: int = 7) -> list[float]:
 OPTIONS = [("qkv_bias_into_attention", 3 * GPT.n_embd, "attn.qkv.bias"), ("fc_bias_into_gelu", GPT.d_ff, "mlp.fc.bias")]
 
 
-@pytest.mark.parametrize("option,width,bias", OPTIONS, ids=[o for o, _, _ in OPTIONS])
-@pytest.mark.parametrize("prec", ["tf32", "bf16"])  # strict fp32 keeps cuBLAS's products around the softmax
+# Each in tf32 and bf16; GELU's, a default, also in strict fp32 and fp16 (the attention's needs the explicit-attention
+# kernels, which strict fp32 leaves to cuBLAS's products around the softmax).
+CASES = [(*o, prec) for o in OPTIONS for prec in ("tf32", "bf16")] + [(*OPTIONS[1], prec) for prec in ("fp32", "fp16")]
+
+
+@pytest.mark.parametrize("option,width,bias,prec", CASES, ids=[f"{o}-{p}" for o, _, _, p in CASES])
 def test_each_trains_like_the_engine_without_it_with_one_column_sum_less_per_layer(prec, option, width, bias,
                                                                                    kernel_device, monkeypatch):
     import kernels.bias_linear as BL
@@ -64,8 +68,8 @@ def test_each_trains_like_the_engine_without_it_with_one_column_sum_less_per_lay
         # The qkv bias's K slice is zero in exact arithmetic (a key bias shifts whole rows of scores), so only
         # rounding noise to compare: its Q and V slices are compared.
         parts = [(got[:C], want[:C]), (got[2 * C:], want[2 * C:])] if name.endswith("qkv.bias") else [(got, want)]
-        # bf16: GELU's backward on the column-sum kernel may round dz one bf16 step from torch's kernel.
-        tol = 1e-2 if prec == "bf16" and option == "fc_bias_into_gelu" else 1e-5
+        # bf16, fp16: GELU's backward on the column-sum kernel may round dz one step from torch's kernel.
+        tol = 1e-2 if prec in ("bf16", "fp16") and option == "fc_bias_into_gelu" else 1e-5
         for g, w in parts:
             assert w.abs().sum() > 0, name
             assert ((g - w).norm() / w.norm()).item() < tol, name
