@@ -211,11 +211,13 @@ def _check_approximate(approximate: str) -> None:
 
 def gelu_bwd_bias_add_(
     z: torch.Tensor, da: torch.Tensor, db_out: torch.Tensor, approximate: str = "tanh",
+    blocks: tuple[int, int, int] | None = None, per_sm: int = PROGRAMS_PER_SM,
 ) -> torch.Tensor:
     """GELU's backward fused with the bias gradient of the Linear before it: returns dz = da * gelu'(z), in z's
     dtype (the values F.gelu's backward gives, computed in fp32), and adds the column sums of dz as stored
-    into ``db_out`` with atomic adds (:func:`bias_grad_add_`'s grid and contract). z, da: (..., N) contiguous,
-    the same shape and dtype; ``approximate``: F.gelu's ('none' or 'tanh')."""
+    into ``db_out`` with atomic adds (:func:`bias_grad_add_`'s grid and contract, ``blocks`` and ``per_sm``
+    included). z, da: (..., N) contiguous, the same shape and dtype; ``approximate``: F.gelu's ('none' or
+    'tanh')."""
     _check_approximate(approximate)
     check_tensor("z", z)
     check_tensor("da", da, dtypes=(z.dtype,))
@@ -227,7 +229,7 @@ def gelu_bwd_bias_add_(
     z2, da2 = z.reshape(-1, N), da.reshape(-1, N)  # (..., N) -> (M, N) views (contiguous)
     dz = torch.empty_like(z)
     if z2.shape[0] > 0 and N > 0:
-        _launch(da2, db_out, True, None, None, PROGRAMS_PER_SM, (z2, dz.view(-1, N), approximate))
+        _launch(da2, db_out, True, None, blocks, per_sm, (z2, dz.view(-1, N), approximate))
     return dz
 
 

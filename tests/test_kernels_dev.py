@@ -192,8 +192,8 @@ def test_the_gelu_mlp_driver_checks_the_fused_mlp_against_the_reference(capsys):
 
 
 def test_the_bias_gradient_driver_labels_its_triton_variants_triton(store):
-    """v3-v8 run kernels/bias_linear.py's Triton column sum, whatever their tiles and destination: each row
-    says so."""
+    """v3-v8 run kernels/bias_linear.py's Triton column sum, whatever their tiles and destination, and g3-g7 its
+    GELU-backward form: each row says so."""
     from benchmarks.kernels._harness import Recorder
     from benchmarks.kernels.bias_grad_dev import main
 
@@ -201,4 +201,5 @@ def test_the_bias_gradient_driver_labels_its_triton_variants_triton(store):
     assert main(["--reps", "1"], rec) == 0
     impls = {r["variant"].split()[0]: r["impl"] for r in rec.rows}
     assert impls == {"v1": "pytorch", "v2": "compile", "v3": "triton", "v4": "triton", "v5": "triton",
-                     "v6": "triton", "v7": "triton", "v8": "triton"}
+                     "v6": "triton", "v7": "triton", "v8": "triton",
+                     "g1": "pytorch", "g2": "compile", **{f"g{i}": "triton" for i in range(3, 8)}}

@@ -14,6 +14,12 @@ v7 and v8 are the pair the engine option ``bias_into_buffer`` decides between, e
 gradient buffer zeroed first (the engine zeroes its flat gradient once per step): v7 the one-stage kernel
 adding into it atomically (``bias_grad_add_``), v8 the launcher's two stages and then the add that autograd
 runs into the buffer.
+
+GELU's backward with the up-projection's bias gradient (the engine's default ``fc_bias_into_gelu``), at the
+MLP's width (N = 1024): g1 torch's GELU backward then the column sum (what the engine ran before), g2
+torch.compile of the same, g3 ``gelu_bwd_bias_add_`` on the launcher's tiles, g4-g7 on other tiles and
+programs per SM (the launcher's were chosen for a sum that only reads; this one reads z and da and writes dz).
+Bytes (the floor): z and da read, dz written, once each.
 """
 
 from __future__ import annotations
@@ -26,7 +32,8 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     device = setup(args)
     import torch
 
-    from kernels.bias_linear import bias_grad, bias_grad_add_
+    from ftlib.model.reference import gelu_bias_grad_ref
+    from kernels.bias_linear import bias_grad, bias_grad_add_, gelu_bwd_bias_add_
 
     cuda = device.type == "cuda"
     M = 8192 if cuda else 37
@@ -63,9 +70,35 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
                    work=M * N * dy.element_size(), unit="GB/s", op="bias_grad", shape={"M": M, "N": N},
                    dtype=dtype)
 
+    def gelu_case(N: int, dtype, tol) -> bool:
+        z, da = (torch.randn(M, N, device=device, dtype=dtype) for _ in range(2))
+        buf = torch.zeros(N, device=device, dtype=torch.float32)  # the bias's view of the flat gradient
+
+        def unfused(z, da, buf):
+            dz = torch.ops.aten.gelu_backward(da, z, approximate="tanh")  # what autograd runs for F.gelu
+            return dz, buf.add_(dz.sum(0, dtype=torch.float32))
+
+        compiled = torch.compile(unfused) if cuda else unfused
+        variants = [Variant("g1 eager gelu backward, then sum(0)", lambda: unfused(z, da, buf.zero_()), tol),
+                    Variant("g2 torch.compile", lambda: compiled(z, da, buf.zero_()), tol, gpu_only=True),
+                    Variant("g3 triton gelu backward + column sum",
+                            lambda: (gelu_bwd_bias_add_(z, da, buf.zero_(), "tanh"), buf), tol, impl="triton")]
+        for v, blocks, per_sm in (("g4", (32, 128, 4), 8), ("g5", (64, 128, 8), 4), ("g6", (16, 256, 4), 8),
+                                  ("g7", (32, 64, 4), 8)):
+            variants.append(Variant(
+                f"{v} triton gelu backward + column sum {blocks[0]}x{blocks[1]} w{blocks[2]}, {per_sm}/SM",
+                lambda b=blocks, p=per_sm: (gelu_bwd_bias_add_(z, da, buf.zero_(), "tanh", blocks=b, per_sm=p), buf),
+                tol, impl="triton"))
+        return run(f"gelu backward + bias grad ({M}, {N}) {dtype}", args, device,
+                   lambda: gelu_bias_grad_ref(z.double(), da.double()), variants,
+                   work=3 * M * N * z.element_size(), unit="GB/s", op="gelu_bias_grad", shape={"M": M, "N": N},
+                   dtype=dtype)
+
     for N in widths:
         for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
             ok &= case(N, dtype, tol)
+    for dtype, tol in ((torch.float32, 1e-5), (torch.bfloat16, 2e-2)):
+        ok &= gelu_case(widths[-1] if cuda else widths[0], dtype, tol)
     return 0 if ok else 1
 
 

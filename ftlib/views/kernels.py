@@ -28,14 +28,15 @@ from ftlib.views.tables import records, table_view
 BENCH = "kernels"
 # The kernel benchmark's ops the chapter's table shows, in its order.
 KERNEL_TABLE_OPS = ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_rmsnorm",
-                    "residual_dropout_rmsnorm", "residual_layernorm", "bias_grad", "causal_softmax", "gelu_mlp",
-                    "wgrad", "explicit_attention")
+                    "residual_dropout_rmsnorm", "residual_layernorm", "bias_grad", "gelu_bias_grad", "causal_softmax",
+                    "gelu_mlp", "wgrad", "explicit_attention")
 GEMM_OPS = ("gelu_mlp", "wgrad")  # the two GEMM kernels the engine leaves off by default
 OP_NAMES = {"rmsnorm": "RMSNorm fwd+bwd", "layernorm": "LayerNorm fwd+bwd", "cross_entropy": "cross-entropy fwd+bwd",
             "adamw": "AdamW step", "attention": "causal attention fwd+bwd",
             "residual_rmsnorm": "residual add + RMSNorm fwd+bwd",
             "residual_dropout_rmsnorm": "residual dropout + add + RMSNorm fwd+bwd",
             "residual_layernorm": "residual add + LayerNorm fwd+bwd", "bias_grad": "bias gradient (column sum)",
+            "gelu_bias_grad": "GELU backward + the up-projection's bias gradient",
             "causal_softmax": "GPT-2's scale, causal mask and softmax fwd+bwd",
             "gelu_mlp": "MLP fwd+bwd, GELU in the GEMM epilogues", "wgrad": "weight gradient dY^T X into fp32",
             "explicit_attention": "GPT-2's attention fwd+bwd, P written"}
