@@ -207,3 +207,19 @@ def test_compiled_autograd_is_set_against_the_same_whole_step_in_each_run():
              if s.startswith("FastTransformer bf16")]
     assert "(3 runs on 2 machine starts; verdict: slower)" in ft
     assert br.compiled_autograd_findings(bv.load(cases, rows=rows), "t4") == []
+
+
+def test_the_step_time_figure_names_each_engine_bar_with_fewer_runs():
+    # Runs r1 and r2 measured an earlier GPT-2 engine, r3 the current one: the compiled bars have 3 runs,
+    # GPT-2's engine bar 1, the FastTransformer's engine bar 3.
+    older = {"engine": {"grad_into_buffer": False, "norm_dw_into_buffer": True, "norm_bwd_grid": "8 rows 4/SM",
+                        "first_norm_into_buffer": True}}
+    bad = {("gpt2", "engine", "default"): older}
+    rows = run_rows("r1", "m1", {}, bad=bad) + run_rows("r2", "m2", {}, bad=bad) + run_rows("r3", "m2", {})
+    df = bv.load(CASES, rows=rows)
+    dev, prec = df["device_slug"].iloc[0], df["precision"].iloc[0]
+    title = br.config_figure(df, dev, prec).layout.title.text
+    assert "(median of 3 runs, GPT-2's engine 1, bars span" in title, title
+    assert "FastTransformer's engine" not in title
+    same = br.config_figure(bv.load(CASES, rows=run_rows("r4", "m3", {})), dev, prec).layout.title.text
+    assert "(median of 1 run, bars span" in same, same

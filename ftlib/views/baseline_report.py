@@ -127,12 +127,14 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
             error_x=dict(type="data", symmetric=False, array=t["max_ms"] - t["median_ms"],
                          arrayminus=t["median_ms"] - t["min_ms"])))
     runs = int(tab["runs"].max()) if not tab.empty else 0
-    eng = tab.loc[tab["config"] == config_name("engine", "default"), "runs"]
-    # Runs that measured an earlier engine count for the compiled bars, not for the current engine.
-    eng_runs = f", the engine's {int(eng.max())}" if len(eng) and int(eng.max()) != runs else ""
+    eng = tab[tab["config"] == config_name("engine", "default")]
+    # Runs that measured an earlier engine count for the compiled bars, not for the current engine: each model's
+    # engine bar whose run count differs says its own.
+    eng_runs = "".join(f", {MODEL_NAMES.get(label, label)}'s engine {int(n)}"
+                       for label, n in zip(eng["label"], eng["runs"]) if int(n) != runs)
     fig.update_layout(barmode="group", height=120 + 34 * len(order) * max(1, len(fig.data)) // 2,
                       title=f"Training step time per configuration, {device}, {precision} "
-                            f"(median of {runs} runs{eng_runs}, bars span min–max)",
+                            f"(median of {runs} run{'s' * (runs != 1)}{eng_runs}, bars span min–max)",
                       xaxis_title="ms per step (lower is faster)", yaxis=dict(autorange="reversed"),
                       margin=dict(l=330))
     return legend_below(fig)
