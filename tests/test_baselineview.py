@@ -219,7 +219,7 @@ def test_the_step_time_figure_names_each_engine_bar_with_fewer_runs():
     df = bv.load(CASES, rows=rows)
     dev, prec = df["device_slug"].iloc[0], df["precision"].iloc[0]
     title = br.config_figure(df, dev, prec).layout.title.text
-    assert "(median of 3 runs, GPT-2's engine 1, bars span" in title, title
+    assert "median of 3 runs, GPT-2's engine 1; bars span" in title, title
     assert "FastTransformer's engine" not in title
     same = br.config_figure(bv.load(CASES, rows=run_rows("r4", "m3", {})), dev, prec).layout.title.text
-    assert "(median of 1 run, bars span" in same, same
+    assert "median of 1 run; bars span" in same, same

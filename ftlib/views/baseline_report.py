@@ -133,8 +133,8 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
     eng_runs = "".join(f", {MODEL_NAMES.get(label, label)}'s engine {int(n)}"
                        for label, n in zip(eng["label"], eng["runs"]) if int(n) != runs)
     fig.update_layout(barmode="group", height=120 + 34 * len(order) * max(1, len(fig.data)) // 2,
-                      title=f"Training step time per configuration, {device}, {precision} "
-                            f"(median of {runs} run{'s' * (runs != 1)}{eng_runs}, bars span min–max)",
+                      title=f"Training step time per configuration, {device}, {precision}<br><sup>median of "
+                            f"{runs} run{'s' * (runs != 1)}{eng_runs}; bars span min–max</sup>",
                       xaxis_title="ms per step (lower is faster)", yaxis=dict(autorange="reversed"),
                       margin=dict(l=330))
     return legend_below(fig)
