@@ -221,5 +221,13 @@ def test_the_step_time_figure_names_each_engine_bar_with_fewer_runs():
     title = br.config_figure(df, dev, prec).layout.title.text
     assert "median of 3 runs, GPT-2's engine 1; bars span" in title, title
     assert "FastTransformer's engine" not in title
+    assert "earlier" not in title and all("engine (an earlier one)" not in tr.y for tr in
+                                          br.config_figure(df, dev, prec).data)
     same = br.config_figure(bv.load(CASES, rows=run_rows("r4", "m3", {})), dev, prec).layout.title.text
     assert "median of 1 run; bars span" in same, same
+    # Where no run measured GPT-2's current engine, its newest earlier engine gets a bar of its own, said so.
+    fig = br.config_figure(bv.load(CASES, rows=rows[: 2 * len(rows) // 3]), dev, prec)
+    assert "GPT-2's engine bar: an earlier engine (no run of the current one here)" in fig.layout.title.text
+    bars = {tr.name: {y: x for y, x in zip(tr.y, tr.x) if x == x} for tr in fig.data}  # the bars drawn (x not NaN)
+    assert "engine (an earlier one)" in bars["GPT-2"] and "engine" not in bars["GPT-2"]
+    assert "engine" in bars["FastTransformer"] and "engine (an earlier one)" not in bars["FastTransformer"]

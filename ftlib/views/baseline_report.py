@@ -34,6 +34,7 @@ from ftlib.views.baselines import (
     verdict,
     verdict_word,
 )
+from ftlib.views.engine_config import TODAY
 from ftlib.views.tables import table_view
 
 # The closing paragraphs' text where no complete run is stored.
@@ -117,7 +118,14 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
 
     tab = placement_table(df)
     tab = tab[(tab["device_slug"] == device) & (tab["precision"] == precision)]
-    order = [CONFIG_NAMES[k] for k in CONFIG_NAMES]
+    # A model whose current engine no run here measured shows its newest earlier engine, on a bar of its own.
+    engine, earlier_bar = config_name("engine", "default"), "engine (an earlier one)"
+    newest = newest_engine(engine_table(df)) if not tab.empty else pd.DataFrame(columns=["device_slug"])
+    newest = newest[(newest["device_slug"] == device) & (newest["precision"] == precision)]
+    earlier = {r.label: f"{engine}, {r.engine_config}" for r in newest.itertuples() if r.engine_config != TODAY}
+    for label, config in earlier.items():
+        tab = pd.concat([tab, tab[(tab["label"] == label) & (tab["config"] == config)].assign(config=earlier_bar)])
+    order = [CONFIG_NAMES[k] for k in CONFIG_NAMES] + [earlier_bar]
     fig = go.Figure()
     for label in labels or [x for x in MODEL_NAMES if x in set(tab["label"])]:
         t = tab[tab["label"] == label].set_index("config").reindex([c for c in order if c in set(tab["config"])])
@@ -132,6 +140,10 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
     # engine bar whose run count differs says its own.
     eng_runs = "".join(f", {MODEL_NAMES.get(label, label)}'s engine {int(n)}"
                        for label, n in zip(eng["label"], eng["runs"]) if int(n) != runs)
+    if earlier:  # chapter 6's engine table names the defaults each earlier engine lacked
+        owners = " and ".join(f"{MODEL_NAMES.get(x, x)}'s" for x in earlier)
+        eng_runs += (f"; {owners} engine bar{'s' * (len(earlier) > 1)}: an earlier engine "
+                     "(no run of the current one here)")
     fig.update_layout(barmode="group", height=120 + 34 * len(order) * max(1, len(fig.data)) // 2,
                       title=f"Training step time per configuration, {device}, {precision}<br><sup>median of "
                             f"{runs} run{'s' * (runs != 1)}{eng_runs}; bars span min–max</sup>",
