@@ -167,10 +167,10 @@ def attention(cfg: ModelConfig, step: Step) -> None:
     launched) only where the grid is small for the GPU, on a T4 only at the small batch. Options: the
     'heads' layout, q, k, v as strided views of the qkv output (KernelCausalSelfAttention); on sm_75 only
     when extended, the costliest compile here (FMA code) for strides the packed layout's already have."""
-    from ftlib.training.engine.swaps import DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS
+    from ftlib.training.engine.swaps import dq_one_pass_tiles
     from kernels.attention import flash_attention, packed_attention
     from kernels.causal_softmax import causal_softmax
-    from kernels.explicit_attention import explicit_attention_packed, one_pass_tiles
+    from kernels.explicit_attention import explicit_attention_packed
 
     nh, nkv, hs = cfg.n_head, cfg.n_kv_head, cfg.head_size
     if cfg.attn_impl == "explicit":
@@ -185,7 +185,7 @@ def attention(cfg: ModelConfig, step: Step) -> None:
                                                     dq_one_pass=True))
             dq = {}
             if step.cc >= 80:  # explicit_dq_one_pass, a default (not below sm_80, the engine's rule)
-                dq = {"dq_one_pass": one_pass_tiles(T, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)}  # the engine's tile
+                dq = {"dq_one_pass": dq_one_pass_tiles(T)}  # the engine's tile
                 _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, **dq))
             if step.options:  # qkv_bias_into_attention: the backward kernels add the qkv bias's gradient (HAS_DB)
                 db = torch.zeros((nh + 2 * nkv) * hs)

@@ -110,15 +110,14 @@ def test_one_pass_trains_like_the_two_passes(kernel_device, cfg, precision, tol,
     """Options explicit_one_pass (the forward and dQ kernels) and explicit_dq_one_pass (the dQ kernel alone, at
     64 query rows on 4 warps; a default since it won its trial): the same losses and gradients as the two-pass
     kernels (a default's reach), the note and the description say so."""
-    from ftlib.training.engine.swaps import DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS
-    from kernels.explicit_attention import one_pass_tiles
+    from ftlib.training.engine.swaps import dq_one_pass_tiles
 
     assert EngineOptions().explicit_dq_one_pass is True and EngineOptions().explicit_one_pass is False
     on_kw = {"explicit_one_pass": True, "explicit_dq_one_pass": False} if option == "explicit_one_pass" else {}
     on, losses_on = _train(cfg, precision, kernel_device, **on_kw)
     off, losses_off = _train(cfg, precision, kernel_device, explicit_dq_one_pass=False)
     fwd, dq = ((True, True) if option == "explicit_one_pass" else
-               (False, one_pass_tiles(cfg.block_size, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)))
+               (False, dq_one_pass_tiles(cfg.block_size)))
     assert all(blk.attn.core.fwd_one_pass == fwd and blk.attn.core.dq_one_pass == dq for blk in on.model.blocks)
     assert not any(blk.attn.core.fwd_one_pass or blk.attn.core.dq_one_pass for blk in off.model.blocks)
     assert f"one pass over each row ({option})" in on.describe()["notes"]["softmax"]

@@ -43,14 +43,6 @@ ONE_PASS_CPU = [(16, 4)]
 GPU_SHAPE, CPU_SHAPE = (32, 8, 256, 32), (1, 2, 37, 32)  # (B, nh, T, hs)
 
 
-def engine_dq_tiles(T: int):
-    """The engine's one-pass dQ kernel's tiles at rows of T keys (``ftlib.training.engine.swaps``)."""
-    from ftlib.training.engine.swaps import DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS
-    from kernels.explicit_attention import one_pass_tiles
-
-    return one_pass_tiles(T, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)
-
-
 def dkdv_tiles(grid: list[tuple[int, int, int, int]]) -> list[tuple[int, int, int, int]]:
     """The grid's tiles for the dK/dV kernel beside the one-pass dQ kernel, but the launcher's default (with it,
     the variant is 'bwd one-pass ...' itself)."""
@@ -68,9 +60,10 @@ def dkdv_variants() -> list[str]:
     """The GPU sweep's backward variants around the engine's one-pass dQ kernel (``ci/gpu-plan``'s step
     ``explicit-dkdv``): the launcher's two-pass default, the engine's default, and that dQ kernel with the
     dK/dV kernel at each other tile of the grid. Imports Triton: call it after the interpreter is chosen."""
+    from ftlib.training.engine.swaps import dq_one_pass_tiles
     from kernels.tiles import TILE_CANDIDATES
 
-    dq_row = engine_dq_tiles(GPU_SHAPE[2])
+    dq_row = dq_one_pass_tiles(GPU_SHAPE[2])
     return [f"bwd {TILE_CANDIDATES[0].name}", f"bwd one-pass {dq_row.name}",
             *(dkdv_name(dq_row, t) for t in dkdv_tiles(GPU_GRID))]
 
@@ -81,6 +74,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     import torch
 
     from ftlib.model.reference import causal_attention_ref
+    from ftlib.training.engine.swaps import dq_one_pass_tiles
     from kernels.explicit_attention import explicit_attention_bwd, explicit_attention_fwd, one_pass_tiles
     from kernels.tiles import Tiles
 
@@ -88,7 +82,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     B, nh, T, hs = GPU_SHAPE if cuda else CPU_SHAPE
     grid = GPU_GRID if cuda else CPU_GRID
     rows = [one_pass_tiles(T, m, w) for m, w in (ONE_PASS_GRID if cuda else ONE_PASS_CPU)]
-    dq_row = engine_dq_tiles(T) if cuda else rows[0]  # the interpreter's: its one one-pass tile
+    dq_row = dq_one_pass_tiles(T) if cuda else rows[0]  # the interpreter's: its one one-pass tile
     flops_fwd = 4 * B * nh * T * T * hs / 2
     shape = {"B": B, "nh": nh, "nkv": nh, "T": T, "hs": hs}
     # One function per precision, so the closures below bind its tensors, not loop variables.

@@ -106,11 +106,10 @@ def engine_choice(op: str, pass_: str = "") -> str | None:
         # GPT-2's dQ kernel over whole rows at the engine's tile, the dK/dV kernel at its launcher's tiles
         # (the sweep's shape is the headline one; the engine's rule: ftlib.training.engine.swaps)
         from ftlib.harness.suites import HEADLINE_T
-        from ftlib.training.engine.swaps import DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS
-        from kernels.explicit_attention import one_pass_tiles
+        from ftlib.training.engine.swaps import dq_one_pass_tiles
 
         if opts.attention_tiles is None or "bwd" not in opts.attention_tiles:
-            return f"bwd one-pass {one_pass_tiles(HEADLINE_T, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS).name}"
+            return f"bwd one-pass {dq_one_pass_tiles(HEADLINE_T).name}"
     if op in ("attention_tiles", "explicit_tiles") and opts.attention_tiles is not None:
         from kernels.tiles import parse_tiles
 

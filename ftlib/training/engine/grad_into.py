@@ -57,7 +57,6 @@ BiasGrad = Callable[[torch.Tensor], torch.Tensor] | None
 AddWGrad = Callable[[torch.Tensor, torch.Tensor, torch.Tensor], object] | None
 
 
-
 def grad_views(who: str, *params: nn.Parameter | None) -> list[torch.Tensor | None]:
     """Each parameter's ``.grad`` (None for a missing parameter): the engine's flat-gradient views, which the
     kernels add into; a RuntimeError where one is None."""

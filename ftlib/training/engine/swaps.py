@@ -298,6 +298,13 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
 DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS = 64, 4
 
 
+def dq_one_pass_tiles(T: int) -> Tiles:
+    """The engine's one-pass dQ tile for rows of T keys (imports the kernels: Triton)."""
+    from kernels.explicit_attention import one_pass_tiles
+
+    return one_pass_tiles(T, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)
+
+
 def _explicit_one_pass(cfg: ModelConfig, options: EngineOptions,
                        info: DeviceInfo | None) -> tuple[bool, bool | Tiles, str]:
     """(forward, dQ kernel) one-pass arguments of the explicit attention (options ``explicit_one_pass``,
@@ -307,7 +314,7 @@ def _explicit_one_pass(cfg: ModelConfig, options: EngineOptions,
     names = [n for n in ("explicit_one_pass", "explicit_dq_one_pass") if getattr(options, n)]
     if not names:
         return False, False, ""
-    from kernels.explicit_attention import ONE_PASS_MAX_T, one_pass_tiles
+    from kernels.explicit_attention import ONE_PASS_MAX_T
 
     if cfg.block_size > ONE_PASS_MAX_T:
         return False, False, (f"; {' and '.join(names)} not applied: the one-pass kernels take rows of up to "
@@ -320,7 +327,7 @@ def _explicit_one_pass(cfg: ModelConfig, options: EngineOptions,
                     "below sm_80")
             names.remove("explicit_dq_one_pass")
         else:
-            dq = one_pass_tiles(cfg.block_size, DQ_ONE_PASS_ROWS, DQ_ONE_PASS_WARPS)
+            dq = dq_one_pass_tiles(cfg.block_size)
     if not names:
         return False, False, note
     which = "the forward and dQ kernels" if fwd else "the dQ kernel"
