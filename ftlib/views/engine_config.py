@@ -12,6 +12,7 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
+from ftlib.training.engine.fused_mlp import APPROXIMATE
 from ftlib.training.engine.options import EngineOptions
 from ftlib.training.engine.swaps import ATTN_HEAD_SIZES
 
@@ -115,7 +116,7 @@ def _needs_met(name: str, row: dict[str, Any], ran: dict[str, Any]) -> bool:
     if name == "branch_bias_into_norm":
         return not ran.get("fuse_mlp_act") and not (cfg.get("dropout", 0.0) > 0 and ran.get("fuse_dropout") is False)
     if name == "fc_bias_into_gelu":  # GELU's backward does the sum; the GELU-epilogue GEMM sums its own
-        return not ran.get("fuse_mlp_act") and cfg.get("activation", "gelu") in ("gelu", "gelu_tanh")
+        return not ran.get("fuse_mlp_act") and cfg.get("activation", "gelu") in APPROXIMATE
     return True
 
 
