@@ -38,6 +38,8 @@ def test_bad_plans_say_what_is_wrong(tmp_path):
     assert r.returncode == 2 and "--out DIR is required" in r.stderr
     r = _plan("--out", str(tmp_path), "--budget-s", "soon", "kv-split")
     assert r.returncode == 2 and "whole seconds" in r.stderr
+    r = _plan("--out", str(tmp_path), "--repeats", "0", "baselines-bf16")
+    assert r.returncode == 2 and "--repeats must be a positive integer, got 0" in r.stderr
     r = subprocess.run(["bash", "ci/ingest-plan", str(tmp_path)], cwd=ROOT, capture_output=True, text=True)
     assert r.returncode == 2 and "no plan.tar" in r.stderr
 
