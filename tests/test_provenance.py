@@ -127,3 +127,13 @@ def test_stamp_tree_refuses_uncommitted_changes(checkout, tmp_path):
 
 def test_run_and_machine_ids_are_stable_within_a_process():
     assert env.run_id() == env.run_id() and env.machine_id() == env.machine_id()
+
+
+def test_host_cpu_names_the_processor_and_counts_its_cores(tmp_path):
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC 9454 48-Core Processor\n\n"
+                    "processor\t: 1\nmodel name\t: AMD EPYC 9454 48-Core Processor\n")
+    assert env.host_cpu.__wrapped__(info) == "AMD EPYC 9454 48-Core Processor x2"
+    missing = env.host_cpu.__wrapped__(tmp_path / "none")
+    assert missing == "" or missing.endswith(f" x{env.os.cpu_count() or 1}")
+    assert env.provenance()["host_cpu"] == env.host_cpu()

@@ -41,3 +41,17 @@ def test_one_run_has_no_spread_to_show():
     tab = st.steadiness_table(_runs([1.6])).set_index("model").loc["FastTransformer"]
     assert tab["runs"] == 1 and tab["engine runs"] == 1
     assert tab["compiled spread %"] is None and tab["engine spread %"] is None  # shown as "–", not 0
+
+
+def test_the_hosts_of_the_runs_are_named_where_rows_record_them():
+    rows = []
+    for i, (ms, host) in enumerate([(1.6, "EPYC A x16"), (2.2, "Xeon B x16"), (1.7, "EPYC A x16")]):
+        rows += [dict(r, host_cpu=host) for r in run_rows(
+            f"r{i}", f"m{i}", fast(fasttransformer__compile_ro__whole_step=ms, fasttransformer__engine__default=1.0),
+            bad={("fasttransformer", "compile-ro", "whole-step"): {"graph_breaks": 3}})]
+    df = bv.load(CASES, rows=rows)
+    tab = st.steadiness_table(df).set_index("model").loc["FastTransformer"]
+    assert tab["hosts"] == "EPYC A x16 (2 runs); Xeon B x16 (1 run)"
+    assert "(hosts: EPYC A x16 (2 runs); Xeon B x16 (1 run))" in st.steadiness_findings(df)
+    # Rows from before the field existed name no host.
+    assert "hosts" not in st.steadiness_table(_runs([1.6, 2.2])).columns

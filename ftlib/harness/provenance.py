@@ -3,7 +3,8 @@
 The commit is the one the code runs from; a tree copied to a GPU machine without ``.git``
 proves it is that commit with the manifest ``ci/stamp-tree`` writes (git's own content hashes).
 A row carries the machine's boot (``machine_id``) and the measuring process (``run_id``): views
-pair only rows of one run, and count machine starts for a verdict.
+pair only rows of one run, and count machine starts for a verdict. It also names the host's processor
+(``host_cpu``): a step that leaves work to Python between its kernels runs at the host's pace.
 """
 
 from __future__ import annotations
@@ -126,6 +127,19 @@ def machine_id() -> str:
 
 
 @functools.lru_cache(maxsize=1)
+def host_cpu(cpuinfo: str | Path = "/proc/cpuinfo") -> str:
+    """The host's processor and its logical cores, '<model name> x<cores>' ('' where Linux's
+    ``/proc/cpuinfo`` and ``platform.processor()`` name none)."""
+    try:
+        lines = Path(cpuinfo).read_text().splitlines()
+    except OSError:
+        lines = []
+    names = [line.split(":", 1)[1].strip() for line in lines if line.startswith("model name") and ":" in line]
+    name = names[0] if names else platform.processor()
+    return f"{name} x{len(names) or os.cpu_count() or 1}" if name else ""
+
+
+@functools.lru_cache(maxsize=1)
 def run_id() -> str:
     """An id of this process's measuring run (``$FTLIB_RUN_ID`` if set): rows of one run pair."""
     return os.environ.get("FTLIB_RUN_ID") or uuid.uuid4().hex[:12]
@@ -164,6 +178,7 @@ def provenance(device: torch.device | str = "cpu") -> dict[str, str]:
         "commit": git_commit(),
         "machine_id": machine_id(),
         "run_id": run_id(),
+        "host_cpu": host_cpu(),
     }
     if dev.type == "cuda":
         info["driver"] = driver_version()

@@ -57,7 +57,7 @@ MIN_RUNS, MIN_MACHINES = 3, 2
 MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer",
                "fasttransformer-broadcast": "FastTransformer, K/V as (B, 1, T, d)"}
 
-_COLUMNS = ["device_slug", "device", "run_id", "machine_id", "commit", "date", "label", "precision", "mode",
+_COLUMNS = ["device_slug", "device", "run_id", "machine_id", "host_cpu", "commit", "date", "label", "precision", "mode",
             "optimizer_kind", "config", "B", "T", "median_ms", "p20_ms", "p80_ms", "status", "check_ok",
             "first_step_s", "compiled_graphs", "graph_breaks", "cudagraph_skips", "ident", "engine_config"]
 

@@ -4,8 +4,8 @@ A same-run ratio divides two rows of one run, which removes the drift of the GPU
 not remove what each step's own time depends on: a compiled step whose graphs leave host work between
 them (Python, guards, the autograd engine running the compiled backward as one node; ``graph_breaks``
 in the rows) waits on the host once its GPU work is short, so its time follows the host the machine
-start got. The engine replays one CUDA graph per step. Read per device, model and precision, never
-pooled.
+start got (rows name its processor, ``host_cpu``). The engine replays one CUDA graph per step. Read
+per device, model and precision, never pooled.
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import pandas as pd
 from ftlib.views import baselines as bv
 
 _COLUMNS = ["device", "model", "precision", "runs", "strongest baseline ms (min–max)", "compiled spread %",
-            "strongest configurations", "graph breaks", "host work each step", "engine runs", "engine ms (min–max)",
-            "engine spread %"]
+            "strongest configurations", "graph breaks", "host work each step", "hosts", "engine runs",
+            "engine ms (min–max)", "engine spread %"]
 STEADY_PCT = 5.0  # a strongest baseline whose runs lie further apart (max / min - 1) is not steady
 
 
@@ -37,10 +37,20 @@ def _span(values: pd.Series) -> tuple[str, float]:
     return text, 100.0 * (hi / lo - 1.0)
 
 
+def _hosts(runs: pd.DataFrame) -> str | None:
+    """'<host_cpu> (n runs); …' over the runs in ``runs`` whose rows name their host (None: none do)."""
+    if "host_cpu" not in runs:
+        return None
+    named = runs.dropna(subset=["host_cpu"]).query("host_cpu != ''").drop_duplicates("run_id")
+    counts = named["host_cpu"].value_counts()
+    return "; ".join(f"{h} ({n} run{'s' if n != 1 else ''})" for h, n in counts.items()) or None
+
+
 def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:
     """Per device, model and precision: the strongest baseline of each run (``baselines.strongest``: median,
     min–max over the runs, and max / min - 1 in %), which configurations it was, the most graph breaks its
-    rows reported, and the current engine the same way."""
+    rows reported, the hosts its runs had (a column only where rows name them), and the current engine the
+    same way."""
     best = bv.strongest(df)
     if best.empty:
         return pd.DataFrame(columns=_COLUMNS)
@@ -59,6 +69,7 @@ def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:
                 "compiled spread %": round(spread, 1) if g["run_id"].nunique() > 1 else None,  # one run: no spread
                 "strongest configurations": "; ".join(f"{c} ({n})" for c, n in g["baseline"].value_counts().items()),
                 "graph breaks": breaks, "host work each step": "; ".join(work) or None,
+                "hosts": _hosts(v[(v["device_slug"] == dev) & v["run_id"].isin(g["run_id"])]),
                 "engine runs": 0, "engine ms (min–max)": None, "engine spread %": None}
         e = engine[(engine["device_slug"] == dev) & (engine["label"] == label) & (engine["precision"] == prec)]
         if len(e):
@@ -66,7 +77,8 @@ def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:
             line.update({"engine runs": e["run_id"].nunique(), "engine ms (min–max)": etext,
                          "engine spread %": round(espread, 1) if e["run_id"].nunique() > 1 else None})
         out.append(line)
-    return pd.DataFrame(out, columns=_COLUMNS)
+    tab = pd.DataFrame(out, columns=_COLUMNS)
+    return tab.drop(columns="hosts") if tab["hosts"].isna().all() else tab  # rows from before hosts were named
 
 
 def steadiness_findings(df: pd.DataFrame, model: str = "fasttransformer", steady_pct: float = STEADY_PCT,
@@ -92,6 +104,8 @@ def steadiness_findings(df: pd.DataFrame, model: str = "fasttransformer", steady
                 verdict += (f". The strongest configurations of these runs leave work to the host every step "
                             f"({r['host work each step']}), so their time, and the engine's ratio against them, "
                             "depend on the host the run got")
+                if r.get("hosts"):
+                    verdict += f" (hosts: {r['hosts']})"
         lines.append(f"- **{r['device']}, {name}, {r['precision']}:** the strongest baseline took "
                      f"{r['strongest baseline ms (min–max)']} ms over {r['runs']} runs, {spread:.0f}% from fastest "
                      f"to slowest run: {verdict}{engine}.")
