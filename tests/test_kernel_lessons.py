@@ -48,3 +48,13 @@ def test_the_closing_names_the_baseline_and_runs_beside_every_engine_ratio(tmp_p
     engine_lines = [line for line in text.splitlines() if line.startswith("- FastTransformer bf16 (")]
     assert engine_lines and all(" against compile " in line and " machine start" in line for line in engine_lines)
     assert "switching off all of our kernels together (no-kernels) changes the step by fasttransformer fp32" in text
+
+
+def test_the_engine_sentence_keeps_cases_without_a_verdict_apart():
+    both = kl._engine_sentence(["GPT-2 bf16"], ["FastTransformer tf32", "GPT-2 tf32"])
+    assert both.endswith("is faster for GPT-2 bf16; on too few runs for a verdict, its median is faster for "
+                         "FastTransformer tf32, GPT-2 tf32:\n")
+    assert kl._engine_sentence([], ["GPT-2 tf32"]).endswith(
+        "has too few runs for a verdict; its median is faster for GPT-2 tf32:\n")
+    assert kl._engine_sentence([], []).endswith("is faster for no case:\n")
+    assert "(too few runs)" not in both

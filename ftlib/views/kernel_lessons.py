@@ -70,11 +70,12 @@ def kernel_lines(kernel_rows: Iterable[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _engine_lines(device: str) -> tuple[list[str], list[str]]:
+def _engine_lines(device: str) -> tuple[list[str], list[str], list[str]]:
     """Lines of ``engine_results``: the engine against the strongest compiled step, baseline and runs named;
-    and the cases where the engine is faster (verdict 'faster', or a median above 1 on too few runs, said so)."""
+    the cases where the engine is faster (verdict 'faster'); and those with a median above 1 on too few runs
+    for a verdict."""
     tab = engine_results(device)
-    lines, faster = [], []
+    lines, faster, tentative = [], [], []
     for _, e in tab.iterrows():
         engine = ("the current engine" if e["engine"] == "current"
                   else e["engine"].replace("earlier: ", "an earlier engine, "))
@@ -83,8 +84,19 @@ def _engine_lines(device: str) -> tuple[list[str], list[str]]:
         if e["verdict"] == "faster":
             faster.append(f"{e['model']} {e['precision']}")
         elif e["verdict"] == "too few runs" and float(str(e["engine speed-up"]).split("×")[0]) > 1:
-            faster.append(f"{e['model']} {e['precision']} (too few runs)")
-    return lines, faster
+            tentative.append(f"{e['model']} {e['precision']}")
+    return lines, faster, tentative
+
+
+def _engine_sentence(faster: list[str], tentative: list[str]) -> str:
+    """'… is faster for A, B; on too few runs for a verdict, its median is faster for C:'."""
+    head = ("\nYet the whole engine against the strongest compiled step of the same run (speed-up: median over "
+            "runs, min–max)")
+    parts = [f"is faster for {', '.join(faster)}"] if faster else []
+    if tentative:
+        parts.append(("on too few runs for a verdict, its median is faster for " if faster else
+                      "has too few runs for a verdict; its median is faster for ") + ", ".join(tentative))
+    return f"{head} {'; '.join(parts) or 'is faster for no case'}:\n"
 
 
 def _ablation_lines(engine_rows: list[dict[str, Any]], device: str) -> list[str]:
@@ -159,10 +171,9 @@ def closing(kernel_rows: Iterable[dict[str, Any]], engine_rows: Iterable[dict[st
                         f"{len(table) - wins} (the fastest variant of each side, in a CUDA graph, both from one run; "
                         f"cases no run timed both ways are left out):\n")
             text += [f"- {line}" for line in kernel_lines([r for r in krows if r.get("device_slug") == dev])]
-        eng, faster = _engine_lines(dev)
+        eng, faster, tentative = _engine_lines(dev)
         if eng:
-            text.append("\nYet the whole engine against the strongest compiled step of the same run (speed-up: "
-                        "median over runs, min–max) is faster for " + (", ".join(faster) or "no case") + ":\n")
+            text.append(_engine_sentence(faster, tentative))
             text += [f"- {line}" for line in eng]
         why = _ablation_lines(erows, dev) + _buffer_lines(crows, dev) + _kernel_count_lines(prows, dev)
         if why:
