@@ -199,8 +199,8 @@ else:
 # ### Against the strongest compiled step
 # For each model and precision, the baseline is the fastest correct configuration of that run:
 # `torch.compile` in its default or reduce-overhead mode with AdamW run eagerly, fused, or
-# compiled together with the whole step, or the manual CUDA graph. Its name stands beside the
-# ratio; the verdict needs every run on one side of 1.
+# compiled together with the whole step, or a manual CUDA graph of the eager or the compiled step.
+# Its name stands beside the ratio; the verdict needs every run on one side of 1.
 
 # %%
 speedups = br.engine_speedup_table(runs)

@@ -64,7 +64,8 @@ def test_baselines_measure_every_placement_of_both_models_in_every_precision():
         for prec in ("fp32", "tf32", "bf16", "fp16"):
             got = [(c.mode, c.optimizer) for c in base if c.label == model and c.precision == prec]
             want = [c for c in suites.STEP_CONFIGS if not (prec == "fp16" and c[1] == "whole-step")]
-            later = [] if prec == "fp16" else list(suites.LATER_STEP_CONFIGS)  # appended after the rest
+            later = [c for c in suites.LATER_STEP_CONFIGS  # appended after the rest
+                     if not (prec == "fp16" and c[1] in ("whole-step", "whole-step-ca"))]
             assert got == want + later
             assert {c.config for c in base if c.label == model} == {preset(model)}
     assert {(c.mode, c.optimizer) for c in base} >= {("compile-ro", "whole-step"), ("compile", "fused"),
@@ -84,6 +85,18 @@ def test_whole_step_needs_a_compile_mode():
         Case("gpt2", preset("gpt2"), 2, 8, "compile", "fp32", optimizer="sgd")
     with pytest.raises(ValueError, match="whole-step"):
         bench_step(preset("fasttransformer", **TINY), 2, 8, "cudagraph", "fp32", "cpu", optimizer="whole-step")
+
+
+def test_the_graphed_placement_needs_a_compile_mode_without_graphs_of_its_own():
+    for mode in ("compile-ro", "cudagraph", "eager"):
+        with pytest.raises(ValueError, match=f"captures a compiled step in a CUDA graph.*not '{mode}'"):
+            Case("gpt2", preset("gpt2"), 2, 8, mode, "fp32", optimizer="graphed")
+    row = bench_step(preset("fasttransformer", **TINY), 2, 8, "compile", "fp32", "cpu", optimizer="graphed")
+    assert row["status"] == "unsupported" and "needs a CUDA device" in row["error"]
+    # The new configuration came after the others: its cases close the suite, fp16's among them.
+    tail = [(c.label, c.precision, c.mode, c.optimizer) for c in cases("baselines")[-8:]]
+    assert {x[2:] for x in tail} == {("compile", "graphed")}
+    assert {x[1] for x in tail} == {"bf16", "tf32", "fp32", "fp16"}
 
 
 def test_the_whole_step_with_compiled_autograd_captures_the_backward_and_trains_like_eager():
@@ -121,7 +134,7 @@ def test_grid_compile_and_ladder_compile_every_config_with_shared_caches():
 def test_list_names_the_suites(capsys):
     gpu_bench.main(["list"])
     out = capsys.readouterr().out
-    assert "grid_compile   16 cases" in out and "baselines      94 cases" in out and "engine_check" in out
+    assert "grid_compile   16 cases" in out and "baselines     102 cases" in out and "engine_check" in out
 
 
 def _tiny_baselines(monkeypatch):

@@ -125,10 +125,10 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
     earlier = {r.label: f"{engine}, {r.engine_config}" for r in newest.itertuples() if r.engine_config != TODAY}
     for label, config in earlier.items():
         tab = pd.concat([tab, tab[(tab["label"] == label) & (tab["config"] == config)].assign(config=earlier_bar)])
-    order = [CONFIG_NAMES[k] for k in CONFIG_NAMES] + [earlier_bar]
+    order = [c for c in [CONFIG_NAMES[k] for k in CONFIG_NAMES] + [earlier_bar] if c in set(tab["config"])]
     fig = go.Figure()
     for label in labels or [x for x in MODEL_NAMES if x in set(tab["label"])]:
-        t = tab[tab["label"] == label].set_index("config").reindex([c for c in order if c in set(tab["config"])])
+        t = tab[tab["label"] == label].set_index("config").reindex(order)
         fig.add_trace(go.Bar(
             name=MODEL_NAMES.get(label, label), y=list(t.index), x=t["median_ms"], orientation="h",
             marker_color=MODEL_COLORS.get(label),
@@ -144,6 +144,7 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
         owners = " and ".join(f"{MODEL_NAMES.get(x, x)}'s" for x in earlier)
         eng_runs += (f"; {owners} engine bar{'s' * (len(earlier) > 1)}: an earlier engine "
                      "(no run of the current one here)")
+    # A bar pair per configuration drawn (those no run measured take no room).
     fig.update_layout(barmode="group", height=120 + 34 * len(order) * max(1, len(fig.data)) // 2,
                       title=f"Training step time per configuration, {device}, {precision}<br><sup>median of "
                             f"{runs} run{'s' * (runs != 1)}{eng_runs}; bars span min–max</sup>",

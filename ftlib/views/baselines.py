@@ -45,6 +45,7 @@ CONFIG_NAMES: dict[tuple[str, str], str] = {
     ("compile-ro", "whole-step"): "compile reduce-overhead, whole step compiled",
     ("compile", "whole-step-ca"): "compile, whole step and compiled autograd",
     ("compile-ro", "whole-step-ca"): "compile reduce-overhead, whole step and compiled autograd",
+    ("compile", "graphed"): "manual CUDA graph of the compiled step",
     ("engine", "default"): "engine",
 }
 # What a speed-up over PyTorch is measured against: every compiled configuration, and the manual

@@ -23,6 +23,9 @@ _MEANING = {
     ("compile", "whole-step-ca"): "the whole step compiled with compiled autograd (the backward traced "
                                   "into a graph of its own).",
     ("compile-ro", "whole-step-ca"): "the same under reduce-overhead.",
+    ("compile", "graphed"): "`torch.compile` in its default mode on the model, and the step (forward, backward "
+                            "and the fused AdamW update) captured once as a CUDA graph and replayed: the "
+                            "compiler's kernels with no host work between them.",
     ("engine", "default"): "the book's own whole-step engine: its Triton kernels, flat parameter and "
                            "gradient buffers, and the whole step replayed as one CUDA graph (chapter 6).",
 }

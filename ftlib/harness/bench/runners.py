@@ -29,13 +29,18 @@ COMPILE_MODES: dict[str, str | None] = {
     "compile-ro": "reduce-overhead",
     "compile-max": "max-autotune-no-cudagraphs",
 }
-OPTIMIZERS = ("default", "fused", "whole-step", "whole-step-ca")
+OPTIMIZERS = ("default", "fused", "whole-step", "whole-step-ca", "graphed")
 # Placements that compile the optimizer into the step. 'whole-step' leaves the backward to the eager
 # autograd engine, which runs AOTAutograd's compiled backward graph as one node (PyTorch's
 # torch.compiler FAQ, "Does torch.compile support training?"); 'whole-step-ca' also turns on compiled
 # autograd, which traces the backward at run time into one graph of its own (PyTorch's "Compiled
 # Autograd" tutorial), so no autograd-engine work is left between the step's graphs.
 WHOLE_STEP = ("whole-step", "whole-step-ca")
+# 'graphed': the compiled model's step (forward, backward and the fused, capturable AdamW) captured by hand
+# as one CUDA graph, as the cudagraph mode captures the eager step: the compiler's kernels with no host work
+# between them. Not under reduce-overhead, whose own CUDA graphs cannot be captured inside another.
+GRAPHED = "graphed"
+GRAPHED_MODES = ("compile", "compile-max")
 # Steps the cudagraph mode runs eagerly on a side stream before capture (PyTorch's recipe uses 3).
 GRAPH_WARMUP = 3
 
@@ -94,6 +99,10 @@ def check_optimizer(mode: str, kind: str) -> None:
     if kind in WHOLE_STEP and mode not in COMPILE_MODES:
         raise ValueError(f"optimizer={kind!r} compiles the step with torch.compile: it needs a compile mode "
                          f"({', '.join(COMPILE_MODES)}), not {mode!r}")
+    if kind == GRAPHED and mode not in GRAPHED_MODES:
+        raise ValueError(f"optimizer={kind!r} captures a compiled step in a CUDA graph: it needs one of "
+                         f"{', '.join(GRAPHED_MODES)}, not {mode!r} (the manual graph of the eager step is mode "
+                         "'cudagraph'; reduce-overhead's own graphs cannot be captured inside another)")
 
 
 def autograd_context(kind: str) -> contextlib.AbstractContextManager:
@@ -107,7 +116,7 @@ def autograd_context(kind: str) -> contextlib.AbstractContextManager:
 
 def make_step_optimizer(model: torch.nn.Module, kind: str, mode: str, device: torch.device) -> torch.optim.Optimizer:
     check_optimizer(mode, kind)
-    if mode == "cudagraph":
+    if mode == "cudagraph" or kind == GRAPHED:
         # Capture needs the step count on the device (capturable); fused is one kernel per group.
         return make_optimizer(model, fused=True, capturable=True), "adamw-fused-capturable"
     if kind == "fused":
@@ -173,7 +182,9 @@ def _compile_runner(model, opt, pool, mode: str, whole_step: bool = False, scale
 
 
 def _cudagraph_runner(model, opt, pool, scaler=None) -> Runner:
-    """Whole-step capture, as in PyTorch's CUDA-graphs notes ("whole-network capture")."""
+    """Whole-step capture, as in PyTorch's CUDA-graphs notes ("whole-network capture"). ``model`` may be a
+    ``torch.compile``d module (the 'graphed' placement): the side-stream warm-up then also compiles it, so
+    the capture records the compiled kernels and no compilation."""
     n = len(pool)
     static_x, static_y = pool[0][0].clone(), pool[0][1].clone()
 
@@ -234,6 +245,8 @@ def make_runner(mode: str, model: torch.nn.Module, opt: torch.optim.Optimizer, p
         return _eager_runner(model, opt, pool, scaler)
     if mode == "cudagraph":
         return _cudagraph_runner(model, opt, pool, scaler)
+    if optimizer == GRAPHED:
+        return _cudagraph_runner(torch.compile(model, mode=COMPILE_MODES[mode]), opt, pool, scaler)
     return _compile_runner(model, opt, pool, mode, whole_step=optimizer in WHOLE_STEP, scaler=scaler)
 
 

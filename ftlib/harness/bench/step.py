@@ -34,6 +34,10 @@ step is short enough that launching AdamW's kernels from Python is a visible sha
   tutorial). Where the step is short enough for the host to show, this is the compiler's fullest
   capture of it.
 
+* ``graphed``    - modes ``compile`` and ``compile-max`` only: the compiled model's step (forward,
+  backward, fused capturable AdamW) captured by hand in one ``torch.cuda.graph``, as the ``cudagraph``
+  mode captures the eager step: the compiler's kernels, the update's one kernel, no host work between.
+
 The manual ``cudagraph`` mode always uses the fused, capturable AdamW (capture needs it).
 
 Timing follows the original: synthetic tokens, warm-up steps, then per-step CUDA events
@@ -62,6 +66,7 @@ from ftlib.core.timing import summarize_ms, sync, time_calls
 from ftlib.harness.bench.runners import (
     COMPILE_MODES,
     GRAPH_WARMUP,
+    GRAPHED,
     STEP_MODES,
     WHOLE_STEP,
     autograd_context,
@@ -218,8 +223,8 @@ def bench_step(
         raise ValueError(f"warmup must be >= 0 and iters >= 1 (got warmup={warmup}, iters={iters})")
     row = base_row(bench, label, cfg, preset_name, B, T, mode, prec, optimizer, dev, extra)
     row.update(n_warmup=max(warmup, 2), n_iters=iters, check_rtol=CHECK_RTOL.get(prec))
-    if mode == "cudagraph" and dev.type != "cuda":
-        row.update(status="unsupported", error="cudagraph mode needs a CUDA device")
+    if (mode == "cudagraph" or optimizer == GRAPHED) and dev.type != "cuda":
+        row.update(status="unsupported", error=f"{mode}, {optimizer}: a CUDA graph needs a CUDA device")
         row["wall_s"] = time.perf_counter() - t_start
         return row
 
@@ -233,7 +238,7 @@ def bench_step(
         # precision() opens autocast with its weight-cast cache off, so each step casts fresh weights.
         with precision_region(prec, dev), compile_ctx, autograd_context(optimizer if mode in COMPILE_MODES else ""):
             pool = _batch_pool(cfg.vocab_size, B, T, n_batches, dev, seed + 1)
-            first_k = GRAPH_WARMUP if mode == "cudagraph" else 0
+            first_k = GRAPH_WARMUP if mode == "cudagraph" or optimizer == GRAPHED else 0
             check_k = first_k + 1  # the step after the mode's first update
             ref = None
             if check and mode != "eager" and cfg.dropout == 0:
@@ -259,9 +264,9 @@ def bench_step(
                 runner = engine_runner(engine, pool)
                 row.update(optimizer=engine.optimizer.name, n_params=engine.num_params(), engine=engine.describe())
             else:
+                if mode in COMPILE_MODES:  # before the runner: a graphed one compiles while it warms up
+                    compile_counters().clear()
                 runner = make_runner(mode, model, opt, pool, optimizer, grad_scaler(prec, dev))
-            if mode in COMPILE_MODES:
-                compile_counters().clear()
             runner.prepare(first_k)
             loss_first = runner.run(first_k).item()  # .item() synchronizes
             row["first_step_s"] = time.perf_counter() - t0
