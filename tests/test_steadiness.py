@@ -32,6 +32,7 @@ def test_a_baseline_that_moves_between_runs_is_named_with_what_it_leaves_to_the_
 def test_a_steady_baseline_is_called_steady_and_a_manual_graph_leaves_nothing_to_the_host():
     assert "1% from fastest to slowest run: steady" in st.steadiness_findings(_runs([1.60, 1.61, 1.60]))
     assert st.host_work("manual CUDA graph of the whole step", 0) is None
+    assert st.host_work(bv.config_name("compile", "graphed"), 0) is None  # the compiled step, one graph
     assert st.host_work("compile reduce-overhead, fused AdamW outside", 0) == "AdamW launched from Python"
     assert st.host_work("compile reduce-overhead, whole step compiled", 3) == "3 graph breaks"
     assert st.steadiness_findings(_runs([1.6])) == ""  # one run: nothing to say about runs
