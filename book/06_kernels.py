@@ -205,6 +205,7 @@ else:
 # %%
 speedups = br.engine_speedup_table(runs)
 show_frame(speedups, preview=list(speedups.columns))
+display(Markdown(br.left_out_note(runs)))  # runs without a configuration that won elsewhere, if any
 # Runs whose engine ran without one of the current defaults measured an earlier engine: its own lines, said here.
 display(Markdown(engine_config.options_behind(baseline_rows, set(runs["run_id"])) if len(runs) else ""))
 for dev in sorted(set(runs["device_slug"])):

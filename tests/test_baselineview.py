@@ -66,10 +66,17 @@ def test_a_configuration_added_later_counts_where_measured_and_is_not_required()
     df = bv.load(cases, rows=old + new)
     assert set(df["run_id"]) == {"old", "new"}  # the older run is still complete
     best = bv.strongest(df).set_index(["run_id", "label"])
-    assert best.loc[("old", "fasttransformer"), "baseline_ms"] == 3.0
     assert best.loc[("new", "fasttransformer"), "baseline"] == (
         "compile reduce-overhead, whole step and compiled autograd")
     assert best.loc[("new", "fasttransformer"), "baseline_ms"] == 2.0
+    # The new configuration was the strongest where measured: the run without it has no strongest baseline
+    # for that model (its fastest, 3.0 ms, is of a weaker set), and says so; GPT-2's, where it did not win, stays.
+    assert ("old", "fasttransformer") not in best.index and ("old", "gpt2") in best.index
+    assert ("old", "fasttransformer") not in bv.speedups(df).set_index(["run_id", "label"]).index
+    out = bv.runs_left_out(df)
+    assert out.to_dict("records") == [{"device_slug": "h200", "label": "fasttransformer", "precision": "bf16",
+                                       "runs left out": 1,
+                                       "lacking": "compile reduce-overhead, whole step and compiled autograd"}]
     # A configuration of the original list is still required.
     short = run_rows("short", "m3", {}, skip=(("fasttransformer", "compile-ro", "whole-step"),), cases=cases)
     assert "fasttransformer" not in set(bv.load(cases, rows=short)["label"])
@@ -231,3 +238,15 @@ def test_the_step_time_figure_names_each_engine_bar_with_fewer_runs():
     bars = {tr.name: {y: x for y, x in zip(tr.y, tr.x) if x == x} for tr in fig.data}  # the bars drawn (x not NaN)
     assert "engine (an earlier one)" in bars["GPT-2"] and "engine" not in bars["GPT-2"]
     assert "engine" in bars["FastTransformer"] and "engine (an earlier one)" not in bars["FastTransformer"]
+
+
+def test_the_left_out_note_names_the_runs_and_what_they_lack():
+    from ftlib.views import baseline_report as br
+
+    later = [Case(label, cfg, 32, 256, mode, "bf16", optimizer=opt) for label, cfg in BASELINE_MODELS.items()
+             for mode, opt in LATER_STEP_CONFIGS]
+    old = run_rows("old", "m1", {}) + run_rows("old2", "m2", {})
+    new = run_rows("new", "m2", {("fasttransformer", "compile", "graphed"): 1.0}, cases=CASES + later)
+    note = br.left_out_note(bv.load(CASES + later, rows=old + new))
+    assert note.endswith("- h200, FastTransformer bf16: 2 runs without *manual CUDA graph of the compiled step*")
+    assert br.left_out_note(bv.load(CASES, rows=old)) == ""

@@ -133,3 +133,22 @@ def test_what_is_not_measured_is_listed_until_its_rows_are_stored(store, tmp_pat
     (tmp_path / "results" / "t4" / "baselines.jsonl").write_text("")
     assert "Tesla T4" not in findings.unmeasured_markdown("h200")
     assert findings.unmeasured_markdown("h200") in findings.markdown("h200")
+
+
+def test_runs_without_a_configuration_that_won_elsewhere_are_said_to_be_left_out(store):
+    from synthetic_results import BASELINE_CASES, BASELINE_MODELS
+
+    from ftlib.harness.bench.cases import Case
+
+    graphed = [Case(label, cfg, 32, 256, "compile", "bf16", optimizer="graphed")
+               for label, cfg in BASELINE_MODELS.items()]
+    old = [r for i in range(2) for r in baselines_run(f"o{i}", f"m{i}", fast(fasttransformer__compile_ro__fused=5.0))]
+    new = baselines_run("n0", "m2", {**fast(fasttransformer__compile_ro__fused=5.0),
+                                     ("fasttransformer", "compile", "graphed"): 1.5},
+                        cases=BASELINE_CASES + graphed)
+    store(old + new)
+    assert ("Left out of the engine's ratios, for lacking a configuration that was the strongest baseline in "
+            "other runs: FastTransformer bf16, 2 without manual CUDA graph of the compiled step.") \
+        in findings.additions("h200")
+    store(old)
+    assert not any(a.startswith("Left out") for a in findings.additions("h200"))

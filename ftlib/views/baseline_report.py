@@ -25,6 +25,7 @@ from ftlib.views.baselines import (
     newest_engine,
     placement_table,
     range_text,
+    runs_left_out,
     runs_note,
     runs_on_starts,
     spread,
@@ -73,6 +74,20 @@ def engine_speedup_table(df: pd.DataFrame) -> pd.DataFrame:
         "engine speed-up (median, min–max)": [fmt_range(m, lo, hi) for m, lo, hi in
                                               zip(tab["median"], tab["min"], tab["max"])],
         "verdict": tab["verdict"], "runs": [runs_note(r, m) for r, m in zip(tab["runs"], tab["machines"])]})
+
+
+def left_out_note(df: pd.DataFrame) -> str:
+    """Markdown: the runs left out of every ratio against the strongest baseline because they lack a
+    configuration that was the strongest in other runs ('' where none is)."""
+    out = runs_left_out(df)
+    if out.empty:
+        return ""
+    lines = [f"- {r['device_slug']}, {MODEL_NAMES.get(r['label'], r['label'])} {r['precision']}: "
+             f"{r['runs left out']} run{'s' * (r['runs left out'] != 1)} without *{r['lacking']}*"
+             for _, r in out.iterrows()]
+    return ("Runs left out of these ratios: each lacks a configuration that was the strongest baseline in "
+            "other runs of the same device, model and precision, so its fastest is of a weaker set.\n\n"
+            + "\n".join(lines))
 
 
 PLACEMENT_COLUMNS = ["device", "model", "precision", "engine measured against", "baseline ms",

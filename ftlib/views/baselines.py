@@ -144,16 +144,51 @@ def todays_engine(df: pd.DataFrame) -> pd.DataFrame:
     return v[(v["mode"] == "engine") & (v["engine_config"] == TODAY)]
 
 
-def strongest(df: pd.DataFrame) -> pd.DataFrame:
-    """Per (device, run, model, precision): the fastest baseline configuration and its time."""
+def _fastest_per_run(df: pd.DataFrame) -> tuple[pd.DataFrame, pd.Series]:
+    """Per (device, run, model, precision): the fastest baseline configuration and its time; and, per run, the
+    set of baseline configurations it measured."""
     base = valid_rows(df)
     base = base[[(m, o) in BASELINE_CONFIGS for m, o in zip(base["mode"], base["optimizer_kind"])]]
+    run_keys = ["device_slug", "run_id", "label", "precision"]
     if base.empty:
-        return pd.DataFrame(columns=["device_slug", "run_id", "machine_id", "label", "precision",
-                                     "baseline", "baseline_ms"])
-    idx = base.groupby(["device_slug", "run_id", "label", "precision"])["median_ms"].idxmin()
+        return (pd.DataFrame(columns=["device_slug", "run_id", "machine_id", "label", "precision", "baseline",
+                                      "baseline_ms"]), pd.Series(dtype=object))
+    idx = base.groupby(run_keys)["median_ms"].idxmin()
     best = base.loc[idx, ["device_slug", "run_id", "machine_id", "label", "precision", "config", "median_ms"]]
-    return best.rename(columns={"config": "baseline", "median_ms": "baseline_ms"}).reset_index(drop=True)
+    best = best.rename(columns={"config": "baseline", "median_ms": "baseline_ms"}).reset_index(drop=True)
+    return best, base.groupby(run_keys)["config"].agg(frozenset)
+
+
+def _lacks_a_winner(best: pd.DataFrame, measured: pd.Series) -> pd.Series:
+    """Per row of ``best``: the configurations that were the strongest in another run of its device, model and
+    precision but that this run did not measure (an empty set: none)."""
+    won = best.groupby(["device_slug", "label", "precision"])["baseline"].agg(frozenset)
+    return pd.Series([won[(d, m, p)] - measured[(d, r, m, p)] for d, r, m, p in
+                      zip(best["device_slug"], best["run_id"], best["label"], best["precision"])], index=best.index,
+                     dtype=object)
+
+
+def strongest(df: pd.DataFrame) -> pd.DataFrame:
+    """Per (device, run, model, precision): the fastest baseline configuration and its time.
+
+    A run that did not measure a configuration which was the strongest in another run of the same device,
+    model and precision (one added to the suite after it, say) has no strongest baseline: its fastest would
+    be of a weaker set (:func:`runs_left_out` says which runs and why)."""
+    best, measured = _fastest_per_run(df)
+    return best[_lacks_a_winner(best, measured).map(len) == 0].reset_index(drop=True) if len(best) else best
+
+
+def runs_left_out(df: pd.DataFrame) -> pd.DataFrame:
+    """The runs :func:`strongest` leaves out, per device, model and precision: how many, and the configurations
+    they lack that were the strongest elsewhere."""
+    cols = ["device_slug", "label", "precision", "runs left out", "lacking"]
+    best, measured = _fastest_per_run(df)
+    if best.empty:
+        return pd.DataFrame(columns=cols)
+    lack = _lacks_a_winner(best, measured)
+    out = best.assign(lacking=lack.map(lambda s: ", ".join(sorted(s))))[lack.map(len) > 0]
+    return (out.groupby(["device_slug", "label", "precision", "lacking"])["run_id"].nunique()
+            .rename("runs left out").reset_index()[cols])
 
 
 def speedups(df: pd.DataFrame, mode: str = "engine", optimizer: str = "default") -> pd.DataFrame:

@@ -130,7 +130,18 @@ def additions(device: str = "h200", runs: pd.DataFrame | None = None) -> list[st
     """What the book measured beyond the post besides the engine's table, one sentence each; ``runs``:
     :func:`device_runs`."""
     runs = device_runs(device) if runs is None else runs
-    return [s for s in (moving_baseline(device, runs), _goals(device, runs), _speedrun(device)) if s]
+    return [s for s in (moving_baseline(device, runs), _left_out(runs), _goals(device, runs), _speedrun(device))
+            if s]
+
+
+def _left_out(runs: pd.DataFrame) -> str | None:
+    """Runs without a configuration that was the strongest baseline elsewhere, left out of the ratios."""
+    from ftlib.views.baselines import MODEL_NAMES, runs_left_out
+
+    out = [f"{MODEL_NAMES.get(r['label'], r['label'])} {r['precision']}, {r['runs left out']} without {r['lacking']}"
+           for _, r in runs_left_out(runs).iterrows()]
+    return ("Left out of the engine's ratios, for lacking a configuration that was the strongest baseline in other "
+            "runs: " + "; ".join(out) + ".") if out else None
 
 
 def _goals(device: str, runs: pd.DataFrame) -> str | None:
