@@ -41,6 +41,12 @@ WHOLE_STEP = ("whole-step", "whole-step-ca")
 # between them. Not under reduce-overhead, whose own CUDA graphs cannot be captured inside another.
 GRAPHED = "graphed"
 GRAPHED_MODES = ("compile", "compile-max")
+
+
+def captures_whole_step(mode: str, kind: str) -> bool:
+    """Whether the step is captured by hand as one CUDA graph: the eager step (mode 'cudagraph') or the
+    compiled one (placement 'graphed'). Such a step needs CUDA, the capturable AdamW and warm-up steps."""
+    return mode == "cudagraph" or kind == GRAPHED
 # Steps the cudagraph mode runs eagerly on a side stream before capture (PyTorch's recipe uses 3).
 GRAPH_WARMUP = 3
 
@@ -116,7 +122,7 @@ def autograd_context(kind: str) -> contextlib.AbstractContextManager:
 
 def make_step_optimizer(model: torch.nn.Module, kind: str, mode: str, device: torch.device) -> torch.optim.Optimizer:
     check_optimizer(mode, kind)
-    if mode == "cudagraph" or kind == GRAPHED:
+    if captures_whole_step(mode, kind):
         # Capture needs the step count on the device (capturable); fused is one kernel per group.
         return make_optimizer(model, fused=True, capturable=True), "adamw-fused-capturable"
     if kind == "fused":

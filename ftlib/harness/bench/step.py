@@ -66,10 +66,10 @@ from ftlib.core.timing import summarize_ms, sync, time_calls
 from ftlib.harness.bench.runners import (
     COMPILE_MODES,
     GRAPH_WARMUP,
-    GRAPHED,
     STEP_MODES,
     WHOLE_STEP,
     autograd_context,
+    captures_whole_step,
     check_optimizer,
     compile_counters,
     compile_report,
@@ -223,7 +223,7 @@ def bench_step(
         raise ValueError(f"warmup must be >= 0 and iters >= 1 (got warmup={warmup}, iters={iters})")
     row = base_row(bench, label, cfg, preset_name, B, T, mode, prec, optimizer, dev, extra)
     row.update(n_warmup=max(warmup, 2), n_iters=iters, check_rtol=CHECK_RTOL.get(prec))
-    if (mode == "cudagraph" or optimizer == GRAPHED) and dev.type != "cuda":
+    if captures_whole_step(mode, optimizer) and dev.type != "cuda":
         row.update(status="unsupported", error=f"{mode}, {optimizer}: a CUDA graph needs a CUDA device")
         row["wall_s"] = time.perf_counter() - t_start
         return row
@@ -238,7 +238,7 @@ def bench_step(
         # precision() opens autocast with its weight-cast cache off, so each step casts fresh weights.
         with precision_region(prec, dev), compile_ctx, autograd_context(optimizer if mode in COMPILE_MODES else ""):
             pool = _batch_pool(cfg.vocab_size, B, T, n_batches, dev, seed + 1)
-            first_k = GRAPH_WARMUP if mode == "cudagraph" or optimizer == GRAPHED else 0
+            first_k = GRAPH_WARMUP if captures_whole_step(mode, optimizer) else 0
             check_k = first_k + 1  # the step after the mode's first update
             ref = None
             if check and mode != "eager" and cfg.dropout == 0:
