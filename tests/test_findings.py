@@ -10,6 +10,7 @@ from collections.abc import Callable
 import pytest
 from synthetic_results import baselines_run, fast
 
+from ftlib.views import engine_findings as ef
 from ftlib.views import findings
 
 # The engine's describe() in a run stored before two of the current defaults existed.
@@ -27,9 +28,9 @@ def store(tmp_path, monkeypatch) -> Callable[[list[dict]], None]:
     monkeypatch.setenv("FTLIB_RESULTS_DIR", str(root))
     monkeypatch.delenv("FTLIB_MY_RESULTS", raising=False)
 
-    def write(rows: list[dict]) -> None:
-        (root / "h200").mkdir(parents=True, exist_ok=True)
-        (root / "h200" / "baselines.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    def write(rows: list[dict], device: str = "h200") -> None:
+        (root / device).mkdir(parents=True, exist_ok=True)
+        (root / device / "baselines.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return write
 
 
@@ -43,8 +44,27 @@ def _three_runs() -> list[dict]:
             + baselines_run("r3", "m3", ms(4.0, 5.0)))
 
 
+def _on(device: str, name: str, rows: list[dict]) -> list[dict]:
+    """The rows as measured on another device."""
+    return [{**r, "device_slug": device, "device": name} for r in rows]
+
+
+def _graphed_run(run: str, machine: str, engine: float, graphed: float) -> list[dict]:
+    """A run that also measured the manual CUDA graph of the compiled step (FastTransformer compile-ro with fused
+    AdamW: 5 ms; GPT-2's graphed step at the default 10 ms, never its strongest)."""
+    from synthetic_results import BASELINE_CASES, BASELINE_MODELS
+
+    from ftlib.harness.bench.cases import Case
+
+    extra = [Case(label, cfg, 32, 256, "compile", "bf16", optimizer="graphed")
+             for label, cfg in BASELINE_MODELS.items()]
+    ms = {**fast(fasttransformer__engine__default=engine, fasttransformer__compile_ro__fused=5.0),
+          ("fasttransformer", "compile", "graphed"): graphed}
+    return baselines_run(run, machine, ms, cases=BASELINE_CASES + extra)
+
+
 def _ft_bf16(device: str = "h200") -> dict:
-    tab = findings.engine_results(device)
+    tab = ef.engine_results(device)
     (row,) = tab[(tab["model"] == "FastTransformer") & (tab["precision"] == "bf16")].to_dict("records")
     return row
 
@@ -68,8 +88,8 @@ def test_the_engine_headline_is_the_ratio_of_todays_engine_alone(store):
 def test_the_readme_block_shows_the_engine_table_and_no_sentence_for_it(store):
     store(_three_runs())
     text = findings.markdown("h200")
-    assert findings.ENGINE_INTRO in text
-    header = "| " + " | ".join(findings.ENGINE_COLUMNS) + " |"
+    assert ef.ENGINE_INTRO in text
+    header = "| " + " | ".join(ef.ENGINE_COLUMNS) + " |"
     line = next(x for x in text.splitlines() if x.startswith("| FastTransformer | bf16 |"))
     assert header in text and line.split(" | ")[2:6] == ["4.000", "compile reduce-overhead, fused AdamW outside",
                                                          "5.000", "1.25×"]
@@ -78,7 +98,7 @@ def test_the_readme_block_shows_the_engine_table_and_no_sentence_for_it(store):
 
 def test_no_rows_no_engine_table(store):
     store([])  # no speedrun rows in the store either
-    assert findings.engine_results("h200").empty
+    assert ef.engine_results("h200").empty
     assert "Beyond the post" not in findings.markdown("h200")
 
 
@@ -91,14 +111,14 @@ def test_the_lessons_count_the_runs_of_todays_engine_behind_its_ratio(store):
 
 def test_a_baseline_that_moves_between_runs_is_said_beside_the_engine_ratio(store):
     store(_three_runs())  # the strongest compiled step took 4, 6 and 5 ms in the three runs
-    text = findings.moving_baseline("h200")
+    text = ef.moving_baseline("h200")
     assert text is not None and "The strongest baseline itself moves from run to run" in text
     assert "FastTransformer bf16 5.000 (4.000–6.000) ms over 3 runs" in text
     assert text in findings.additions("h200")
     same = [r for i in range(3) for r in baselines_run(f"s{i}", f"m{i % 2}",
                                                        fast(fasttransformer__compile_ro__fused=5.0))]
     store(same)
-    assert findings.moving_baseline("h200") is None
+    assert ef.moving_baseline("h200") is None
     assert not any("moves from run to run" in a for a in findings.additions("h200"))
 
 
@@ -136,19 +156,36 @@ def test_what_is_not_measured_is_listed_until_its_rows_are_stored(store, tmp_pat
 
 
 def test_runs_without_a_configuration_that_won_elsewhere_are_said_to_be_left_out(store):
-    from synthetic_results import BASELINE_CASES, BASELINE_MODELS
-
-    from ftlib.harness.bench.cases import Case
-
-    graphed = [Case(label, cfg, 32, 256, "compile", "bf16", optimizer="graphed")
-               for label, cfg in BASELINE_MODELS.items()]
     old = [r for i in range(2) for r in baselines_run(f"o{i}", f"m{i}", fast(fasttransformer__compile_ro__fused=5.0))]
-    new = baselines_run("n0", "m2", {**fast(fasttransformer__compile_ro__fused=5.0),
-                                     ("fasttransformer", "compile", "graphed"): 1.5},
-                        cases=BASELINE_CASES + graphed)
+    new = _graphed_run("n0", "m2", engine=10.0, graphed=1.5)
     store(old + new)
     assert ("Left out of the engine's ratios, for lacking a configuration that was the strongest baseline in "
             "other runs: FastTransformer bf16, 2 without manual CUDA graph of the compiled step.") \
         in findings.additions("h200")
     store(old)
     assert not any(a.startswith("Left out") for a in findings.additions("h200"))
+
+
+def test_another_device_gets_its_own_table_and_the_headline_device_is_said_to_lack_its_winner(store):
+    store(_three_runs())
+    before = _ft_bf16()
+    h100 = [r for i in range(3) for r in _graphed_run(f"g{i}", f"n{i % 2}", engine=3.0, graphed=4.0)]
+    store(_on("h100-80gb-hbm3", "NVIDIA H100 80GB HBM3", h100), "h100-80gb-hbm3")
+    assert ef.other_devices("h200") == ["h100-80gb-hbm3"] and ef.other_devices("h100-80gb-hbm3") == ["h200"]
+    assert _ft_bf16() == before  # never pooled: the h200's line is its runs' alone
+    other = _ft_bf16("h100-80gb-hbm3")
+    assert (other["engine speed-up"], other["strongest baseline of the same run"], other["runs"]) == (
+        "1.33×", "manual CUDA graph of the compiled step", "3 runs on 2 machine starts")
+    text = findings.markdown("h200")
+    intro = "On the NVIDIA H100 80GB HBM3, in its own runs (never pooled with the H200's), the same comparison:"
+    assert intro in text and text.index(intro) > text.index("| FastTransformer | bf16 | 4.000 |")
+    assert "| FastTransformer | bf16 | 3.000 | manual CUDA graph of the compiled step | 4.000 | 1.33× |" in text
+    lack = ef.weaker_set("h200")
+    assert lack == ("No run on the NVIDIA H200 measured the manual CUDA graph of the compiled step, the strongest "
+                    "baseline in 3 of the 6 cases (a model and precision in one run) on the NVIDIA H100 80GB HBM3 "
+                    "that measured it: its engine ratios above are against a weaker set of configurations.")
+    assert lack in findings.additions("h200")
+    assert ef.weaker_set("h100-80gb-hbm3") is None  # the H100 measured every configuration the H200's runs did
+    # A winner elsewhere that the headline device's runs did measure leaves nothing to say.
+    store(_on("h200", "NVIDIA H200", [r for i in range(3) for r in _graphed_run(f"h{i}", f"m{i % 2}", 4.0, 4.5)]))
+    assert ef.weaker_set("h200") is None

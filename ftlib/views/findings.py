@@ -1,10 +1,10 @@
 """What the book found, in one table and a few lines: the README's first screen, the book's
 introduction and its closing chapter, all computed from the committed result rows.
 
-``findings_table(device)`` keeps the claims of chapter 7's audit that a reader asks about first;
-``engine_results(device)`` puts the book's engine beside the strongest compiled step of each run and
-``additions(device)`` says the rest of what the book measured beyond the post (the moving baseline, the
-engine's goals, the speedrun);
+``findings_table(device)`` keeps the claims of chapter 7's audit that a reader asks about first; the engine's
+table beside the strongest baseline of each run comes from :mod:`ftlib.views.engine_findings`, for the headline
+device and then each other device on its own; ``additions(device)`` says the rest of what the book measured
+beyond the post (the moving baseline, the engine's goals, the speedrun);
 ``markdown(device)`` writes all of it, ``show_findings(device)`` shows it in a notebook. ``ci/findings``
 writes that text between the ``<!-- findings -->`` markers of README.md and book/intro.md, and
 a test checks that the committed text is what the rows give.
@@ -17,6 +17,7 @@ from typing import Any
 
 import pandas as pd
 
+from ftlib.views import engine_findings as ef
 from ftlib.views.baselines import MIN_MACHINES, MIN_RUNS
 from ftlib.views.per_run import and_list
 
@@ -58,98 +59,11 @@ def findings_table(device: str = "h200") -> pd.DataFrame:
     return pd.DataFrame(out, columns=["the post's claim", "post says", "the book finds", "verdict"])
 
 
-# The engine's table: what a reader compares, in reading order.
-ENGINE_COLUMNS = ["model", "precision", "engine ms", "strongest baseline of the same run", "its ms",
-                  "engine speed-up", "runs", "verdict", "engine"]
-ENGINE_INTRO = ("The book's whole-step engine (its own Triton kernels, the whole training step replayed as one "
-                "CUDA graph; chapter 6) against the strongest baseline measured in the same run: the fastest step "
-                "of torch.compile's configurations or of a manual CUDA graph, named in the table (where the runs' "
-                "fastest differ, each one). The speed-up is the median over runs, with the slowest and fastest "
-                "run; a line measured only by an earlier engine names the default options it lacked (chapter 6 "
-                "describes each).")
-
-
-def device_runs(device: str = "h200") -> pd.DataFrame:
-    """The baselines suite's complete runs on ``device`` (:func:`ftlib.views.baselines.load`): what the engine's
-    table, the moving baseline, the engine's goals and the lessons read, loaded once by :func:`markdown` and
-    :func:`show_findings` and passed to each."""
-    from ftlib.harness.suites import baselines
-    from ftlib.views import baselines as bv
-
-    runs = bv.load(baselines())
-    return runs[runs["device_slug"] == device]
-
-
-def engine_results(device: str = "h200", runs: pd.DataFrame | None = None) -> pd.DataFrame:
-    """One line per model and precision: the engine against the strongest compiled step of the same run.
-
-    The runs behind a line measured one engine (the current one, or the earlier one closest to it, named in the
-    ``engine`` column); runs of engines with different defaults are never pooled. ``runs``: :func:`device_runs`
-    (loaded here where not given)."""
-    from ftlib.views import baselines as bv
-
-    runs = device_runs(device) if runs is None else runs
-    if runs.empty:
-        return pd.DataFrame(columns=ENGINE_COLUMNS)
-    eng = bv.newest_engine(bv.engine_table(runs))
-    out = []
-    for label in ("fasttransformer", "gpt2"):
-        for prec in ("bf16", "fp16", "tf32", "fp32"):
-            e = bv.lookup_row(eng, label=label, precision=prec)
-            if e is None:
-                continue
-            out.append({"model": bv.MODEL_NAMES[label], "precision": prec, "engine ms": e["engine_ms"],
-                        "strongest baseline of the same run": e["baseline"], "its ms": e["baseline_ms"],
-                        "engine speed-up": bv.range_text(e["median"], e["min"], e["max"]).replace(" over runs", ""),
-                        "runs": bv.runs_on_starts(int(e["runs"]), int(e["machines"])),
-                        "verdict": bv.verdict_word(e["verdict"]),
-                        "engine": "current" if e["engine_config"] == bv.TODAY else f"earlier: {e['engine_config']}"})
-    return pd.DataFrame(out, columns=ENGINE_COLUMNS)
-
-
-def moving_baseline(device: str = "h200", runs: pd.DataFrame | None = None) -> str | None:
-    """A sentence naming the strongest baselines that move from run to run (None where none moves); ``runs``:
-    :func:`device_runs`."""
-    from ftlib.views import baselines as bv
-    from ftlib.views.steadiness import STEADY_PCT, steadiness_table
-
-    runs = device_runs(device) if runs is None else runs
-    if runs.empty:
-        return None
-    steady = steadiness_table(runs)
-    moving = [f"{r['model']} {r['precision']} {r['strongest baseline ms (min–max)']} ms over {r['runs']} runs"
-              for _, r in steady.iterrows() if r["runs"] > 1 and r["compiled spread %"] > STEADY_PCT
-              and r["model"] in (bv.MODEL_NAMES["fasttransformer"], bv.MODEL_NAMES["gpt2"])]
-    if not moving:
-        return None
-    return ("The strongest baseline itself moves from run to run where its step leaves work to the host "
-            "(chapter 6): " + "; ".join(moving) + ".")
-
-
 def additions(device: str = "h200", runs: pd.DataFrame | None = None) -> list[str]:
     """What the book measured beyond the post besides the engine's table, one sentence each; ``runs``:
-    :func:`device_runs`."""
-    runs = device_runs(device) if runs is None else runs
-    return [s for s in (moving_baseline(device, runs), _left_out(runs), _goals(device, runs), _speedrun(device))
-            if s]
-
-
-def _left_out(runs: pd.DataFrame) -> str | None:
-    """Runs without a configuration that was the strongest baseline elsewhere, left out of the ratios."""
-    from ftlib.views.baselines import MODEL_NAMES, runs_left_out
-
-    out = [f"{MODEL_NAMES.get(r['label'], r['label'])} {r['precision']}, {r['runs left out']} without {r['lacking']}"
-           for _, r in runs_left_out(runs).iterrows()]
-    return ("Left out of the engine's ratios, for lacking a configuration that was the strongest baseline in other "
-            "runs: " + "; ".join(out) + ".") if out else None
-
-
-def _goals(device: str, runs: pd.DataFrame) -> str | None:
-    """The engine's goals (chapter 6) by the state of the current engine's runs, in a sentence."""
-    from ftlib.views.engine_goals import goal_states
-
-    states = goal_states(runs, device)
-    return f"The engine's goals against the strongest compiled step (chapter 6): {states}." if states else None
+    :func:`ftlib.views.engine_findings.device_runs`."""
+    runs = ef.device_runs(device) if runs is None else runs
+    return [s for s in (*ef.engine_notes(device, runs), ef.weaker_set(device), _speedrun(device)) if s]
 
 
 def _speedrun(device: str) -> str | None:
@@ -240,15 +154,20 @@ def markdown(device: str = "h200") -> str:
     claims, then what the book adds: the engine's table and the speedrun. A chapter shows the same
     through :func:`show_findings`."""
     lines = [preamble(device), ""] + _md_table(findings_table(device))
-    runs = device_runs(device)
-    eng = engine_results(device, runs)
+    runs = ef.device_runs(device)
+    eng = ef.engine_results(device, runs)
     adds = additions_markdown(device, runs)
     if not eng.empty or adds:
         lines += ["", "Beyond the post:"]
     if not eng.empty:
-        lines += ["", ENGINE_INTRO, ""] + _md_table(eng)
+        lines += ["", ef.ENGINE_INTRO, ""] + _md_table(eng)
     if adds:
         lines += ["", adds]
+    for dev in ef.other_devices(device):
+        runs = ef.device_runs(dev)
+        notes = ef.engine_notes(dev, runs)
+        lines += ["", ef.other_device_intro(dev, device, runs), ""] + _md_table(ef.engine_results(dev, runs))
+        lines += ["", "\n".join(f"- {n}" for n in notes)] if notes else []
     gaps = unmeasured_markdown(device)
     if gaps:
         lines += ["", gaps]
@@ -263,15 +182,23 @@ def show_findings(device: str = "h200") -> None:
 
     display(Markdown(preamble(device)))
     show_frame(findings_table(device), caption=f"The post's headline claims on {device}")
-    runs = device_runs(device)
-    eng = engine_results(device, runs)
+    runs = ef.device_runs(device)
+    eng = ef.engine_results(device, runs)
     if not eng.empty:
-        display(Markdown("Beyond the post: " + ENGINE_INTRO))
+        display(Markdown("Beyond the post: " + ef.ENGINE_INTRO))
         show_frame(eng, caption=f"The book's engine against the strongest compiled step on {device}",
-                   preview=[c for c in ENGINE_COLUMNS if c != "its ms"])
+                   preview=[c for c in ef.ENGINE_COLUMNS if c != "its ms"])
     adds = additions_markdown(device, runs)
     if adds:
         display(Markdown(adds))
+    for dev in ef.other_devices(device):
+        runs = ef.device_runs(dev)
+        display(Markdown(ef.other_device_intro(dev, device, runs)))
+        show_frame(ef.engine_results(dev, runs), caption=f"The book's engine against the strongest compiled step on "
+                   f"{ef.device_title(dev, runs)}", preview=[c for c in ef.ENGINE_COLUMNS if c != "its ms"])
+        notes = ef.engine_notes(dev, runs)
+        if notes:
+            display(Markdown("\n".join(f"- {n}" for n in notes)))
     gaps = unmeasured_markdown(device)
     if gaps:
         display(Markdown(gaps))
@@ -299,7 +226,7 @@ def lessons(device: str = "h200") -> str:
     from ftlib.views import baselines as bv
     from ftlib.views import codesign as codesignview
 
-    runs = device_runs(device)
+    runs = ef.device_runs(device)
     out = []
     if not runs.empty:
         ceiling = br.ceiling_findings(runs, device, "fp32")

@@ -12,7 +12,7 @@ import pandas as pd
 
 from ftlib.views import engine as ev
 from ftlib.views import ledger as lv
-from ftlib.views.findings import engine_results
+from ftlib.views.engine_findings import engine_results
 from ftlib.views.kernels import KERNEL_TABLE_OPS, OP_NAMES, case_label, row_impl, run_of
 from ftlib.views.tables import table_view
 
