@@ -56,3 +56,15 @@ def test_the_hosts_of_the_runs_are_named_where_rows_record_them():
     assert "(hosts: EPYC A x16 (2 runs); Xeon B x16 (1 run))" in st.steadiness_findings(df)
     # Rows from before the field existed name no host.
     assert "hosts" not in st.steadiness_table(_runs([1.6, 2.2])).columns
+
+
+def test_runs_that_name_no_host_say_nothing_of_hosts_beside_runs_that_do():
+    named = [dict(r, host_cpu="EPYC A x16", device_slug="h100", device="NVIDIA H100") for i, ms in
+             enumerate([1.6, 1.61]) for r in run_rows(f"n{i}", f"k{i}", fast(fasttransformer__compile_ro__whole_step=ms,
+                                                                              fasttransformer__engine__default=1.0))]
+    unnamed = [r for i, ms in enumerate([1.6, 2.2]) for r in run_rows(
+        f"r{i}", f"m{i}", fast(fasttransformer__compile_ro__whole_step=ms, fasttransformer__engine__default=1.0),
+        bad={("fasttransformer", "compile-ro", "whole-step"): {"graph_breaks": 3}})]
+    text = st.steadiness_findings(bv.load(CASES, rows=named + unnamed))
+    assert "more than 5% apart" in text and "(3 graph breaks)" in text
+    assert "hosts: nan" not in text and "(hosts:" not in text

@@ -104,7 +104,7 @@ def steadiness_findings(df: pd.DataFrame, model: str = "fasttransformer", steady
                 verdict += (f". The strongest configurations of these runs leave work to the host every step "
                             f"({r['host work each step']}), so their time, and the engine's ratio against them, "
                             "depend on the host the run got")
-                if r.get("hosts"):
+                if isinstance(r.get("hosts"), str):  # NaN where another model's runs named their hosts
                     verdict += f" (hosts: {r['hosts']})"
         lines.append(f"- **{r['device']}, {name}, {r['precision']}:** the strongest baseline took "
                      f"{r['strongest baseline ms (min–max)']} ms over {r['runs']} runs, {spread:.0f}% from fastest "
