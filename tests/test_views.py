@@ -182,6 +182,13 @@ def test_audit_T128_claim_from_tsweep_rows(g_ms, verdict):
     assert "on 2 machine starts" in row["book finds"]
 
 
+def test_a_claim_that_holds_on_another_gpu_names_that_gpu():
+    other = "h100-80gb-hbm3"
+    write(*three_runs(sweep_pair, 128, 16.0, 10.0), slug=other)
+    assert _claim(audit.audit_table.rows(other), "speed-up at T=128")["verdict"] == f"holds on {other.upper()} only"
+    assert _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")["verdict"] == "cannot test here"
+
+
 def test_audit_T128_claim_from_one_run_shows_it_without_a_verdict():
     write(*sweep_pair(128, 16.0, 10.0), *sweep_pair(128, 12.0, 10.0, run="r1", machine="m0"))
     row = _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")

@@ -3,7 +3,8 @@ measurement or derivation, with a verdict computed by a stated rule.
 
 Verdicts:
 * ``holds``               - the book's number agrees (within ``TOL`` relative, or the stated direction holds);
-* ``holds on H200 only``  - a T4 timing claim whose H200 counterpart agrees; the T4 itself is untested;
+* ``holds on H200 only``  - a T4 timing claim whose counterpart on the measured GPU (named in the verdict:
+                            H200, H100 80GB HBM3, ...) agrees; the T4 itself is untested;
 * ``does not hold``       - the book's number disagrees;
 * ``too few runs``        - measured, but in fewer runs than a verdict needs (``ftlib.views.baselines``:
                             ``MIN_RUNS`` runs on ``MIN_MACHINES`` machine starts);
@@ -42,6 +43,17 @@ def _row(claim: str, post: str, book: str, verdict: str, source: str) -> dict[st
     return {"claim": claim, "post says": post, "book finds": book, "verdict": verdict, "from": source}
 
 
+# A T4 timing claim that agrees on the measured GPU; audit_table names that GPU in place of the H200.
+ELSEWHERE = "holds on H200 only"
+
+
+def holds_only_on(device: str) -> str:
+    """The verdict of a T4 claim that holds on ``device``: 'holds on H100 80GB HBM3 only'."""
+    from ftlib.views.engine_findings import short_name
+
+    return f"holds on {short_name(device)} only"
+
+
 def _params() -> dict[str, int]:
     return {n: GPT(preset(n)).num_params() for n in ("gpt2", "fasttransformer")}
 
@@ -53,7 +65,7 @@ def _range_verdict(lo: float, hi: float, claimed: float, runs: int, machines: in
     if not enough_runs(runs, machines):
         return "too few runs"
     if lo >= claimed * (1 - TOL):
-        return "holds on H200 only"
+        return ELSEWHERE
     if hi < claimed * (1 - TOL):
         return "does not hold"
     return "no verdict: the runs disagree"
@@ -126,7 +138,7 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
                                    & (inv["GPT-2 compiled as"] == bv.config_name(*bv.POST_CONFIG))]
     if r is not None and not r.empty:
         r = r.iloc[0]
-        verdict = {"holds": "holds on H200 only", "does not hold": "does not hold"}.get(r["inversion"],
+        verdict = {"holds": ELSEWHERE, "does not hold": "does not hold"}.get(r["inversion"],
                                                                                        r["inversion"])
         out.append(_row("eager inversion: FastTransformer eager beats compiled GPT-2", "98 ms vs 102 ms (T4)",
                         f"{r['FastTransformer eager ms']:.2f} ms vs {r['GPT-2 compiled ms']:.2f} ms on {device} "
@@ -142,7 +154,7 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
         if e.empty:
             continue
         e = e.iloc[0]
-        verdict = {"faster": "does not hold", "slower": "holds on H200 only", "ties": "holds on H200 only"}.get(
+        verdict = {"faster": "does not hold", "slower": ELSEWHERE, "ties": ELSEWHERE}.get(
             e["verdict"], e["verdict"])
         out.append(_row(f"compiler ceiling: a hand-written GPT-2 engine does not beat torch.compile ({prec})",
                         f"engine {hand:.2f} ms vs compile-ro {ro:.2f} ms (T4, fp32)",
@@ -266,7 +278,8 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
         out.append(_row("perplexity at step 200, FastTransformer vs GPT-2", "11.98 vs 12.45 (training batch)",
                         "not measured yet: python ci/gpu_train.py --suites convergence-original,convergence",
                         "not measured yet", "convergence-original suite"))
-    return out
+    here = holds_only_on(device)
+    return [dict(r, verdict=here) if r["verdict"] == ELSEWHERE else r for r in out]
 
 
 def verdict_counts(table: pd.DataFrame) -> pd.DataFrame:

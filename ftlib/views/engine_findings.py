@@ -120,9 +120,16 @@ def device_title(device: str, runs: pd.DataFrame) -> str:
     return names[0] if names else device
 
 
+def short_name(device: str) -> str:
+    """'H100 80GB HBM3': the device's name as its rows give it, without the vendor; the folder name in capitals
+    where no row names it."""
+    name = device_title(device, device_runs(device))
+    return name.removeprefix("NVIDIA ") if name != device else device.upper()
+
+
 def other_device_intro(device: str, headline: str, runs: pd.DataFrame) -> str:
     """The line before another device's engine table."""
-    return (f"On the {device_title(device, runs)}, in its own runs (never pooled with the {headline.upper()}'s), "
+    return (f"On the {device_title(device, runs)}, in its own runs (never pooled with the {short_name(headline)}'s), "
             "the same comparison:")
 
 

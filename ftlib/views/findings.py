@@ -130,8 +130,9 @@ def _md_cell(v: Any) -> str:
 
 def preamble(device: str = "h200") -> str:
     """The sentence before the findings: where the book measured, where the post did."""
-    return (f"Measured on an NVIDIA {device.upper()}; the post's numbers are from a Tesla T4. "
-            "\"holds on H200 only\": the claim holds on the H200, the T4 itself is untested. "
+    return (f"Measured on an NVIDIA {ef.short_name(device)}; the post's numbers are from a Tesla T4. "
+            f"\"holds on {ef.short_name(device)} only\": the claim holds on the {ef.short_name(device)}, the T4 "
+            "itself is untested. "
             f"\"too few runs\": measured, but not yet in the {MIN_RUNS} runs on {MIN_MACHINES} machine "
             "starts a verdict needs. \"not measured yet\": no stored rows; chapter 7 gives the command.")
 
@@ -175,7 +176,9 @@ def markdown(device: str = "h200") -> str:
 
 
 def show_findings(device: str = "h200") -> None:
-    """The findings in a notebook: the same text and tables as :func:`markdown`, the tables as HTML."""
+    """The findings in a notebook: the same text and tables as :func:`markdown`, the tables as HTML, for
+    ``device`` alone (a chapter shows each device in turn, where the README shows the other devices' engine
+    tables after the headline device's)."""
     from IPython.display import Markdown, display
 
     from ftlib.views.tables import show_frame
@@ -191,14 +194,6 @@ def show_findings(device: str = "h200") -> None:
     adds = additions_markdown(device, runs)
     if adds:
         display(Markdown(adds))
-    for dev in ef.other_devices(device):
-        runs = ef.device_runs(dev)
-        display(Markdown(ef.other_device_intro(dev, device, runs)))
-        show_frame(ef.engine_results(dev, runs), caption=f"The book's engine against the strongest compiled step on "
-                   f"{ef.device_title(dev, runs)}", preview=[c for c in ef.ENGINE_COLUMNS if c != "its ms"])
-        notes = ef.engine_notes(dev, runs)
-        if notes:
-            display(Markdown("\n".join(f"- {n}" for n in notes)))
     gaps = unmeasured_markdown(device)
     if gaps:
         display(Markdown(gaps))
@@ -316,9 +311,9 @@ def unmeasured_markdown(device: str = "h200") -> str:
 
     gaps = unmeasured(device)
     text = "" if not gaps else (
-        f"**Not measured on the {device.upper()} in this edition**, so the chapters that read them say so where "
+        f"**Not measured on the {ef.short_name(device)} in this edition**, so the chapters that read them say so where "
         "their numbers would stand:\n\n" + "\n".join(f"- {g};" for g in gaps[:-1]) + f"\n- {gaps[-1]}.")
     if "t4" not in device_folders():
         text += ("\n\n" if text else "") + ("No Tesla T4 rows are stored: a timing claim of the post, made on a T4, "
-                                             f"can at most hold on the {device.upper()} only.")
+                                             f"can at most hold on the {ef.short_name(device)} only.")
     return text
