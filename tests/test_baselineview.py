@@ -141,6 +141,10 @@ def test_the_findings_are_computed_from_the_rows():
     text = br.chapter3_findings(bv.load(CASES, rows=rows), precision="bf16")
     assert "1.52× (1.50–1.53× over runs)" in text and "3 runs on 2 machine starts" in text
     assert br.chapter3_findings(bv.load(CASES, rows=[])).startswith("No complete run")
+    # A device without runs in the chapter's precision says so, not "0 runs on 0 machine starts".
+    other = br.chapter3_findings(bv.load(CASES, rows=rows), precision="fp32")
+    assert other.startswith("**h200** (no fp32 runs; what its runs in other precisions show):")
+    assert "0 runs" not in other
 
 
 def test_a_run_cut_short_keeps_the_precisions_it_completed():

@@ -179,7 +179,9 @@ def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
         post = lookup_row(tab, device_slug=dev, precision=precision, config=config_name(*POST_CONFIG))
         best = lookup_row(tab, device_slug=dev, precision=precision, config="strongest baseline of each")
         runs = df[(df["device_slug"] == dev) & (df["precision"] == precision)]
-        lines = [f"**{dev}** ({runs_on_starts(runs['run_id'].nunique(), runs['machine_id'].nunique())}, {precision}):"]
+        n_runs = runs["run_id"].nunique()
+        lines = [f"**{dev}** ({runs_on_starts(n_runs, runs['machine_id'].nunique())}, {precision}):" if n_runs
+                 else f"**{dev}** (no {precision} runs; what its runs in other precisions show):"]
         if post is not None:
             lines.append(f"- Under the post's configuration ({config_name(*POST_CONFIG)}), FastTransformer steps "
                          f"{range_text(post['median'], post['min'], post['max'])} faster than GPT-2 "
