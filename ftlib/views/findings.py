@@ -130,9 +130,9 @@ def _md_cell(v: Any) -> str:
 
 def preamble(device: str = "h200") -> str:
     """The sentence before the findings: where the book measured, where the post did."""
-    return (f"Measured on an NVIDIA {ef.short_name(device)}; the post's numbers are from a Tesla T4. "
-            f"\"holds on {ef.short_name(device)} only\": the claim holds on the {ef.short_name(device)}, the T4 "
-            "itself is untested. "
+    name = ef.short_name(device)
+    return (f"Measured on an NVIDIA {name}; the post's numbers are from a Tesla T4. "
+            f"\"holds on {name} only\": the claim holds on the {name}, the T4 itself is untested. "
             f"\"too few runs\": measured, but not yet in the {MIN_RUNS} runs on {MIN_MACHINES} machine "
             "starts a verdict needs. \"not measured yet\": no stored rows; chapter 7 gives the command.")
 
@@ -309,11 +309,11 @@ def unmeasured_markdown(device: str = "h200") -> str:
     """The closing chapter's list of what this edition has not measured on ``device`` ('' when nothing)."""
     from ftlib.harness.results import device_folders
 
-    gaps = unmeasured(device)
+    gaps, name = unmeasured(device), ef.short_name(device)
     text = "" if not gaps else (
-        f"**Not measured on the {ef.short_name(device)} in this edition**, so the chapters that read them say so where "
+        f"**Not measured on the {name} in this edition**, so the chapters that read them say so where "
         "their numbers would stand:\n\n" + "\n".join(f"- {g};" for g in gaps[:-1]) + f"\n- {gaps[-1]}.")
     if "t4" not in device_folders():
         text += ("\n\n" if text else "") + ("No Tesla T4 rows are stored: a timing claim of the post, made on a T4, "
-                                             f"can at most hold on the {ef.short_name(device)} only.")
+                                             f"can at most hold on the {name} only.")
     return text
