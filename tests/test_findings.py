@@ -109,6 +109,15 @@ def test_the_lessons_count_the_runs_of_todays_engine_behind_its_ratio(store):
             "machine start that measured the current engine)") in text
 
 
+def test_the_lessons_say_which_runs_the_strongest_baselines_ratio_leaves_out(store):
+    old = [r for i in range(2) for r in baselines_run(f"o{i}", f"m{i}", fast(fasttransformer__engine__default=4.0,
+                                                                              fasttransformer__compile_ro__fused=5.0))]
+    store(old + _graphed_run("n0", "m2", engine=4.0, graphed=4.5))
+    assert ("1.12× faster than the strongest compiled step of the run (the first two over the 3 runs on 3 machine "
+            "starts that measured the current engine, the last over the 1 run on 1 machine start among them that "
+            "measured every configuration that was the strongest in some run)") in findings.lessons("h200")
+
+
 def test_a_baseline_that_moves_between_runs_is_said_beside_the_engine_ratio(store):
     store(_three_runs())  # the strongest compiled step took 4, 6 and 5 ms in the three runs
     text = ef.moving_baseline("h200")
