@@ -43,8 +43,9 @@ def _row(claim: str, post: str, book: str, verdict: str, source: str) -> dict[st
     return {"claim": claim, "post says": post, "book finds": book, "verdict": verdict, "from": source}
 
 
-# A T4 timing claim that agrees on the measured GPU; audit_table names that GPU in place of the H200.
-ELSEWHERE = "holds on H200 only"
+# A T4 timing claim that agrees on the measured GPU: a placeholder, which audit_table replaces with the
+# verdict that names that GPU (:func:`holds_only_on`).
+ELSEWHERE = "holds on the measured GPU only"
 
 
 def holds_only_on(device: str) -> str:

@@ -22,14 +22,19 @@ ENGINE_INTRO = ("The book's whole-step engine (its own Triton kernels, the whole
                 "describes each).")
 
 
-def device_runs(device: str = "h200") -> pd.DataFrame:
-    """The baselines suite's complete runs on ``device`` (:func:`ftlib.views.baselines.load`): what the engine's
-    table, the moving baseline, the engine's goals and the lessons read, loaded once by :func:`markdown` and
-    :func:`show_findings` and passed to each."""
+def all_runs() -> pd.DataFrame:
+    """The baselines suite's complete runs on every device (:func:`ftlib.views.baselines.load`)."""
     from ftlib.harness.suites import baselines
     from ftlib.views import baselines as bv
 
-    runs = bv.load(baselines())
+    return bv.load(baselines())
+
+
+def device_runs(device: str = "h200") -> pd.DataFrame:
+    """The baselines suite's complete runs on ``device``: what the engine's table, the moving baseline, the
+    engine's goals and the lessons read, loaded once by :func:`markdown` and :func:`show_findings` and passed
+    to each."""
+    runs = all_runs()
     return runs[runs["device_slug"] == device]
 
 
@@ -106,10 +111,7 @@ def engine_notes(device: str = "h200", runs: pd.DataFrame | None = None) -> list
 
 def other_devices(device: str = "h200") -> list[str]:
     """The devices besides ``device`` with complete baselines runs that measured the engine, by name."""
-    from ftlib.harness.suites import baselines
-    from ftlib.views import baselines as bv
-
-    runs = bv.load(baselines())
+    runs = all_runs()
     runs = runs[(runs["device_slug"] != device) & (runs["mode"] == "engine")]
     return sorted(set(runs["device_slug"]))
 
@@ -137,10 +139,9 @@ def weaker_set(device: str = "h200") -> str | None:
     """A sentence where no run of ``device`` measured a configuration that was the strongest baseline in runs of
     another device (None where its runs measured every such configuration): its ratios are then against a weaker
     set of configurations than the other device's."""
-    from ftlib.harness.suites import baselines
     from ftlib.views import baselines as bv
 
-    every = bv.valid_rows(bv.load(baselines()))
+    every = bv.valid_rows(all_runs())
     if every.empty or not (every["device_slug"] == device).any():
         return None
     here = set(every.loc[every["device_slug"] == device, "config"])

@@ -165,9 +165,9 @@ def markdown(device: str = "h200") -> str:
     if adds:
         lines += ["", adds]
     for dev in ef.other_devices(device):
-        runs = ef.device_runs(dev)
-        notes = ef.engine_notes(dev, runs)
-        lines += ["", ef.other_device_intro(dev, device, runs), ""] + _md_table(ef.engine_results(dev, runs))
+        dev_runs = ef.device_runs(dev)
+        notes = ef.engine_notes(dev, dev_runs)
+        lines += ["", ef.other_device_intro(dev, device, dev_runs), ""] + _md_table(ef.engine_results(dev, dev_runs))
         lines += ["", "\n".join(f"- {n}" for n in notes)] if notes else []
     gaps = unmeasured_markdown(device)
     if gaps:

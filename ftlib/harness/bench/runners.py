@@ -47,6 +47,8 @@ def captures_whole_step(mode: str, kind: str) -> bool:
     """Whether the step is captured by hand as one CUDA graph: the eager step (mode 'cudagraph') or the
     compiled one (placement 'graphed'). Such a step needs CUDA, the capturable AdamW and warm-up steps."""
     return mode == "cudagraph" or kind == GRAPHED
+
+
 # Steps the cudagraph mode runs eagerly on a side stream before capture (PyTorch's recipe uses 3).
 GRAPH_WARMUP = 3
 
