@@ -84,7 +84,7 @@ from ftlib.views import record as rec
 from ftlib.views import speedrun as sr
 from ftlib.views.bench import provenance_short
 from ftlib.views.plots import show
-from ftlib.views.tables import group_rows, show_frame
+from ftlib.views.tables import group_rows, show_frame, show_table
 
 device = pick_device(DEVICE)
 TINY = part("08", view_smoke(SMOKE, MEASURE), "convergence").tiny  # the models the views look for
@@ -352,7 +352,7 @@ if not h2h:
 for dev in sorted(group_rows(h2h)):
     h2h_table, h2h_text = sr.head_to_head(h2h, dev)
     if h2h_table:
-        show_frame(h2h_table, digits=4, caption=f"nanoGPT's recipe and the leader in one call, {dev}")
+        show_table(h2h_table, digits=4, caption=f"nanoGPT's recipe and the leader in one call, {dev}")
     print(h2h_text)
 
 # %% [markdown]
