@@ -288,9 +288,11 @@ def engine_variants() -> list[Case]:
 # qkv_bias_into_attention (GPT-2's qkv bias gradient added atomically by its attention's backward kernels)
 # lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py) never
 # went on trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
-# No option is on trial now. Labels must not extend one another: a label that another extends is read as a
-# default case.
-CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = ()
+# On trial: wgrad_side_stream (the weight-gradient GEMMs on a second stream, overlapping the backward's
+# critical path). Labels must not extend one another: a label that another extends is read as a default case.
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
+    (" +wgrad-stream", {"wgrad_side_stream": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
+)
 
 
 def engine_candidates() -> list[Case]:

@@ -154,6 +154,8 @@ class Engine:
         self.linears = setup_linears(self.model, self.options, self.prec, self.flat_param, self.flat_grad,
                                      self.spans, self.n_decay, self.bias_elsewhere | self.qkv_biases | self.fc_biases)
         self.flat_param16, self.grad_into = self.linears.shadow16, self.linears.grad_into
+        if self.linears.wgrad_stream is not None:  # its weight gradients joined before anything reads them
+            self.optimizer.join_backward = self.linears.wgrad_stream.join
         self.notes.update(self.linears.notes)
         self.fused_mlps = 0
         if self.options.fuse_mlp_act:  # last: it reads the Linears' bf16 shadows and gradient views
@@ -380,6 +382,7 @@ class Engine:
                                                                                FirstNormInto),
             "fuse_mlp_act": self.fused_mlps > 0,
             "wgrad_splitk": self.linears.wgrad_splitk,
+            "wgrad_side_stream": self.linears.wgrad_stream is not None,
             "bias_into_buffer": self.linears.bias_into_buffer,
             "bf16_bias_weights": self.linears.bf16_bias_weights,
             "norm_bwd_grid": o.norm_bwd_grid if dw_into else None,  # the grid of those atomic adds

@@ -12,6 +12,7 @@ Linear weights the option ``grad_into_buffer`` writes the GEMM there instead (``
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import torch
@@ -67,6 +68,9 @@ class FlatOptimizer:
             raise ValueError("fp16 loss scaling with a second optimizer on the flat buffer is not supported")
         self.flat_param, self.flat_grad, self.n_decay, self.skip = flat_param, flat_grad, n_decay, skip
         self.betas, self.eps, self.weight_decay = betas, eps, weight_decay
+        # Called right after the backward, before clipping, unscaling or the update read the gradients
+        # (the engine's weight-gradient side stream joins there: wgrad_stream.py).
+        self.join_backward: Callable[[], None] | None = None
         device = flat_param.device
         self.loss_scale: DeviceLossScale | None = None
         self.scaler: torch.amp.GradScaler | None = None
@@ -104,17 +108,22 @@ class FlatOptimizer:
         ``torch.nn.utils.clip_grad_norm_`` on the flat buffer, with no host sync."""
         if self.loss_scale is not None:
             # Scaled backward; unscale and clip become one multiplier inside the AdamW kernel.
-            self.loss_scale.scale_loss(loss).backward()
+            self._backward(self.loss_scale.scale_loss(loss))
             self.loss_scale.unscale_factor_(self.flat_grad, grad_clip)
             return
         if self.scaler is not None:
-            self.scaler.scale(loss).backward()
+            self._backward(self.scaler.scale(loss))
             self.scaler.unscale_(self.torch_adamw)  # the grads are views of flat_grad: unscaled in place
         else:
-            loss.backward()
+            self._backward(loss)
         if grad_clip is not None:  # clip_grad_norm_'s formula on the flat buffer
             norm = torch.linalg.vector_norm(self.flat_grad)
             self.flat_grad.mul_(torch.clamp(grad_clip / (norm + 1e-6), max=1.0))
+
+    def _backward(self, loss: torch.Tensor) -> None:
+        loss.backward()
+        if self.join_backward is not None:
+            self.join_backward()
 
     @torch.no_grad()
     def step(self) -> None:

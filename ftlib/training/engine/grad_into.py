@@ -39,6 +39,7 @@ shared by two Linears is left on autograd (``linears.grad_into_linears`` says wh
 from __future__ import annotations
 
 from collections.abc import Callable
+from functools import partial
 from typing import TYPE_CHECKING
 
 import torch
@@ -50,6 +51,7 @@ from kernels.mm_into import weight_grad_into_
 
 if TYPE_CHECKING:
     from ftlib.training.engine.options import EngineOptions
+    from ftlib.training.engine.wgrad_stream import WGradStream
 
 # db (N,) in the bias dtype from dy (M, N); None: dy.sum(0), cast by autograd like autocast's.
 BiasGrad = Callable[[torch.Tensor], torch.Tensor] | None
@@ -88,6 +90,9 @@ class GradIntoLinearFunction(torch.autograd.Function):
     ``fp32_out``: low-precision GEMMs may write fp32 directly (:func:`kernels.mm_into.fp32_out_mm_available`).
     ``add_wgrad``: instead, a function (grad, dy2, x2) that *adds* dy2^T x2 into ``grad`` (the split-K
     kernel, :func:`kernels.wgrad.wgrad_add_`), for a ``grad`` zeroed before the backward, as the engine's is.
+    ``wgrad_stream``: where given, the weight-gradient GEMM (and the bias gradient's add with ``db_out``) is
+    queued on that side stream (:mod:`ftlib.training.engine.wgrad_stream`), whose owner joins it before the
+    gradients are read.
     Saves x and the weight in the dtype the GEMMs ran in, as ``F.linear`` under autocast does.
     """
 
@@ -95,7 +100,7 @@ class GradIntoLinearFunction(torch.autograd.Function):
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None, grad: torch.Tensor,
                 w16: torch.Tensor | None, bias_grad: BiasGrad, fp32_out: bool, add_wgrad: AddWGrad,
                 b16: torch.Tensor | None = None, db_out: torch.Tensor | None = None,
-                db_elsewhere: bool = False) -> torch.Tensor:
+                db_elsewhere: bool = False, wgrad_stream: WGradStream | None = None) -> torch.Tensor:
         dev = x.device.type
         ctx.x_dtype = x.dtype
         wc = weight
@@ -110,6 +115,7 @@ class GradIntoLinearFunction(torch.autograd.Function):
         ctx.save_for_backward(x, wc)
         ctx.grad, ctx.bias_grad, ctx.fp32_out, ctx.has_bias = grad, bias_grad, fp32_out, bias is not None
         ctx.add_wgrad, ctx.db_out, ctx.db_elsewhere = add_wgrad, db_out, db_elsewhere
+        ctx.wgrad_stream = wgrad_stream
         return y
 
     @staticmethod
@@ -121,21 +127,32 @@ class GradIntoLinearFunction(torch.autograd.Function):
         dx = db = None
         # A CPU backward called inside an autocast region would otherwise recast the GEMMs.
         with torch.autocast(dy.device.type, enabled=False):
-            if ctx.needs_input_grad[0]:
-                dx = torch.mm(dy2, wc).view(*dy.shape[:-1], K).to(ctx.x_dtype)  # (M, N) @ (N, K) -> (..., K)
-            if ctx.needs_input_grad[1] and ctx.add_wgrad is not None:
-                ctx.add_wgrad(ctx.grad, dy2, x.reshape(-1, K))  # x: (..., K) -> (M, K)
-            elif ctx.needs_input_grad[1]:
-                weight_grad_into_(ctx.grad, dy2, x.reshape(-1, K), ctx.fp32_out)  # x: (..., K) -> (M, K)
-            if ctx.db_elsewhere:
-                pass  # the bias's gradient is added where dy is made (the residual-norm backward)
-            elif ctx.has_bias and ctx.needs_input_grad[2] and ctx.db_out is not None:
+            x2 = x.reshape(-1, K)  # x: (..., K) -> (M, K)
+            # What only the flat gradient receives (the optimizer reads it after the backward): dW, and db
+            # where it is added there; on the side stream where one is given, else after dx.
+            into_flat = []
+            if ctx.needs_input_grad[1]:
+                into_flat.append(partial(ctx.add_wgrad, ctx.grad, dy2, x2) if ctx.add_wgrad is not None
+                                 else partial(weight_grad_into_, ctx.grad, dy2, x2, ctx.fp32_out))
+            if not ctx.db_elsewhere and ctx.has_bias and ctx.needs_input_grad[2] and ctx.db_out is not None:
                 from kernels.bias_linear import bias_grad_add_  # here: importing this module imports no Triton
 
-                bias_grad_add_(dy2, ctx.db_out)  # db added into the bias's view of the flat gradient
-            elif ctx.has_bias and ctx.needs_input_grad[2]:
+                into_flat.append(partial(bias_grad_add_, dy2, ctx.db_out))  # db added into the bias's view
+            if into_flat and ctx.wgrad_stream is not None:  # forked first: it may start beside dx's GEMM
+                ctx.wgrad_stream.run(partial(_run_all, into_flat), dy2, x2)
+                into_flat = []
+            if ctx.needs_input_grad[0]:
+                dx = torch.mm(dy2, wc).view(*dy.shape[:-1], K).to(ctx.x_dtype)  # (M, N) @ (N, K) -> (..., K)
+            _run_all(into_flat)
+            # db_elsewhere: the bias's gradient is added where dy is made (the residual-norm backward).
+            if not ctx.db_elsewhere and ctx.has_bias and ctx.needs_input_grad[2] and ctx.db_out is None:
                 db = dy2.sum(0) if ctx.bias_grad is None else ctx.bias_grad(dy2)  # (N,)
-        return dx, None, db, None, None, None, None, None, None, None, None
+        return dx, None, db, None, None, None, None, None, None, None, None, None
+
+
+def _run_all(work: list[Callable[[], object]]) -> None:
+    for w in work:
+        w()
 
 
 def _check_view(name: str, t: torch.Tensor, p: torch.Tensor, dtype: torch.dtype) -> None:
@@ -156,7 +173,7 @@ class GradIntoLinear(nn.Module):
     def __init__(self, lin: nn.Module, grad: torch.Tensor, *, w16: torch.Tensor | None = None,
                  bias_grad: BiasGrad = None, fp32_out: bool = False, add_wgrad: AddWGrad = None,
                  b16: torch.Tensor | None = None, db_out: torch.Tensor | None = None,
-                 db_elsewhere: bool = False) -> None:
+                 db_elsewhere: bool = False, wgrad_stream: WGradStream | None = None) -> None:
         super().__init__()
         w, b = lin.weight, lin.bias
         _check_view("grad", grad, w, torch.float32)
@@ -173,12 +190,13 @@ class GradIntoLinear(nn.Module):
         # Plain attributes, not buffers: views into the engine's flat gradient and bf16 shadow.
         self.grad, self.w16, self.b16, self.db_out, self.db_elsewhere = grad, w16, b16, db_out, db_elsewhere
         self.bias_grad, self.fp32_out, self.add_wgrad = bias_grad, fp32_out, add_wgrad
+        self.wgrad_stream = wgrad_stream
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
             return GradIntoLinearFunction.apply(x, self.weight, self.bias, self.grad, self.w16, self.bias_grad,
                                                 self.fp32_out, self.add_wgrad, self.b16, self.db_out,
-                                                self.db_elsewhere)
+                                                self.db_elsewhere, self.wgrad_stream)
         return F.linear(x, self.weight, self.bias)
 
     def extra_repr(self) -> str:
@@ -187,4 +205,5 @@ class GradIntoLinear(nn.Module):
                 + (", bf16 shadow" if self.w16 is not None else "")
                 + (", bias kernel" if self.bias_grad is not None else "")
                 + (", db into the flat gradient" if self.db_out is not None else "")
-                + (", db added by the residual-norm backward" if self.db_elsewhere else ""))
+                + (", db added by the residual-norm backward" if self.db_elsewhere else "")
+                + (", dW on the side stream" if self.wgrad_stream is not None else ""))

@@ -32,6 +32,7 @@ import torch.nn as nn
 from ftlib.model.gpt import GPT
 from ftlib.training.engine.options import EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import kernels_runnable, replace_modules
+from ftlib.training.engine.wgrad_stream import WGradStream, wgrad_stream_for
 from kernels.mm_into import fp32_out_mm_available
 
 Spans = dict[str, tuple[int, int]]  # parameter name -> (offset, numel) in the flat buffers
@@ -53,8 +54,8 @@ def shadow_linears(model: GPT, flat_param16: torch.Tensor, spans: Spans) -> int:
 
 def grad_into_linears(model: GPT, flat_grad: torch.Tensor, spans: Spans, fp32_out: bool,
                       add_wgrad: Callable | None = None, *, shadow16: torch.Tensor | None = None,
-                      bias_into: bool = False,
-                      bias_elsewhere: frozenset[int] = frozenset()) -> tuple[int, dict[str, str]]:
+                      bias_into: bool = False, bias_elsewhere: frozenset[int] = frozenset(),
+                      wgrad_stream: WGradStream | None = None) -> tuple[int, dict[str, str]]:
     """Every plain, bf16-shadow or bias-kernel Linear onto :class:`GradIntoLinear`, its weight gradient
     written into ``flat_grad``'s span of the weight; returns (how many, {Linear left on autograd: why}).
 
@@ -62,6 +63,8 @@ def grad_into_linears(model: GPT, flat_grad: torch.Tensor, spans: Spans, fp32_ou
     and bias in bf16 (None: autocast's casts, one per step each); ``bias_into``, their bias gradient is
     added into ``flat_grad``'s span of the bias by the column sum's atomic adds; a bias whose id is in
     ``bias_elsewhere`` gets its gradient from the kernel that makes its dy (option branch_bias_into_norm).
+    ``wgrad_stream``: the side stream of option wgrad_side_stream, given to every Linear but the tied head,
+    whose gradient the embedding's backward adds to on the main stream after the head has written it.
 
     A weight held by another module too is taken only where it is ``GPT``'s tied head (the embedding
     adds its contribution after the head has written: ``grad_into.py``); any other sharing stays."""
@@ -106,6 +109,8 @@ def grad_into_linears(model: GPT, flat_grad: torch.Tensor, spans: Spans, fp32_ou
                 kw["db_elsewhere"] = True
             elif bias_into:
                 kw["db_out"] = view(flat_grad, lin.bias)
+        if not (tied_head and lin is model.head):
+            kw["wgrad_stream"] = wgrad_stream
         return GradIntoLinear(lin, view(flat_grad, lin.weight), fp32_out=fp32_out, add_wgrad=add_wgrad, **kw)
 
     return replace_modules(model, nn.Module, into, when=lambda m: id(m) in chosen), left
@@ -127,6 +132,7 @@ class LinearSetup:
 
     shadow16: torch.Tensor | None = None
     grad_into: int = 0
+    wgrad_stream: WGradStream | None = None
     wgrad_splitk: bool = False
     bias_into_buffer: bool = False
     bf16_bias_weights: bool = False
@@ -174,6 +180,8 @@ def setup_linears(model: GPT, options: EngineOptions, prec: StepPrecision, flat_
         n = shadow_linears(model, out.shadow16, spans)
         out.notes["bf16_weights"] = f"{n} Linear layers on one bf16 shadow of the flat weights"
     if not o.grad_into_buffer:
+        if o.wgrad_side_stream:
+            out.notes["wgrad_side_stream"] = wgrad_stream_for(device, True, False)[1]
         if bias_elsewhere:
             raise RuntimeError("bias gradients added by another kernel need grad_into_buffer")
         return out
@@ -186,9 +194,12 @@ def setup_linears(model: GPT, options: EngineOptions, prec: StepPrecision, flat_
 
         out.notes["wgrad_splitk"] = "weight gradients added by the split-K kernel (kernels/wgrad.py)"
         add_wgrad = partial(wgrad_add_, input_precision="ieee" if low else "tf32")
+    out.wgrad_stream, note = wgrad_stream_for(device, o.wgrad_side_stream, True)
+    if note:
+        out.notes["wgrad_side_stream"] = note
     n, left = grad_into_linears(model, flat_grad, spans, fp32_out, add_wgrad,
                                 shadow16=out.shadow16 if whole else None, bias_into=into,
-                                bias_elsewhere=bias_elsewhere)
+                                bias_elsewhere=bias_elsewhere, wgrad_stream=out.wgrad_stream)
     taken = {id(m.bias) for m in model.modules() if getattr(m, "db_elsewhere", False)}
     if taken != set(bias_elsewhere):
         raise RuntimeError(f"{len(set(bias_elsewhere) - taken)} bias(es) whose gradient another kernel adds are not "
@@ -196,6 +207,9 @@ def setup_linears(model: GPT, options: EngineOptions, prec: StepPrecision, flat_
     out.grad_into, out.wgrad_splitk = n, add_wgrad is not None and n > 0
     out.bias_into_buffer, out.bf16_bias_weights = into and n > 0, whole and n > 0
     if n == 0:
+        out.wgrad_stream = None
+        if o.wgrad_side_stream:
+            out.notes["wgrad_side_stream"] = "not applied: no Linear writes its weight gradient into the flat gradient"
         out.notes["grad_into_buffer"] = ("not applied: no plain, bf16-shadow or bias-kernel Linear "
                                          "(the Triton GEMM's Linears keep their own backward)")
         return out

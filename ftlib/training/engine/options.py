@@ -126,6 +126,11 @@ class EngineOptions:
                "gradient by one split-K Triton GEMM with atomic adds (kernels/wgrad.py) instead of cuBLAS's GEMM "
                "with an fp32 output, which at these skinny shapes splits the reduction and sums the slices' "
                "partials in a second kernel")
+    wgrad_side_stream: bool = _option(
+        False, "with grad_into_buffer, on CUDA: each Linear's weight-gradient GEMM runs on a second stream, "
+               "forked from the backward where dy is ready and joined before the gradients are read (clipping, "
+               "the optimizer), so it overlaps the chain of input-gradient, attention and norm kernels that leads "
+               "to the layers below (wgrad_stream.py); the tied head stays on the main stream")
     bias_into_buffer: bool = _option(
         True, "with grad_into_buffer and the bias kernel: each Linear's backward adds its bias gradient into the "
                "bias's view of the flat gradient with the column sum's atomic adds (kernels/bias_linear.py, "
