@@ -580,6 +580,14 @@ if len(ktable):
 # * The `persistent norm dw` variant of "What each kernel buys" puts the norm backwards' weight-gradient partials
 #   one per program instead of one per row tile.
 # * `wgrad_splitk` has no trial in the engine: its kernel is slower than cuBLAS's on its own (section 2).
+# * `wgrad-stream` (`wgrad_side_stream`) moves work rather than removing it. A Linear's backward makes two
+#   products of its output gradient dy: dx = dy W, which the layers below wait for, and dW = dyᵀ x, which
+#   only the optimizer reads, after the whole backward. The option queues each dW GEMM (and GPT-2's qkv bias
+#   sum) on a second CUDA stream as soon as dy is ready and joins that stream once, after the backward, so
+#   the weight gradients can run beside the chain of input-gradient, attention and norm kernels, most of
+#   which fill only part of the GPU at this size (`ftlib/training/engine/wgrad_stream.py`). Both streams are
+#   captured in the one graph. The same split of the backward drives zero-bubble pipeline schedules
+#   (Qi et al., arXiv:2401.10241), which move the weight-gradient part later in time.
 # * `fuse_softmax_matmuls` (GPT-2's attention on the kernels above that write P and fuse the
 #   products around it) for GPT-2 as written, the one model whose attention it changes, and
 #   `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against
