@@ -588,6 +588,11 @@ if len(ktable):
 #   which fill only part of the GPU at this size (`ftlib/training/engine/wgrad_stream.py`). Both streams are
 #   captured in the one graph. The same split of the backward drives zero-bubble pipeline schedules
 #   (Qi et al., arXiv:2401.10241), which move the weight-gradient part later in time.
+# * `attn-bwd-streams` (`attention_bwd_streams`) does the same inside the attention backward. Its dQ kernel
+#   forms D = rowsum(dO ∘ O), which the dK/dV kernel reads, so the two run one after the other, each with a
+#   few hundred programs at this size. With the option the dK/dV kernel forms D itself (one more load of O
+#   per query tile it visits), the two kernels share no data, and the dK/dV kernel runs on a side stream
+#   beside the dQ kernel (`concurrent` in `kernels/attention.py`).
 # * `fuse_softmax_matmuls` (GPT-2's attention on the kernels above that write P and fuse the
 #   products around it) for GPT-2 as written, the one model whose attention it changes, and
 #   `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against

@@ -138,7 +138,7 @@ def attention_bwd(
     sm_scale: float | None = None, input_precision: str = "ieee", block_m: int | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
     dq_out: torch.Tensor | None = None, dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None,
-    fuse_kv_split_sum: bool = False, kv_split: int | None = None,
+    fuse_kv_split_sum: bool = False, kv_split: int | None = None, concurrent: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for o, lse = attention_fwd(q, k, v, ...); dk, dv have k's shape (B, nkv, T, hs).
 
@@ -151,6 +151,10 @@ def attention_bwd(
     of PyTorch's sum, cast and copy for each of dK and dV. ``kv_split``: how many programs share one
     K/V head's query heads in the dK/dV kernel (a power of two dividing nh // nkv); None: enough for about
     two programs per SM (``_kv_split``). 1 writes dk/dv directly, with no partials to sum.
+    ``concurrent``: the dK/dV kernel forms D = rowsum(dO * O) itself instead of reading the dQ kernel's, so
+    the two kernels share no data; on CUDA it (and the sum of its partials) is queued first on a side stream
+    and the dQ kernel beside it on the current stream, which waits for the side stream before this returns.
+    Each kernel alone fills only part of the GPU at short sequences (a few hundred programs).
     """
     _check_qkv(q, k, v, input_precision)
     group = q.shape[1] // k.shape[1]
@@ -190,21 +194,50 @@ def attention_bwd(
         dk = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=k.device)
         dv = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=v.device)
         _attn_bwd_dkdv_kernel[(triton.cdiv(T, t.block_n), B * nkv * n_split)](
-            q, k, v, do, lse, delta, dk, dv, *qs, *ks, *vs, *do.stride()[:3],
+            q, k, v, o, do, lse, delta, dk, dv, *qs, *ks, *vs, *o.stride()[:3], *do.stride()[:3],
             nh, nkv, T, sm_scale * LOG2E, sm_scale, nh // nkv, n_split, HS=hs, BLOCK_M=t.block_m,
-            BLOCK_N=t.block_n, PREC=prec, UPCAST=upcast, CD=cdt, num_warps=t.num_warps, num_stages=t.num_stages,
+            BLOCK_N=t.block_n, PREC=prec, UPCAST=upcast, CD=cdt, DELTA_HERE=concurrent, num_warps=t.num_warps,
+            num_stages=t.num_stages,
         )
         return dk, dv, n_split
 
-    key, order = tiles_to_try("bwd_dq", hs, q.dtype, T, q.device, explicit)
-    launch_tiled("bwd_dq", launch_dq, order, key)
-    key, order = tiles_to_try("bwd_dkdv", hs, q.dtype, T, q.device, explicit)
-    dk, dv, n_split = launch_tiled("bwd_dkdv", launch_dkdv, order, key)
+    def dkdv() -> tuple[torch.Tensor, torch.Tensor]:
+        key, order = tiles_to_try("bwd_dkdv", hs, q.dtype, T, q.device, explicit)
+        dk, dv, n_split = launch_tiled("bwd_dkdv", launch_dkdv, order, key)
+        return _finish_dkdv(dk, dv, n_split, k, v, dk_out, dv_out, fuse_kv_split_sum)
+
+    def dq_pass() -> None:
+        key, order = tiles_to_try("bwd_dq", hs, q.dtype, T, q.device, explicit)
+        launch_tiled("bwd_dq", launch_dq, order, key)
+
+    if not concurrent:
+        dq_pass()  # first: the dK/dV kernel reads its D
+        return (dq, *dkdv())
+    if q.device.type != "cuda":  # the interpreter: one stream, the same kernels
+        dk, dv = dkdv()
+        dq_pass()
+        return dq, dk, dv
+    main, side = torch.cuda.current_stream(q.device), _side_stream(q.device)
+    side.wait_stream(main)
+    with torch.cuda.stream(side):
+        dk, dv = dkdv()
+    dq_pass()
+    main.wait_stream(side)
+    for t in (dk, dv):  # made on the side stream, used on the main one from here
+        t.record_stream(main)
+    return dq, dk, dv
+
+
+def _finish_dkdv(dk: torch.Tensor, dv: torch.Tensor, n_split: int, k: torch.Tensor, v: torch.Tensor,
+                 dk_out: torch.Tensor | None, dv_out: torch.Tensor | None, fuse_kv_split_sum: bool
+                 ) -> tuple[torch.Tensor, torch.Tensor]:
+    """The dK/dV kernel's output as (dk, dv) of k's shape, in ``dk_out``/``dv_out`` where given."""
+    B, nkv, T, hs = k.shape
     if n_split > 1 and fuse_kv_split_sum:
         # (B, nkv * n_split, T, hs) partials -> (B, nkv, T, hs), written through the destination's strides
         dk_dst = torch.empty((B, nkv, T, hs), dtype=k.dtype, device=k.device) if dk_out is None else dk_out
         dv_dst = torch.empty((B, nkv, T, hs), dtype=v.dtype, device=v.device) if dv_out is None else dv_out
-        return (dq, *kv_split_sum(dk, dv, dk_dst, dv_dst))
+        return kv_split_sum(dk, dv, dk_dst, dv_dst)
     if n_split > 1:
         # (B, nkv * n_split, T, hs) partial sums over the query heads' split -> (B, nkv, T, hs)
         dk = dk.view(B, nkv, n_split, T, hs).sum(2).to(k.dtype)
@@ -213,7 +246,17 @@ def attention_bwd(
         dk = dk_out.copy_(dk)
     if dv_out is not None:
         dv = dv_out.copy_(dv)
-    return dq, dk, dv
+    return dk, dv
+
+
+_SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def _side_stream(device: torch.device) -> torch.cuda.Stream:
+    """One side stream per device for ``attention_bwd(concurrent=True)``, made on first use."""
+    if device not in _SIDE_STREAMS:
+        _SIDE_STREAMS[device] = torch.cuda.Stream(device)
+    return _SIDE_STREAMS[device]
 
 
 class FlashAttentionFunction(torch.autograd.Function):
@@ -270,20 +313,21 @@ class PackedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
                 fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None, fuse_kv_split_sum: bool = False,
-                kv_split: int | None = None) -> torch.Tensor:
+                kv_split: int | None = None, concurrent_bwd: bool = False) -> torch.Tensor:
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
         y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
         o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
         _, lse = attention_fwd(q, k, v, None, input_precision, **_tile_kw(fwd_tiles), out=o)
         ctx.save_for_backward(qkv, y, lse)
-        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, fuse_kv_split_sum, kv_split)
+        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, fuse_kv_split_sum, kv_split,
+                   concurrent_bwd)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qkv, y, lse = ctx.saved_tensors
-        nh, nkv, hs, prec, bwd_tiles, fuse, kv_split = ctx.cfg
+        nh, nkv, hs, prec, bwd_tiles, fuse, kv_split, concurrent = ctx.cfg
         B, T, C = y.shape
         q, k, v = _packed_views(qkv, nh, nkv, hs)
         o = y.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view
@@ -291,8 +335,8 @@ class PackedAttentionFunction(torch.autograd.Function):
         dqkv = torch.empty_like(qkv)
         dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
         attention_bwd(do, q, k, v, o, lse, None, prec, **_tile_kw(bwd_tiles), dq_out=dq, dk_out=dk, dv_out=dv,
-                      fuse_kv_split_sum=fuse, kv_split=kv_split)
-        return dqkv, None, None, None, None, None, None, None, None
+                      fuse_kv_split_sum=fuse, kv_split=kv_split, concurrent=concurrent)
+        return dqkv, None, None, None, None, None, None, None, None, None
 
 
 def _tile_kw(t: Tiles | None) -> dict[str, int | None]:
@@ -305,18 +349,18 @@ def _tile_kw(t: Tiles | None) -> dict[str, int | None]:
 def packed_attention(
     qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
     fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None, fuse_kv_split_sum: bool = False,
-    kv_split: int | None = None,
+    kv_split: int | None = None, concurrent_bwd: bool = False,
 ) -> torch.Tensor:
     """Causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C), heads side by side.
     ``fwd_tiles`` / ``bwd_tiles``: the forward's and the backward's kernels' tiles (both backward
     kernels take the same), None to choose them from the device (:mod:`kernels.tiles`).
-    ``fuse_kv_split_sum`` and ``kv_split``: as in :func:`attention_bwd`."""
+    ``fuse_kv_split_sum``, ``kv_split`` and ``concurrent_bwd`` (its ``concurrent``): as in :func:`attention_bwd`."""
     if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
                          f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
                          f"{tuple(qkv.shape)} strides {qkv.stride()}")
     return PackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, input_precision, fwd_tiles, bwd_tiles,
-                                         fuse_kv_split_sum, kv_split)
+                                         fuse_kv_split_sum, kv_split, concurrent_bwd)
 
 
 class TritonCausalAttention(nn.Module):

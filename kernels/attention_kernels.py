@@ -130,11 +130,11 @@ def _attn_bwd_dq_kernel(
 
 @triton.jit
 def _attn_bwd_dkdv_kernel(
-    Q, K, V, DO, LSE, DELTA, DK, DV,  # DK, DV: (B, nkv * n_split, T, HS) contiguous
-    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sdob, sdoh, sdot,
+    Q, K, V, Out, DO, LSE, DELTA, DK, DV,  # DK, DV: (B, nkv * n_split, T, HS) contiguous
+    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sdob, sdoh, sdot,
     nh, nkv, T, qk_scale, sm_scale, group, n_split,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, DELTA_HERE: tl.constexpr,
 ):
     """dK, dV for one (key block, batch * kv head), summed over the group's query heads:
 
@@ -149,6 +149,9 @@ def _attn_bwd_dkdv_kernel(
     heads each), each writing its partial dK, dV to its own slice, summed by the launcher:
     for MQA at B=32, T=256 one program per (key block, batch) is only 128 programs, under
     one per SM, each looping over 8 heads; splitting restores the parallelism.
+    With ``DELTA_HERE`` it forms D = rowsum(dO * O) of each query block itself from ``Out``, as the
+    dQ kernel does, instead of reading the D that kernel stored: the two kernels then share no
+    data and may run at the same time (on two streams; the launcher's ``concurrent``).
     """
     start_n = tl.program_id(0)
     bks = tl.program_id(1)  # (batch, kv head, split)
@@ -177,7 +180,12 @@ def _attn_bwd_dkdv_kernel(
             q = tl.load(q_base + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
             do = tl.load(do_base + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
             lse = tl.load(LSE + row_base + offs_m, mask=row_ok, other=0.0)
-            delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
+            if DELTA_HERE:
+                o = tl.load(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], mask=row_ok[:, None],
+                            other=0.0)
+                delta = tl.sum(do.to(CD) * o.to(CD), axis=1)  # (BLOCK_M,), as the dQ kernel forms it
+            else:
+                delta = tl.load(DELTA + row_base + offs_m, mask=row_ok, other=0.0)
             st = _dot(k, tl.trans(q), PREC, UPCAST).to(CD) * qk_scale  # (BLOCK_N, BLOCK_M)
             keep = (offs_m[None, :] >= offs_n[:, None]) & row_ok[None, :] & col_ok[:, None]
             pt = tl.where(keep, tl.exp2(st - lse[None, :]), 0.0)

@@ -135,6 +135,8 @@ def attention_spec(name: str, fn: Any, head_size: int, dt: str, prec: str, tiles
     types = {k: v for k, v in types.items() if k in fn.arg_names}
     consts = dict(HS=head_size, BLOCK_M=tiles.block_m, BLOCK_N=tiles.block_n, PREC=prec, UPCAST=False,
                   CD=tl.float32)
+    if "DELTA_HERE" in fn.arg_names:  # the dK/dV kernel as the launcher runs it by default: D read, not formed
+        consts["DELTA_HERE"] = False
     dot = prec if dt == "fp32" else dt
     label = f"attention.{name} hs={head_size} {dt}/{dot} {tiles.block_m}x{tiles.block_n} s{tiles.num_stages}"
     return AotSpec(label, fn, types, consts, tiles.num_warps, tiles.num_stages, dot,

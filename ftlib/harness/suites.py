@@ -289,9 +289,11 @@ def engine_variants() -> list[Case]:
 # lost theirs and stay options. Chapter 6 keeps every trial's rows. wgrad_splitk (kernels/wgrad.py) never
 # went on trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
 # On trial: wgrad_side_stream (the weight-gradient GEMMs on a second stream, overlapping the backward's
-# critical path). Labels must not extend one another: a label that another extends is read as a default case.
+# critical path) and attention_bwd_streams (the attention backward's dQ and dK/dV kernels side by side).
+# Labels must not extend one another: a label that another extends is read as a default case.
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
     (" +wgrad-stream", {"wgrad_side_stream": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
+    (" +attn-bwd-streams", {"attention_bwd_streams": True}, ("fasttransformer",), ("bf16", "tf32")),
 )
 
 

@@ -103,6 +103,10 @@ class EngineOptions:
         "tile", "one of NORM_DW_PARTIALS: the weight-gradient partials of the RMSNorm and fused residual-norm "
                 "backwards, one row per row tile summed by torch ('tile'), or one row per program of a grid of "
                 "a few programs per SM ('persistent')")
+    attention_bwd_streams: bool = _option(
+        False, "with the attention kernel (packed layout): its backward's dK/dV kernel forms D = rowsum(dO * O) "
+               "itself, so that it and the dQ kernel share no data, and on CUDA runs on a side stream beside the dQ "
+               "kernel (kernels.attention.attention_bwd's concurrent), instead of after it")
     fuse_kv_split_sum: bool = _option(
         True, "with the attention kernel on an MQA/GQA model: the dK/dV kernel's per-split fp32 partials summed, "
                "cast and written into dk/dv (the packed d(qkv) views) by one kernel per layer "

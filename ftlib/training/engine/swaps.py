@@ -263,7 +263,8 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
             kv_split = None
         for blk in model.blocks:
             blk.attn = KernelCausalSelfAttention(blk.attn, prec.fp32_dot, options.attention_layout,
-                                                 options.fuse_kv_split_sum, options.attention_tiles, kv_split)
+                                                 options.fuse_kv_split_sum, options.attention_tiles, kv_split,
+                                                 options.attention_bwd_streams)
         out.applied["attention"] = True
     elif cfg.attn_impl == "explicit" and not cfg.qk_norm:
         # The explicit softmax kept, as written, with its three elementwise passes fused, and with
