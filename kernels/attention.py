@@ -213,11 +213,12 @@ def attention_bwd(
     if not concurrent:
         dq_pass()  # first: the dK/dV kernel reads its D
         return (dq, *dkdv())
-    if q.device.type != "cuda":  # the interpreter: one stream, the same kernels
+    side = _side_stream(q.device)  # None off CUDA (the interpreter): one stream, the same launches in order
+    if side is None:
         dk, dv = dkdv()
         dq_pass()
         return dq, dk, dv
-    main, side = torch.cuda.current_stream(q.device), _side_stream(q.device)
+    main = torch.cuda.current_stream(q.device)
     side.wait_stream(main)
     with torch.cuda.stream(side):
         dk, dv = dkdv()
@@ -252,8 +253,11 @@ def _finish_dkdv(dk: torch.Tensor, dv: torch.Tensor, n_split: int, k: torch.Tens
 _SIDE_STREAMS: dict[torch.device, torch.cuda.Stream] = {}
 
 
-def _side_stream(device: torch.device) -> torch.cuda.Stream:
-    """One side stream per device for ``attention_bwd(concurrent=True)``, made on first use."""
+def _side_stream(device: torch.device) -> torch.cuda.Stream | None:
+    """One side stream per CUDA device for ``attention_bwd(concurrent=True)``, made on first use; None for
+    another device. It picks where the launches go, never which launches are made."""
+    if device.type != "cuda":
+        return None
     if device not in _SIDE_STREAMS:
         _SIDE_STREAMS[device] = torch.cuda.Stream(device)
     return _SIDE_STREAMS[device]

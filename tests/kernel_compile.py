@@ -65,6 +65,9 @@ JIT_HELPERS: dict[str, str] = {
 GPU_ANSWERED = ("kernels._common.num_programs", "kernels._common.persistent_grid", "kernels.attention._kv_split",
                 "kernels.bias_linear._num_splits", "kernels.linear._split_k")
 BY_CAPABILITY = ("kernels.limits.device_limits",)
+# Device-dependent helpers that choose only the stream a launch goes to, not the launches (the capture
+# records the same launches in the same order on the CPU).
+STREAMS_ONLY = ("kernels.attention._side_stream",)
 
 
 def _is_jit(decorator: ast.expr) -> bool:

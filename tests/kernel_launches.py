@@ -193,8 +193,10 @@ def attention(cfg: ModelConfig, step: Step) -> None:
         return
     if cfg.attn_dropout_p > 0 or not step.triton_dot:
         return  # SDPA kept
-    for batch in (B, B_PER_RANK):
+    for batch in (B, B_PER_RANK):  # the dK/dV kernel forming D itself (attention_bwd_streams, a default)
         qkv = _t(batch, T, (nh + 2 * nkv) * hs, dtype=step.dt, grad=True)
+        _backward(packed_attention(qkv, nh, nkv, hs, step.prec, fuse_kv_split_sum=True, concurrent_bwd=True))
+    if step.options:  # attention_bwd_streams off: the dK/dV kernel reads the dQ kernel's D
         _backward(packed_attention(qkv, nh, nkv, hs, step.prec, fuse_kv_split_sum=True))
     if step.extended or (step.options and step.cc >= 80):
         q, k, v = qkv.split([nh * hs, nkv * hs, nkv * hs], dim=-1)

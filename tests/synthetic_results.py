@@ -214,7 +214,10 @@ def baselines_run(run: str, machine: str, ms: dict[tuple[str, str, str], float],
                              "fuse_residual_norm": True, "norm_dw_into_buffer": True,
                              "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True,
                              "bias_into_buffer": bias, "branch_bias_into_norm": bias, "fc_bias_into_gelu": bias,
-                             "bf16_bias_weights": bias and c.precision == "bf16"}
+                             "bf16_bias_weights": bias and c.precision == "bf16",
+                             "wgrad_side_stream": c.precision in ("bf16", "fp16"),
+                             "attention_bwd_streams": c.config.attn_impl == "sdpa" or bool(c.extra.get(
+                                 "attention_for_explicit"))}
         row.update((bad or {}).get(ident, {}))
         rows.append(row)
     return rows

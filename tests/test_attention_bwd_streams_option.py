@@ -10,7 +10,7 @@ import torch
 from call_spy import record_calls
 
 from ftlib.harness.engine_check import pattern_batches
-from ftlib.harness.suites import CANDIDATES
+from ftlib.harness.suites import CANDIDATES, SUITES
 from ftlib.model.config import preset
 from ftlib.training.engine import Engine, EngineOptions
 
@@ -45,6 +45,8 @@ def test_with_the_heads_layout_it_is_off():
         EngineOptions(attention_bwd_streams=1)
 
 
-def test_it_is_on_trial_for_the_fasttransformer_in_both_tensor_core_precisions():
-    (trial,) = [c for c in CANDIDATES if c[1] == ON]
-    assert "fasttransformer" in trial[2] and set(trial[3]) == {"bf16", "tf32"}
+def test_it_won_its_trial_and_is_a_default_with_its_ablation_in_the_engine_suite():
+    assert EngineOptions().attention_bwd_streams is True and not [c for c in CANDIDATES if c[1] == ON]
+    ablations = [c for c in SUITES["engine"].cases() if c.extra == {"attention_bwd_streams": False}]
+    assert {(c.label, c.precision) for c in ablations} == {("fasttransformer -attn-bwd-streams", "bf16"),
+                                                           ("fasttransformer -attn-bwd-streams", "tf32")}

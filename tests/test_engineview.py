@@ -157,7 +157,8 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
     def row(run, cfg, extra=None, **ran):
         return {"mode": "engine", "device_slug": "h200", "run_id": run, "config": cfg, "extra": extra or {},
                 "engine": {"grad_into_buffer": True, "fuse_kv_split_sum": True, "norm_dw_into_buffer": True,
-                           "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True, **ran}}
+                           "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True,
+                           "attention_bwd_streams": True, **ran}}
 
     rows = [row("a", mqa, grad_into_buffer=False, fuse_kv_split_sum=False),
             row("b", mha, grad_into_buffer=False, fuse_kv_split_sum=False),  # MHA: no split to sum
@@ -169,13 +170,15 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
             row("g", mqa, fuse_residual_norm=False, norm_dw_into_buffer=False, norm_bwd_grid=None),
             row("h", mqa, norm_bwd_grid=None)]  # the atomic adds on the launcher's grid, not the default's
     lines = ec.options_behind(rows).splitlines()
-    assert len(lines) == 5
-    assert "1 of these runs ran with `first_norm_into_buffer` off" in lines[0]  # e; g had no fused norm for it
-    assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[1]  # a, e
-    assert "3 of these runs ran with `grad_into_buffer` off" in lines[2]  # a, b, e
+    assert len(lines) == 6
+    # e; wgrad_side_stream in none: these rows name no precision, and it applies under bf16/fp16 only
+    assert "1 of these runs ran with `attention_bwd_streams` off" in lines[0]
+    assert "1 of these runs ran with `first_norm_into_buffer` off" in lines[1]  # e; g had no fused norm for it
+    assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[2]  # a, e
+    assert "3 of these runs ran with `grad_into_buffer` off" in lines[3]  # a, b, e
     # h only: e and g had no atomic adds for a grid to run (they count under norm_dw_into_buffer)
-    assert "1 of these runs ran with `norm_bwd_grid` off" in lines[3]
-    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[4]  # e, not g
+    assert "1 of these runs ran with `norm_bwd_grid` off" in lines[4]
+    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[5]  # e, not g
     assert "1 of these runs ran with `grad_into_buffer`" in ec.options_behind(rows, run_ids={"b", "c"})
     assert ec.options_behind(rows, run_ids={"c", "d"}) == ""
 
@@ -197,7 +200,7 @@ def test_probes_are_named_against_todays_defaults():
     mqa = {"n_head": 8, "n_kv_head": 1}
     ran = {"grad_into_buffer": True, "fuse_kv_split_sum": True, "fuse_residual_norm": True,
            "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True, "kernels": ["rmsnorm", "attention"],
-           "notes": {}}
+           "attention_bwd_streams": True, "notes": {}}
 
     def probe(label, kw, **engine):
         return {"status": "ok", "device_slug": "h200", "commit": "c", "date": "d", "label": label, "config": mqa,
@@ -219,7 +222,8 @@ def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
     def row(kernels, notes=None, **ran):
         return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": mqa, "extra": {},
                 "engine": {"kernels": kernels, "notes": notes or {}, "norm_dw_into_buffer": True,
-                           "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True, **ran}}
+                           "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True,
+                           "attention_bwd_streams": True, **ran}}
 
     # Strict fp32 keeps SDPA: no dK/dV split to sum, so the current engine runs without the fused split sum.
     sdpa = row([k for k in with_attention if k != "attention"], grad_into_buffer=True, fuse_kv_split_sum=False)
@@ -240,7 +244,8 @@ def test_the_bias_and_first_norm_defaults_count_only_where_they_could_apply():
     residual-norm with its atomic adds. A row that predates them ran without them where they apply."""
     gpt2, ft = {"n_head": 12, "n_kv_head": 12, "bias": True}, {"n_head": 8, "n_kv_head": 1, "bias": False}
     base = {"grad_into_buffer": True, "norm_dw_into_buffer": True, "norm_bwd_grid": "8 rows 4/SM",
-            "fuse_residual_norm": True, "bias_kernel": True, "bf16_weights": True, "kernels": [], "notes": {}}
+            "fuse_residual_norm": True, "bias_kernel": True, "bf16_weights": True, "kernels": [], "notes": {},
+            "wgrad_side_stream": True}
 
     def row(cfg, prec, extra=None, **ran):
         return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": cfg, "precision": prec,
@@ -275,6 +280,7 @@ def test_the_one_pass_dq_default_counts_only_where_its_kernel_could_run():
             "fuse_residual_norm": True, "bias_kernel": True, "bf16_weights": True, "kernels": [], "fused_softmax": True,
             "fuse_softmax_matmuls": True, "bias_into_buffer": True, "bf16_bias_weights": True,
             "branch_bias_into_norm": True, "first_norm_into_buffer": True, "fc_bias_into_gelu": True,
+            "wgrad_side_stream": True,
             "notes": {"softmax": "scale + causal mask + softmax fused with the products around it"}}
 
     def row(cap="9.0", cfg=None, extra=None, **ran):

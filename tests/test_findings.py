@@ -18,7 +18,9 @@ OLDER = {("fasttransformer", "engine", "default"): {"engine": {"grad_into_buffer
                                                                 "fuse_kv_split_sum": False,
                                                                 "norm_dw_into_buffer": True,
                                                                 "norm_bwd_grid": "8 rows 4/SM",
-                                                                "first_norm_into_buffer": True}}}
+                                                                "first_norm_into_buffer": True,
+                                                                "wgrad_side_stream": True,
+                                                                "attention_bwd_streams": True}}}
 
 
 @pytest.fixture()

@@ -54,10 +54,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # as stored) are defaults: the default checks train with them.
     # GPT-2's qkv bias gradient summed by its attention's backward kernels (from dq, dk, dv as stored).
     *((prec, "gpt2", {"qkv_bias_into_attention": True}) for prec in ("tf32", "bf16")),
-    # The weight-gradient GEMMs on a second stream (the same GEMMs; the join must precede every read).
-    ("bf16", "fasttransformer", {"wgrad_side_stream": True}), ("tf32", "gpt2", {"wgrad_side_stream": True}),
-    # The attention backward's two kernels side by side (D formed by the dK/dV kernel too).
-    ("bf16", "fasttransformer", {"attention_bwd_streams": True}),
+    # The weight-gradient GEMMs on a second stream (bf16) and the attention backward's two kernels side by side
+    # (D formed by the dK/dV kernel too) are defaults: the default checks above train with them.
 )
 
 

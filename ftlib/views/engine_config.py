@@ -21,7 +21,8 @@ from ftlib.training.engine.swaps import ATTN_HEAD_SIZES
 # their ratios are never pooled with the current engine's.
 TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid",
                  "fuse_softmax_matmuls", "bias_into_buffer", "bf16_bias_weights", "branch_bias_into_norm",
-                 "first_norm_into_buffer", "explicit_dq_one_pass", "fc_bias_into_gelu")
+                 "first_norm_into_buffer", "explicit_dq_one_pass", "fc_bias_into_gelu", "wgrad_side_stream",
+                 "attention_bwd_streams")
 TODAY = "the current defaults"
 
 
@@ -83,6 +84,15 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
         return _explicit_kernel_fits(row, ran)
     if name == "explicit_dq_one_pass":  # a tile of that kernel's dQ pass, over whole rows (swaps.py)
         return _dq_one_pass_fits(row, ran)
+    if name == "wgrad_side_stream":  # CUDA, bf16/fp16, the Linears writing into the flat gradient (linears.py)
+        return (row.get("precision") in ("bf16", "fp16") and ran.get("grad_into_buffer") is not False
+                and row.get("device_type", "cuda") == "cuda")
+    if name == "attention_bwd_streams":  # the flash kernel's backward, on the packed layout
+        kernels = ran.get("kernels")
+        if kernels is None:  # not recorded: where the flash kernel takes the attention (not GPT-2's as written)
+            cfg, extra = row.get("config") or {}, row.get("extra") or {}
+            return cfg.get("attn_impl", "sdpa") == "sdpa" or bool(extra.get("attention_for_explicit"))
+        return "attention" in kernels and ran.get("attention_layout") in (None, "packed")
     if name in _NEEDS:
         return _needs_met(name, row, ran)
     return name != "norm_bwd_grid" or ran.get("norm_dw_into_buffer") is True  # the grid those adds run on

@@ -181,7 +181,7 @@ def setup_linears(model: GPT, options: EngineOptions, prec: StepPrecision, flat_
         out.notes["bf16_weights"] = f"{n} Linear layers on one bf16 shadow of the flat weights"
     if not o.grad_into_buffer:
         if o.wgrad_side_stream:
-            out.notes["wgrad_side_stream"] = wgrad_stream_for(device, True, False)[1]
+            out.notes["wgrad_side_stream"] = wgrad_stream_for(device, True, False, low)[1]
         if bias_elsewhere:
             raise RuntimeError("bias gradients added by another kernel need grad_into_buffer")
         return out
@@ -194,7 +194,7 @@ def setup_linears(model: GPT, options: EngineOptions, prec: StepPrecision, flat_
 
         out.notes["wgrad_splitk"] = "weight gradients added by the split-K kernel (kernels/wgrad.py)"
         add_wgrad = partial(wgrad_add_, input_precision="ieee" if low else "tf32")
-    out.wgrad_stream, note = wgrad_stream_for(device, o.wgrad_side_stream, True)
+    out.wgrad_stream, note = wgrad_stream_for(device, o.wgrad_side_stream, True, low)
     if note:
         out.notes["wgrad_side_stream"] = note
     n, left = grad_into_linears(model, flat_grad, spans, fp32_out, add_wgrad,

@@ -104,9 +104,9 @@ class EngineOptions:
                 "backwards, one row per row tile summed by torch ('tile'), or one row per program of a grid of "
                 "a few programs per SM ('persistent')")
     attention_bwd_streams: bool = _option(
-        False, "with the attention kernel (packed layout): its backward's dK/dV kernel forms D = rowsum(dO * O) "
-               "itself, so that it and the dQ kernel share no data, and on CUDA runs on a side stream beside the dQ "
-               "kernel (kernels.attention.attention_bwd's concurrent), instead of after it")
+        True, "with the attention kernel (packed layout): its backward's dK/dV kernel forms D = rowsum(dO * O) "
+              "itself, so that it and the dQ kernel share no data, and on CUDA runs on a side stream beside the dQ "
+              "kernel (kernels.attention.attention_bwd's concurrent), instead of after it", keyless=False)
     fuse_kv_split_sum: bool = _option(
         True, "with the attention kernel on an MQA/GQA model: the dK/dV kernel's per-split fp32 partials summed, "
                "cast and written into dk/dv (the packed d(qkv) views) by one kernel per layer "
@@ -131,10 +131,11 @@ class EngineOptions:
                "with an fp32 output, which at these skinny shapes splits the reduction and sums the slices' "
                "partials in a second kernel")
     wgrad_side_stream: bool = _option(
-        False, "with grad_into_buffer, on CUDA: each Linear's weight-gradient GEMM runs on a second stream, "
-               "forked from the backward where dy is ready and joined before the gradients are read (clipping, "
-               "the optimizer), so it overlaps the chain of input-gradient, attention and norm kernels that leads "
-               "to the layers below (wgrad_stream.py); the tied head stays on the main stream")
+        True, "with grad_into_buffer, under bf16/fp16 on CUDA: each Linear's weight-gradient GEMM runs on a second "
+              "stream, forked from the backward where dy is ready and joined before the gradients are read "
+              "(clipping, the optimizer), so it overlaps the chain of input-gradient, attention and norm kernels "
+              "that leads to the layers below (wgrad_stream.py); the tied head stays on the main stream. Not in "
+              "tf32 or fp32, where its trial was mixed (chapter 6)", keyless=False)
     bias_into_buffer: bool = _option(
         True, "with grad_into_buffer and the bias kernel: each Linear's backward adds its bias gradient into the "
                "bias's view of the flat gradient with the column sum's atomic adds (kernels/bias_linear.py, "

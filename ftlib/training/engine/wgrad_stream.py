@@ -60,13 +60,17 @@ class WGradStream:
             self.forked = False
 
 
-def wgrad_stream_for(device: torch.device, asked: bool, grad_into: bool) -> tuple[WGradStream | None, str | None]:
-    """(the stream, its note) for option ``wgrad_side_stream``: a stream where it is asked for and applies;
-    (None, why not) where it is asked for and does not; (None, None) where it is not asked for."""
+def wgrad_stream_for(device: torch.device, asked: bool, grad_into: bool,
+                     low_precision: bool) -> tuple[WGradStream | None, str | None]:
+    """(the stream, its note) for option ``wgrad_side_stream``: a stream where it is asked for and applies
+    (``low_precision``: the step runs under bf16/fp16 autocast); (None, why not) where it is asked for and
+    does not; (None, None) where it is not asked for."""
     if not asked:
         return None, None
     if not grad_into:
         return None, "not applied: needs grad_into_buffer"
+    if not low_precision:
+        return None, "not applied: bf16 and fp16 only (in tf32 its trial was mixed: chapter 6)"
     if device.type != "cuda":
         return None, f"not applied: streams are CUDA's, the device is {device.type}"
     return WGradStream(device), "weight-gradient GEMMs on a second stream, joined after the backward"
