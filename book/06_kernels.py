@@ -554,8 +554,8 @@ if len(ktable):
 # has a case in the `engine` suite that switches it off again (`-grad-into-buffer`, `-fused-kv-sum`,
 # `-norm-dw-into-buffer`, `-norm-bwd-grid`, `-fuse-softmax-matmuls`, `-bias-into-buffer`,
 # `-bf16-bias-weights`, `-branch-bias-into-norm`, `-first-norm-into-buffer`, `-bias-options` for the last
-# four at once, `-explicit-dq-one-pass` and `-fc-bias-into-gelu`; the lines under the table of section "What
-# each kernel buys" say which of them have rows).
+# four at once, `-explicit-dq-one-pass`, `-fc-bias-into-gelu`, `-wgrad-stream` and `-attn-bwd-streams`; the lines
+# under the table of section "What each kernel buys" say which of them have rows).
 # The options the trials below concern:
 #
 # * `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option does
@@ -580,19 +580,21 @@ if len(ktable):
 # * The `persistent norm dw` variant of "What each kernel buys" puts the norm backwards' weight-gradient partials
 #   one per program instead of one per row tile.
 # * `wgrad_splitk` has no trial in the engine: its kernel is slower than cuBLAS's on its own (section 2).
-# * `wgrad-stream` (`wgrad_side_stream`) moves work rather than removing it. A Linear's backward makes two
-#   products of its output gradient dy: dx = dy W, which the layers below wait for, and dW = dyᵀ x, which
-#   only the optimizer reads, after the whole backward. The option queues each dW GEMM (and GPT-2's qkv bias
-#   sum) on a second CUDA stream as soon as dy is ready and joins that stream once, after the backward, so
-#   the weight gradients can run beside the chain of input-gradient, attention and norm kernels, most of
-#   which fill only part of the GPU at this size (`ftlib/training/engine/wgrad_stream.py`). Both streams are
-#   captured in the one graph. The same split of the backward drives zero-bubble pipeline schedules
-#   (Qi et al., arXiv:2401.10241), which move the weight-gradient part later in time.
-# * `attn-bwd-streams` (`attention_bwd_streams`) does the same inside the attention backward. Its dQ kernel
-#   forms D = rowsum(dO ∘ O), which the dK/dV kernel reads, so the two run one after the other, each with a
-#   few hundred programs at this size. With the option the dK/dV kernel forms D itself (one more load of O
-#   per query tile it visits), the two kernels share no data, and the dK/dV kernel runs on a side stream
-#   beside the dQ kernel (`concurrent` in `kernels/attention.py`).
+# * `wgrad-stream` (`wgrad_side_stream`; a default under bf16 and fp16) moves work rather than removing
+#   it. A Linear's backward makes two products of its output gradient dy: dx = dy W, which the layers below
+#   wait for, and dW = dyᵀ x, which only the optimizer reads, after the whole backward. The option queues
+#   each dW GEMM (and GPT-2's qkv bias sum) on a second CUDA stream as soon as dy is ready and joins that
+#   stream once, after the backward, so the weight gradients can run beside the chain of input-gradient,
+#   attention and norm kernels, most of which fill only part of the GPU at this size
+#   (`ftlib/training/engine/wgrad_stream.py`). Both streams are captured in the one graph. The same split
+#   of the backward drives zero-bubble pipeline schedules (Qi et al., arXiv:2401.10241), which move the
+#   weight-gradient part later in time. In tf32 the trial was mixed (the table below), so tf32 and fp32
+#   keep one stream.
+# * `attn-bwd-streams` (`attention_bwd_streams`; a default) does the same inside the attention backward.
+#   Its dQ kernel forms D = rowsum(dO ∘ O), which the dK/dV kernel reads, so the two run one after the
+#   other, each with a few hundred programs at this size. With the option the dK/dV kernel forms D itself
+#   (one more load of O per query tile it visits), the two kernels share no data, and the dK/dV kernel
+#   runs on a side stream beside the dQ kernel (`concurrent` in `kernels/attention.py`).
 # * `fuse_softmax_matmuls` (GPT-2's attention on the kernels above that write P and fuse the
 #   products around it) for GPT-2 as written, the one model whose attention it changes, and
 #   `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against

@@ -174,3 +174,17 @@ def test_without_a_default_engine_case_the_figure_gives_way_to_a_sentence():
     assert latest_probes([old])[0]["label"] != "fasttransformer" and L.figure_rows(latest_probes([old]), "h200") == []
     assert [r["label"] for r in L.figure_rows(latest_probes([now]), "h200")] == ["fasttransformer"]
     assert L.no_default_profile("h200").startswith("No profile of the current engine's default steps on h200")
+
+
+def test_kernels_that_overlap_on_two_streams_give_no_gap_but_their_overlap():
+    """A step whose kernels run side by side on two streams is shorter than their sum: no gap can be read
+    off it (none is made up as a negative one), and the totals and the summary say how much they overlap."""
+    kernel_us = sum(us for _, _, us in KERNELS)
+    row = probe_row(step_median_us=kernel_us - 50.0)
+    assert L.gap_per_kernel(row) is None
+    assert all(x["gaps µs (measured)"] is None for x in L.ledger.rows([row]))
+    (t,) = L.ledger_totals.rows([row])
+    assert t["gaps µs (measured)"] is None and t["overlap µs"] == pytest.approx(50.0)
+    assert L.ledger_totals.rows([probe_row()])[0]["overlap µs"] == 0.0  # the default row: a step longer than its sum
+    text = L.ledger_summary([row], "h200")
+    assert "overlap: their sum exceeds the captured step by 50 µs" in text and "Between kernels" not in text

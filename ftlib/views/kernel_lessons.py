@@ -147,10 +147,12 @@ def _kernel_count_lines(probe_rows: list[dict[str, Any]], device: str) -> list[s
                      f"{t['captured step µs'] - base['captured step µs']:+.0f} µs per captured step")
     for t in table:
         if "," not in t["case"] and t["step / sum of floors"]:
+            between = (f"{t['measured gap per kernel µs']:.1f} µs between kernels"
+                       if t["measured gap per kernel µs"] is not None
+                       else f"its kernels overlapping by {t['overlap µs']:,.0f} µs on two streams")
             lines.append(f"the default engine profiled, {t['case']}: {round(t['kernels per step'])} kernels per "
-                         "step, the captured step "
-                         f"{t['step / sum of floors']:.1f}× the sum of its class floors, "
-                         f"{t['measured gap per kernel µs']:.1f} µs between kernels")
+                         f"step, the captured step {t['step / sum of floors']:.1f}× the sum of its class floors, "
+                         + between)
     return lines
 
 

@@ -158,11 +158,12 @@ def _latest(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 def gap_per_kernel(r: dict[str, Any]) -> float | None:
     """The row's own measure of a kernel boundary inside the graph: (captured step − profiled kernel time) /
-    kernels per step, in µs; None where the row lacks the step or its kernels."""
+    kernels per step, in µs; None where the row lacks the step or its kernels, or where its kernels overlap
+    (a step on two streams can take less than the sum of its kernels, and then no gap can be read off it)."""
     kernels = r.get("kernels") or []
     n, kernel_us = sum(k.get("count", 0) for k in kernels), sum(k["us"] for k in kernels)
     step = r.get("step_median_us")
-    return (step - kernel_us) / n if step and n else None
+    return (step - kernel_us) / n if step and n and step >= kernel_us else None
 
 
 def _case_ledger(r: dict[str, Any]) -> list[dict[str, Any]]:
@@ -232,8 +233,10 @@ def ledger_totals(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
                     "FLOP floor µs": flop, "byte floor µs": byte, "sum of floors µs": floors, "roofline µs": roof,
                     "step / sum of floors": step / floors if step and floors else None,
                     "step / roofline": step / roof if step and roof else None,
-                    "gaps µs (measured)": step - kernel_us if step else None,
-                    "measured gap per kernel µs": gap_per_kernel(r)})
+                    "gaps µs (measured)": step - kernel_us if step and step >= kernel_us else None,
+                    "measured gap per kernel µs": gap_per_kernel(r),
+                    # Kernels on two streams run side by side: their sum exceeds the step by this much.
+                    "overlap µs": kernel_us - step if step and step < kernel_us else 0.0})
     return out
 
 
@@ -327,6 +330,9 @@ def ledger_summary(probe_rows: Iterable[dict[str, Any]], device: str, top: int =
         if t["gaps µs (measured)"] and t["measured gap per kernel µs"]:
             text += (f" Between kernels the captured step spends {t['gaps µs (measured)']:,.0f} µs "
                      f"({t['measured gap per kernel µs']:.2f} µs a kernel), in no floor.")
+        elif t["overlap µs"]:
+            text += (f" Its kernels run on two streams and overlap: their sum exceeds the captured step by "
+                     f"{t['overlap µs']:,.0f} µs, so the gaps between kernels cannot be read off the profile.")
         out.append(text)
     return "\n".join(out)
 
