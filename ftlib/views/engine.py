@@ -261,7 +261,10 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("qkv_bias_into_attention=True fc_bias_into_gelu=True", "bias sums in attention and GELU"),
                  ("qkv_bias_into_attention=True", "qkv bias summed in the attention"),
                  ("fc_bias_into_gelu=True", "up-projection bias summed in GELU"),
-                 ("fc_bias_into_gelu=False", "up-projection bias summed apart"))
+                 ("fc_bias_into_gelu=False", "up-projection bias summed apart"),
+                 ("wgrad_side_stream=False attention_bwd_streams=False", "one stream"),
+                 ("wgrad_side_stream=False", "weight gradients on the main stream"),
+                 ("attention_bwd_streams=False", "attention backward on one stream"))
 
 
 def case_name(r: dict[str, Any]) -> str:
@@ -289,12 +292,13 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
     cats = [c for c, _ in PROBE_CATEGORIES] + ["other"]
     fig = go.Figure()
     labels = [_case_label(r) for r in rows]
+    lines = max((label.count("<br>") + 1 for label in labels), default=1)  # bars evenly spaced: the tallest label
     for i, cat in enumerate(cats):
         counts = [sum(k.get("count", 0) for k in r.get("kernels", []) if probe_category(k["name"]) == cat)
                   for r in rows]
         if any(counts):
             fig.add_trace(go.Bar(name=cat, y=labels, x=counts, orientation="h", marker_color=PALETTE[i % len(PALETTE)]))
-    fig.update_layout(barmode="stack", height=max(340, 160 + 44 * len(rows)), margin=dict(l=340),
+    fig.update_layout(barmode="stack", height=max(340, 160 + max(44, 16 * lines + 12) * len(rows)), margin=dict(l=340),
                       title=f"Kernels per training step, by category, {device} (engine step, profiled uncaptured)",
                       xaxis_title="kernels launched per step", yaxis=dict(autorange="reversed"))
     return legend_below(fig)
