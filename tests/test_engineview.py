@@ -149,6 +149,11 @@ def test_candidates_pair_with_the_default_of_their_own_run():
     assert "no 100-step check" in option_trials.candidate_summary(rows, [])
     other = [{"device_slug": "h200", "extra": {"other": True}, "ok": True}]  # a check of another option
     assert "no 100-step check" in option_trials.candidate_summary(rows, other)
+    # A default's checks train with it without setting it: the check row's engine reports it as applied.
+    ran_with = [{"device_slug": "h200", "extra": {"run": "c"}, "opt": True, "ok": True}]
+    assert "its 100-step check passed" in option_trials.candidate_summary(rows, ran_with)
+    ran_without = [{"device_slug": "h200", "extra": {"run": "c"}, "opt": False, "ok": True}]
+    assert "no 100-step check" in option_trials.candidate_summary(rows, ran_without)
 
 
 def test_options_behind_names_rows_that_ran_without_todays_defaults():
