@@ -598,7 +598,9 @@ if len(ktable):
 # * `fuse_softmax_matmuls` (GPT-2's attention on the kernels above that write P and fuse the
 #   products around it) for GPT-2 as written, the one model whose attention it changes, and
 #   `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against
-#   the launcher's 4) for the FastTransformer.
+#   the launcher's 4) for the FastTransformer. Both lost while the dK/dV kernel ran after the dQ kernel; with
+#   `attn-bwd-streams` it runs beside it, so they are on trial again as `split 8 beside dQ` and
+#   `split 2 beside dQ`, whose rows are never counted with the earlier trial's.
 # * `bias-into-buffer`, `bf16-bias-weights` and `branch-bias-into-norm` concern GPT-2's Linear biases, which
 #   the FastTransformer does not have; `all-bias-options` was all of them with `first-norm-into-buffer`, and
 #   the four are defaults now. With

@@ -296,9 +296,14 @@ def engine_variants() -> list[Case]:
 # went on trial: its kernel lost to cuBLAS's on its own (benchmarks/kernels/wgrad_dev.py).
 # wgrad_side_stream (the weight-gradient GEMMs on a second stream, a default under bf16/fp16: in tf32 it lost
 # for GPT-2) and attention_bwd_streams (the attention backward's dQ and dK/dV kernels side by side) won theirs.
-# No option is on trial now. Labels must not extend one another: a label that another extends is read as a
-# default case.
-CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = ()
+# On trial: attention_kv_split 8 and 2 again, under new labels, now that the dK/dV kernel runs beside the dQ
+# kernel instead of after it (the split trades the dK/dV kernel's parallelism against the partials' sum, and
+# the balance between the two streams moved). Labels must not extend one another: a label that another
+# extends is read as a default case.
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
+    (" split 8 beside dQ", {"attention_kv_split": 8}, ("fasttransformer",), ("bf16", "tf32")),
+    (" split 2 beside dQ", {"attention_kv_split": 2}, ("fasttransformer",), ("bf16", "tf32")),
+)
 
 
 def engine_candidates() -> list[Case]:
