@@ -133,6 +133,21 @@ def test_detects_non_causal_output(kernel_device):
     assert _rel_err(o, full) > 1e-2
 
 
+def _packed_reference(qkv: torch.Tensor, dy: torch.Tensor, nh: int, nkv: int, hs: int
+                      ) -> tuple[torch.Tensor, torch.Tensor]:
+    """fp64 (y, d(qkv)) on the CPU for a packed (B, T, C + 2 nkv hs) [q | k | v] input and dy (B, T, C)."""
+    B, T, _ = qkv.shape
+    C = nh * hs
+    ref_in = qkv.detach().cpu().double().requires_grad_(True)
+    q, k, v = ref_in.split([C, nkv * hs, nkv * hs], dim=-1)
+    q = q.view(B, T, nh, hs).transpose(1, 2)  # (B, T, C) -> (B, nh, T, hs)
+    k = k.view(B, T, nkv, hs).transpose(1, 2)  # (B, T, nkv hs) -> (B, nkv, T, hs)
+    v = v.view(B, T, nkv, hs).transpose(1, 2)
+    yr = causal_attention_ref(q, k, v).transpose(1, 2).reshape(B, T, C)  # (B, nh, T, hs) -> (B, T, C)
+    (dr,) = torch.autograd.grad(yr, ref_in, dy.cpu().double())
+    return yr.detach(), dr
+
+
 @pytest.mark.parametrize("nkv", [1, 2, 4])
 def test_packed_attention_matches_reference_forward_and_qkv_gradient(nkv, kernel_device):
     """packed_attention: (B, T, C + 2 nkv hs) in, (B, T, C) out, d(qkv) in one buffer."""
@@ -149,13 +164,7 @@ def test_packed_attention_matches_reference_forward_and_qkv_gradient(nkv, kernel
     assert y.is_contiguous() and y.device == dqkv.device == qkv_d.device
     y, dqkv = y.detach().cpu(), dqkv.cpu()
 
-    ref_in = qkv.double().requires_grad_(True)
-    q, k, v = ref_in.split([C, nkv * hs, nkv * hs], dim=-1)
-    q = q.view(B, T, nh, hs).transpose(1, 2)
-    k = k.view(B, T, nkv, hs).transpose(1, 2)
-    v = v.view(B, T, nkv, hs).transpose(1, 2)
-    yr = causal_attention_ref(q, k, v).transpose(1, 2).reshape(B, T, C)
-    (dr,) = torch.autograd.grad(yr, ref_in, dy.double())
+    yr, dr = _packed_reference(qkv, dy, nh, nkv, hs)
     assert y.shape == (B, T, C) and y.is_contiguous() and dqkv.shape == qkv.shape
     torch.testing.assert_close(y.double(), yr, atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(dqkv.double(), dr, atol=1e-5, rtol=1e-5)
@@ -196,3 +205,61 @@ def test_a_split_that_does_not_divide_the_query_heads_is_refused(kernel_device):
     for bad in (3, 8, 0, True):
         with pytest.raises(ValueError, match="kv_split"):
             attention_bwd(do, q.detach(), k.detach(), v.detach(), o, lse, kv_split=bad)
+
+
+# attention_bwd(concurrent=True): the dK/dV kernel forms D = rowsum(dO * O) itself and, on CUDA, runs on a side
+# stream beside the dQ kernel. It must give the reference's gradients and the sequential launch's.
+
+@pytest.mark.parametrize("nkv,kv_split,fused", [(1, 1, False), (1, 2, True), (1, 4, False), (2, 2, True),
+                                                (4, 1, False)])
+def test_concurrent_backward_gives_the_reference_and_the_sequential_gradients(nkv, kv_split, fused,
+                                                                              kernel_device):
+    from kernels.attention import attention_bwd, attention_fwd
+
+    q, k, v, do = (t.detach() for t in _inputs(2, 4, nkv, 37, 32, torch.float32, kernel_device, seed=5))
+    _, *want = _reference(q, k, v, do)
+    o, lse = attention_fwd(q, k, v, **BLK)
+    kw = dict(**BLK, kv_split=kv_split, fuse_kv_split_sum=fused)
+    seq = attention_bwd(do, q, k, v, o, lse, **kw)
+    got = attention_bwd(do, q, k, v, o, lse, **kw, concurrent=True)
+    if kernel_device.type == "cuda":
+        torch.cuda.synchronize()
+    for name, g, s, ref in zip("qkv", got, seq, want):
+        assert _rel_err(g, ref) < 1e-5, name
+        # The same sums in the same kernels; D formed by the same expression in both kernels.
+        torch.testing.assert_close(g, s, rtol=1e-6, atol=1e-6, msg=f"d{name}")
+
+
+def test_a_wrong_delta_in_the_concurrent_backward_would_show(kernel_device):
+    """The comparison above can fail: an O scaled only for the dK/dV kernel's own D changes dk."""
+    from kernels.attention import attention_bwd, attention_fwd
+
+    q, k, v, do = (t.detach() for t in _inputs(1, 4, 1, 37, 32, torch.float32, kernel_device, seed=6))
+    want_dk = _reference(q, k, v, do)[2]
+    o, lse = attention_fwd(q, k, v, **BLK)
+    _, dk, _ = attention_bwd(do, q, k, v, o, lse, **BLK, concurrent=True)
+    _, dk2, _ = attention_bwd(do, q, k, v, 2 * o, lse, **BLK, concurrent=True)  # D doubled in the dK/dV kernel
+    assert _rel_err(dk2, want_dk) > 1e-2 and _rel_err(dk, want_dk) < 1e-5
+
+
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
+def test_packed_layout_concurrent_backward(dtype, tol, kernel_device):
+    """The engine's path: d(qkv) in one buffer, dq written by the main stream's kernel and dk/dv summed into
+    their slices by the side stream's, then the result read right after the call."""
+    from kernels.attention import packed_attention
+
+    B, T, nh, nkv, hs = 2, 37, 4, 1, 32
+    g = torch.Generator().manual_seed(8)
+    qkv = torch.randn(B, T, (nh + 2 * nkv) * hs, generator=g, dtype=torch.float64)
+    dy = torch.randn(B, T, nh * hs, generator=g, dtype=torch.float64)
+    grads = []
+    for concurrent in (False, True):
+        x = qkv.to(kernel_device, dtype).requires_grad_(True)
+        y = packed_attention(x, nh, nkv, hs, fwd_tiles=Tiles(16, 16), bwd_tiles=Tiles(16, 16),
+                             fuse_kv_split_sum=True, concurrent_bwd=concurrent)
+        (d,) = torch.autograd.grad(y, x, dy.to(kernel_device, dtype))
+        grads.append(d.float().cpu())
+    _, dr = _packed_reference(qkv, dy, nh, nkv, hs)
+    assert _rel_err(grads[1], dr) < tol
+    torch.testing.assert_close(grads[1], grads[0], rtol=1e-6 if dtype == torch.float32 else 1e-2,
+                               atol=1e-6 if dtype == torch.float32 else 1e-2)

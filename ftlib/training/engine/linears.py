@@ -179,9 +179,10 @@ def setup_linears(model: GPT, options: EngineOptions, prec: StepPrecision, flat_
         out.shadow16 = torch.empty(flat_param.numel() if whole else n_decay, dtype=torch.bfloat16, device=device)
         n = shadow_linears(model, out.shadow16, spans)
         out.notes["bf16_weights"] = f"{n} Linear layers on one bf16 shadow of the flat weights"
+    out.wgrad_stream, note = wgrad_stream_for(device, o.wgrad_side_stream, o.grad_into_buffer, low)
+    if note:
+        out.notes["wgrad_side_stream"] = note
     if not o.grad_into_buffer:
-        if o.wgrad_side_stream:
-            out.notes["wgrad_side_stream"] = wgrad_stream_for(device, True, False, low)[1]
         if bias_elsewhere:
             raise RuntimeError("bias gradients added by another kernel need grad_into_buffer")
         return out
@@ -194,9 +195,6 @@ def setup_linears(model: GPT, options: EngineOptions, prec: StepPrecision, flat_
 
         out.notes["wgrad_splitk"] = "weight gradients added by the split-K kernel (kernels/wgrad.py)"
         add_wgrad = partial(wgrad_add_, input_precision="ieee" if low else "tf32")
-    out.wgrad_stream, note = wgrad_stream_for(device, o.wgrad_side_stream, True, low)
-    if note:
-        out.notes["wgrad_side_stream"] = note
     n, left = grad_into_linears(model, flat_grad, spans, fp32_out, add_wgrad,
                                 shadow16=out.shadow16 if whole else None, bias_into=into,
                                 bias_elsewhere=bias_elsewhere, wgrad_stream=out.wgrad_stream)
