@@ -138,7 +138,9 @@ show_frame(bv.headroom(runs))
 # * the cross-entropy loss and its gradient in one pass (`kernels/cross_entropy.py`);
 # * AdamW over flat buffers in one launch (`kernels/adamw.py`);
 # * two GEMM kernels that did not beat cuBLAS, GELU in the GEMM epilogues and weight gradients without
-#   a reduce kernel (`kernels/gelu_mlp.py`, `kernels/wgrad.py`), engine options off by default.
+#   a reduce kernel (`kernels/gelu_mlp.py`, `kernels/wgrad.py`), engine options off by default;
+# * the output head and the loss in two kernels, the logits never stored (`kernels/linear_cross_entropy.py`),
+#   an engine option on trial.
 #
 # What each computes (its docstring) and how each is built are in the appendix. Each op has a driver in
 # `benchmarks/kernels/` that checks every variant (PyTorch, `torch.compile` of the same
@@ -167,7 +169,7 @@ else:
 # `run` column names it: the run's id, or for rows stored without one, the commit and day of the
 # driver's run. `vs compile` and `vs PyTorch` are the other's time over Triton's (above 1: the kernel is
 # faster); where that run timed no such variant the cell is "–", since a time from another run is never
-# divided into it. The kernels the engine runs come first, then the two GEMM kernels it leaves off.
+# divided into it. The kernels the engine runs come first, then the GEMM kernels it leaves off.
 # Under the figure, every variant (eager and in a graph, its rate against the measured ceilings, its
 # run) is in the collapsed table; rows with a status other than ok say why in `note`.
 
@@ -179,7 +181,7 @@ else:
     ksummary = kernelview.kernel_summary(ktable)
     gemm = ksummary["op"].isin(kernelview.GEMM_OPS)
     for part, caption in ((ksummary[~gemm], "The kernels the engine runs"),
-                          (ksummary[gemm], "The two GEMM kernels, off by default")):
+                          (ksummary[gemm], "The GEMM kernels, off by default")):
         if len(part):
             show_frame(part, caption=caption, preview=list(kernelview.SUMMARY_PREVIEW))
     for name, fig in kernelview.kernel_figures(ktable):
@@ -510,6 +512,18 @@ display(Markdown(kernelview.kernel_math("adamw")))
 display(Markdown(kernelview.kernel_math("gelu_mlp") + "\n\n" + kernelview.kernel_math("wgrad")))
 
 # %% [markdown]
+# ### The head and the loss in two kernels
+# The head's GEMM has only 65 output columns, one per character, and its cross-entropy reads those 65 logits
+# per row once. `kernels/linear_cross_entropy.py` forms a block of rows' logits in registers, takes their
+# log-sum-exp and loss there, and in the backward forms them again to make both gradients of the head from
+# the same tile, so the logits and their gradient never go through memory and cuBLAS's unaligned kernels for
+# the head go. The kernel table of section 2 times it against the same work done as the engine does it
+# without the option; the trial below decides whether the engine takes it.
+
+# %% tags=["remove-input", "hide-output"]
+display(Markdown(kernelview.kernel_math("linear_cross_entropy")))
+
+# %% [markdown]
 # ### The fastest variant of each case
 # Per op and case, in the run the kernel table of section 2 reads: the fastest variant in a CUDA graph and
 # how much faster it is than each other kind's fastest variant of that run.
@@ -646,6 +660,18 @@ if len(ktable):
 #   (`gelu_bwd_bias_add_` in `kernels/bias_linear.py`): it reads z and da, writes dz = da · gelu'(z) and adds the
 #   column sums of dz as stored into the flat gradient, so the elementwise GELU-backward kernel and the column sum
 #   that read dz back become one kernel per layer. `both-bias-sums` is the two options together.
+# * `fused-head-loss` (`fuse_head_loss`, on trial): the vocabulary is 65 characters, so the head is a GEMM
+#   with 65 output columns. A row of its output (130 bytes in bf16) is not a multiple of 16 bytes, and cuBLAS
+#   runs its kernels for unaligned operands there (the `align1` kernels in the step's profile). The step runs
+#   that GEMM, then the cross-entropy kernel, then two more such GEMMs for dx and dW, with the (B·T, 65)
+#   logits and their gradient going through memory between them. The option keeps a block of 64 rows' logits
+#   (padded to 128 columns) in registers: one kernel forms them, their log-sum-exp and the loss; the backward
+#   kernel forms them again and from the same tile makes g = softmax − one-hot (scaled by the loss's incoming
+#   gradient), dx = g W and dW = gᵀ x, the last added into the head's view of the flat gradient with atomic
+#   adds (`kernels/linear_cross_entropy.py`). Liger-Kernel's fused linear cross-entropy (Hsu et al. 2024,
+#   section 3.3) avoids the logits the same way to save memory at large vocabularies; here what goes is
+#   kernels and unaligned GEMMs. The logits are fp32 inside the kernels, where the unfused bf16 step rounds
+#   them to bf16.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

@@ -48,6 +48,8 @@ JIT_HELPERS: dict[str, str] = {
     "kernels.attention_kernels._dot": "tl.dot or its fp32 upcast; inside the attention and GELU-GEMM kernels",
     "kernels.attention_kernels._query_program": "a query-block program's place and offsets; inside the attention "
                                                 "kernels over query blocks",
+    "kernels.linear_cross_entropy._logits": "a block of rows' logits in registers; inside both fused head-and-loss "
+                                            "kernels",
     "kernels.gelu_mlp._gelu_parts": "gelu(z) and gelu'(z); inside _gemm_gelu_tile_kernel's epilogues",
     "kernels.dropout_mask._keep": "the Philox keep mask; inside _keep_mask_kernel and the residual-norm kernels",
     "kernels.explicit_attention_kernels._add_col_sums": "a tile's column sums added into the qkv bias gradient; "
@@ -63,7 +65,8 @@ JIT_HELPERS: dict[str, str] = {
 # kernels.limits.device_limits answers for the target through FTLIB_CAPABILITY instead.
 # device_dependent_functions() finds every such function, so a new one cannot be missed here.
 GPU_ANSWERED = ("kernels._common.num_programs", "kernels._common.persistent_grid", "kernels.attention._kv_split",
-                "kernels.bias_linear._num_splits", "kernels.linear._split_k")
+                "kernels.bias_linear._num_splits", "kernels.linear._split_k",
+                "kernels.linear_cross_entropy._blocks")
 BY_CAPABILITY = ("kernels.limits.device_limits",)
 # Device-dependent helpers that choose only the stream a launch goes to, not the launches (the capture
 # records the same launches in the same order on the CPU).

@@ -251,12 +251,20 @@ def linears(cfg: ModelConfig, step: Step) -> None:
 
 
 def loss_and_optimizer(cfg: ModelConfig, step: Step) -> None:
-    """The fused cross-entropy on the head's logits, and the flat AdamW step (with fp16's loss-scaling
-    inputs under fp16)."""
+    """The fused cross-entropy on the head's logits (and, with the engine's other options, the head and the
+    loss fused), and the flat AdamW step (with fp16's loss-scaling inputs under fp16)."""
     from kernels.adamw import adamw_step_
     from kernels.cross_entropy import cross_entropy
 
     _backward(cross_entropy(_t(M, cfg.vocab_size, dtype=step.dt, grad=True), torch.randint(0, cfg.vocab_size, (M,))))
+    if step.dt != F32 or step.prec == "tf32":  # the fused head and loss (option fuse_head_loss; not strict fp32)
+        from kernels.linear_cross_entropy import linear_cross_entropy
+
+        head = _t(cfg.vocab_size, cfg.n_embd, grad=True)
+        _backward(linear_cross_entropy(_t(M, cfg.n_embd, dtype=step.dt, grad=True), head,
+                                       torch.randint(0, cfg.vocab_size, (M,)), w_compute=head.detach().to(step.dt),
+                                       dw_out=torch.zeros(cfg.vocab_size, cfg.n_embd),
+                                       input_precision="tf32" if step.prec == "tf32" else "ieee"))
     n = 12 * cfg.n_layer * cfg.n_embd ** 2  # about the model's parameters
     bufs = [_t(n) for _ in range(4)]
     scaling = (torch.ones(1), torch.zeros(1)) if step.dt == F16 else None

@@ -56,6 +56,9 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     *((prec, "gpt2", {"qkv_bias_into_attention": True}) for prec in ("tf32", "bf16")),
     # The weight-gradient GEMMs on a second stream (bf16) and the attention backward's two kernels side by side
     # (D formed by the dK/dV kernel too) are defaults: the default checks above train with them.
+    # The head and the loss fused (fp32 logits in registers where the unfused bf16 step rounds them to bf16).
+    *((prec, name, {"fuse_head_loss": True}) for prec, name in (("bf16", "fasttransformer"), ("bf16", "gpt2"),
+                                                               ("tf32", "fasttransformer"))),
 )
 
 

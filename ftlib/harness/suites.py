@@ -298,11 +298,13 @@ def engine_variants() -> list[Case]:
 # for GPT-2) and attention_bwd_streams (the attention backward's dQ and dK/dV kernels side by side) won theirs.
 # On trial: attention_kv_split 8 and 2 again, under new labels, now that the dK/dV kernel runs beside the dQ
 # kernel instead of after it (the split trades the dK/dV kernel's parallelism against the partials' sum, and
-# the balance between the two streams moved). Labels must not extend one another: a label that another
+# the balance between the two streams moved), and fuse_head_loss (the head's GEMMs and the cross-entropy as
+# two Triton kernels, the logits kept in registers). Labels must not extend one another: a label that another
 # extends is read as a default case.
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
     (" split 8 beside dQ", {"attention_kv_split": 8}, ("fasttransformer",), ("bf16", "tf32")),
     (" split 2 beside dQ", {"attention_kv_split": 2}, ("fasttransformer",), ("bf16", "tf32")),
+    (" +fused-head-loss", {"fuse_head_loss": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
 )
 
 

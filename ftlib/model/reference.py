@@ -28,6 +28,7 @@ __all__ = [
     "gelu_tanh_ref",
     "kv_split_sum_ref",
     "layer_norm_ref",
+    "linear_cross_entropy_ref",
     "linear_ref",
     "mlp_epilogue_ref",
     "rms_norm_ref",
@@ -43,6 +44,13 @@ def cross_entropy_ref(logits: torch.Tensor, targets: torch.Tensor, ignore_index:
     """
     z = logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits
     return F.cross_entropy(z, targets, ignore_index=ignore_index, reduction="mean")
+
+
+def linear_cross_entropy_ref(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                             ignore_index: int = -100) -> torch.Tensor:
+    """The output head and the loss as the model computes them: ``F.linear`` (no bias) then
+    :func:`cross_entropy_ref`, what ``kernels.linear_cross_entropy`` fuses. Differentiable in both."""
+    return cross_entropy_ref(F.linear(x, weight), targets, ignore_index)
 
 
 @torch.no_grad()

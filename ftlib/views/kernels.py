@@ -29,8 +29,8 @@ BENCH = "kernels"
 # The kernel benchmark's ops the chapter's table shows, in its order.
 KERNEL_TABLE_OPS = ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_rmsnorm",
                     "residual_dropout_rmsnorm", "residual_layernorm", "bias_grad", "gelu_bias_grad", "causal_softmax",
-                    "gelu_mlp", "wgrad", "explicit_attention")
-GEMM_OPS = ("gelu_mlp", "wgrad")  # the two GEMM kernels the engine leaves off by default
+                    "gelu_mlp", "wgrad", "head_loss", "explicit_attention")
+GEMM_OPS = ("gelu_mlp", "wgrad", "head_loss")  # the GEMM kernels the engine leaves off by default
 OP_NAMES = {"rmsnorm": "RMSNorm fwd+bwd", "layernorm": "LayerNorm fwd+bwd", "cross_entropy": "cross-entropy fwd+bwd",
             "adamw": "AdamW step", "attention": "causal attention fwd+bwd",
             "residual_rmsnorm": "residual add + RMSNorm fwd+bwd",
@@ -39,6 +39,7 @@ OP_NAMES = {"rmsnorm": "RMSNorm fwd+bwd", "layernorm": "LayerNorm fwd+bwd", "cro
             "gelu_bias_grad": "GELU backward + the up-projection's bias gradient",
             "causal_softmax": "GPT-2's scale, causal mask and softmax fwd+bwd",
             "gelu_mlp": "MLP fwd+bwd, GELU in the GEMM epilogues", "wgrad": "weight gradient dY^T X into fp32",
+            "head_loss": "output head + cross-entropy fwd+bwd",
             "explicit_attention": "GPT-2's attention fwd+bwd, P written"}
 CEILING_NAMES = {"copy": "bandwidth", "matmul fp32": "fp32", "matmul tf32": "tf32", "matmul bf16": "bf16"}
 KERNELS_DIR = repo_root() / "kernels"

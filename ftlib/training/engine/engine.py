@@ -31,11 +31,9 @@ when an engine that uses them is built.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 import torch
-import torch.nn.functional as F
 
 from ftlib.core.device import DeviceInfo, pick_device
 from ftlib.model.config import ModelConfig, preset
@@ -44,6 +42,7 @@ from ftlib.training.engine.attention import FusedExplicitSelfAttention, qkv_bias
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
 from ftlib.training.engine.fused_mlp import fc_biases_into_gelu, fuse_mlps
 from ftlib.training.engine.grad_into import bias_sum_why_not
+from ftlib.training.engine.head_loss import fuse_head_loss, loss_function
 from ftlib.training.engine.linears import setup_linears, triton_gemm_why_not
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import (
@@ -129,7 +128,7 @@ class Engine:
         self.resid_dropout = self._fuse_residual_norm(seed)
         self.qkv_biases = qkv_biases_into_attention(self.model, self.options, self.notes)  # their Linears sum none
         self.fc_biases = fc_biases_into_gelu(self.model, self.options, self.notes)  # the same
-        self._loss_fn = self._loss()
+        self._loss_fn = loss_function(self.kernels["cross_entropy"], dev)
 
         # Flat buffers, decayed parameters first (ftlib.training.step.param_groups 'matrices'); with
         # Muon its block matrices lead, so that AdamW's range [n_muon, N) is one contiguous slice.
@@ -162,6 +161,12 @@ class Engine:
             self.fused_mlps, self.notes["fuse_mlp_act"] = fuse_mlps(
                 self.model, self.prec.base.autocast is not None, self.prec.base.tf32,
                 triton_gemm_why_not(dev, self.prec))
+        self.head_loss = None  # the same: it reads the head's bf16 shadow and gradient view
+        if self.options.fuse_head_loss:
+            self.head_loss, self.notes["fuse_head_loss"] = fuse_head_loss(
+                self.model, self.kernels["cross_entropy"], triton_gemm_why_not(dev, self.prec),
+                "tf32" if self.prec.base.tf32 else "ieee", check_targets=dev.type != "cuda")
+            self._loss_fn = self._loss_fn if self.head_loss is None else self.head_loss.loss
 
         self.static_x = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) tokens
         self.static_y = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) targets
@@ -242,16 +247,6 @@ class Engine:
             out[id(blk.norm2)], out[id(nxt)] = blk.attn.proj.bias, blk.mlp.proj.bias
         self.notes["branch_bias_into_norm"] = f"{len(out)} projection biases' gradients added by the norm backwards"
         return out
-
-    def _loss(self):
-        if not self.kernels["cross_entropy"]:
-            return F.cross_entropy  # exactly what GPT.forward computes
-        from kernels.cross_entropy import cross_entropy
-
-        # The kernel's target check is a host sync per call, which an uncaptured CUDA step must not
-        # have (step() queues ahead of the device). The targets are the engine's own static buffer,
-        # filled from the data loader's tokens, so they are in range.
-        return partial(cross_entropy, check_targets=self.device.type != "cuda")
 
     # -- the step ----------------------------------------------------------------------------
 
@@ -382,6 +377,7 @@ class Engine:
             "first_norm_into_buffer": len(self.model.blocks) > 0 and isinstance(self.model.blocks[0].norm1,
                                                                                FirstNormInto),
             "fuse_mlp_act": self.fused_mlps > 0,
+            "fuse_head_loss": self.head_loss is not None,
             "wgrad_splitk": self.linears.wgrad_splitk,
             "wgrad_side_stream": self.linears.wgrad_stream is not None,
             "bias_into_buffer": self.linears.bias_into_buffer,

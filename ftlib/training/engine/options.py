@@ -125,6 +125,11 @@ class EngineOptions:
         False, "under bf16/fp16/tf32: each MLP's GELU in the epilogues of a Triton GEMM, forward after the "
                "up-projection, backward (GELU') after the product through the down-projection "
                "(kernels/gelu_mlp.py), instead of an elementwise GELU kernel each way")
+    fuse_head_loss: bool = _option(
+        False, "with the cross-entropy kernel and grad_into_buffer, under bf16/fp16/tf32: the head's GEMM and the "
+               "cross-entropy as one Triton kernel that keeps each block of rows' logits in registers, and the "
+               "head's backward (dx, and dW added into the flat gradient) as another that forms them again "
+               "(kernels/linear_cross_entropy.py, head_loss.py), instead of cuBLAS's head GEMMs and the loss kernel")
     wgrad_splitk: bool = _option(
         False, "with grad_into_buffer, under bf16/fp16/tf32: each Linear's weight gradient added into the flat "
                "gradient by one split-K Triton GEMM with atomic adds (kernels/wgrad.py) instead of cuBLAS's GEMM "
