@@ -140,7 +140,7 @@ show_frame(bv.headroom(runs))
 # * two GEMM kernels that did not beat cuBLAS, GELU in the GEMM epilogues and weight gradients without
 #   a reduce kernel (`kernels/gelu_mlp.py`, `kernels/wgrad.py`), engine options off by default;
 # * the output head and the loss in two kernels, the logits never stored (`kernels/linear_cross_entropy.py`),
-#   an engine option on trial.
+#   an engine option off by default: it lost its trial.
 #
 # What each computes (its docstring) and how each is built are in the appendix. Each op has a driver in
 # `benchmarks/kernels/` that checks every variant (PyTorch, `torch.compile` of the same
@@ -518,7 +518,9 @@ display(Markdown(kernelview.kernel_math("gelu_mlp") + "\n\n" + kernelview.kernel
 # log-sum-exp and loss there, and in the backward forms them again to make both gradients of the head from
 # the same tile, so the logits and their gradient never go through memory and cuBLAS's unaligned kernels for
 # the head go. The kernel table of section 2 times it against the same work done as the engine does it
-# without the option; the trial below decides whether the engine takes it.
+# without the option, and the option's trial below in the whole step. Both found the two kernels slower than
+# the GEMMs and the loss kernel they replace. Where the time goes inside them (each program's atomic adds of
+# its partial dW, tiles padded from 65 columns to 128) is not measured here.
 
 # %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("linear_cross_entropy")))
@@ -569,7 +571,9 @@ if len(ktable):
 # `-norm-dw-into-buffer`, `-norm-bwd-grid`, `-fuse-softmax-matmuls`, `-bias-into-buffer`,
 # `-bf16-bias-weights`, `-branch-bias-into-norm`, `-first-norm-into-buffer`, `-bias-options` for the last
 # four at once, `-explicit-dq-one-pass`, `-fc-bias-into-gelu`, `-wgrad-stream` and `-attn-bwd-streams`; the lines
-# under the table of section "What each kernel buys" say which of them have rows).
+# under the table of section "What each kernel buys" say which of them have rows). A winner becomes a default
+# together with a run of the baselines suite that measures it: a default changes the step that every headline
+# ratio times, so until then it stays on trial.
 # The options the trials below concern:
 #
 # * `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option does
@@ -610,11 +614,14 @@ if len(ktable):
 #   (one more load of O per query tile it visits), the two kernels share no data, and the dK/dV kernel
 #   runs on a side stream beside the dQ kernel (`concurrent` in `kernels/attention.py`).
 # * `fuse_softmax_matmuls` (GPT-2's attention on the kernels above that write P and fuse the
-#   products around it) for GPT-2 as written, the one model whose attention it changes, and
-#   `attention_kv_split` (how many dK/dV programs share the FastTransformer's one K/V head, 8 or 2 against
-#   the launcher's 4) for the FastTransformer. Both lost while the dK/dV kernel ran after the dQ kernel; with
-#   `attn-bwd-streams` it runs beside it, so they are on trial again as `split 8 beside dQ` and
-#   `split 2 beside dQ`, whose rows are never counted with the earlier trial's.
+#   products around it) for GPT-2 as written, the one model whose attention it changes.
+# * `attention_kv_split`: how many dK/dV programs share the FastTransformer's one K/V head and its 8 query
+#   heads, each writing a partial that the split sum adds up. The launcher's own choice aims at about two
+#   programs per SM, which at this size is 4 per K/V head on a GPU with 132 SMs. Splits of 8 and 2 lost
+#   while the dK/dV kernel ran after the dQ kernel. With `attn-bwd-streams` it runs beside the dQ kernel,
+#   which takes part of the GPU, so both went on trial again as `split 8 beside dQ` and `split 2 beside dQ`
+#   (rows never counted with the earlier trial's). The split of 8 lost again and left the trial; the split of
+#   2 stays on trial until it becomes a default (the table below gives both).
 # * `bias-into-buffer`, `bf16-bias-weights` and `branch-bias-into-norm` concern GPT-2's Linear biases, which
 #   the FastTransformer does not have; `all-bias-options` was all of them with `first-norm-into-buffer`, and
 #   the four are defaults now. With
@@ -660,18 +667,18 @@ if len(ktable):
 #   (`gelu_bwd_bias_add_` in `kernels/bias_linear.py`): it reads z and da, writes dz = da · gelu'(z) and adds the
 #   column sums of dz as stored into the flat gradient, so the elementwise GELU-backward kernel and the column sum
 #   that read dz back become one kernel per layer. `both-bias-sums` is the two options together.
-# * `fused-head-loss` (`fuse_head_loss`, on trial): the vocabulary is 65 characters, so the head is a GEMM
-#   with 65 output columns. A row of its output (130 bytes in bf16) is not a multiple of 16 bytes, and cuBLAS
-#   runs its kernels for unaligned operands there (the `align1` kernels in the step's profile). The step runs
-#   that GEMM, then the cross-entropy kernel, then two more such GEMMs for dx and dW, with the (B·T, 65)
-#   logits and their gradient going through memory between them. The option keeps a block of 64 rows' logits
-#   (padded to 128 columns) in registers: one kernel forms them, their log-sum-exp and the loss; the backward
-#   kernel forms them again and from the same tile makes g = softmax − one-hot (scaled by the loss's incoming
-#   gradient), dx = g W and dW = gᵀ x, the last added into the head's view of the flat gradient with atomic
-#   adds (`kernels/linear_cross_entropy.py`). Liger-Kernel's fused linear cross-entropy (Hsu et al. 2024,
-#   section 3.3) avoids the logits the same way to save memory at large vocabularies; here what goes is
-#   kernels and unaligned GEMMs. The logits are fp32 inside the kernels, where the unfused bf16 step rounds
-#   them to bf16.
+# * `fused-head-loss` (`fuse_head_loss`; lost its trial, an option): the vocabulary is 65 characters, so the head is
+#   a GEMM with 65 output columns. A row of its output (130 bytes in bf16) is not a multiple of 16 bytes, and cuBLAS
+#   runs its kernels for unaligned operands there (the `align1` kernels in the step's profile). The step runs that
+#   GEMM, then the cross-entropy kernel, then two more such GEMMs for dx and dW, with the (B·T, 65) logits and their
+#   gradient going through memory between them. The option keeps a block of 64 rows' logits (padded to 128 columns)
+#   in registers: one kernel forms them, their log-sum-exp and the loss; the backward kernel forms them again and
+#   from the same tile makes g = softmax − one-hot (scaled by the loss's incoming gradient), dx = g W and dW = gᵀ x,
+#   the last added into the head's view of the flat gradient with atomic adds (`kernels/linear_cross_entropy.py`).
+#   Liger-Kernel's fused linear cross-entropy (Hsu et al. 2024, section 3.3) avoids the logits the same way to save
+#   memory at large vocabularies; here what goes is kernels and unaligned GEMMs. The logits are fp32 inside the
+#   kernels, where the unfused bf16 step rounds them to bf16. It lost: its two kernels take longer than the GEMMs and
+#   the loss kernel they replace (the kernel table of section 2 times both ways alone).
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

@@ -99,7 +99,7 @@ def test_module_and_launchers(kernel_device):
     ref_lse = torch.logsumexp(x.detach().cpu().double() @ w.detach().cpu().double().T, dim=1)
     assert (lse.cpu().double() - ref_lse).abs().max().item() < 1e-5
     dw = torch.zeros(10, 32, device=kernel_device)
-    dx = linear_cross_entropy_bwd(x.detach(), w.detach(), t, lse, n_valid, torch.zeros(()), dw)
+    dx = linear_cross_entropy_bwd(x.detach(), w.detach(), t, lse, n_valid, torch.zeros((), device=kernel_device), dw)
     assert dx.abs().max().item() == 0.0 and dw.abs().max().item() == 0.0  # grad_out 0: nothing flows
 
 
@@ -119,7 +119,8 @@ def test_launcher_rejects_what_it_cannot_take(kernel_device):
         linear_cross_entropy_fwd(x, big, t)
     _, lse, n_valid = linear_cross_entropy_fwd(x, w, t)
     with pytest.raises(ValueError, match="dw_out"):
-        linear_cross_entropy_bwd(x, w, t, lse, n_valid, torch.ones(()), torch.zeros(10, 32, dtype=torch.bfloat16,
-                                                                                      device=kernel_device))
+        linear_cross_entropy_bwd(x, w, t, lse, n_valid, torch.ones((), device=kernel_device),
+                                 torch.zeros(10, 32, dtype=torch.bfloat16, device=kernel_device))
     with pytest.raises(ValueError, match="one value"):
-        linear_cross_entropy_bwd(x, w, t, lse, n_valid, torch.ones(2), torch.zeros(10, 32, device=kernel_device))
+        linear_cross_entropy_bwd(x, w, t, lse, n_valid, torch.ones(2, device=kernel_device),
+                                 torch.zeros(10, 32, device=kernel_device))
