@@ -189,6 +189,9 @@ def linear_cross_entropy_bwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Te
     buffer, or the head's view of a gradient buffer zeroed before the backward). ``grad_out``: the loss's
     incoming gradient, a 1-element tensor read on the device. ``block_m``: rows per program, the forward's."""
     N, K, V = _check(x, w, targets, input_precision)
+    same_device(("x", x), ("lse", lse), ("n_valid", n_valid), ("grad_out", grad_out), ("dw_out", dw_out))
+    if tuple(lse.shape) != (N,) or lse.dtype != torch.float32:
+        raise ValueError(f"lse must be the forward's ({N},) fp32 row log-sum-exps; got {tuple(lse.shape)} {lse.dtype}")
     if tuple(dw_out.shape) != (V, K) or dw_out.dtype != torch.float32 or dw_out.stride(-1) != 1:
         raise ValueError(f"dw_out must be ({V}, {K}) fp32 with a unit last stride; got {tuple(dw_out.shape)} "
                          f"{dw_out.dtype} strides {dw_out.stride()}")

@@ -121,6 +121,9 @@ def test_launcher_rejects_what_it_cannot_take(kernel_device):
     with pytest.raises(ValueError, match="dw_out"):
         linear_cross_entropy_bwd(x, w, t, lse, n_valid, torch.ones((), device=kernel_device),
                                  torch.zeros(10, 32, dtype=torch.bfloat16, device=kernel_device))
+    with pytest.raises(ValueError, match="lse must be"):
+        linear_cross_entropy_bwd(x, w, t, lse[:3], n_valid, torch.ones((), device=kernel_device),
+                                 torch.zeros(10, 32, device=kernel_device))
     with pytest.raises(ValueError, match="one value"):
         linear_cross_entropy_bwd(x, w, t, lse, n_valid, torch.ones(2, device=kernel_device),
                                  torch.zeros(10, 32, device=kernel_device))

@@ -30,3 +30,13 @@ def test_static_png_when_a_browser_is_there(monkeypatch):
         pytest.skip("kaleido found no Chromium/Chrome here")
     assert png[:8] == b"\x89PNG\r\n\x1a\n"
     assert base64.b64decode(plots.bundle(fig(), "x")["image/png"])[:4] == b"\x89PNG"
+
+
+def test_a_log_axis_labels_a_narrow_span_at_least_twice():
+    from ftlib.views.plots import log_axis
+
+    wide = log_axis([3.0, 400.0])
+    assert wide["tickvals"] == [2.0, 5.0, 10.0, 20.0, 50.0, 100.0, 200.0, 500.0]  # 1, 2, 5 x 10^k
+    narrow = log_axis([50.0, 62.8, 69.9])  # one 1-2-5 label (50) inside the span: every 1..9 x 10^k instead
+    inside = [t for t in narrow["tickvals"] if 50.0 <= t <= 69.9]
+    assert inside == [50.0, 60.0] and narrow["ticktext"][narrow["tickvals"].index(60.0)] == "60"

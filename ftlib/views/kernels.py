@@ -112,6 +112,8 @@ def case_label(r: dict[str, Any]) -> str:
         return f"{s.get('n_params', 0):,} params x{s.get('steps')} steps {dt}"
     if r.get("op") == "gelu_mlp":
         return f"M={s.get('M')} C={s.get('C')} F={s.get('F')}{' +bias' if s.get('bias') else ''} {dt}"
+    if r.get("op") == "head_loss":  # rows x (M, C) under the head (V, C)
+        return f"M={s.get('M')} C={s.get('C')} V={s.get('V')} {dt}"
     if r.get("op") == "wgrad":  # dW (N, K) = dY^T X for dY (M, N), X (M, K)
         return f"dW ({s.get('N')}, {s.get('K')}) over M={s.get('M')} {dt}"
     return f"({', '.join(str(v) for v in s.values())}) {dt}"

@@ -45,13 +45,21 @@ def log_ticks(values: Iterable[float]) -> dict:
 
 
 def log_axis(values: Iterable[float | None]) -> dict:
-    """A log axis labelled at 1, 2, 5 x 10^k over the span of ``values`` (plain numbers, no minor-digit clutter)."""
+    """A log axis labelled at 1, 2, 5 x 10^k over the span of ``values`` (plain numbers, no minor-digit clutter);
+    where fewer than two of those fall inside the span (values within a factor of two or so), at every
+    1..9 x 10^k instead, so that a narrow span still reads off two labels or more."""
     vals = [v for v in values if v is not None and v > 0]
     if not vals:
         return dict(type="log")
     lo, hi = math.floor(math.log10(min(vals))), math.ceil(math.log10(max(vals)))
-    ticks = [m * 10.0**k for k in range(lo, hi + 1) for m in (1, 2, 5) if min(vals) / 2 <= m * 10.0**k <= max(vals) * 2]
-    return dict(type="log", tickvals=ticks, ticktext=[f"{t:g}" for t in ticks])
+
+    def ticks(mantissas: tuple[int, ...]) -> list[float]:
+        return [m * 10.0**k for k in range(lo, hi + 1) for m in mantissas if min(vals) / 2 <= m * 10.0**k <= max(vals) * 2]
+
+    picked = ticks((1, 2, 5))
+    if sum(min(vals) <= t <= max(vals) for t in picked) < 2:
+        picked = ticks(tuple(range(1, 10)))
+    return dict(type="log", tickvals=picked, ticktext=[f"{t:g}" for t in picked])
 
 
 def _slug(name: str) -> str:
