@@ -54,7 +54,8 @@ def log_axis(values: Iterable[float | None]) -> dict:
     lo, hi = math.floor(math.log10(min(vals))), math.ceil(math.log10(max(vals)))
 
     def ticks(mantissas: tuple[int, ...]) -> list[float]:
-        return [m * 10.0**k for k in range(lo, hi + 1) for m in mantissas if min(vals) / 2 <= m * 10.0**k <= max(vals) * 2]
+        return [m * 10.0**k for k in range(lo, hi + 1) for m in mantissas
+                if min(vals) / 2 <= m * 10.0**k <= max(vals) * 2]
 
     picked = ticks((1, 2, 5))
     if sum(min(vals) <= t <= max(vals) for t in picked) < 2:
