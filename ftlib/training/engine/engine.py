@@ -257,8 +257,8 @@ class Engine:
             self.flat_param16.copy_(self.flat_param[: self.flat_param16.numel()])
         if self.resid_dropout is not None:  # a new mask every step, also on graph replay
             self.resid_dropout[1].add_(1)
-        logits, _ = self.model(self.static_x)  # (B, T, V)
-        # (B, T, V) -> (B*T, V) logits, (B, T) -> (B*T,) targets
+        logits, _ = self.model(self.static_x)  # (B, T, V); with fuse_head_loss the head's input h, (B, T, C)
+        # (B, T, V) -> (B*T, V) logits (or h -> (B*T, C): the fused loss forms the logits), (B, T) -> (B*T,) targets
         loss = self._loss_fn(logits.view(self.B * self.T, -1), self.static_y.view(self.B * self.T))
         self.optimizer.backward(loss, self.grad_clip)
         self.optimizer.step()
