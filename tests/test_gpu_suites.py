@@ -20,7 +20,7 @@ import ftlib.harness.bench.runners as runners
 import ftlib.harness.custom_suites as custom_suites
 import ftlib.harness.gpu_runner as gpu_runner
 from ftlib.harness import suites
-from ftlib.harness.bench.cases import Case
+from ftlib.harness.bench.cases import HEADLINE_FIRST, Case
 from ftlib.harness.bench.step import bench_step, case_ident
 from ftlib.harness.results import ResultStore
 from ftlib.harness.suites import SUITES
@@ -325,3 +325,30 @@ def test_precisions_refuses_unknown_names_and_custom_suites(tmp_path, capsys):
     assert gpu_bench.main(["run", "--only", "train", "--device", "cpu", "--out", str(tmp_path),
                            "--precisions", "fp16"]) == 2
     assert "case suites only" in capsys.readouterr().err
+
+
+def test_a_baselines_run_measures_the_engine_and_the_strongest_configurations_first():
+    """A run stopped by its budget keeps what a headline ratio divides: per (model, precision), the engine and the
+    compiled configurations that have been the strongest come first, the whole group before the next; the run
+    measures the suite's cases, no more and no fewer, and the suite's list (the keys' catalogue) keeps its order."""
+    suite = SUITES["baselines"]
+    listed = suite.cases()
+    order = suite.in_measuring_order(listed)
+    assert sorted(c.ident("baselines") for c in order) == sorted(c.ident("baselines") for c in listed)
+    assert [(c.mode, c.optimizer) for c in listed[:2]] == [("eager", "default"), ("eager", "fused")]  # list kept
+    groups = [(c.label, c.precision) for c in order]
+    assert all(groups.index(g) == i or groups[i - 1] == g for i, g in enumerate(groups))  # each group in one piece
+    first = order[:len(HEADLINE_FIRST)]
+    assert {(c.label, c.precision) for c in first} == {("gpt2", "bf16")}
+    assert [(c.mode, c.optimizer) for c in first] == list(HEADLINE_FIRST)
+    cut = order[:len(order) // 4]  # a run stopped a quarter of the way still pairs the engine with the graphed step
+    assert {("engine", "default"), ("compile", "graphed")} <= {(c.mode, c.optimizer) for c in cut}
+    assert SUITES["engine"].in_measuring_order(SUITES["engine"].cases()) == SUITES["engine"].cases()
+
+
+def test_the_runner_measures_in_the_suites_measuring_order(tmp_path, monkeypatch, clean_commit):
+    tiny = _tiny_baselines(monkeypatch)
+    monkeypatch.setitem(SUITES, "baselines", dataclasses.replace(SUITES["baselines"], make=lambda: tiny,
+                                                                 measure_order=lambda cs: cs[::-1]))
+    assert _run(tmp_path / "out") == 0
+    assert [r["optimizer_kind"] for r in ResultStore("baselines", "cpu").rows()] == ["fused", "default"]

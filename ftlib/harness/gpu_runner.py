@@ -163,7 +163,7 @@ def _run_suite(name: str, slug: str, device, deadline: float, out: Path, args: a
         _log_row(row)
         shutil.copyfile(store.path, out / store.path.name)  # so a killed run still returns it
 
-    cases = with_run(cases, run_id())
+    cases = with_run(suite.in_measuring_order(cases), run_id())
     kw = {"warmup": args.warmup, "iters": args.iters, **suite.options}
     rows = bench_cases(cases, store, progress=sys.stderr.isatty(), device=device,
                        deadline=deadline, on_row=on_row, **kw)

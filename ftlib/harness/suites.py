@@ -30,7 +30,7 @@ import torch
 
 from ftlib.core.device import device_slug
 from ftlib.core.repo import repo_root
-from ftlib.harness.bench.cases import Case, bench_cases, make_cases
+from ftlib.harness.bench.cases import Case, bench_cases, headline_first, make_cases
 from ftlib.harness.bench.runners import WHOLE_STEP
 from ftlib.harness.provenance import run_id
 from ftlib.harness.results import ResultStore
@@ -79,9 +79,14 @@ class Suite:
     about: str
     options: Mapping = field(default_factory=dict)
     default: bool = False  # run when no suite is named
+    # The order a run measures the cases in, where it is not the list's (which keeps the keys' catalogue).
+    measure_order: Callable[[list[Case]], list[Case]] | None = None
 
     def cases(self) -> list[Case]:
         return self.make()
+
+    def in_measuring_order(self, cases: list[Case]) -> list[Case]:
+        return list(cases) if self.measure_order is None else self.measure_order(list(cases))
 
 
 def headline_models() -> dict:
@@ -94,8 +99,9 @@ def baselines(models: Mapping | None = None, precisions: Sequence[str] = HEADLIN
     """Every model x precision in every (mode, optimizer) of ``configs``, one (model, precision) at a time;
     None: ``STEP_CONFIGS``, then each group of ``LATER_STEP_GROUPS`` after every earlier case.
 
-    bf16 first, the precision the book's headline is about; within a (model, precision) the
-    modes follow each other, so a slow drift of the machine touches all of them alike.
+    bf16 first, the precision the book's headline is about. A run measures them in
+    :func:`ftlib.harness.bench.cases.headline_first`'s order: each (model, precision) in one piece (the later
+    groups' configurations with it), the engine and the strongest compiled configurations first.
     """
     models = dict(models or headline_models())
     later = LATER_STEP_GROUPS if configs is None else ()
@@ -325,7 +331,7 @@ SHARED_CACHE = {"cold_compile": False}
 
 SUITES: dict[str, Suite] = {s.name: s for s in (
     Suite("baselines", baselines, "both models, fp32/tf32/bf16/fp16, every mode and optimizer placement, and the "
-          "engine (chapters 3, 5, 6, 7)", SHARED_CACHE, default=True),
+          "engine (chapters 3, 5, 6, 7)", SHARED_CACHE, default=True, measure_order=headline_first),
     Suite("tsweep", tsweep, "T = 128..4096 at 8,192 tokens per step (chapter 5)", SHARED_CACHE, default=True),
     Suite("compile_time", compile_time, "first step from a cold process (chapter 5)",
           {"isolate_modes": ("compile", "compile-ro", "cudagraph"), "warmup": 3, "iters": 10}, default=True),
