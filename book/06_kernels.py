@@ -591,6 +591,11 @@ if len(ktable):
 # * `norm-bwd-grid`: the grid of that backward (`norm_bwd_grid`): rows per tile and programs per SM,
 #   against its launcher's 4-row tiles at 4 programs per SM; the sweep below times the grids alone.
 #   The 16-programs-per-SM grids put more loads in flight and pay for more atomic adds.
+# * `norm-bwd-pipelined` (on trial) puts more loads in flight another way: each program of the default grid
+#   loops over its run of tiles, and Triton software-pipelines only the loads that feed a `tl.dot`, which
+#   this kernel has none of, so each tile's loads wait for the previous tile's arithmetic. The grid
+#   '8 rows 4/SM s2' asks for the loop to be pipelined over two tiles (`tl.range`'s `num_stages`): the next
+#   tile's loads are in flight while one is computed. The same tiles, the same sums, in the same order.
 # * `fuse_mlp_act` puts each MLP's GELU in the epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`;
 #   forward the up-projection stores z and gelu(z), backward the product through the down-projection is
 #   multiplied by gelu'(z) before it is stored). It removes the two elementwise GELU kernels of every

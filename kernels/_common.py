@@ -118,35 +118,46 @@ PERSISTENT_WARPS_PER_SM = 4
 
 @dataclass(frozen=True)
 class RowGrid:
-    """A persistent row-tile grid: ``rows`` rows per tile and ``per_sm`` programs per SM.
+    """A persistent row-tile grid: ``rows`` rows per tile, ``per_sm`` programs per SM and, with ``stages`` above 1,
+    each program's loop over its tiles software-pipelined over that many tiles (``tl.range``'s ``num_stages``:
+    the next tiles' loads issued while one is computed; a kernel's own ``num_stages`` pipelines only the loads
+    that feed a ``tl.dot``, which these norm kernels have none of).
 
-    Named '<rows> rows <per_sm>/SM' (:attr:`name`, what :meth:`parse` reads); :meth:`launch` gives
-    the launcher arguments (``rows``, ``programs``) on a device (the interpreter counts 4 SMs)."""
+    Named '<rows> rows <per_sm>/SM' and ' s<stages>' after it where stages > 1 (:attr:`name`, what :meth:`parse`
+    reads); :meth:`launch` gives the launcher arguments (``rows``, ``programs``, ``loop_stages``) on a device
+    (the interpreter counts 4 SMs)."""
 
     rows: int
     per_sm: int
+    stages: int = 1
 
     def __post_init__(self) -> None:
         if not (isinstance(self.rows, int) and self.rows >= 1 and self.rows & (self.rows - 1) == 0):
             raise ValueError(f"rows={self.rows!r} must be a power of two (a tl.arange length)")
         if isinstance(self.per_sm, bool) or not isinstance(self.per_sm, int) or self.per_sm < 1:
             raise ValueError(f"per_sm={self.per_sm!r} must be a positive int (programs per SM)")
+        if isinstance(self.stages, bool) or not isinstance(self.stages, int) or not 1 <= self.stages <= 4:
+            raise ValueError(f"stages={self.stages!r} must be an int from 1 (no pipelining) to 4")
 
     @property
     def name(self) -> str:
-        return f"{self.rows} rows {self.per_sm}/SM"
+        return f"{self.rows} rows {self.per_sm}/SM" + (f" s{self.stages}" if self.stages > 1 else "")
 
     @classmethod
     def parse(cls, text: str) -> RowGrid:
-        """'8 rows 16/SM' -> RowGrid(8, 16); a ValueError says what is wrong."""
-        m = re.fullmatch(r"\s*(\d+)\s+rows\s+(\d+)\s*/\s*SM\s*", text)
+        """'8 rows 16/SM' -> RowGrid(8, 16); '8 rows 4/SM s2' -> RowGrid(8, 4, 2); a ValueError says what is
+        wrong."""
+        m = re.fullmatch(r"\s*(\d+)\s+rows\s+(\d+)\s*/\s*SM(?:\s+s(\d+))?\s*", text)
         if m is None:
-            raise ValueError(f"grid {text!r}: expected '<rows> rows <programs>/SM', e.g. '8 rows 16/SM'")
-        return cls(int(m.group(1)), int(m.group(2)))
+            raise ValueError(f"grid {text!r}: expected '<rows> rows <programs>/SM' and optionally ' s<stages>', "
+                             "e.g. '8 rows 16/SM' or '8 rows 4/SM s2'")
+        return cls(int(m.group(1)), int(m.group(2)), int(m.group(3) or 1))
 
-    def launch(self, device: torch.device) -> dict[str, int]:
-        """The launcher's ``rows`` and ``programs`` (total: per_sm times the SM count)."""
-        return {"rows": self.rows, "programs": self.per_sm * num_programs(device, 1 << 30)}
+    def launch(self, device: torch.device) -> dict[str, int | None]:
+        """The launcher's ``rows``, ``programs`` (total: per_sm times the SM count) and ``loop_stages`` (None
+        without pipelining)."""
+        return {"rows": self.rows, "programs": self.per_sm * num_programs(device, 1 << 30),
+                "loop_stages": self.stages if self.stages > 1 else None}
 
 
 def check_dw_partials(dw_partials: str, programs: int | None = None,

@@ -109,7 +109,7 @@ def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, DRB, SE
                                     IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
                                     HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
                                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr,
-                                    ATOMIC: tl.constexpr, HAS_DRB: tl.constexpr):
+                                    ATOMIC: tl.constexpr, HAS_DRB: tl.constexpr, LOOP_STAGES: tl.constexpr = None):
     """The same g, dr, dw, db on a persistent grid (Liger-Kernel's rms_norm backward: a few programs
     per SM). Program pid takes the ``tiles_per_program`` consecutive (ROWS, N) tiles from
     tile pid * tiles_per_program on (the last run clipped at M); per row, as the tile kernel,
@@ -127,7 +127,9 @@ def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, DRB, SE
     HAS_DRB (with ATOMIC): also acc_r += dr, and DRB += sum over the ROWS axis of acc_r, an (N,) output: the
     column sums of the branch's gradient, which are the gradient of a bias the branch added last (the
     projection before the residual add: y = x W^T + b, db = sum_rows dy = sum_rows dr).
-    The keep mask depends on (seed, salt, row, column) only: the same as the forward's."""
+    The keep mask depends on (seed, salt, row, column) only: the same as the forward's. LOOP_STAGES (None: not
+    pipelined): the loop over the tiles software-pipelined over that many tiles (``tl.range``'s num_stages), so
+    the next tiles' loads are in flight while one is computed; the same arithmetic in the same order."""
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N
@@ -135,7 +137,7 @@ def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, DRB, SE
     acc_w = tl.zeros((ROWS, BLOCK_N), dtype=CD)
     acc_b = tl.zeros((ROWS, BLOCK_N), dtype=CD)
     acc_r = tl.zeros((ROWS, BLOCK_N), dtype=CD)
-    for i in range(tiles_per_program):
+    for i in tl.range(tiles_per_program, num_stages=LOOP_STAGES):
         rows = ((pid * tiles_per_program + i) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
         dwt, dbt, drt = _add_norm_bwd_rows(DS, DH, S, RSTD, G, GR, SEED, w, rows, cols, M, N, salt, p, scale,
                                            IS_LN, HAS_DS, HAS_GR, HAS_DROP, RNG4, ROWS, BLOCK_N, CD)

@@ -124,7 +124,8 @@ def residual_norms(cfg: ModelConfig, step: Step) -> None:
     buffer on the default grid; the last add's s feeds nothing (no ds). The keep mask drawn alone (the
     backward when only s is used; tests); with biases, the branch bias's gradient added by the same backward
     (branch_bias_into_norm). Options: weight gradients as 'tile' / 'persistent' partials
-    (norm_dw_into_buffer off), one Philox call per element (dropout_rng4 off). Extended: every input
+    (norm_dw_into_buffer off), one Philox call per element (dropout_rng4 off), the backward's loop over its
+    tiles pipelined (norm_bwd_grid's ' s2'). Extended: every input
     stored in the step's dtype."""
     from kernels._common import RowGrid
     from kernels.dropout_mask import keep_mask
@@ -153,6 +154,7 @@ def residual_norms(cfg: ModelConfig, step: Step) -> None:
         for dw in ("tile", "persistent"):
             _backward(*add_norm(x, r, w, b, dw_partials=dw, rng4=False))
         keep_mask(seed, (M, C), 0.1, salt=5, rng4=False)
+        _backward(*add_norm(x, r, w, b, **into, loop_stages=2))  # the grid's ' s2': the tile loop pipelined
     if step.extended:
         xs, ws = _t(M, C, dtype=step.dt, grad=True), _t(C, dtype=step.dt, grad=True)
         _backward(*add_norm(xs, r, ws, _t(C, dtype=step.dt, grad=True) if b is not None else None))

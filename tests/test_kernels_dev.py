@@ -169,17 +169,19 @@ def test_the_explicit_attention_tile_sweep_checks_each_tile_against_the_referenc
 
 @pytest.mark.kernels
 def test_the_norm_backward_grid_sweep_checks_each_grid_against_the_reference(capsys):
-    """On the CPU every grid of the interpreter's list; on a GPU the old tile partials and the default
-    grid (the full sweep is a measurement, run with --record)."""
+    """On the CPU every grid of the interpreter's lists (a pipelined loop among them); on a GPU the old tile
+    partials, the default grid and the default grid pipelined (the full sweep is a measurement, run with
+    --record)."""
     import torch
 
     from benchmarks.kernels import norm_bwd_grid_dev as mod
 
-    names = ["tile partials + sum", "atomic 4 rows 4/SM"] if torch.cuda.is_available() else []
+    names = ["tile partials + sum", "atomic 4 rows 4/SM", "atomic 8 rows 4/SM s2"] if torch.cuda.is_available() else []
     rc = mod.main(["--check-only"] + (["--variants", ",".join(names)] if names else []))
     out = capsys.readouterr().out
     assert rc == 0 and "FAIL" not in out and "ERROR" not in out, out
-    assert out.count(" OK") == (len(names) or 1 + len(mod.CPU_GRID)), out
+    assert out.count(" OK") == (len(names) or 1 + len(mod.CPU_GRID) + len(mod.CPU_PIPELINED)), out
+    assert names or "atomic 8 rows 2/SM s2" in out
 
 
 @pytest.mark.kernels

@@ -28,6 +28,18 @@ def test_atomic_matches_tile(kind, programs, kernel_device):
         torch.testing.assert_close(a.cpu().double(), r, atol=1e-5, rtol=1e-5)
 
 
+@pytest.mark.parametrize("stages", [2, 3])
+@pytest.mark.parametrize("kind", FUSED)
+def test_a_pipelined_loop_matches_the_plain_one(kind, stages, kernel_device):
+    """loop_stages pipelines each program's loop over its tiles (RowGrid's ' s<k>'): the same gradients, on a grid
+    of few programs so that each loops over several tiles."""
+    t, douts = _inputs((37, 48), kernel_device, seed=5)
+    _, plain = _run(kind, t, douts, dw_partials="atomic", programs=2)
+    _, piped = _run(kind, t, douts, dw_partials="atomic", programs=2, loop_stages=stages)
+    for name, a, c in zip(KINDS[kind][2], piped, plain):
+        torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6, msg=f"d{name}")
+
+
 @pytest.mark.parametrize("layer_norm", [False, True], ids=["add-rmsnorm", "add-layernorm"])
 def test_into_the_callers_buffers_adds_and_returns_none(layer_norm, kernel_device):
     t, (ds, dh) = _inputs((37, 40), kernel_device, seed=5)
@@ -76,6 +88,10 @@ def test_the_buffers_are_checked(kernel_device):
         add_layer_norm(x, r, w, b, EPS, dw_partials="atomic", dw_out=torch.zeros_like(w))
     with pytest.raises(ValueError, match="expected one of"):
         add_rms_norm(x, r, w, EPS, dw_partials="atom")
+    s, _, rstd = add_norm_fwd(x, r, w, None, EPS, layer_norm=False)
+    for bad, partials in ((2, "tile"), (5, "atomic"), (0, "persistent")):  # persistent grids only, 1 to 4 stages
+        with pytest.raises(ValueError, match="loop_stages"):
+            add_norm_bwd(None, torch.ones_like(s), s, w, rstd, False, False, dw_partials=partials, loop_stages=bad)
 
 
 # drb_out: the column sums of r's gradient (a branch bias's gradient) added by the same programs.

@@ -12,13 +12,15 @@ more atomic adds into the same N addresses. Which grid is fastest is measured, n
 Shape: one RMSNorm after a residual add in the headline bf16 step: (B*T, C) = (8192, 256), s and
 ds in fp32 (the residual stream), dh in bf16 (``bf16_norm_out``). Variants: "tile partials + sum"
 (a partial row per 4-row tile, then one torch sum: the engine before ``norm_dw_into_buffer``),
-and "atomic R rows P/SM" for R rows per tile and P programs per SM. Each zeroes the (N,) buffer
+and "atomic R rows P/SM" for R rows per tile and P programs per SM; "atomic R rows P/SM sK" the same grid
+with each program's loop over its tiles software-pipelined over K tiles (``tl.range``'s num_stages: the
+kernel has no ``tl.dot``, so its own num_stages pipelines none of its loads). Each zeroes the (N,) buffer
 and runs the backward; checked against the fp64 reference (dx and dweight). Bytes (the floor):
 ds, dh and s read, dx written, once each.
 
 Not part of the ``kernels`` suite: run it with ``--record`` to store its rows in ``kernels.jsonl``;
 a winning grid can then be tried in ``engine_candidates`` through the engine's ``norm_bwd_grid``
-option ('R rows P/SM', the variant's name without 'atomic ').
+option ('R rows P/SM' or 'R rows P/SM sK', the variant's name without 'atomic ').
 """
 
 from __future__ import annotations
@@ -30,6 +32,9 @@ from benchmarks.kernels._harness import Recorder, Variant, parse_args, run, setu
 # (rows per tile, programs per SM) on a GPU; the interpreter checks two small grids.
 GPU_GRID = list(itertools.product((4, 8, 16), (4, 8, 16, 32)))
 CPU_GRID = [(4, 1), (8, 2)]
+# (rows per tile, programs per SM, tiles in flight per program) of the pipelined loop, around the default grid.
+GPU_PIPELINED = [(8, 4, 2), (8, 4, 3), (8, 2, 2), (8, 8, 2), (4, 4, 2), (16, 4, 2)]
+CPU_PIPELINED = [(8, 2, 2)]
 
 
 def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int:
@@ -69,8 +74,8 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
         return go
 
     variants = [Variant("tile partials + sum", tile_partials, 1e-4, impl="triton")]
-    for rows, per_sm in grid:
-        spec = RowGrid(rows, per_sm)
+    for spec in [RowGrid(rows, per_sm) for rows, per_sm in grid] + [
+            RowGrid(*g) for g in (GPU_PIPELINED if cuda else CPU_PIPELINED)]:
         variants.append(Variant(f"atomic {spec.name}", atomic(spec), 1e-4, impl="triton"))
     return 0 if run(f"residual rmsnorm backward grid ({M}, {N}) ds fp32, dh bf16", args, device,
                     lambda: (dx64, dw64), variants, unit="GB/s", op="norm_bwd_grid",

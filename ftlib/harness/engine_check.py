@@ -59,6 +59,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # The head and the loss fused (fp32 logits in registers where the unfused bf16 step rounds them to bf16).
     *((prec, name, {"fuse_head_loss": True}) for prec, name in (("bf16", "fasttransformer"), ("bf16", "gpt2"),
                                                                ("tf32", "fasttransformer"))),
+    # The norm backward's loop pipelined (the same tiles, the same atomic adds, in another timing).
+    *(("bf16", name, {"norm_bwd_grid": "8 rows 4/SM s2"}) for name in ("fasttransformer", "gpt2")),
 )
 
 

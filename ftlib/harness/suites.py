@@ -298,9 +298,11 @@ def engine_variants() -> list[Case]:
 # kernels) lost theirs and stay options; wgrad_splitk lost to cuBLAS on its own (benchmarks/kernels/wgrad_dev.py)
 # and never went on trial. attention_kv_split 2 lost after the dQ kernel and won beside it: it stays here until
 # the baselines are measured with it as a default, since it changes every FastTransformer step they time.
+# On trial too: the norm backward's loop over its tiles software-pipelined over two tiles (norm_bwd_grid's s2).
 # Labels must not extend one another: a label that another extends is read as a default case.
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
     (" split 2 beside dQ", {"attention_kv_split": 2}, ("fasttransformer",), ("bf16", "tf32")),
+    (" norm-bwd-pipelined", {"norm_bwd_grid": "8 rows 4/SM s2"}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
 )
 
 

@@ -122,7 +122,7 @@ class FusedAddNorm(nn.Module):
             kw.update(dw_partials="atomic", dw_out=dw)
             if self.bwd_grid is not None:
                 launch = self.bwd_grid.launch(x.device)
-                kw.update(bwd_rows=launch["rows"], programs=launch["programs"])
+                kw.update(bwd_rows=launch["rows"], programs=launch["programs"], loop_stages=launch["loop_stages"])
             if self.layernorm:
                 kw["db_out"] = db
             if drb is not None:
