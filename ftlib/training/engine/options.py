@@ -117,7 +117,8 @@ class EngineOptions:
                "dw_partials='atomic') instead of writing partial rows for a torch sum and autograd's add",
         keyless=False)
     norm_bwd_grid: str | None = _option(
-        "8 rows 4/SM", "with norm_dw_into_buffer (ignored without it): '<rows> rows <programs>/SM' "
+        "8 rows 4/SM", "with norm_dw_into_buffer (ignored without it): '<rows> rows <programs>/SM', optionally "
+                       "with ' s<k>' for each program's loop over its tiles pipelined over k tiles "
                        "(kernels._common.RowGrid), the grid the fused residual-norm backward and its atomic weight "
                        "gradients run on, or None for the launcher's own (4-row tiles, 4 programs per SM); "
                        "benchmarks/kernels/norm_bwd_grid_dev.py times the grids")
