@@ -60,3 +60,14 @@ def assert_within_lowp_error(got: torch.Tensor, ref64: torch.Tensor, torch_lowp:
 # transposed operand) is off by order 1.
 TF32_UNIT_ROUNDOFF = 2.0 ** -11
 TF32_GRAD_RTOL = 8 * TF32_UNIT_ROUNDOFF
+
+
+def flat_grad_errors(on, off) -> dict[str, float]:
+    """Per parameter of two engines (``ftlib.training.engine.Engine``, the same parameters): the relative error
+    |g_on - g_off| / |g_off| of the gradients their last step left in their flat buffers (``off``'s as the
+    reference; a zero reference counts as 1e-12)."""
+    out = {}
+    for name, (start, size) in on.spans.items():
+        g_on, g_off = on.flat_grad[start:start + size], off.flat_grad[start:start + size]
+        out[name] = ((g_on - g_off).norm() / g_off.norm().clamp_min(1e-12)).item()
+    return out
