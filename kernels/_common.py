@@ -74,6 +74,18 @@ def compute_dtype(dtype: torch.dtype) -> tl.dtype:
     return tl.float64 if dtype == torch.float64 else tl.float32
 
 
+def dot_precision(dtype: torch.dtype, input_precision: str) -> str:
+    """tl.dot's input precision for operands of ``dtype``: ``input_precision`` ('ieee', 'tf32', 'tf32x3') for fp32
+    operands; bf16 and fp16 operands multiply on the tensor cores as they are ('ieee', which leaves them so)."""
+    return input_precision if dtype == torch.float32 else "ieee"
+
+
+def upcast_dots(dtype: torch.dtype) -> bool:
+    """Whether a kernel's bf16/fp16 tl.dot must multiply in fp32 instead: in Triton's CPU interpreter, which
+    mis-computes them (``kernels.attention_kernels._dot``); never on a GPU."""
+    return interpret_mode() and dtype in (torch.bfloat16, torch.float16)
+
+
 def accum_dtype(dtype: torch.dtype) -> torch.dtype:
     """:func:`compute_dtype` as a torch dtype: what launchers allocate partial sums and statistics in."""
     return torch.float64 if dtype == torch.float64 else torch.float32

@@ -24,7 +24,15 @@ import torch
 import torch.nn as nn
 import triton
 
-from kernels._common import accum_dtype, check_tensor, compute_dtype, interpret_mode, out_tensor, same_device
+from kernels._common import (
+    accum_dtype,
+    check_tensor,
+    compute_dtype,
+    dot_precision,
+    out_tensor,
+    same_device,
+    upcast_dots,
+)
 from kernels.attention_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_fwd_kernel
 from kernels.kv_split_sum import kv_split_sum
 from kernels.tiles import TILE_CANDIDATES, Tiles, launch_tiled, tiles_to_try
@@ -79,14 +87,6 @@ def _kv_split(B: int, nkv: int, group: int, key_blocks: int, device: torch.devic
     return n
 
 
-def _prec(dtype: torch.dtype, input_precision: str) -> str:
-    return input_precision if dtype == torch.float32 else "ieee"  # tf32 applies to fp32 operands only
-
-
-def _upcast(dtype: torch.dtype) -> bool:
-    return interpret_mode() and dtype in (torch.bfloat16, torch.float16)
-
-
 def _explicit(block_m: int | None, block_n: int | None, num_warps: int | None, num_stages: int | None
               ) -> Tiles | None:
     """Tiles the caller fixed (any of the four given), the unset ones at the defaults; None: choose."""
@@ -124,8 +124,8 @@ def attention_fwd(
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             nh, T, sm_scale * LOG2E, nh // nkv,
-            HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n, PREC=_prec(q.dtype, input_precision),
-            UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype), num_warps=t.num_warps, num_stages=t.num_stages,
+            HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n, PREC=dot_precision(q.dtype, input_precision),
+            UPCAST=upcast_dots(q.dtype), CD=compute_dtype(q.dtype), num_warps=t.num_warps, num_stages=t.num_stages,
         )
 
     key, order = tiles_to_try("fwd", hs, q.dtype, T, q.device, _explicit(block_m, block_n, num_warps, num_stages))
@@ -176,7 +176,7 @@ def attention_bwd(
         dk, dv = torch.zeros_like(k), torch.zeros_like(v)
         return dq, dk_out.copy_(dk) if dk_out is not None else dk, dv_out.copy_(dv) if dv_out is not None else dv
     explicit = _explicit(block_m, block_n, num_warps, num_stages)
-    prec, upcast, cdt = _prec(q.dtype, input_precision), _upcast(q.dtype), compute_dtype(q.dtype)
+    prec, upcast, cdt = dot_precision(q.dtype, input_precision), upcast_dots(q.dtype), compute_dtype(q.dtype)
     qs, ks, vs = q.stride()[:3], k.stride()[:3], v.stride()[:3]
 
     def launch_dq(t: Tiles) -> None:

@@ -34,8 +34,8 @@ import torch
 import torch.nn as nn
 import triton
 
-from kernels._common import accum_dtype, check_tensor, compute_dtype, out_tensor
-from kernels.attention import LOG2E, _check_qkv, _packed_views, _prec, _upcast
+from kernels._common import accum_dtype, check_tensor, compute_dtype, dot_precision, out_tensor, upcast_dots
+from kernels.attention import LOG2E, _check_qkv, _packed_views
 from kernels.explicit_attention_kernels import (
     _explicit_attn_bwd_dkdv_kernel,
     _explicit_attn_bwd_dq_kernel,
@@ -113,7 +113,7 @@ def explicit_attention_fwd(
         kernel[(triton.cdiv(T, t.block_m), B * nh)](
             q, k, v, o, p, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             nh, T, LOG2E / math.sqrt(hs), nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            PREC=_prec(q.dtype, input_precision), UPCAST=_upcast(q.dtype), CD=compute_dtype(q.dtype),
+            PREC=dot_precision(q.dtype, input_precision), UPCAST=upcast_dots(q.dtype), CD=compute_dtype(q.dtype),
             num_warps=t.num_warps, num_stages=t.num_stages,
         )
 
@@ -162,7 +162,7 @@ def explicit_attention_bwd(
     if B * nh * T == 0:
         return dq, dk.zero_(), dv.zero_()
     delta = torch.empty((B, nh, T), dtype=accum_dtype(q.dtype), device=q.device)
-    prec, upcast, cd = _prec(q.dtype, input_precision), _upcast(q.dtype), compute_dtype(q.dtype)
+    prec, upcast, cd = dot_precision(q.dtype, input_precision), upcast_dots(q.dtype), compute_dtype(q.dtype)
     sm_scale = 1.0 / math.sqrt(hs)
     db = delta if db_out is None else db_out  # without db_out the kernels never touch their DB argument
 

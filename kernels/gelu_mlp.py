@@ -43,7 +43,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_device, compute_dtype, interpret_mode, same_device
+from kernels._common import check_device, compute_dtype, dot_precision, interpret_mode, same_device, upcast_dots
 from kernels.attention_kernels import _dot
 from kernels.mm_into import weight_grad_into_
 
@@ -155,8 +155,7 @@ def _launch(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None, z: torc
     _gemm_gelu_kernel[grid](a, b, bias if bias is not None else out, z, out, M, N, K, a.stride(0), a.stride(1),
                             b.stride(0), b.stride(1), BACKWARD=backward, TANH=approximate == "tanh",
                             HAS_BIAS=bias is not None, CD=compute_dtype(a.dtype), GROUP_M=8,
-                            PREC=input_precision if a.dtype == torch.float32 else "ieee",  # tf32: fp32 operands only
-                            UPCAST=interpret_mode() and a.dtype in (torch.bfloat16, torch.float16))
+                            PREC=dot_precision(a.dtype, input_precision), UPCAST=upcast_dots(a.dtype))
 
 
 def gemm_gelu(a: torch.Tensor, b: torch.Tensor, bias: torch.Tensor | None = None, approximate: str = "tanh",

@@ -32,7 +32,7 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from kernels._common import check_device, compute_dtype, interpret_mode, same_device
+from kernels._common import check_device, compute_dtype, dot_precision, interpret_mode, same_device
 
 PRECISIONS = ("ieee", "tf32", "tf32x3")
 
@@ -143,7 +143,7 @@ def matmul(
         a, b, out, bias if bias is not None else out,
         M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
         out.stride(0), out.stride(1), out.stride(2), k_per,
-        HAS_BIAS=bias is not None, PREC=input_precision if a.dtype == torch.float32 else "ieee",
+        HAS_BIAS=bias is not None, PREC=dot_precision(a.dtype, input_precision),
         CD=compute_dtype(a.dtype), GROUP_M=8,
     )
     return out[0] if split == 1 else out.sum(0)

@@ -33,7 +33,7 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, interpret_mode, same_device
+from kernels._common import check_tensor, dot_precision, same_device, upcast_dots
 from kernels.attention_kernels import _dot
 from kernels.limits import device_limits
 
@@ -156,9 +156,7 @@ def _check(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, input_precis
 
 
 def _consts(x: torch.Tensor, input_precision: str) -> dict[str, object]:
-    # The interpreter mis-computes bf16/fp16 tl.dot: multiply exactly in fp32 there (attention_kernels._dot).
-    return {"PREC": input_precision if x.dtype == torch.float32 else "ieee",
-            "UPCAST": interpret_mode() and x.dtype != torch.float32}
+    return {"PREC": dot_precision(x.dtype, input_precision), "UPCAST": upcast_dots(x.dtype)}
 
 
 def linear_cross_entropy_fwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, ignore_index: int = -100,

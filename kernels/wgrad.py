@@ -25,7 +25,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, interpret_mode, num_programs, same_device
+from kernels._common import check_tensor, dot_precision, interpret_mode, num_programs, same_device, upcast_dots
 from kernels.attention_kernels import _dot
 
 PRECISIONS = ("ieee", "tf32")  # tl.dot's products for fp32 operands: exact FMA, or TF32 tensor cores
@@ -98,6 +98,5 @@ def wgrad_add_(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, input_precisio
         return tiles, max(1, min(triton.cdiv(M, meta["BM"]), triton.cdiv(meta["SPLIT_PER_SM"] * sms, tiles)))
 
     _wgrad_splitk_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                               PREC=input_precision if a.dtype == torch.float32 else "ieee",
-                               UPCAST=interpret_mode() and a.dtype != torch.float32)
+                               PREC=dot_precision(a.dtype, input_precision), UPCAST=upcast_dots(a.dtype))
     return c

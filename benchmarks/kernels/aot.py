@@ -33,7 +33,7 @@ import triton
 import triton.language as tl
 
 from ftlib.core.device import DeviceInfo
-from kernels._common import interpret_mode
+from kernels._common import dot_precision, interpret_mode
 
 EXIT_NO_TOOLCHAIN = 3  # the CLI's exit status when Triton's NVIDIA backend or its ptxas is missing
 _F32 = "fp32"
@@ -116,7 +116,7 @@ def attention_specs(info: DeviceInfo, head_size: int, dtype: torch.dtype, input_
     from kernels.tiles import choose_tiles
 
     dt = _DT[dtype]
-    prec = A._prec(dtype, input_precision)
+    prec = dot_precision(dtype, input_precision)
     out = []
     for name, fn in (("fwd", A._attn_fwd_kernel), ("bwd_dq", A._attn_bwd_dq_kernel),
                      ("bwd_dkdv", A._attn_bwd_dkdv_kernel)):
