@@ -570,10 +570,10 @@ if len(ktable):
 # has a case in the `engine` suite that switches it off again (`-grad-into-buffer`, `-fused-kv-sum`,
 # `-norm-dw-into-buffer`, `-norm-bwd-grid`, `-fuse-softmax-matmuls`, `-bias-into-buffer`,
 # `-bf16-bias-weights`, `-branch-bias-into-norm`, `-first-norm-into-buffer`, `-bias-options` for the last
-# four at once, `-explicit-dq-one-pass`, `-fc-bias-into-gelu`, `-wgrad-stream` and `-attn-bwd-streams`; the lines
-# under the table of section "What each kernel buys" say which of them have rows). A winner becomes a default
-# together with a run of the baselines suite that measures it: a default changes the step that every headline
-# ratio times, so until then it stays on trial.
+# four at once, `-explicit-dq-one-pass`, `-fc-bias-into-gelu`, `-wgrad-stream`, `-attn-bwd-streams` and
+# `-kv-split-2`; the lines under the table of section "What each kernel buys" say which of them have rows). A
+# winner becomes a default together with a run of the baselines suite that measures it: a default changes the
+# step that every headline ratio times, so until then it stays on trial.
 # The options the trials below concern:
 #
 # * `grad-into-buffer` does what Megatron-LM's `gradient_accumulation_fusion` option does
@@ -625,8 +625,9 @@ if len(ktable):
 #   programs per SM, which at this size is 4 per K/V head on a GPU with 132 SMs. Splits of 8 and 2 lost
 #   while the dK/dV kernel ran after the dQ kernel. With `attn-bwd-streams` it runs beside the dQ kernel,
 #   which takes part of the GPU, so both went on trial again as `split 8 beside dQ` and `split 2 beside dQ`
-#   (rows never counted with the earlier trial's). The split of 8 lost again and left the trial; the split of
-#   2 stays on trial until it becomes a default (the table below gives both).
+#   (rows never counted with the earlier trial's). The split of 8 lost again. The split of 2 won and is a
+#   default now (`attention_kv_split=2`, where 2 divides a model's query heads per K/V head), and `-kv-split-2`
+#   gives the dK/dV kernel back the launcher's choice.
 # * `bias-into-buffer`, `bf16-bias-weights` and `branch-bias-into-norm` concern GPT-2's Linear biases, which
 #   the FastTransformer does not have; `all-bias-options` was all of them with `first-norm-into-buffer`, and
 #   the four are defaults now. With

@@ -217,7 +217,11 @@ def baselines_run(run: str, machine: str, ms: dict[tuple[str, str, str], float],
                              "bf16_bias_weights": bias and c.precision == "bf16",
                              "wgrad_side_stream": c.precision in ("bf16", "fp16"),
                              "attention_bwd_streams": c.config.attn_impl == "sdpa" or bool(c.extra.get(
-                                 "attention_for_explicit"))}
+                                 "attention_for_explicit")),
+                             # the flash kernel's dK/dV split: two per K/V head where 2 divides its query heads
+                             "attention_kv_split": 2 if (c.config.attn_impl == "sdpa"
+                                                         and (c.config.n_head // c.config.n_kv_head) % 2 == 0)
+                             else None}
         row.update((bad or {}).get(ident, {}))
         rows.append(row)
     return rows

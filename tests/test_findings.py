@@ -20,7 +20,8 @@ OLDER = {("fasttransformer", "engine", "default"): {"engine": {"grad_into_buffer
                                                                 "norm_bwd_grid": "8 rows 4/SM",
                                                                 "first_norm_into_buffer": True,
                                                                 "wgrad_side_stream": True,
-                                                                "attention_bwd_streams": True}}}
+                                                                "attention_bwd_streams": True,
+                                                                "attention_kv_split": 2}}}
 
 
 @pytest.fixture()

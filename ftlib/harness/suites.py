@@ -285,6 +285,9 @@ def engine_variants() -> list[Case]:
               for name in ("fasttransformer", "gpt2")]
     cases += [case("fasttransformer -attn-bwd-streams", "fasttransformer", prec, {"attention_bwd_streams": False})
               for prec in ("bf16", "tf32")]
+    # MQA's dK/dV kernel back on its launcher's split (about two programs per SM) instead of two per K/V head.
+    cases += [case("fasttransformer -kv-split-2", "fasttransformer", prec, {"attention_kv_split": None})
+              for prec in ("bf16", "tf32")]
     return cases
 
 
@@ -292,16 +295,14 @@ def engine_variants() -> list[Case]:
 # on trial; an option waiting for a trial goes here. The trials' outcomes (chapter 6 keeps every trial's rows):
 # grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer, norm_bwd_grid, fuse_softmax_matmuls, GPT-2's bias
 # options (bias_into_buffer, bf16_bias_weights, branch_bias_into_norm), first_norm_into_buffer,
-# explicit_dq_one_pass, fc_bias_into_gelu, wgrad_side_stream (bf16/fp16) and attention_bwd_streams won theirs
-# and are defaults. The 16-programs-per-SM grids, fuse_mlp_act, attention_kv_split 8 (after the dQ kernel and
-# beside it), explicit_one_pass, qkv_bias_into_attention and fuse_head_loss (the head and the loss in two Triton
-# kernels) lost theirs and stay options; wgrad_splitk lost to cuBLAS on its own (benchmarks/kernels/wgrad_dev.py)
-# and never went on trial. attention_kv_split 2 lost after the dQ kernel and won beside it: it stays here until
-# the baselines are measured with it as a default, since it changes every FastTransformer step they time.
-# On trial too: the norm backward's loop over its tiles software-pipelined over two tiles (norm_bwd_grid's s2).
+# explicit_dq_one_pass, fc_bias_into_gelu, wgrad_side_stream (bf16/fp16), attention_bwd_streams and
+# attention_kv_split 2 (two dK/dV programs per K/V head; it lost after the dQ kernel and won beside it) won
+# theirs and are defaults. The 16-programs-per-SM grids, fuse_mlp_act, attention_kv_split 8 (after the dQ kernel
+# and beside it), explicit_one_pass, qkv_bias_into_attention and fuse_head_loss (the head and the loss in two
+# Triton kernels) lost theirs and stay options; wgrad_splitk lost to cuBLAS on its own
+# (benchmarks/kernels/wgrad_dev.py) and never went on trial. On trial: the norm backward's loop pipelined (s2).
 # Labels must not extend one another: a label that another extends is read as a default case.
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
-    (" split 2 beside dQ", {"attention_kv_split": 2}, ("fasttransformer",), ("bf16", "tf32")),
     (" norm-bwd-pipelined", {"norm_bwd_grid": "8 rows 4/SM s2"}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
 )
 

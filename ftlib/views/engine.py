@@ -264,7 +264,8 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("fc_bias_into_gelu=False", "up-projection bias summed apart"),
                  ("wgrad_side_stream=False attention_bwd_streams=False", "one stream"),
                  ("wgrad_side_stream=False", "weight gradients on the main stream"),
-                 ("attention_bwd_streams=False", "attention backward on one stream"))
+                 ("attention_bwd_streams=False", "attention backward on one stream"),
+                 ("attention_kv_split=None", "launcher's dK/dV split"))
 
 
 def case_name(r: dict[str, Any]) -> str:

@@ -22,7 +22,7 @@ from ftlib.training.engine.swaps import ATTN_HEAD_SIZES
 TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid",
                  "fuse_softmax_matmuls", "bias_into_buffer", "bf16_bias_weights", "branch_bias_into_norm",
                  "first_norm_into_buffer", "explicit_dq_one_pass", "fc_bias_into_gelu", "wgrad_side_stream",
-                 "attention_bwd_streams")
+                 "attention_bwd_streams", "attention_kv_split")
 TODAY = "the current defaults"
 
 
@@ -87,6 +87,10 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
     if name == "wgrad_side_stream":  # CUDA, bf16/fp16, the Linears writing into the flat gradient (linears.py)
         return (row.get("precision") in ("bf16", "fp16") and ran.get("grad_into_buffer") is not False
                 and row.get("device_type", "cuda") == "cuda")
+    if name == "attention_kv_split":  # the flash kernel's dK/dV split, where 2 divides the query heads per K/V head
+        cfg = row.get("config") or {}
+        group = int(cfg.get("n_head", 1)) // int(cfg.get("n_kv_head") or cfg.get("n_head", 1))
+        return group % 2 == 0 and _applies("attention_bwd_streams", row)
     if name == "attention_bwd_streams":  # the flash kernel's backward, on the packed layout
         kernels = ran.get("kernels")
         if kernels is None:  # not recorded: where the flash kernel takes the attention (not GPT-2's as written)

@@ -85,10 +85,10 @@ class EngineOptions:
     fused_softmax: bool = _option(
         True, "for explicit attention kept as written: scale, causal mask and softmax in one kernel each way")
     attention_kv_split: int | None = _option(
-        None, "with the attention kernel on an MQA/GQA model (packed layout): how many dK/dV programs share one "
-              "K/V head's query heads, a power of two (kernels.attention.attention_bwd's kv_split); None: the "
-              "launcher's choice, about two programs per SM; where it does not divide a model's query heads per "
-              "K/V head the launcher's choice stays")
+        2, "with the attention kernel on an MQA/GQA model (packed layout): how many dK/dV programs share one "
+           "K/V head's query heads, a power of two (kernels.attention.attention_bwd's kv_split); None: the "
+           "launcher's choice, about two programs per SM; on the heads layout, or where it does not divide a "
+           "model's query heads per K/V head (multi-head attention), the launcher's choice stays")
     fuse_softmax_matmuls: bool = _option(
         True, "with fused_softmax, for explicit attention kept as written (GPT-2): q k^T, the scale, mask and softmax, "
               "and P v in one kernel forward, the (B, nh, T, T) probabilities still written and read back by the "
@@ -219,8 +219,6 @@ class EngineOptions:
         if kvs is not None:
             if isinstance(kvs, bool) or not isinstance(kvs, int) or kvs < 1 or kvs & (kvs - 1):
                 bad.append(f"attention_kv_split={kvs!r} must be None or a power of two >= 1")
-            if self.attention_layout != "packed":
-                bad.append(f"attention_kv_split={kvs!r} needs attention_layout='packed'")
         if self.norm_bwd_grid is not None:
             from kernels._common import RowGrid  # here: the options import no Triton unless a grid is named
 

@@ -256,7 +256,7 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
         reason = ("not applied in strict fp32: SDPA's kernel is faster than the 'ieee' one "
                   "(attention_precision='tf32x3' or 'ieee' selects it)")
     if not blocked("attention", reason):
-        kv_split = options.attention_kv_split
+        kv_split = options.attention_kv_split if options.attention_layout == "packed" else None  # packed only
         if kv_split is not None and (cfg.n_head // cfg.n_kv_head) % kv_split:
             out.notes["attention_kv_split"] = (f"not applicable: {kv_split} does not divide the "
                                                f"{cfg.n_head // cfg.n_kv_head} query heads per K/V head")
