@@ -591,11 +591,18 @@ if len(ktable):
 # * `norm-bwd-grid`: the grid of that backward (`norm_bwd_grid`): rows per tile and programs per SM,
 #   against its launcher's 4-row tiles at 4 programs per SM; the sweep below times the grids alone.
 #   The 16-programs-per-SM grids put more loads in flight and pay for more atomic adds.
-# * `norm-bwd-pipelined` (on trial) puts more loads in flight another way: each program of the default grid
-#   loops over its run of tiles, and Triton software-pipelines only the loads that feed a `tl.dot`, which
-#   this kernel has none of, so each tile's loads wait for the previous tile's arithmetic. The grid
+# * `norm-bwd-pipelined` (an option; its trial was mixed) puts more loads in flight another way: each program of
+#   the default grid loops over its run of tiles, and Triton software-pipelines only the loads that feed a
+#   `tl.dot`, which this kernel has none of, so each tile's loads wait for the previous tile's arithmetic. The grid
 #   '8 rows 4/SM s2' asks for the loop to be pipelined over two tiles (`tl.range`'s `num_stages`): the next
-#   tile's loads are in flight while one is computed. The same tiles, the same sums, in the same order.
+#   tile's loads are in flight while one is computed. The same tiles, the same sums, in the same order. It won
+#   some cases and lost others, GPT-2 in bf16 in every run (the table below), so it is not a default.
+# * `fused-embedding` (`fuse_embedding`; on trial): the step's input is x = wte[idx] + wpe[t], which PyTorch runs
+#   as a position index, two gathers and an add, and backward as two zeroed tables, two scatter-adds and
+#   autograd's two adds into the flat gradient: about ten kernel boundaries around a few MB of traffic. The
+#   option runs the model's `embedding_sum` on one kernel that gathers and sums both rows, and its backward on
+#   one kernel that adds each row of the gradient into its token's row of the table with atomic adds and sums
+#   each position's rows over the batch before adding them (`kernels/embedding_sum.py`).
 # * `fuse_mlp_act` puts each MLP's GELU in the epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`;
 #   forward the up-projection stores z and gelu(z), backward the product through the down-projection is
 #   multiplied by gelu'(z) before it is stored). It removes the two elementwise GELU kernels of every

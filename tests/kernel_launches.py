@@ -118,6 +118,16 @@ def first_norm(cfg: ModelConfig, step: Step) -> None:
                         torch.zeros(C) if bias else None, rows=grid.rows, programs=grid.per_sm * SMS[step.cc]))
 
 
+def embeddings(cfg: ModelConfig, step: Step) -> None:
+    """The token and position embeddings summed by one kernel and both gradients added into fp32 buffers
+    (option fuse_embedding, kernels.embedding_sum): the tables are fp32 parameters in every step precision."""
+    from kernels.embedding_sum import embedding_sum
+
+    V, C, P = cfg.vocab_size, cfg.n_embd, cfg.block_size
+    _backward(embedding_sum(torch.zeros(B, T, dtype=torch.long), _t(V, C, grad=True), _t(P, C, grad=True),
+                            torch.zeros(V, C), torch.zeros(P, C), check_ids=False))
+
+
 def residual_norms(cfg: ModelConfig, step: Step) -> None:
     """Each residual add with the norm after it (kernels.residual_norm): fp32 stream, the branch and the
     norm's output in the step's dtype, the config's dropout inside, weight gradients added into the flat
@@ -276,7 +286,7 @@ def loss_and_optimizer(cfg: ModelConfig, step: Step) -> None:
 
 # The step's launchers, in order; kernel_compile checks that together they launch every kernel in kernels/.
 DRIVERS: tuple[Callable[[ModelConfig, Step], None], ...] = (
-    first_norm, residual_norms, attention, mlp, linears, loss_and_optimizer)
+    embeddings, first_norm, residual_norms, attention, mlp, linears, loss_and_optimizer)
 
 
 def drive(cc: int, extended: bool = False) -> None:

@@ -7,22 +7,13 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_tolerance import flat_grad_errors
+from small_engines import FT, GPT2, B, T
+from small_engines import train as _train
 
-from ftlib.harness.engine_check import pattern_batches
 from ftlib.model.config import preset
 from ftlib.training.engine import Engine, EngineOptions
 
 pytest.importorskip("triton")
-
-B, T = 2, 16
-FT = preset("fasttransformer", n_layer=2, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
-GPT2 = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)  # its head tied to the embedding
-
-
-def _train(cfg, precision, device, steps=4, **options):
-    eng = Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
-    batches = pattern_batches(cfg.vocab_size, B, T, steps, seed=2, device=device)
-    return eng, torch.stack([eng.step(x, y).detach().float().clone() for x, y in batches])
 
 
 @pytest.mark.parametrize("precision", ["bf16", "tf32"])

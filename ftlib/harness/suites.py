@@ -296,14 +296,14 @@ def engine_variants() -> list[Case]:
 # grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer, norm_bwd_grid, fuse_softmax_matmuls, GPT-2's bias
 # options (bias_into_buffer, bf16_bias_weights, branch_bias_into_norm), first_norm_into_buffer,
 # explicit_dq_one_pass, fc_bias_into_gelu, wgrad_side_stream (bf16/fp16), attention_bwd_streams and
-# attention_kv_split 2 (two dK/dV programs per K/V head; it lost after the dQ kernel and won beside it) won
-# theirs and are defaults. The 16-programs-per-SM grids, fuse_mlp_act, attention_kv_split 8 (after the dQ kernel
-# and beside it), explicit_one_pass, qkv_bias_into_attention and fuse_head_loss (the head and the loss in two
-# Triton kernels) lost theirs and stay options; wgrad_splitk lost to cuBLAS on its own
-# (benchmarks/kernels/wgrad_dev.py) and never went on trial. On trial: the norm backward's loop pipelined (s2).
+# attention_kv_split 2 (it lost after the dQ kernel and won beside it) won theirs and are defaults. The
+# 16-programs-per-SM grids, fuse_mlp_act, attention_kv_split 8, explicit_one_pass, qkv_bias_into_attention,
+# fuse_head_loss and the norm backward's loop pipelined (s2: some cases won, GPT-2 bf16 lost in all) lost theirs
+# and stay options; wgrad_splitk lost to cuBLAS on its own (benchmarks/kernels/wgrad_dev.py), never on trial.
+# On trial: the embeddings' sum and both its gradients in one kernel each (fuse_embedding).
 # Labels must not extend one another: a label that another extends is read as a default case.
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
-    (" norm-bwd-pipelined", {"norm_bwd_grid": "8 rows 4/SM s2"}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
+    (" fused-embedding", {"fuse_embedding": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
 )
 
 

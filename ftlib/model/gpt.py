@@ -14,6 +14,23 @@ from ftlib.model.config import ModelConfig
 from ftlib.model.norm import make_norm
 
 
+def embedding_sum_ref(idx: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor) -> torch.Tensor:
+    """x (B, T, C) = wte[idx] + wpe[0 .. T-1]: the token and position embeddings of ``idx`` (B, T) summed, the first
+    block's input (GPT-2, Radford et al. 2019, sec. 2.3), from the tables' weights."""
+    pos = torch.arange(idx.shape[1], device=idx.device)
+    return F.embedding(idx, wte) + F.embedding(pos, wpe)
+
+
+class EmbeddingSum(nn.Module):
+    """The token and position embeddings summed, ``wte(idx) + wpe(0 .. T-1)``, from the model's two embedding
+    modules. No parameters: like :class:`ftlib.model.block.AddNorm`, the seam where the engine puts one kernel
+    (``ftlib.training.engine.embedding``), so that no second copy of the forward exists."""
+
+    def forward(self, idx: torch.Tensor, wte: nn.Module, wpe: nn.Module) -> torch.Tensor:
+        pos = torch.arange(idx.shape[1], device=idx.device)
+        return wte(idx) + wpe(pos)  # (B, T, C)
+
+
 class GPT(nn.Module):
     """Learned token + position embeddings, ``n_layer`` pre-norm blocks, untied or tied head."""
 
@@ -24,6 +41,7 @@ class GPT(nn.Module):
         self.config = config
         self.wte = nn.Embedding(config.vocab_size, config.n_embd)
         self.wpe = nn.Embedding(config.block_size, config.n_embd)
+        self.embedding_sum = EmbeddingSum()  # wte(idx) + wpe(positions), a seam for the engine's kernel
         self.drop = nn.Dropout(config.dropout)
         self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
         self.norm_f = make_norm(config.norm, config.n_embd, config.bias, config.norm_eps)
@@ -59,8 +77,7 @@ class GPT(nn.Module):
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         B, T = idx.shape
         self.config.check_sequence(T)
-        pos = torch.arange(T, device=idx.device)
-        x = self.drop(self.wte(idx) + self.wpe(pos))  # (B, T, C)
+        x = self.drop(self.embedding_sum(idx, self.wte, self.wpe))  # (B, T, C)
         h = self.blocks[0].norm1(x)  # (B, T, C), the first attention's input
         for i, blk in enumerate(self.blocks):
             after = self.blocks[i + 1].norm1 if i + 1 < len(self.blocks) else self.norm_f

@@ -1,7 +1,8 @@
 """One plain-PyTorch reference per hand-written kernel in ``kernels/``.
 
 The kernel tests import every reference from here. Norms and attention are the model's
-own implementations (re-exported from :mod:`ftlib.model.norm` and :mod:`ftlib.attention`);
+own implementations (re-exported from :mod:`ftlib.model.norm`, :mod:`ftlib.attention` and
+:mod:`ftlib.model.gpt`, the embeddings' sum);
 cross-entropy, the flat-buffer AdamW step and the tanh-GELU MLP epilogue are defined
 below. These are the definitions the kernels must match, written for clarity, not speed.
 """
@@ -14,6 +15,7 @@ import torch
 import torch.nn.functional as F
 
 from ftlib.model.attention import causal_attention_ref, causal_softmax_ref
+from ftlib.model.gpt import embedding_sum_ref
 from ftlib.model.norm import layer_norm_ref, rms_norm_ref
 
 __all__ = [
@@ -24,6 +26,7 @@ __all__ = [
     "causal_softmax_ref",
     "cross_entropy_ref",
     "dropout_ref",
+    "embedding_sum_ref",
     "gelu_mlp_ref",
     "gelu_tanh_ref",
     "kv_split_sum_ref",

@@ -39,6 +39,7 @@ from ftlib.core.device import DeviceInfo, pick_device
 from ftlib.model.config import ModelConfig, preset
 from ftlib.model.gpt import build_model
 from ftlib.training.engine.attention import FusedExplicitSelfAttention, qkv_biases_into_attention
+from ftlib.training.engine.embedding import FusedEmbeddingSum
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
 from ftlib.training.engine.fused_mlp import fc_biases_into_gelu, fuse_mlps
 from ftlib.training.engine.grad_into import bias_sum_why_not
@@ -378,6 +379,7 @@ class Engine:
                                                                                FirstNormInto),
             "fuse_mlp_act": self.fused_mlps > 0,
             "fuse_head_loss": self.head_loss is not None,
+            "fuse_embedding": isinstance(self.model.embedding_sum, FusedEmbeddingSum),
             "wgrad_splitk": self.linears.wgrad_splitk,
             "wgrad_side_stream": self.linears.wgrad_stream is not None,
             "bias_into_buffer": self.linears.bias_into_buffer,

@@ -4,8 +4,9 @@ Every new module takes over the old one's Parameter objects under the same names
 place of its parent's ordered ``_modules``, so ``model.parameters()`` keeps its order and identity
 (the reference's optimizer groups line up) and the model's own forward runs unchanged: the norms,
 attention, Linear layers and embeddings are modules, and every residual add with the norm after it
-goes through the model's ``add_norm`` (``ftlib.model.block.AddNorm``). :func:`swap_kernels` returns
-which ops a kernel took over and, for every op or fusion that stayed on PyTorch, why.
+goes through the model's ``add_norm`` (``ftlib.model.block.AddNorm``), the embeddings' sum through its
+``embedding_sum`` (``ftlib.model.gpt.EmbeddingSum``; :mod:`ftlib.training.engine.embedding`).
+:func:`swap_kernels` returns which ops a kernel took over and, for every op or fusion that stayed on PyTorch, why.
 
 Triton matmuls (attention, the Linear GEMM) go in only where ``tl.dot`` gets tensor cores for their
 precision on the device: below sm_80 Triton lowers every ``tl.dot`` to FMA arithmetic
@@ -34,6 +35,7 @@ from ftlib.training.engine.attention import (
     FusedSoftmaxSelfAttention,
     KernelCausalSelfAttention,
 )
+from ftlib.training.engine.embedding import swap_embeddings
 from ftlib.training.engine.grad_into import grad_views
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 
@@ -231,11 +233,7 @@ def swap_kernels(model: GPT, options: EngineOptions, prec: StepPrecision, info: 
     _swap_attention(model, options, prec, info, blocked, out, why_not, any_kernel)
     _swap_linears(model, options, prec, info, out, why_not, any_kernel)
 
-    if not blocked("embedding"):
-        from kernels.embedding import ScatterEmbedding
-
-        model.wte, model.wpe = ScatterEmbedding(model.wte), ScatterEmbedding(model.wpe)  # same Parameters
-        out.applied["embedding"] = True
+    out.applied["embedding"] = swap_embeddings(model, options.fuse_embedding, blocked("embedding"), out.notes)
     out.applied["cross_entropy"] = not blocked("cross_entropy")
     out.applied["adamw"] = not blocked("adamw")
     return out
