@@ -15,7 +15,8 @@ pytest.importorskip("triton")
 
 @pytest.mark.parametrize("op", ["rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_norm",
                                 "bias_grad", "causal_softmax", "kv_split_sum", "wgrad",
-                                "attention_kv_split", "explicit_attention", "head_loss"])
+                                "attention_kv_split", "explicit_attention", "head_loss",
+                                "embedding_sum"])
 @pytest.mark.kernels
 def test_dev_driver_checks_pass(op, capsys):
     mod = importlib.import_module(f"benchmarks.kernels.{op}_dev")

@@ -29,7 +29,7 @@ BENCH = "kernels"
 # The kernel benchmark's ops the chapter's table shows, in its order.
 KERNEL_TABLE_OPS = ("rmsnorm", "layernorm", "cross_entropy", "adamw", "attention", "residual_rmsnorm",
                     "residual_dropout_rmsnorm", "residual_layernorm", "bias_grad", "gelu_bias_grad", "causal_softmax",
-                    "gelu_mlp", "wgrad", "head_loss", "explicit_attention")
+                    "gelu_mlp", "wgrad", "head_loss", "embedding_sum", "explicit_attention")
 GEMM_OPS = ("gelu_mlp", "wgrad", "head_loss")  # the GEMM kernels the engine leaves off by default
 OP_NAMES = {"rmsnorm": "RMSNorm fwd+bwd", "layernorm": "LayerNorm fwd+bwd", "cross_entropy": "cross-entropy fwd+bwd",
             "adamw": "AdamW step", "attention": "causal attention fwd+bwd",
@@ -40,6 +40,7 @@ OP_NAMES = {"rmsnorm": "RMSNorm fwd+bwd", "layernorm": "LayerNorm fwd+bwd", "cro
             "causal_softmax": "GPT-2's scale, causal mask and softmax fwd+bwd",
             "gelu_mlp": "MLP fwd+bwd, GELU in the GEMM epilogues", "wgrad": "weight gradient dY^T X into fp32",
             "head_loss": "output head + cross-entropy fwd+bwd",
+            "embedding_sum": "token + position embeddings fwd+bwd",
             "explicit_attention": "GPT-2's attention fwd+bwd, P written"}
 CEILING_NAMES = {"copy": "bandwidth", "matmul fp32": "fp32", "matmul tf32": "tf32", "matmul bf16": "bf16"}
 KERNELS_DIR = repo_root() / "kernels"
@@ -114,6 +115,8 @@ def case_label(r: dict[str, Any]) -> str:
         return f"M={s.get('M')} C={s.get('C')} F={s.get('F')}{' +bias' if s.get('bias') else ''} {dt}"
     if r.get("op") == "head_loss":  # rows x (M, C) under the head (V, C)
         return f"M={s.get('M')} C={s.get('C')} V={s.get('V')} {dt}"
+    if r.get("op") == "embedding_sum":  # idx (B, T) into the tables (V, C) and (T, C)
+        return f"B={s.get('B')} T={s.get('T')} V={s.get('V')} C={s.get('C')} {dt}"
     if r.get("op") == "wgrad":  # dW (N, K) = dY^T X for dY (M, N), X (M, K)
         return f"dW ({s.get('N')}, {s.get('K')}) over M={s.get('M')} {dt}"
     return f"({', '.join(str(v) for v in s.values())}) {dt}"
