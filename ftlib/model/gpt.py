@@ -27,6 +27,7 @@ class EmbeddingSum(nn.Module):
     (``ftlib.training.engine.embedding``), so that no second copy of the forward exists."""
 
     def forward(self, idx: torch.Tensor, wte: nn.Module, wpe: nn.Module) -> torch.Tensor:
+        # The modules, not embedding_sum_ref on their weights: the engine's lookup kernels take their place.
         pos = torch.arange(idx.shape[1], device=idx.device)
         return wte(idx) + wpe(pos)  # (B, T, C)
 
