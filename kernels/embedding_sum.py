@@ -192,7 +192,7 @@ def embedding_sum(idx: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor, dwte_
     ``dwte_out`` and ``dwpe_out`` (both or neither: buffers shaped like the tables, in the accumulation dtype), the
     backward adds the gradients into them and autograd receives none. ``check_ids``: raise a ValueError for a token
     id outside [0, V) (None: on the CPU only; on a GPU the check would wait for the device)."""
-    B, T, C = _check_tables(idx, wte, wpe)
+    _check_tables(idx, wte, wpe)  # before the ids are read
     if (dwte_out is None) != (dwpe_out is None):
         raise ValueError("give both dwte_out and dwpe_out, or neither")
     if dwte_out is not None:

@@ -16,8 +16,13 @@ FT = preset("fasttransformer", n_layer=2, n_embd=64, n_head=4, n_kv_head=1, bloc
 GPT2 = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
 
 
+def engine(cfg, precision: str, device: torch.device, **options) -> Engine:
+    """An engine at (B, T), seed 3, uncaptured, with ``options``: the same initial weights for every option."""
+    return Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
+
+
 def train(cfg, precision: str, device: torch.device, steps: int = 4, **options) -> tuple[Engine, torch.Tensor]:
-    """An engine (seed 3, uncaptured) with ``options`` and its losses over ``steps`` learnable batches (seed 2)."""
-    eng = Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
+    """:func:`engine` with ``options`` and its losses over ``steps`` learnable batches (seed 2)."""
+    eng = engine(cfg, precision, device, **options)
     batches = pattern_batches(cfg.vocab_size, B, T, steps, seed=2, device=device)
     return eng, torch.stack([eng.step(x, y).detach().float().clone() for x, y in batches])

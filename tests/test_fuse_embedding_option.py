@@ -8,12 +8,12 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_tolerance import flat_grad_errors
-from small_engines import FT, GPT2, B, T
+from small_engines import FT, GPT2, B, T, engine
 from small_engines import train as _train
 
 from ftlib.harness.engine_check import pattern_batches
 from ftlib.model.gpt import EmbeddingSum
-from ftlib.training.engine import Engine, EngineOptions
+from ftlib.training.engine import EngineOptions
 
 pytest.importorskip("triton")
 
@@ -44,8 +44,8 @@ def test_the_fused_embeddings_train_like_the_unfused_ones(kernel_device, cfg, pr
 def test_the_table_gradients_are_what_the_reference_gives(kernel_device):
     """The fused backward's two gradients against autograd through the reference model's embedding lookups, for
     one step's loss from the same weights: a dropped position sum or a token's rows added to another would show."""
-    on = Engine(FT, B, T, "fp32", kernel_device, seed=3, capture=False, fuse_embedding=True)
-    off = Engine(FT, B, T, "fp32", kernel_device, seed=3, capture=False, use_kernels={"embedding": False})
+    on = engine(FT, "fp32", kernel_device, fuse_embedding=True)
+    off = engine(FT, "fp32", kernel_device, use_kernels={"embedding": False})
     assert not off.describe()["fuse_embedding"]
     x, y = pattern_batches(FT.vocab_size, B, T, 1, seed=5, device=kernel_device)[0]
     on.step(x, y)
@@ -55,8 +55,8 @@ def test_the_table_gradients_are_what_the_reference_gives(kernel_device):
 
 
 def test_outside_the_step_the_kernel_still_gives_the_sum(kernel_device):
-    on = Engine(FT, B, T, "fp32", kernel_device, seed=3, capture=False, fuse_embedding=True)
-    off = Engine(FT, B, T, "fp32", kernel_device, seed=3, capture=False)
+    on = engine(FT, "fp32", kernel_device, fuse_embedding=True)
+    off = engine(FT, "fp32", kernel_device)
     x = torch.randint(0, FT.vocab_size, (B, T), device=kernel_device)
     with torch.no_grad():
         logits_on, _ = on.model(x)

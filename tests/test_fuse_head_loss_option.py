@@ -7,11 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_tolerance import flat_grad_errors
-from small_engines import FT, GPT2, B, T
+from small_engines import FT, GPT2, B, T, engine
 from small_engines import train as _train
 
 from ftlib.model.config import preset
-from ftlib.training.engine import Engine, EngineOptions
+from ftlib.training.engine import EngineOptions
 
 pytest.importorskip("triton")
 
@@ -42,8 +42,8 @@ def test_the_fused_head_trains_like_the_unfused_one(kernel_device, cfg, precisio
 
 def test_outside_the_step_the_head_returns_logits(kernel_device):
     # Built, not trained: the same initial weights (after one step the two differ by tf32 rounding on a GPU).
-    on = Engine(FT, B, T, "tf32", kernel_device, seed=3, capture=False, fuse_head_loss=True)
-    off = Engine(FT, B, T, "tf32", kernel_device, seed=3, capture=False)
+    on = engine(FT, "tf32", kernel_device, fuse_head_loss=True)
+    off = engine(FT, "tf32", kernel_device)
     assert on.describe()["fuse_head_loss"]
     x = torch.randint(0, FT.vocab_size, (B, T), device=kernel_device)
     with torch.no_grad():
