@@ -570,8 +570,9 @@ if len(ktable):
 # has a case in the `engine` suite that switches it off again (`-grad-into-buffer`, `-fused-kv-sum`,
 # `-norm-dw-into-buffer`, `-norm-bwd-grid`, `-fuse-softmax-matmuls`, `-bias-into-buffer`,
 # `-bf16-bias-weights`, `-branch-bias-into-norm`, `-first-norm-into-buffer`, `-bias-options` for the last
-# four at once, `-explicit-dq-one-pass`, `-fc-bias-into-gelu`, `-wgrad-stream`, `-attn-bwd-streams` and
-# `-kv-split-2`; the lines under the table of section "What each kernel buys" say which of them have rows). A
+# four at once, `-explicit-dq-one-pass`, `-fc-bias-into-gelu`, `-wgrad-stream`, `-attn-bwd-streams`,
+# `-kv-split-2` and `-fused-embedding`; the lines under the table of section "What each kernel buys" say which of
+# them have rows). A
 # winner becomes a default together with a run of the baselines suite that measures it: a default changes the
 # step that every headline ratio times, so until then it stays on trial.
 # The options the trials below concern:
@@ -597,8 +598,8 @@ if len(ktable):
 #   '8 rows 4/SM s2' asks for the loop to be pipelined over two tiles (`tl.range`'s `num_stages`): the next
 #   tile's loads are in flight while one is computed. The same tiles, the same sums, in the same order. It won
 #   some cases and lost others, GPT-2 in bf16 in every run (the table below), so it is not a default.
-# * `fused-embedding` (`fuse_embedding`; it won its trial and becomes a default with the run of the baselines suite
-#   that measures it, as the rule above says): the step's input is x = wte[idx] + wpe[t], which PyTorch runs
+# * `fused-embedding` (`fuse_embedding`; it won its trial and is a default now, `-fused-embedding` switches it off):
+#   the step's input is x = wte[idx] + wpe[t], which PyTorch runs
 #   as a position index, two gathers and an add, and backward as two zeroed tables, two scatter-adds and
 #   autograd's two adds into the flat gradient: about ten kernel boundaries around a few MB of traffic. The
 #   option runs the model's `embedding_sum` on one kernel that gathers and sums both rows, and its backward on

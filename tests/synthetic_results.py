@@ -221,7 +221,8 @@ def baselines_run(run: str, machine: str, ms: dict[tuple[str, str, str], float],
                              # the flash kernel's dK/dV split: two per K/V head where 2 divides its query heads
                              "attention_kv_split": 2 if (c.config.attn_impl == "sdpa"
                                                          and (c.config.n_head // c.config.n_kv_head) % 2 == 0)
-                             else None}
+                             else None,
+                             "fuse_embedding": True}
         row.update((bad or {}).get(ident, {}))
         rows.append(row)
     return rows

@@ -163,7 +163,7 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
         return {"mode": "engine", "device_slug": "h200", "run_id": run, "config": cfg, "extra": extra or {},
                 "engine": {"grad_into_buffer": True, "fuse_kv_split_sum": True, "norm_dw_into_buffer": True,
                            "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True,
-                           "attention_bwd_streams": True, "attention_kv_split": 2, **ran}}
+                           "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True, **ran}}
 
     rows = [row("a", mqa, grad_into_buffer=False, fuse_kv_split_sum=False),
             row("b", mha, grad_into_buffer=False, fuse_kv_split_sum=False),  # MHA: no split to sum
@@ -175,18 +175,21 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
             row("g", mqa, fuse_residual_norm=False, norm_dw_into_buffer=False, norm_bwd_grid=None),
             row("h", mqa, norm_bwd_grid=None),  # the atomic adds on the launcher's grid, not the default's
             row("i", mqa, attention_kv_split=None),  # the dK/dV kernel on the launcher's split
-            row("j", mha, attention_kv_split=None)]  # MHA: one query head per K/V head, nothing to split
+            row("j", mha, attention_kv_split=None),  # MHA: one query head per K/V head, nothing to split
+            row("k", mqa, fuse_embedding=False),  # the embeddings unfused
+            row("l", mqa, fuse_embedding=False, kernels=[])]  # no embedding kernel: nothing to fuse
     lines = ec.options_behind(rows).splitlines()
-    assert len(lines) == 7
+    assert len(lines) == 8
     # e; wgrad_side_stream in none: these rows name no precision, and it applies under bf16/fp16 only
     assert "1 of these runs ran with `attention_bwd_streams` off" in lines[0]
     assert "2 of these runs ran with `attention_kv_split` off" in lines[1]  # e, i; not j
     assert "1 of these runs ran with `first_norm_into_buffer` off" in lines[2]  # e; g had no fused norm for it
-    assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[3]  # a, e
-    assert "3 of these runs ran with `grad_into_buffer` off" in lines[4]  # a, b, e
+    assert "2 of these runs ran with `fuse_embedding` off" in lines[3]  # e, k; not l
+    assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[4]  # a, e
+    assert "3 of these runs ran with `grad_into_buffer` off" in lines[5]  # a, b, e
     # h only: e and g had no atomic adds for a grid to run (they count under norm_dw_into_buffer)
-    assert "1 of these runs ran with `norm_bwd_grid` off" in lines[5]
-    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[6]  # e, not g
+    assert "1 of these runs ran with `norm_bwd_grid` off" in lines[6]
+    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[7]  # e, not g
     assert "1 of these runs ran with `grad_into_buffer`" in ec.options_behind(rows, run_ids={"b", "c"})
     assert ec.options_behind(rows, run_ids={"c", "d"}) == ""
 
@@ -208,7 +211,7 @@ def test_probes_are_named_against_todays_defaults():
     mqa = {"n_head": 8, "n_kv_head": 1}
     ran = {"grad_into_buffer": True, "fuse_kv_split_sum": True, "fuse_residual_norm": True,
            "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True, "kernels": ["rmsnorm", "attention"],
-           "attention_bwd_streams": True, "attention_kv_split": 2, "notes": {}}
+           "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True, "notes": {}}
 
     def probe(label, kw, **engine):
         return {"status": "ok", "device_slug": "h200", "commit": "c", "date": "d", "label": label, "config": mqa,
@@ -231,7 +234,7 @@ def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
         return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": mqa, "extra": {},
                 "engine": {"kernels": kernels, "notes": notes or {}, "norm_dw_into_buffer": True,
                            "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True,
-                           "attention_bwd_streams": True, "attention_kv_split": 2, **ran}}
+                           "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True, **ran}}
 
     # Strict fp32 keeps SDPA: no dK/dV split to sum, so the current engine runs without the fused split sum.
     sdpa = row([k for k in with_attention if k != "attention"], grad_into_buffer=True, fuse_kv_split_sum=False)

@@ -61,7 +61,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
                                                                ("tf32", "fasttransformer"))),
     # The norm backward's loop pipelined (the same tiles, the same atomic adds, in another timing).
     *(("bf16", name, {"norm_bwd_grid": "8 rows 4/SM s2"}) for name in ("fasttransformer", "gpt2")),
-    # The embeddings' sum in one kernel, both tables' gradients added atomically (the same sums in another order).
+    # The embeddings' sum in one kernel, both tables' gradients added atomically (the same sums in another order);
+    # a default now, so the default checks above train with it too.
     *((prec, name, {"fuse_embedding": True}) for prec, name in (("bf16", "fasttransformer"), ("bf16", "gpt2"),
                                                                ("tf32", "fasttransformer"))),
 )

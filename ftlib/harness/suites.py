@@ -288,23 +288,22 @@ def engine_variants() -> list[Case]:
     # MQA's dK/dV kernel back on its launcher's split (about two programs per SM) instead of two per K/V head.
     cases += [case("fasttransformer -kv-split-2", "fasttransformer", prec, {"attention_kv_split": None})
               for prec in ("bf16", "tf32")]
+    # The embeddings' lookups, sum and table gradients back on PyTorch's gathers, add and scatter-adds.
+    cases += [case(f"{name} -fused-embedding", name, prec, {"fuse_embedding": False})
+              for prec in ("bf16", "tf32") for name in ("fasttransformer", "gpt2")]
     return cases
 
 
 # (label suffix, engine options, the base cases it applies to, the precisions it applies in) of each option
-# on trial; an option waiting for a trial goes here. The trials' outcomes (chapter 6 keeps every trial's rows):
-# grad_into_buffer, fuse_kv_split_sum, norm_dw_into_buffer, norm_bwd_grid, fuse_softmax_matmuls, GPT-2's bias
-# options (bias_into_buffer, bf16_bias_weights, branch_bias_into_norm), first_norm_into_buffer,
-# explicit_dq_one_pass, fc_bias_into_gelu, wgrad_side_stream (bf16/fp16), attention_bwd_streams and
-# attention_kv_split 2 (it lost after the dQ kernel and won beside it) won theirs and are defaults. The
-# 16-programs-per-SM grids, fuse_mlp_act, attention_kv_split 8, explicit_one_pass, qkv_bias_into_attention,
-# fuse_head_loss and the norm backward's loop pipelined (s2: some cases won, GPT-2 bf16 lost in all) lost theirs
-# and stay options; wgrad_splitk lost to cuBLAS on its own (benchmarks/kernels/wgrad_dev.py), never on trial.
-# On trial: the embeddings' sum and both its gradients in one kernel each (fuse_embedding).
-# Labels must not extend one another: a label that another extends is read as a default case.
-CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
-    (" fused-embedding", {"fuse_embedding": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
-)
+# on trial; an option waiting for a trial goes here. Won and defaults: grad_into_buffer, fuse_kv_split_sum,
+# norm_dw_into_buffer, norm_bwd_grid, fuse_softmax_matmuls, GPT-2's bias options (bias_into_buffer,
+# bf16_bias_weights, branch_bias_into_norm), first_norm_into_buffer, explicit_dq_one_pass, fc_bias_into_gelu,
+# wgrad_side_stream (bf16/fp16), attention_bwd_streams, attention_kv_split 2 (it lost after the dQ kernel and won
+# beside it) and fuse_embedding. Lost, options: the 16-programs-per-SM grids, fuse_mlp_act, attention_kv_split 8,
+# explicit_one_pass, qkv_bias_into_attention, fuse_head_loss and the norm loop pipelined (s2: mixed); wgrad_splitk
+# lost to cuBLAS alone (benchmarks/kernels/wgrad_dev.py). Chapter 6 keeps every trial's rows. Labels must not
+# extend one another: a label that another extends is read as a default case.
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = ()
 
 
 def engine_candidates() -> list[Case]:

@@ -22,7 +22,7 @@ from ftlib.training.engine.swaps import ATTN_HEAD_SIZES
 TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid",
                  "fuse_softmax_matmuls", "bias_into_buffer", "bf16_bias_weights", "branch_bias_into_norm",
                  "first_norm_into_buffer", "explicit_dq_one_pass", "fc_bias_into_gelu", "wgrad_side_stream",
-                 "attention_bwd_streams", "attention_kv_split")
+                 "attention_bwd_streams", "attention_kv_split", "fuse_embedding")
 TODAY = "the current defaults"
 
 
@@ -91,6 +91,9 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
         cfg = row.get("config") or {}
         group = int(cfg.get("n_head", 1)) // int(cfg.get("n_kv_head") or cfg.get("n_head", 1))
         return group % 2 == 0 and _applies("attention_bwd_streams", row)
+    if name == "fuse_embedding":  # the embeddings on their kernel (not recorded: on)
+        kernels = ran.get("kernels")
+        return kernels is None or "embedding" in kernels
     if name == "attention_bwd_streams":  # the flash kernel's backward, on the packed layout
         kernels = ran.get("kernels")
         if kernels is None:  # not recorded: where the flash kernel takes the attention (not GPT-2's as written)

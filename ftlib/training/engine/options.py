@@ -132,7 +132,7 @@ class EngineOptions:
                "head's backward (dx, and dW added into the flat gradient) as another that forms them again "
                "(kernels/linear_cross_entropy.py, head_loss.py), instead of cuBLAS's head GEMMs and the loss kernel")
     fuse_embedding: bool = _option(
-        False, "with the embedding kernel: the token and position embeddings gathered and summed by one kernel, and "
+        True, "with the embedding kernel: the token and position embeddings gathered and summed by one kernel, and "
                "both tables' gradients added into the flat gradient by another (kernels/embedding_sum.py, "
                "engine/embedding.py), instead of a position index, two gathers and an add forward, and two zeroed "
                "tables, two scatter-adds and autograd's two adds backward")
