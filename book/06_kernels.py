@@ -605,6 +605,14 @@ if len(ktable):
 #   option runs the model's `embedding_sum` on one kernel that gathers and sums both rows, and its backward on
 #   one kernel that adds each row of the gradient into its token's row of the table with atomic adds and sums
 #   each position's rows over the batch before adding them (`kernels/embedding_sum.py`).
+# * `relaxed-atomics` (`relaxed_atomics`, on trial) changes no arithmetic. Alone (section 2's table), the fused
+#   embeddings lose to what `torch.compile` generates for the same lookups, whose scatter-adds are
+#   `tl.atomic_add(..., sem='relaxed')`. Triton's own default is acquire-release: each atomic add is fenced
+#   against the program's other memory operations, so in a loop that loads a tile and adds it (the embeddings'
+#   backward over its run of the batch, the fused head's dW over its slices of K) the next loads wait for the
+#   add. A sum needs only atomicity (nothing reads it before the kernel ends), which is all CUDA's `atomicAdd`
+#   promises too (PTX ISA, memory consistency model). The option relaxes those adds; `fused-head` and
+#   `relaxed-head` time the fused head and loss again, without and with it, in the same run.
 # * `fuse_mlp_act` puts each MLP's GELU in the epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`;
 #   forward the up-projection stores z and gelu(z), backward the product through the down-projection is
 #   multiplied by gelu'(z) before it is stored). It removes the two elementwise GELU kernels of every

@@ -91,6 +91,19 @@ def accum_dtype(dtype: torch.dtype) -> torch.dtype:
     return torch.float64 if dtype == torch.float64 else torch.float32
 
 
+# The memory orders a kernel's accumulating atomic adds can take (``tl.atomic_add``'s ``sem``). Triton's default,
+# 'acq_rel', fences each add against the program's other memory operations, so an add inside a loop waits for
+# the loads before it; 'relaxed' keeps only the atomicity, which is all a sum needs when nothing reads it before
+# the kernel ends, as CUDA's atomicAdd and the adds torch.compile generates (PTX ISA, "Memory Consistency Model").
+ATOMIC_SEMS = ("acq_rel", "relaxed")
+
+
+def check_atomic_sem(sem: str) -> None:
+    """ValueError unless ``sem`` is one of :data:`ATOMIC_SEMS`."""
+    if sem not in ATOMIC_SEMS:
+        raise ValueError(f"sem={sem!r}; expected one of {ATOMIC_SEMS}")
+
+
 def row_tile_warps(rows: int, block_n: int) -> int:
     """Warps for a (rows, block_n) row tile: one per 1,024 elements, 1 to 8 (the row-tile norm
     kernels; 4 x 256 -> 1 warp, the RMSNorm winner in kernels.jsonl)."""

@@ -18,8 +18,10 @@ zeroed every step). With rows r = b T + t of x (B T, C):
                                                                        then one atomic add per position
 
 The atomic adds make the order of both sums vary from run to run (the values, up to fp32 rounding, do not),
-as ``index_add_`` on CUDA does. Token ids are not checked on a GPU (a check would synchronize the host with the
-device); :func:`embedding_sum` checks them on the CPU.
+as ``index_add_`` on CUDA does. Their memory order (``sem``, :data:`kernels._common.ATOMIC_SEMS`): Triton's
+default, 'acq_rel', makes each add of the backward's loop wait for the loads before it; 'relaxed' does not.
+Token ids are not checked on a GPU (a check would synchronize the host with the device); :func:`embedding_sum`
+checks them on the CPU.
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ import triton.language as tl
 
 from kernels._common import (
     accum_dtype,
+    check_atomic_sem,
     check_tensor,
     compute_dtype,
     interpret_mode,
@@ -64,7 +67,7 @@ def _embedding_sum_fwd_kernel(IDX, WTE, WPE, X, M, T, C,
 
 @triton.jit
 def _embedding_sum_bwd_kernel(IDX, DX, DWTE, DWPE, B, T, C, B_RUN,
-                              BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, CD: tl.constexpr):
+                              BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, CD: tl.constexpr, SEM: tl.constexpr):
     """For the positions t of this program's BLOCK_T tile, the columns c of its BLOCK_C tile and the batch rows b
     of its run [pb B_RUN, (pb + 1) B_RUN) (program (pt, pb, pc)), with r = b T + t:
 
@@ -72,7 +75,8 @@ def _embedding_sum_bwd_kernel(IDX, DX, DWTE, DWPE, B, T, C, B_RUN,
         dwpe[t, c]      += sum_b dx[r, c]            summed over the run in CD (fp32; fp64 for fp64), then one
                                                      atomic add per position and column
 
-    dx is contiguous (B T, C); dwte and dwpe are contiguous in the accumulation dtype."""
+    dx is contiguous (B T, C); dwte and dwpe are contiguous in the accumulation dtype. SEM: the adds' memory
+    order, one of kernels._common.ATOMIC_SEMS."""
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     tmask = t < T
@@ -87,8 +91,9 @@ def _embedding_sum_bwd_kernel(IDX, DX, DWTE, DWPE, B, T, C, B_RUN,
         g = tl.load(DX + r[:, None] * C + cols[None, :], mask=ok, other=0.0).to(CD)
         acc += g
         tok = tl.load(IDX + r, mask=rmask, other=0).to(tl.int64)
-        tl.atomic_add(DWTE + tok[:, None] * C + cols[None, :], g.to(DWTE.dtype.element_ty), mask=ok)
-    tl.atomic_add(DWPE + t.to(tl.int64)[:, None] * C + cols[None, :], acc.to(DWPE.dtype.element_ty), mask=mask)
+        tl.atomic_add(DWTE + tok[:, None] * C + cols[None, :], g.to(DWTE.dtype.element_ty), mask=ok, sem=SEM)
+    tl.atomic_add(DWPE + t.to(tl.int64)[:, None] * C + cols[None, :], acc.to(DWPE.dtype.element_ty), mask=mask,
+                  sem=SEM)
 
 
 def _blocks(C: int) -> tuple[int, int, int]:
@@ -135,10 +140,11 @@ def backward_runs(device: torch.device, B: int, tiles: int) -> int:
 
 
 def embedding_sum_bwd(idx: torch.Tensor, dx: torch.Tensor, dwte: torch.Tensor, dwpe: torch.Tensor,
-                      b_run: int | None = None) -> None:
+                      b_run: int | None = None, sem: str = "acq_rel") -> None:
     """Add the gradients of wte and wpe for the gradient ``dx`` (B, T, C) of x into ``dwte`` (V, C) and ``dwpe``
     (>= T, C), contiguous buffers in the accumulation dtype of dx (fp32; fp64 for fp64); the caller zeroes them
-    where the gradient is to be written. ``b_run``: batch rows per program (None: :func:`backward_runs`)."""
+    where the gradient is to be written. ``b_run``: batch rows per program (None: :func:`backward_runs`);
+    ``sem``: the atomic adds' memory order, one of kernels._common.ATOMIC_SEMS."""
     check_tensor("idx", idx, dtypes=(torch.int64, torch.int32), ndim=2)
     check_tensor("dx", dx, ndim=3)
     acc = accum_dtype(dx.dtype)
@@ -153,11 +159,12 @@ def embedding_sum_bwd(idx: torch.Tensor, dx: torch.Tensor, dwte: torch.Tensor, d
         return
     if b_run is not None and (isinstance(b_run, bool) or not isinstance(b_run, int) or b_run < 1):
         raise ValueError(f"b_run={b_run!r} must be None or a positive int")
+    check_atomic_sem(sem)
     block_c, rows, num_warps = _blocks(C)
     n_t, n_c = triton.cdiv(T, rows), triton.cdiv(C, block_c)
     run = b_run or backward_runs(dx.device, B, n_t * n_c)
     _embedding_sum_bwd_kernel[(n_t, triton.cdiv(B, run), n_c)](
-        idx, dx, dwte, dwpe, B, T, C, run, BLOCK_T=rows, BLOCK_C=block_c, CD=compute_dtype(dx.dtype),
+        idx, dx, dwte, dwpe, B, T, C, run, BLOCK_T=rows, BLOCK_C=block_c, CD=compute_dtype(dx.dtype), SEM=sem,
         num_warps=num_warps)
 
 
@@ -167,9 +174,9 @@ class EmbeddingSumFunction(torch.autograd.Function):
 
     @staticmethod
     def forward(ctx, idx: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor, dwte_out: torch.Tensor | None,
-                dwpe_out: torch.Tensor | None) -> torch.Tensor:
+                dwpe_out: torch.Tensor | None, sem: str) -> torch.Tensor:
         ctx.save_for_backward(idx)
-        ctx.outs, ctx.shapes, ctx.dtype = (dwte_out, dwpe_out), (wte.shape, wpe.shape), wte.dtype
+        ctx.outs, ctx.shapes, ctx.dtype, ctx.sem = (dwte_out, dwpe_out), (wte.shape, wpe.shape), wte.dtype, sem
         return embedding_sum_fwd(idx, wte, wpe)
 
     @staticmethod
@@ -180,19 +187,22 @@ class EmbeddingSumFunction(torch.autograd.Function):
         into = dwte is not None
         if not into:
             dwte, dwpe = (torch.zeros(s, dtype=accum_dtype(dx.dtype), device=dx.device) for s in ctx.shapes)
-        embedding_sum_bwd(idx, dx, dwte, dwpe)
+        embedding_sum_bwd(idx, dx, dwte, dwpe, sem=ctx.sem)
         if into:
-            return None, None, None, None, None
-        return None, dwte.to(ctx.dtype), dwpe.to(ctx.dtype), None, None
+            return None, None, None, None, None, None
+        return None, dwte.to(ctx.dtype), dwpe.to(ctx.dtype), None, None, None
 
 
 def embedding_sum(idx: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor, dwte_out: torch.Tensor | None = None,
-                  dwpe_out: torch.Tensor | None = None, check_ids: bool | None = None) -> torch.Tensor:
+                  dwpe_out: torch.Tensor | None = None, check_ids: bool | None = None,
+                  sem: str = "acq_rel") -> torch.Tensor:
     """x (B, T, C) = wte[idx] + wpe[0 .. T-1], differentiable in both tables (module docstring). With
     ``dwte_out`` and ``dwpe_out`` (both or neither: buffers shaped like the tables, in the accumulation dtype), the
     backward adds the gradients into them and autograd receives none. ``check_ids``: raise a ValueError for a token
-    id outside [0, V) (None: on the CPU only; on a GPU the check would wait for the device)."""
+    id outside [0, V) (None: on the CPU only; on a GPU the check would wait for the device). ``sem``: the
+    backward's atomic adds' memory order, one of kernels._common.ATOMIC_SEMS."""
     _check_tables(idx, wte, wpe)  # before the ids are read
+    check_atomic_sem(sem)
     if (dwte_out is None) != (dwpe_out is None):
         raise ValueError("give both dwte_out and dwpe_out, or neither")
     if dwte_out is not None:
@@ -203,4 +213,5 @@ def embedding_sum(idx: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor, dwte_
     if check_ids if check_ids is not None else not idx.is_cuda:
         if idx.numel() and (int(idx.min()) < 0 or int(idx.max()) >= wte.shape[0]):
             raise ValueError(f"token ids must lie in [0, {wte.shape[0]}); got {int(idx.min())} .. {int(idx.max())}")
-    return EmbeddingSumFunction.apply(idx.contiguous(), wte.contiguous(), wpe.contiguous(), dwte_out, dwpe_out)
+    return EmbeddingSumFunction.apply(idx.contiguous(), wte.contiguous(), wpe.contiguous(), dwte_out, dwpe_out,
+                                      sem)

@@ -20,6 +20,8 @@ Unlike Liger, the backward recomputes the logits (one more pass over x and W, sm
 of computing the gradients in the forward, so that grad_out is applied where it is known: fp16 loss scaling
 passes its scale there. dW is added with atomic adds (each program's (V, K) partial), so it can go straight
 into a gradient buffer the caller zeroed; the order of those adds, and so dW's rounding, varies between runs.
+Their memory order (``sem``, :data:`kernels._common.ATOMIC_SEMS`): Triton's default, 'acq_rel', makes the
+next slice's loads wait for each slice's add; 'relaxed' does not.
 
 The products multiply in the operands' dtype on the tensor cores (bf16/fp16) or, for fp32 operands, as TF32
 or exact FMA (``input_precision``); the logits and everything after them are fp32. g is rounded to the
@@ -33,7 +35,7 @@ import torch.nn as nn
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, dot_precision, same_device, upcast_dots
+from kernels._common import check_atomic_sem, check_tensor, dot_precision, same_device, upcast_dots
 from kernels.attention_kernels import _dot
 from kernels.limits import device_limits
 
@@ -87,10 +89,10 @@ def _lce_bwd_kernel(
     X, W, T, LSE, GOUT, N_VALID, DX, DW,  # DX (N, K) like X; DW (V, K) fp32, added into; GOUT, N_VALID (1,)
     N, V, K, sxm, sxk, swv, swk, sdxm, sdwv, ignore_index,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, SEM: tl.constexpr,
 ):
     """BLOCK_M rows per program: z again, g = (e^(z - lse) - onehot(t)) * grad_out / n_valid, rounded to
-    x's dtype, then per slice of BLOCK_K columns of K:
+    x's dtype, then per slice of BLOCK_K columns of K (SEM: the adds' memory order):
 
         dx[rm, k] = g W[:, k]           stored
         dW[:, k] += g^T x[rm, k]        atomic adds of this program's partial
@@ -114,7 +116,7 @@ def _lce_bwd_kernel(
         tl.store(DX + rm[:, None] * sdxm + rk[None, :], dx.to(DX.dtype.element_ty), mask=(rm[:, None] < N) & kmask)
         x = tl.load(X + rm[:, None] * sxm + rk[None, :] * sxk, mask=(rm[:, None] < N) & kmask, other=0.0)
         dw = _dot(tl.trans(g), x, PREC, UPCAST)  # (BLOCK_V, BLOCK_M) @ (BLOCK_M, BLOCK_K)
-        tl.atomic_add(DW + rv[:, None] * sdwv + rk[None, :], dw, mask=(rv[:, None] < V) & kmask)
+        tl.atomic_add(DW + rv[:, None] * sdwv + rk[None, :], dw, mask=(rv[:, None] < V) & kmask, sem=SEM)
 
 
 def _stages(device: torch.device) -> int:
@@ -182,11 +184,13 @@ def linear_cross_entropy_fwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Te
 def linear_cross_entropy_bwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Tensor, lse: torch.Tensor,
                              n_valid: torch.Tensor, grad_out: torch.Tensor, dw_out: torch.Tensor,
                              ignore_index: int = -100, input_precision: str = "ieee",
-                             block_m: int | None = None) -> torch.Tensor:
+                             block_m: int | None = None, sem: str = "acq_rel") -> torch.Tensor:
     """dx (N, K) in x's dtype; adds dW = g^T x into ``dw_out`` (V, K) fp32 with a unit last stride (a zeroed
     buffer, or the head's view of a gradient buffer zeroed before the backward). ``grad_out``: the loss's
-    incoming gradient, a 1-element tensor read on the device. ``block_m``: rows per program, the forward's."""
+    incoming gradient, a 1-element tensor read on the device. ``block_m``: rows per program, the forward's.
+    ``sem``: the atomic adds' memory order (module docstring)."""
     N, K, V = _check(x, w, targets, input_precision)
+    check_atomic_sem(sem)
     same_device(("x", x), ("lse", lse), ("n_valid", n_valid), ("grad_out", grad_out), ("dw_out", dw_out))
     if tuple(lse.shape) != (N,) or lse.dtype != torch.float32:
         raise ValueError(f"lse must be the forward's ({N},) fp32 row log-sum-exps; got {tuple(lse.shape)} {lse.dtype}")
@@ -202,7 +206,7 @@ def linear_cross_entropy_bwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Te
         _lce_bwd_kernel[(triton.cdiv(N, b["BLOCK_M"]),)](
             x, w, targets, lse, gout, n_valid, dx, dw_out, N, V, K, x.stride(0), x.stride(1), w.stride(0),
             w.stride(1), dx.stride(0), dw_out.stride(0), ignore_index, **b, **_consts(x, input_precision),
-            num_warps=4, num_stages=_stages(x.device))
+            SEM=sem, num_warps=4, num_stages=_stages(x.device))
     return dx
 
 
@@ -212,17 +216,18 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
     ``w_compute``: what the products read, ``weight`` itself or a copy in x's dtype (the engine's bf16
     shadow). ``dw_out``: the weight's fp32 gradient buffer, zeroed before the backward, into which dW is
     added; None returns dW to autograd instead. The backward needs ``weight`` only for autograd's bookkeeping.
+    ``sem``: the backward's atomic adds' memory order (module docstring).
     """
 
     @staticmethod
     def forward(ctx, x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                 w_compute: torch.Tensor | None = None, dw_out: torch.Tensor | None = None,
-                ignore_index: int = -100, input_precision: str = "ieee") -> torch.Tensor:
+                ignore_index: int = -100, input_precision: str = "ieee", sem: str = "acq_rel") -> torch.Tensor:
         wc = weight if w_compute is None else w_compute
         loss, lse, n_valid = linear_cross_entropy_fwd(x, wc, targets, ignore_index, input_precision)
         ctx.save_for_backward(x, wc, targets, lse, n_valid)
         ctx.dw_out, ctx.ignore_index, ctx.input_precision = dw_out, ignore_index, input_precision
-        ctx.weight_dtype = weight.dtype
+        ctx.weight_dtype, ctx.sem = weight.dtype, sem
         return loss
 
     @staticmethod
@@ -231,17 +236,19 @@ class LinearCrossEntropyFunction(torch.autograd.Function):
         into = ctx.dw_out if ctx.dw_out is not None else torch.zeros(wc.shape, dtype=torch.float32,
                                                                       device=wc.device)
         dx = linear_cross_entropy_bwd(x, wc, targets, lse, n_valid, grad_out, into, ctx.ignore_index,
-                                      ctx.input_precision)
+                                      ctx.input_precision, sem=ctx.sem)
         dw = None if ctx.dw_out is not None or not ctx.needs_input_grad[1] else into.to(ctx.weight_dtype)
-        return dx, dw, None, None, None, None, None
+        return dx, dw, None, None, None, None, None, None
 
 
 def linear_cross_entropy(x: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
                          w_compute: torch.Tensor | None = None, dw_out: torch.Tensor | None = None,
-                         ignore_index: int = -100, input_precision: str = "ieee") -> torch.Tensor:
+                         ignore_index: int = -100, input_precision: str = "ieee", sem: str = "acq_rel") -> torch.Tensor:
     """Mean cross-entropy of the logits x weight^T (never stored), differentiable in x and weight
-    (:class:`LinearCrossEntropyFunction` says what ``w_compute`` and ``dw_out`` do)."""
-    return LinearCrossEntropyFunction.apply(x, weight, targets, w_compute, dw_out, ignore_index, input_precision)
+    (:class:`LinearCrossEntropyFunction` says what ``w_compute``, ``dw_out`` and ``sem`` do)."""
+    check_atomic_sem(sem)
+    return LinearCrossEntropyFunction.apply(x, weight, targets, w_compute, dw_out, ignore_index, input_precision,
+                                            sem)
 
 
 class LinearCrossEntropyLoss(nn.Module):

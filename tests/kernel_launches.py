@@ -124,8 +124,9 @@ def embeddings(cfg: ModelConfig, step: Step) -> None:
     from kernels.embedding_sum import embedding_sum
 
     V, C, P = cfg.vocab_size, cfg.n_embd, cfg.block_size
-    _backward(embedding_sum(torch.zeros(B, T, dtype=torch.long), _t(V, C, grad=True), _t(P, C, grad=True),
-                            torch.zeros(V, C), torch.zeros(P, C), check_ids=False))
+    for sem in ("acq_rel", "relaxed"):  # Triton's default memory order for the adds, and option relaxed_atomics'
+        _backward(embedding_sum(torch.zeros(B, T, dtype=torch.long), _t(V, C, grad=True), _t(P, C, grad=True),
+                                torch.zeros(V, C), torch.zeros(P, C), check_ids=False, sem=sem))
 
 
 def residual_norms(cfg: ModelConfig, step: Step) -> None:
@@ -273,10 +274,11 @@ def loss_and_optimizer(cfg: ModelConfig, step: Step) -> None:
         from kernels.linear_cross_entropy import linear_cross_entropy
 
         head = _t(cfg.vocab_size, cfg.n_embd, grad=True)
-        _backward(linear_cross_entropy(_t(M, cfg.n_embd, dtype=step.dt, grad=True), head,
-                                       torch.randint(0, cfg.vocab_size, (M,)), w_compute=head.detach().to(step.dt),
-                                       dw_out=torch.zeros(cfg.vocab_size, cfg.n_embd),
-                                       input_precision="tf32" if step.prec == "tf32" else "ieee"))
+        for sem in ("acq_rel", "relaxed"):  # Triton's default memory order for the dW adds, and relaxed_atomics'
+            _backward(linear_cross_entropy(_t(M, cfg.n_embd, dtype=step.dt, grad=True), head,
+                                           torch.randint(0, cfg.vocab_size, (M,)), w_compute=head.detach().to(step.dt),
+                                           dw_out=torch.zeros(cfg.vocab_size, cfg.n_embd),
+                                           input_precision="tf32" if step.prec == "tf32" else "ieee", sem=sem))
     n = 12 * cfg.n_layer * cfg.n_embd ** 2  # about the model's parameters
     bufs = [_t(n) for _ in range(4)]
     scaling = (torch.ones(1), torch.zeros(1)) if step.dt == F16 else None

@@ -11,7 +11,7 @@ import torch
 pytest.importorskip("triton")
 
 from ftlib.model.reference import embedding_sum_ref  # noqa: E402
-from kernels._common import interpret_mode  # noqa: E402
+from kernels._common import ATOMIC_SEMS, interpret_mode  # noqa: E402
 from kernels.embedding_sum import (  # noqa: E402
     backward_runs,
     embedding_sum,
@@ -63,11 +63,12 @@ def test_forward_matches_the_reference_exactly(shape, dtype, kernel_device):
 
 @pytest.mark.parametrize("shape", SHAPES)
 @pytest.mark.parametrize("b_run", [None, 1, 2, 100])
-def test_gradients_match_fp64_sums(shape, b_run, kernel_device):
+@pytest.mark.parametrize("sem", ATOMIC_SEMS)
+def test_gradients_match_fp64_sums(shape, b_run, sem, kernel_device):
     B, T, V, C = shape
     idx, wte, wpe, dx = _inputs(B, T, V, C, torch.float32, kernel_device)
     dwte, dwpe = torch.zeros_like(wte), torch.zeros_like(wpe)
-    embedding_sum_bwd(idx, dx, dwte, dwpe, b_run=b_run)
+    embedding_sum_bwd(idx, dx, dwte, dwpe, b_run=b_run, sem=sem)
     exact_te, exact_pe = _exact_grads(idx, wpe.shape[0], dx)
     torch.testing.assert_close(dwte.double().cpu()[: exact_te.shape[0]], exact_te, rtol=1e-5, atol=1e-5)
     assert not dwte[exact_te.shape[0]:].any()  # symbols no row uses get nothing
@@ -84,14 +85,15 @@ def test_backward_adds_into_what_the_buffers_hold(kernel_device):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_autograd_returns_the_gradients_or_adds_them_into_buffers(dtype, kernel_device):
+@pytest.mark.parametrize("sem", ATOMIC_SEMS)
+def test_autograd_returns_the_gradients_or_adds_them_into_buffers(dtype, sem, kernel_device):
     B, T, V, C = 3, 7, 5, 9
     idx, wte, wpe, dx = _inputs(B, T, V, C, dtype, kernel_device)
     ref_te, ref_pe = (t.clone().requires_grad_() for t in (wte, wpe))
     embedding_sum_ref(idx, ref_te, ref_pe).backward(dx)
 
     te, pe = (t.clone().requires_grad_() for t in (wte, wpe))
-    embedding_sum(idx, te, pe).backward(dx)  # returned to autograd, in the tables' dtype
+    embedding_sum(idx, te, pe, sem=sem).backward(dx)  # returned to autograd, in the tables' dtype
     assert te.grad.dtype == dtype
     tol = dict(rtol=1e-5, atol=1e-5) if dtype == torch.float32 else dict(rtol=2 ** -7, atol=2 ** -7)
     torch.testing.assert_close(te.grad.float(), ref_te.grad.float(), **tol)
@@ -99,7 +101,7 @@ def test_autograd_returns_the_gradients_or_adds_them_into_buffers(dtype, kernel_
 
     te, pe = (t.clone().requires_grad_() for t in (wte, wpe))
     dte, dpe = torch.zeros(wte.shape, device=kernel_device), torch.zeros(wpe.shape, device=kernel_device)
-    embedding_sum(idx, te, pe, dte, dpe).backward(dx)
+    embedding_sum(idx, te, pe, dte, dpe, sem=sem).backward(dx)
     assert te.grad is None and pe.grad is None  # autograd received nothing: the buffers hold them
     torch.testing.assert_close(dte, ref_te.grad.float(), **tol)
     torch.testing.assert_close(dpe, ref_pe.grad.float(), **tol)
@@ -140,3 +142,7 @@ def test_the_checks_name_what_is_wrong(kernel_device):
         embedding_sum_bwd(idx[:, :3].contiguous(), dx, torch.zeros_like(wte), torch.zeros_like(wpe))
     with pytest.raises(ValueError, match="b_run"):
         embedding_sum_bwd(idx, dx, torch.zeros_like(wte), torch.zeros_like(wpe), b_run=0)
+    with pytest.raises(ValueError, match="sem='release'; expected one of"):
+        embedding_sum_bwd(idx, dx, torch.zeros_like(wte), torch.zeros_like(wpe), sem="release")
+    with pytest.raises(ValueError, match="sem='seq_cst'; expected one of"):
+        embedding_sum(idx, wte, wpe, sem="seq_cst")

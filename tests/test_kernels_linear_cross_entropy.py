@@ -10,6 +10,7 @@ pytest.importorskip("triton")
 from kernel_tolerance import assert_within_lowp_error  # noqa: E402
 
 from ftlib.model.reference import linear_cross_entropy_ref  # noqa: E402
+from kernels._common import ATOMIC_SEMS  # noqa: E402
 from kernels.linear_cross_entropy import (  # noqa: E402
     MAX_V,
     LinearCrossEntropyLoss,
@@ -76,12 +77,14 @@ def test_ignored_rows_and_large_logits(kernel_device):
     assert abs(loss.item() - ref.item()) < 1e-5
 
 
-def test_adds_into_dw_out_and_reads_w_compute(kernel_device):
-    """The engine's use: fp32 master weight, products on its bf16 copy, dW added into a gradient view."""
+@pytest.mark.parametrize("sem", ATOMIC_SEMS)
+def test_adds_into_dw_out_and_reads_w_compute(sem, kernel_device):
+    """The engine's use: fp32 master weight, products on its bf16 copy, dW added into a gradient view (the adds in
+    either memory order)."""
     x, w, t = _inputs(37, 48, 65, torch.bfloat16, kernel_device, seed=3)
     master = w.detach().float().requires_grad_(True)
     dw_out = torch.ones(65, 48, device=kernel_device)  # what is there is added to, not overwritten
-    loss = linear_cross_entropy(x, master, t, w_compute=w.detach(), dw_out=dw_out)
+    loss = linear_cross_entropy(x, master, t, w_compute=w.detach(), dw_out=dw_out, sem=sem)
     loss.backward()
     assert master.grad is None  # its gradient went into dw_out
     ref = _grads(x, w, t, torch.float64, grad_out=1.0)
@@ -108,6 +111,8 @@ def test_launcher_rejects_what_it_cannot_take(kernel_device):
     x, w = x.detach(), w.detach()
     with pytest.raises(ValueError, match="input_precision"):
         linear_cross_entropy_fwd(x, w, t, input_precision="tf32x3")
+    with pytest.raises(ValueError, match="sem='release'; expected one of"):
+        linear_cross_entropy(x, w, t, sem="release")
     with pytest.raises(TypeError, match="share a dtype"):
         linear_cross_entropy_fwd(x, w.bfloat16(), t)
     with pytest.raises(ValueError, match="K=32"):

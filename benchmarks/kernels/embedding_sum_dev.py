@@ -9,7 +9,8 @@ zeroed buffers. v1 what the engine runs without the option: the position index, 
 batch sum of dx for the position table, two zero-filled tables, two scatter-adds (``index_add_``, as
 ``kernels/embedding.py``) and autograd's two adds into the gradient buffers. v2 torch.compile of the same
 lookups and sum, forward and backward. v3 the fused kernels on the launcher's batch runs (about two programs
-per SM), v4 and v5 one batch row and the whole batch per program.
+per SM), v4 and v5 one batch row and the whole batch per program; v6 to v8 the same three with the backward's
+atomic adds in relaxed memory order (engine option ``relaxed_atomics``) instead of Triton's acquire-release.
 Bytes (the floor): x written and dx read once each (the tables stay in cache).
 """
 
@@ -56,10 +57,10 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
 
     compiled = torch.compile(torch_step) if cuda else torch_step
 
-    def fused(b_run=None):
+    def fused(b_run=None, sem="acq_rel"):
         x = embedding_sum_fwd(idx, wte, wpe)
         g_te.zero_(), g_pe.zero_()
-        embedding_sum_bwd(idx, dx, g_te, g_pe, b_run=b_run)
+        embedding_sum_bwd(idx, dx, g_te, g_pe, b_run=b_run, sem=sem)
         return x, g_te, g_pe
 
     tol = 1e-5  # fp32 sums in another order against fp64
@@ -67,7 +68,10 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
                 Variant("v2 torch.compile", lambda: compiled(wte, wpe), tol, gpu_only=True),
                 Variant("v3 fused kernels, the launcher's batch runs", fused, tol, impl="triton"),
                 Variant("v4 fused kernels, one batch row per program", lambda: fused(1), tol, impl="triton"),
-                Variant("v5 fused kernels, the whole batch per program", lambda: fused(B), tol, impl="triton")]
+                Variant("v5 fused kernels, the whole batch per program", lambda: fused(B), tol, impl="triton"),
+                Variant("v6 v3 with relaxed atomic adds", lambda: fused(sem="relaxed"), tol, impl="triton"),
+                Variant("v7 v4 with relaxed atomic adds", lambda: fused(1, "relaxed"), tol, impl="triton"),
+                Variant("v8 v5 with relaxed atomic adds", lambda: fused(B, "relaxed"), tol, impl="triton")]
     ok = run(f"embeddings ({B}, {T}) from ({V}, {C}) and ({T}, {C})", args, device, reference, variants,
              work=2 * B * T * C * dx.element_size(), unit="GB/s", op="embedding_sum",
              shape={"B": B, "T": T, "V": V, "C": C}, dtype=torch.float32)

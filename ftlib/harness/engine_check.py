@@ -65,6 +65,10 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # a default now, so the default checks above train with it too.
     *((prec, name, {"fuse_embedding": True}) for prec, name in (("bf16", "fasttransformer"), ("bf16", "gpt2"),
                                                                ("tf32", "fasttransformer"))),
+    # Those gradients' atomic adds in relaxed memory order (the same adds, unordered against the loads).
+    *((prec, name, {"relaxed_atomics": True}) for prec, name in (("bf16", "fasttransformer"), ("bf16", "gpt2"),
+                                                                ("tf32", "fasttransformer"))),
+    *(("bf16", name, {"fuse_head_loss": True, "relaxed_atomics": True}) for name in ("fasttransformer", "gpt2")),
 )
 
 

@@ -295,15 +295,16 @@ def engine_variants() -> list[Case]:
 
 
 # (label suffix, engine options, the base cases it applies to, the precisions it applies in) of each option
-# on trial; an option waiting for a trial goes here. Won and defaults: grad_into_buffer, fuse_kv_split_sum,
-# norm_dw_into_buffer, norm_bwd_grid, fuse_softmax_matmuls, GPT-2's bias options (bias_into_buffer,
-# bf16_bias_weights, branch_bias_into_norm), first_norm_into_buffer, explicit_dq_one_pass, fc_bias_into_gelu,
-# wgrad_side_stream (bf16/fp16), attention_bwd_streams, attention_kv_split 2 (it lost after the dQ kernel and won
-# beside it) and fuse_embedding. Lost, options: the 16-programs-per-SM grids, fuse_mlp_act, attention_kv_split 8,
-# explicit_one_pass, qkv_bias_into_attention, fuse_head_loss and the norm loop pipelined (s2: mixed); wgrad_splitk
+# on trial; an option waiting for a trial goes here. The winners became defaults (ftlib.views.engine_config's
+# TRIAL_WINNERS); the losers stay options: the 16-programs-per-SM grids, fuse_mlp_act, attention_kv_split 8,
+# explicit_one_pass, qkv_bias_into_attention, fuse_head_loss, the norm loop pipelined (s2: mixed); wgrad_splitk
 # lost to cuBLAS alone (benchmarks/kernels/wgrad_dev.py). Chapter 6 keeps every trial's rows. Labels must not
 # extend one another: a label that another extends is read as a default case.
-CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = ()
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
+    (" relaxed-atomics", {"relaxed_atomics": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
+    (" fused-head", {"fuse_head_loss": True}, ("fasttransformer", "gpt2"), ("bf16",)),  # beside the next, same run
+    (" relaxed-head", {"fuse_head_loss": True, "relaxed_atomics": True}, ("fasttransformer", "gpt2"), ("bf16",)),
+)
 
 
 def engine_candidates() -> list[Case]:

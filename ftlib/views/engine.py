@@ -266,7 +266,8 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("wgrad_side_stream=False", "weight gradients on the main stream"),
                  ("attention_bwd_streams=False", "attention backward on one stream"),
                  ("attention_kv_split=None", "launcher's dK/dV split"),
-                 ("fuse_embedding=False", "embeddings unfused"))
+                 ("fuse_embedding=False", "embeddings unfused"),
+                 ("relaxed_atomics=True", "relaxed atomic adds"))
 
 
 def case_name(r: dict[str, Any]) -> str:

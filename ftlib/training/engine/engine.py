@@ -43,7 +43,7 @@ from ftlib.training.engine.embedding import FusedEmbeddingSum
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
 from ftlib.training.engine.fused_mlp import fc_biases_into_gelu, fuse_mlps
 from ftlib.training.engine.grad_into import bias_sum_why_not
-from ftlib.training.engine.head_loss import fuse_head_loss, loss_function
+from ftlib.training.engine.head_loss import fuse_head_loss, loss_function, relaxed_atomics_note
 from ftlib.training.engine.linears import setup_linears, triton_gemm_why_not
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import (
@@ -166,8 +166,11 @@ class Engine:
         if self.options.fuse_head_loss:
             self.head_loss, self.notes["fuse_head_loss"] = fuse_head_loss(
                 self.model, self.kernels["cross_entropy"], triton_gemm_why_not(dev, self.prec),
-                "tf32" if self.prec.base.tf32 else "ieee", check_targets=dev.type != "cuda")
+                "tf32" if self.prec.base.tf32 else "ieee", check_targets=dev.type != "cuda",
+                sem="relaxed" if self.options.relaxed_atomics else "acq_rel")
             self._loss_fn = self._loss_fn if self.head_loss is None else self.head_loss.loss
+        if self.options.relaxed_atomics:
+            self.notes["relaxed_atomics"] = relaxed_atomics_note(self.model)
 
         self.static_x = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) tokens
         self.static_y = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) targets
@@ -380,6 +383,8 @@ class Engine:
             "fuse_mlp_act": self.fused_mlps > 0,
             "fuse_head_loss": self.head_loss is not None,
             "fuse_embedding": isinstance(self.model.embedding_sum, FusedEmbeddingSum),
+            "relaxed_atomics": "relaxed" in (getattr(self.model.embedding_sum, "sem", None),
+                                             getattr(self.model.head, "sem", None)),
             "wgrad_splitk": self.linears.wgrad_splitk,
             "wgrad_side_stream": self.linears.wgrad_stream is not None,
             "bias_into_buffer": self.linears.bias_into_buffer,

@@ -45,7 +45,7 @@ class HeadIntoLoss(nn.Module):
     """Takes over the engine's head (a :class:`GradIntoLinear`: the same Parameter, so names do not change).
     In the training step its forward returns h and :meth:`loss` computes the cross-entropy of h W^T."""
 
-    def __init__(self, head: GradIntoLinear, input_precision: str, check_targets: bool) -> None:
+    def __init__(self, head: GradIntoLinear, input_precision: str, check_targets: bool, sem: str = "acq_rel") -> None:
         super().__init__()
         self.weight = head.weight
         self.in_features, self.out_features = head.in_features, head.out_features
@@ -53,6 +53,7 @@ class HeadIntoLoss(nn.Module):
         self.w16, self.grad = head.w16, head.grad
         self.input_precision = input_precision  # the products of fp32 operands (tf32 steps)
         self.check_targets = check_targets  # a host sync: only where the step is not queued ahead (the CPU)
+        self.sem = sem  # the memory order of the backward's atomic adds into dW (option relaxed_atomics)
 
     def forward(self, h: torch.Tensor) -> torch.Tensor:
         if self.training and torch.is_grad_enabled():
@@ -73,7 +74,7 @@ class HeadIntoLoss(nn.Module):
             h2 = h2.to(low)  # a no-op where the final norm already wrote bf16
             wc = self.w16 if self.w16 is not None else self.weight.to(low)
         return linear_cross_entropy(h2, self.weight, targets, w_compute=wc, dw_out=self.grad,
-                                    input_precision=self.input_precision)
+                                    input_precision=self.input_precision, sem=self.sem)
 
     def extra_repr(self) -> str:
         return (f"in_features={self.in_features}, out_features={self.out_features}, logits formed in the loss "
@@ -81,9 +82,10 @@ class HeadIntoLoss(nn.Module):
 
 
 def fuse_head_loss(model: GPT, cross_entropy_kernel: bool, gemm_why_not: str | None, input_precision: str,
-                   check_targets: bool) -> tuple[HeadIntoLoss | None, str]:
+                   check_targets: bool, sem: str = "acq_rel") -> tuple[HeadIntoLoss | None, str]:
     """Swaps ``model.head`` for a :class:`HeadIntoLoss` where the fused kernels can take it; returns it (None where
-    they cannot) and the note that says what happened. ``gemm_why_not``: ``triton_gemm_why_not``'s answer."""
+    they cannot) and the note that says what happened. ``gemm_why_not``: ``triton_gemm_why_not``'s answer;
+    ``sem``: the memory order of the backward's atomic adds."""
     from kernels.linear_cross_entropy import MAX_V  # here: only an engine with the option imports Triton
 
     head, cfg = getattr(model, "head", None), model.config
@@ -95,5 +97,18 @@ def fuse_head_loss(model: GPT, cross_entropy_kernel: bool, gemm_why_not: str | N
            or (None if head.out_features <= MAX_V else f"not applied: a vocabulary above {MAX_V}"))
     if why is not None:
         return None, why
-    model.head = HeadIntoLoss(head, input_precision, check_targets)
+    model.head = HeadIntoLoss(head, input_precision, check_targets, sem)
     return model.head, f"head GEMM, cross-entropy and the head's backward GEMMs as two kernels (V={cfg.vocab_size})"
+
+
+def relaxed_atomics_note(model: GPT) -> str:
+    """Option ``relaxed_atomics``'s note: which of the engine's kernels that add into a sum inside a loop took
+    relaxed atomic adds (each swap module keeps its ``sem``), or why none did."""
+    where = [what for module, what in ((getattr(model, "embedding_sum", None), "the embeddings' gradients "
+                                        "(kernels/embedding_sum.py)"),
+                                       (getattr(model, "head", None), "the fused head's dW "
+                                        "(kernels/linear_cross_entropy.py)"))
+             if getattr(module, "sem", None) == "relaxed"]
+    if not where:
+        return "not applied: needs fuse_embedding or fuse_head_loss where they apply"
+    return "atomic adds in relaxed memory order for " + " and ".join(where)

@@ -136,6 +136,11 @@ class EngineOptions:
                "both tables' gradients added into the flat gradient by another (kernels/embedding_sum.py, "
                "engine/embedding.py), instead of a position index, two gathers and an add forward, and two zeroed "
                "tables, two scatter-adds and autograd's two adds backward")
+    relaxed_atomics: bool = _option(
+        False, "with fuse_embedding or fuse_head_loss: the atomic adds their backward kernels make inside a loop (the "
+               "embeddings' gradients, kernels/embedding_sum.py; the head's dW, kernels/linear_cross_entropy.py) in "
+               "relaxed memory order, as CUDA's atomicAdd and torch.compile's adds, instead of Triton's default "
+               "acquire-release, whose fences make the loop's next loads wait for each add")
     wgrad_splitk: bool = _option(
         False, "with grad_into_buffer, under bf16/fp16/tf32: each Linear's weight gradient added into the flat "
                "gradient by one split-K Triton GEMM with atomic adds (kernels/wgrad.py) instead of cuBLAS's GEMM "

@@ -233,7 +233,8 @@ def swap_kernels(model: GPT, options: EngineOptions, prec: StepPrecision, info: 
     _swap_attention(model, options, prec, info, blocked, out, why_not, any_kernel)
     _swap_linears(model, options, prec, info, out, why_not, any_kernel)
 
-    out.applied["embedding"] = swap_embeddings(model, options.fuse_embedding, blocked("embedding"), out.notes)
+    out.applied["embedding"] = swap_embeddings(model, options.fuse_embedding, blocked("embedding"), out.notes,
+                                               "relaxed" if options.relaxed_atomics else "acq_rel")
     out.applied["cross_entropy"] = not blocked("cross_entropy")
     out.applied["adamw"] = not blocked("adamw")
     return out

@@ -1,0 +1,84 @@
+"""The engine's ``relaxed_atomics`` option: the fused embeddings' gradient kernel adds with relaxed memory order
+(kernels/embedding_sum.py) instead of Triton's acquire-release. The same adds, so the step trains as without it;
+where the fused embeddings do not run, a note says why; it is on trial, with 100-step checks."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from kernel_tolerance import flat_grad_errors
+from small_engines import FT, GPT2
+from small_engines import train as _train
+
+from ftlib.training.engine import EngineOptions
+
+pytest.importorskip("triton")
+
+
+def _record_sems(monkeypatch, module, launcher: str) -> list[str]:
+    """The memory order each call of ``module.launcher`` is given, as the calls happen."""
+    launched, original = [], getattr(module, launcher)
+    monkeypatch.setattr(module, launcher, lambda *a, **kw: launched.append(kw.get("sem")) or original(*a, **kw))
+    return launched
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+@pytest.mark.parametrize("cfg", [FT, GPT2], ids=["fasttransformer", "gpt2"])
+def test_relaxed_adds_train_like_ordered_ones(kernel_device, cfg, precision, monkeypatch):
+    import kernels.embedding_sum as es
+
+    launched = _record_sems(monkeypatch, es, "embedding_sum_bwd")
+    on, losses_on = _train(cfg, precision, kernel_device, relaxed_atomics=True)
+    assert launched and set(launched) == {"relaxed"}
+    launched.clear()
+    off, losses_off = _train(cfg, precision, kernel_device, relaxed_atomics=False)
+    assert launched and set(launched) == {"acq_rel"}
+    assert on.model.embedding_sum.sem == "relaxed" and off.model.embedding_sum.sem == "acq_rel"
+    assert on.describe()["relaxed_atomics"] and not off.describe()["relaxed_atomics"]
+    assert on.describe()["notes"]["relaxed_atomics"] == ("atomic adds in relaxed memory order for the embeddings' "
+                                                         "gradients (kernels/embedding_sum.py)")
+    torch.testing.assert_close(losses_on, losses_off, rtol=1e-4, atol=1e-4)
+    for name, err in flat_grad_errors(on, off).items():
+        assert err < 1e-4, (name, err)
+
+
+@pytest.mark.parametrize("off", [{"fuse_embedding": False}, {"use_kernels": {"embedding": False}}],
+                         ids=["unfused", "no-embedding-kernel"])
+def test_without_the_fused_embeddings_a_note_says_why(kernel_device, off):
+    eng, _ = _train(FT, "bf16", kernel_device, steps=1, relaxed_atomics=True, **off)
+    assert not eng.describe()["relaxed_atomics"]
+    assert eng.describe()["notes"]["relaxed_atomics"] == ("not applied: needs fuse_embedding or fuse_head_loss where "
+                                                          "they apply")
+
+
+def test_the_fused_head_takes_relaxed_adds_too(kernel_device, monkeypatch):
+    import kernels.linear_cross_entropy as lce
+
+    launched = _record_sems(monkeypatch, lce, "linear_cross_entropy_bwd")
+    on, losses_on = _train(FT, "bf16", kernel_device, fuse_head_loss=True, relaxed_atomics=True)
+    assert launched and set(launched) == {"relaxed"} and on.model.head.sem == "relaxed"
+    assert "the fused head's dW" in on.describe()["notes"]["relaxed_atomics"]
+    assert "the embeddings' gradients" in on.describe()["notes"]["relaxed_atomics"]
+    off, losses_off = _train(FT, "bf16", kernel_device, fuse_head_loss=True)
+    assert off.model.head.sem == "acq_rel" and not off.describe()["relaxed_atomics"]
+    torch.testing.assert_close(losses_on, losses_off, rtol=1e-4, atol=1e-4)
+    for name, err in flat_grad_errors(on, off).items():
+        assert err < 1e-4, (name, err)
+
+
+def test_relaxed_atomics_is_on_trial_with_checks():
+    from ftlib.harness.engine_check import CHECKS
+    from ftlib.harness.suites import SUITES
+
+    assert EngineOptions().relaxed_atomics is False  # an option until it wins its trial
+    trial = {(c.precision, c.label): c.extra for c in SUITES["engine_candidates"].cases()
+             if "relaxed" in c.label or "head" in c.label}
+    models, both = ("fasttransformer", "gpt2"), {"fuse_head_loss": True, "relaxed_atomics": True}
+    assert trial == {**{(p, f"{m} relaxed-atomics"): {"relaxed_atomics": True} for p in ("bf16", "tf32")
+                        for m in models},
+                     **{("bf16", f"{m} fused-head"): {"fuse_head_loss": True} for m in models},  # the same run's
+                     **{("bf16", f"{m} relaxed-head"): both for m in models}}
+    assert {(p, m) for p, m, o in CHECKS if o == {"relaxed_atomics": True}} == {
+        ("bf16", "fasttransformer"), ("bf16", "gpt2"), ("tf32", "fasttransformer")}
+    assert {(p, m) for p, m, o in CHECKS if o == {"fuse_head_loss": True, "relaxed_atomics": True}} == {
+        ("bf16", "fasttransformer"), ("bf16", "gpt2")}
