@@ -28,7 +28,7 @@ from __future__ import annotations
 
 import torch
 
-from kernels._common import accum_dtype, check_tensor
+from kernels._common import accum_dtype, check_atomic_sem, check_tensor
 from kernels.layernorm import layer_norm_fwd
 from kernels.residual_norm import ROWS, _check_outs, add_norm_bwd
 from kernels.rmsnorm import rms_norm_fwd
@@ -41,7 +41,7 @@ class NormIntoFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, layer_norm: bool,
                 dw_out: torch.Tensor, db_out: torch.Tensor | None, rows: int, programs: int | None,
-                loop_stages: int | None = None) -> torch.Tensor:
+                loop_stages: int | None = None, sem: str = "acq_rel") -> torch.Tensor:
         x = x.contiguous()  # the backward kernel reads the rows at stride N
         if layer_norm:
             y, _, rstd = layer_norm_fwd(x, w, b, eps)
@@ -49,7 +49,7 @@ class NormIntoFunction(torch.autograd.Function):
             y, rstd = rms_norm_fwd(x, w, eps)
         ctx.save_for_backward(x, w, rstd)
         ctx.layer_norm, ctx.has_bias, ctx.rows, ctx.programs = layer_norm, b is not None, rows, programs
-        ctx.dw_out, ctx.db_out, ctx.loop_stages = dw_out, db_out, loop_stages
+        ctx.dw_out, ctx.db_out, ctx.loop_stages, ctx.sem = dw_out, db_out, loop_stages, sem
         return y
 
     @staticmethod
@@ -57,20 +57,22 @@ class NormIntoFunction(torch.autograd.Function):
         x, w, rstd = ctx.saved_tensors
         dx, _, _, _ = add_norm_bwd(None, dy, x, w, rstd, ctx.layer_norm, ctx.has_bias, ctx.rows,
                                    dw_partials="atomic", programs=ctx.programs, dw_out=ctx.dw_out, db_out=ctx.db_out,
-                                   loop_stages=ctx.loop_stages)
-        return dx, None, None, None, None, None, None, None, None, None
+                                   loop_stages=ctx.loop_stages, sem=ctx.sem)
+        return dx, None, None, None, None, None, None, None, None, None, None
 
 
 def norm_into(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, eps: float, layer_norm: bool,
               dw_out: torch.Tensor, db_out: torch.Tensor | None = None, rows: int = ROWS,
-              programs: int | None = None, loop_stages: int | None = None) -> torch.Tensor:
+              programs: int | None = None, loop_stages: int | None = None, sem: str = "acq_rel") -> torch.Tensor:
     """LayerNorm (``layer_norm``; optional bias ``b``) or RMSNorm (no bias) of x over its last dim, differentiable
     in x; the backward adds the weight's gradient into ``dw_out`` (and the bias's into ``db_out``, exactly when
     there is a bias), (N,) buffers in the accumulation dtype of x (fp32; fp64 for fp64 x). ``rows``, ``programs``:
     the backward's row tiles and grid (:func:`kernels.residual_norm.add_norm_bwd`; None: a few programs per SM);
-    ``loop_stages``: its loop over the tiles pipelined (None: not)."""
+    ``loop_stages``: its loop over the tiles pipelined (None: not); ``sem``: the memory order of its atomic adds
+    (:data:`kernels._common.ATOMIC_SEMS`)."""
     check_tensor("x", x, contiguous=False)
     if b is not None and not layer_norm:
         raise ValueError("a bias is only defined for LayerNorm (layer_norm=True)")
     _check_outs("atomic", dw_out, db_out, w, accum_dtype(x.dtype), b is not None)  # now, not first in the backward
-    return NormIntoFunction.apply(x, w, b, eps, layer_norm, dw_out, db_out, rows, programs, loop_stages)
+    check_atomic_sem(sem)
+    return NormIntoFunction.apply(x, w, b, eps, layer_norm, dw_out, db_out, rows, programs, loop_stages, sem)

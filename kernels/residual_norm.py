@@ -58,6 +58,7 @@ import triton
 from kernels._common import (
     ADD_NORM_DW_PARTIALS,
     accum_dtype,
+    check_atomic_sem,
     check_dw_partials,
     check_tensor,
     compute_dtype,
@@ -133,7 +134,7 @@ def add_norm_bwd(
     p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
     dw_partials: str = "tile", programs: int | None = None,
     dw_out: torch.Tensor | None = None, db_out: torch.Tensor | None = None, drb_out: torch.Tensor | None = None,
-    loop_stages: int | None = None,
+    loop_stages: int | None = None, sem: str = "acq_rel",
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor | None, torch.Tensor | None]:
     """(dx, dr, dweight, dbias or None); ``ds`` None when s feeds only the norm.
 
@@ -148,8 +149,10 @@ def add_norm_bwd(
     "atomic" only: an (N,) buffer in rstd's dtype into which the kernel also adds the column sums of dr (the
     gradient of a bias the branch added last, e.g. the projection's before the residual add). ``loop_stages``
     (persistent grids; None: not pipelined): each program's loop over its tiles software-pipelined over that
-    many tiles (:class:`kernels._common.RowGrid`)."""
+    many tiles (:class:`kernels._common.RowGrid`). ``sem``: the memory order of the "atomic" adds
+    (:data:`kernels._common.ATOMIC_SEMS`)."""
     check_dw_partials(dw_partials, programs, ADD_NORM_DW_PARTIALS)
+    check_atomic_sem(sem)
     if loop_stages is not None and (dw_partials == "tile" or not 1 <= loop_stages <= 4):
         raise ValueError(f"loop_stages={loop_stages!r}: 1 to 4, for the persistent grids ('persistent', 'atomic')")
     into = dw_out is not None
@@ -190,7 +193,7 @@ def add_norm_bwd(
     else:
         drb = drb_out if drb_out is not None else dwp  # not read without HAS_DRB
         _add_norm_bwd_persistent_kernel[(grid,)](*head, drb, *tail, per_program, **meta, ATOMIC=atomic,
-                                                 HAS_DRB=drb_out is not None, LOOP_STAGES=loop_stages)
+                                                 HAS_DRB=drb_out is not None, LOOP_STAGES=loop_stages, SEM=sem)
     if into:
         return g, gr, None, None
     if atomic:
@@ -229,7 +232,7 @@ class AddNormFunction(torch.autograd.Function):
                 programs: int | None = None, dw_out: torch.Tensor | None = None,
                 db_out: torch.Tensor | None = None, bwd_rows: int | None = None,
                 drb_out: torch.Tensor | None = None,
-                loop_stages: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+                loop_stages: int | None = None, sem: str = "acq_rel") -> tuple[torch.Tensor, torch.Tensor]:
         check_dw_partials(dw_partials, programs, ADD_NORM_DW_PARTIALS)
         if dw_out is not None or db_out is not None:  # checked now, not first in the backward
             _check_outs(dw_partials, dw_out, db_out, w, accum_dtype(x.dtype), b is not None)
@@ -239,14 +242,14 @@ class AddNormFunction(torch.autograd.Function):
         ctx.r_dtype, ctx.layer_norm, ctx.has_bias, ctx.rows = r.dtype, layer_norm, b is not None, bwd_rows or rows
         ctx.p, ctx.seed, ctx.salt, ctx.rng4 = p, seed, salt, rng4  # the seed tensor: its value is read again
         ctx.dw_partials, ctx.programs, ctx.dw_out, ctx.db_out = dw_partials, programs, dw_out, db_out
-        ctx.drb_out, ctx.loop_stages = drb_out, loop_stages
+        ctx.drb_out, ctx.loop_stages, ctx.sem = drb_out, loop_stages, sem
         ctx.set_materialize_grads(False)  # an unused s arrives as None, not as a tensor of zeros
         return s, h
 
     @staticmethod
     def backward(ctx, ds: torch.Tensor, dh: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         s, w, rstd = ctx.saved_tensors
-        none = (None,) * 17
+        none = (None,) * 18
         if dh is None:  # h unused: s's gradient passes through to x, and to r through the mask
             if ds is None:
                 return (None, None) + none
@@ -260,8 +263,8 @@ class AddNormFunction(torch.autograd.Function):
         # With dw_out the weight's gradient is added into its buffer by the kernel: None goes to autograd.
         g, gr, dw, db = add_norm_bwd(ds, dh, s, w, rstd, ctx.layer_norm, ctx.has_bias, ctx.rows, ctx.r_dtype,
                                      ctx.p, ctx.seed, ctx.salt, ctx.rng4, ctx.dw_partials, ctx.programs,
-                                     ctx.dw_out, ctx.db_out, ctx.drb_out, ctx.loop_stages)
-        return (g, gr, dw, db) + (None,) * 15
+                                     ctx.dw_out, ctx.db_out, ctx.drb_out, loop_stages=ctx.loop_stages, sem=ctx.sem)
+        return (g, gr, dw, db) + (None,) * 16
 
 
 def add_rms_norm(
@@ -269,15 +272,16 @@ def add_rms_norm(
     rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None, salt: int = 0, rng4: bool = RNG4,
     dw_partials: str = "tile", programs: int | None = None, dw_out: torch.Tensor | None = None,
     bwd_rows: int | None = None, drb_out: torch.Tensor | None = None, loop_stages: int | None = None,
+    sem: str = "acq_rel",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, rms_norm(x + r) * w), differentiable in x, r and w; h in ``out_dtype`` (default x's).
     ``p`` > 0: r through dropout first (mask from ``seed`` and ``salt``: module docstring).
     ``dw_partials``, ``programs``, ``dw_out``: the backward's dweight (:func:`add_norm_bwd`), on
     ``bwd_rows``-row tiles (default ``rows``: the backward recomputes from s and rstd, any tiling);
-    ``drb_out``: also the column sums of r's gradient added there; ``loop_stages``: the backward's loop pipelined
-    (:func:`add_norm_bwd`)."""
+    ``drb_out``: also the column sums of r's gradient added there; ``loop_stages``: the backward's loop pipelined;
+    ``sem``: the memory order of its atomic adds (:func:`add_norm_bwd`)."""
     return AddNormFunction.apply(x, r, w, None, eps, False, out_dtype, rows, p, seed, salt, rng4, dw_partials,
-                                 programs, dw_out, None, bwd_rows, drb_out, loop_stages)
+                                 programs, dw_out, None, bwd_rows, drb_out, loop_stages, sem)
 
 
 def add_layer_norm(
@@ -285,9 +289,9 @@ def add_layer_norm(
     out_dtype: torch.dtype | None = None, rows: int = ROWS, p: float = 0.0, seed: torch.Tensor | None = None,
     salt: int = 0, rng4: bool = RNG4, dw_partials: str = "tile", programs: int | None = None,
     dw_out: torch.Tensor | None = None, db_out: torch.Tensor | None = None, bwd_rows: int | None = None,
-    drb_out: torch.Tensor | None = None, loop_stages: int | None = None,
+    drb_out: torch.Tensor | None = None, loop_stages: int | None = None, sem: str = "acq_rel",
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(x + r, layer_norm(x + r) * w + b), differentiable in x, r, w and b; h in ``out_dtype``; the other
     arguments as :func:`add_rms_norm`'s."""
     return AddNormFunction.apply(x, r, w, b, eps, True, out_dtype, rows, p, seed, salt, rng4, dw_partials,
-                                 programs, dw_out, db_out, bwd_rows, drb_out, loop_stages)
+                                 programs, dw_out, db_out, bwd_rows, drb_out, loop_stages, sem)

@@ -109,7 +109,8 @@ def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, DRB, SE
                                     IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
                                     HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
                                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr,
-                                    ATOMIC: tl.constexpr, HAS_DRB: tl.constexpr, LOOP_STAGES: tl.constexpr = None):
+                                    ATOMIC: tl.constexpr, HAS_DRB: tl.constexpr, LOOP_STAGES: tl.constexpr = None,
+                                    SEM: tl.constexpr = "acq_rel"):
     """The same g, dr, dw, db on a persistent grid (Liger-Kernel's rms_norm backward: a few programs
     per SM). Program pid takes the ``tiles_per_program`` consecutive (ROWS, N) tiles from
     tile pid * tiles_per_program on (the last run clipped at M); per row, as the tile kernel,
@@ -123,7 +124,8 @@ def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, DRB, SE
     then writes DWP[pid] = sum over the ROWS axis of acc_w and DBP[pid] likewise: one partial row
     per program for the launcher to sum (dw = sum_programs DWP, db = sum_programs DBP), instead of
     one per tile. With ATOMIC, DWP and DBP are (N,) outputs instead, and each program adds its row
-    into them (DWP += sum over the ROWS axis of acc_w): the sum over programs done by atomic adds.
+    into them (DWP += sum over the ROWS axis of acc_w): the sum over programs done by atomic adds, in memory order
+    SEM (kernels._common.ATOMIC_SEMS).
     HAS_DRB (with ATOMIC): also acc_r += dr, and DRB += sum over the ROWS axis of acc_r, an (N,) output: the
     column sums of the branch's gradient, which are the gradient of a bias the branch added last (the
     projection before the residual add: y = x W^T + b, db = sum_rows dy = sum_rows dr).
@@ -147,11 +149,11 @@ def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, DRB, SE
         if HAS_DRB:
             acc_r += drt
     if ATOMIC:
-        tl.atomic_add(DWP + cols, tl.sum(acc_w, axis=0), mask=cmask)
+        tl.atomic_add(DWP + cols, tl.sum(acc_w, axis=0), mask=cmask, sem=SEM)
         if HAS_BIAS:
-            tl.atomic_add(DBP + cols, tl.sum(acc_b, axis=0), mask=cmask)
+            tl.atomic_add(DBP + cols, tl.sum(acc_b, axis=0), mask=cmask, sem=SEM)
         if HAS_DRB:
-            tl.atomic_add(DRB + cols, tl.sum(acc_r, axis=0), mask=cmask)
+            tl.atomic_add(DRB + cols, tl.sum(acc_r, axis=0), mask=cmask, sem=SEM)
     else:
         tl.store(DWP + pid * N + cols, tl.sum(acc_w, axis=0), mask=cmask)
         if HAS_BIAS:

@@ -114,8 +114,10 @@ def first_norm(cfg: ModelConfig, step: Step) -> None:
     ln, bias = cfg.norm == "layernorm", cfg.norm == "layernorm" and cfg.bias
     x = _t(M, C, grad=True)
     grid = RowGrid.parse(NORM_BWD_GRID)  # the engine's: the fused residual-norm's grid (FirstNormInto)
-    _backward(norm_into(x, _t(C), _t(C) if bias else None, 1e-5, ln, torch.zeros(C),
-                        torch.zeros(C) if bias else None, rows=grid.rows, programs=grid.per_sm * SMS[step.cc]))
+    for sem in ("acq_rel", "relaxed") if step.options else ("acq_rel",):  # the adds' order (relaxed_atomics)
+        _backward(norm_into(x, _t(C), _t(C) if bias else None, 1e-5, ln, torch.zeros(C),
+                            torch.zeros(C) if bias else None, rows=grid.rows, programs=grid.per_sm * SMS[step.cc],
+                            sem=sem))
 
 
 def embeddings(cfg: ModelConfig, step: Step) -> None:
@@ -136,7 +138,7 @@ def residual_norms(cfg: ModelConfig, step: Step) -> None:
     backward when only s is used; tests); with biases, the branch bias's gradient added by the same backward
     (branch_bias_into_norm). Options: weight gradients as 'tile' / 'persistent' partials
     (norm_dw_into_buffer off), one Philox call per element (dropout_rng4 off), the backward's loop over its
-    tiles pipelined (norm_bwd_grid's ' s2'). Extended: every input
+    tiles pipelined (norm_bwd_grid's ' s2'), its atomic adds relaxed (relaxed_atomics). Extended: every input
     stored in the step's dtype."""
     from kernels._common import RowGrid
     from kernels.dropout_mask import keep_mask
@@ -166,6 +168,7 @@ def residual_norms(cfg: ModelConfig, step: Step) -> None:
             _backward(*add_norm(x, r, w, b, dw_partials=dw, rng4=False))
         keep_mask(seed, (M, C), 0.1, salt=5, rng4=False)
         _backward(*add_norm(x, r, w, b, **into, loop_stages=2))  # the grid's ' s2': the tile loop pipelined
+        _backward(*add_norm(x, r, w, b, **into, sem="relaxed"))  # relaxed_atomics: the adds in relaxed order
     if step.extended:
         xs, ws = _t(M, C, dtype=step.dt, grad=True), _t(C, dtype=step.dt, grad=True)
         _backward(*add_norm(xs, r, ws, _t(C, dtype=step.dt, grad=True) if b is not None else None))

@@ -27,7 +27,8 @@ def _inputs(shape, dtype, device, bias: bool, seed=0):
 @pytest.mark.parametrize("kind", ["layernorm", "layernorm-no-bias", "rmsnorm"])
 @pytest.mark.parametrize("shape,dtype", [((37, 40), torch.float32), ((3, 5, 33), torch.float32),
                                          ((37, 64), torch.bfloat16)], ids=["M37-N40", "3d-N33", "bf16"])
-def test_output_dx_and_the_added_weight_gradients_match_the_reference(kind, shape, dtype, kernel_device):
+@pytest.mark.parametrize("sem", ["acq_rel", "relaxed"])  # the adds' memory order (kernels._common.ATOMIC_SEMS)
+def test_output_dx_and_the_added_weight_gradients_match_the_reference(kind, shape, dtype, sem, kernel_device):
     ln, bias = kind.startswith("layernorm"), kind == "layernorm"
     x, w, b, dy = _inputs(shape, dtype, kernel_device, bias)
     N = shape[-1]
@@ -35,7 +36,7 @@ def test_output_dx_and_the_added_weight_gradients_match_the_reference(kind, shap
     dw_out = before_w.to(kernel_device, torch.float32, copy=True)
     db_out = before_b.to(kernel_device, torch.float32, copy=True) if bias else None
     xg = x.detach().requires_grad_(True)
-    y = norm_into(xg, w, b, 1e-5, ln, dw_out, db_out)
+    y = norm_into(xg, w, b, 1e-5, ln, dw_out, db_out, sem=sem)
     (dx,) = torch.autograd.grad(y, xg, dy)
     ins = [t.detach().cpu().double().requires_grad_(True) if t is not None else None for t in (x, w, b)]
     ref = layer_norm_ref(ins[0], ins[1], ins[2], 1e-5) if ln else rms_norm_ref(ins[0], ins[1], 1e-5)
@@ -84,3 +85,5 @@ def test_bad_buffers_are_refused(kernel_device):
         norm_into(x, w, b, 1e-5, True, torch.zeros(16, device=kernel_device, dtype=torch.bfloat16), z)
     with pytest.raises(ValueError, match="only defined for LayerNorm"):
         norm_into(x, w, b, 1e-5, False, z, z.clone())
+    with pytest.raises(ValueError, match="sem='release'; expected one of"):
+        norm_into(x, w, b, 1e-5, True, z, z.clone(), sem="release")

@@ -10,6 +10,7 @@ pytest.importorskip("triton")
 
 from test_norm_persistent import EPS, KINDS, _inputs, _reference, _run, _same  # noqa: E402
 
+from kernels._common import ATOMIC_SEMS  # noqa: E402
 from kernels.residual_norm import add_layer_norm, add_norm_bwd, add_norm_fwd, add_rms_norm  # noqa: E402
 
 pytestmark = pytest.mark.kernels
@@ -40,8 +41,9 @@ def test_a_pipelined_loop_matches_the_plain_one(kind, stages, kernel_device):
         torch.testing.assert_close(a, c, atol=1e-6, rtol=1e-6, msg=f"d{name}")
 
 
+@pytest.mark.parametrize("sem", ATOMIC_SEMS)
 @pytest.mark.parametrize("layer_norm", [False, True], ids=["add-rmsnorm", "add-layernorm"])
-def test_into_the_callers_buffers_adds_and_returns_none(layer_norm, kernel_device):
+def test_into_the_callers_buffers_adds_and_returns_none(layer_norm, sem, kernel_device):
     t, (ds, dh) = _inputs((37, 40), kernel_device, seed=5)
     x, r, w, b = (t[k].detach() for k in "xrwb")
     bias = b if layer_norm else None
@@ -51,7 +53,7 @@ def test_into_the_callers_buffers_adds_and_returns_none(layer_norm, kernel_devic
     dw_out = torch.full_like(w, 0.5)
     db_out = torch.full_like(w, -0.25) if layer_norm else None
     gx, gr, none_w, none_b = add_norm_bwd(ds, dh, s, w, rstd, layer_norm, layer_norm, dw_partials="atomic",
-                                          programs=3, dw_out=dw_out, db_out=db_out)
+                                          programs=3, dw_out=dw_out, db_out=db_out, sem=sem)
     assert none_w is None and none_b is None
     _same(gx, dx, torch.float32, "dx")
     _same(gr, dr, torch.float32, "dr")
@@ -97,13 +99,14 @@ def test_the_buffers_are_checked(kernel_device):
 # drb_out: the column sums of r's gradient (a branch bias's gradient) added by the same programs.
 @pytest.mark.parametrize("p", [0.0, 0.2], ids=["no-dropout", "dropout"])
 @pytest.mark.parametrize("layer_norm", [False, True], ids=["add-rmsnorm", "add-layernorm"])
-def test_the_branch_bias_gradient_is_the_column_sum_of_dr(layer_norm, p, kernel_device):
+@pytest.mark.parametrize("sem", ATOMIC_SEMS)
+def test_the_branch_bias_gradient_is_the_column_sum_of_dr(layer_norm, p, sem, kernel_device):
     t, (ds, dh) = _inputs((37, 40), kernel_device, seed=7)
     x, r, w, b = (t[k].detach() for k in "xrwb")
     bias = b if layer_norm else None
     seed = torch.tensor([123], dtype=torch.int64, device=kernel_device)
     s, _, rstd = add_norm_fwd(x, r, w, bias, EPS, layer_norm, p=p, seed=seed, salt=3)
-    kw = dict(p=p, seed=seed, salt=3, dw_partials="atomic", programs=3)
+    kw = dict(p=p, seed=seed, salt=3, dw_partials="atomic", programs=3, sem=sem)
     _, dr, _, _ = add_norm_bwd(ds, dh, s, w, rstd, layer_norm, layer_norm, **kw)
     drb_out = torch.full((40,), 0.5, device=kernel_device)  # a contribution there already: the kernel adds
     _, dr2, _, _ = add_norm_bwd(ds, dh, s, w, rstd, layer_norm, layer_norm, drb_out=drb_out, **kw)

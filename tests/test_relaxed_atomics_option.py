@@ -1,6 +1,7 @@
-"""The engine's ``relaxed_atomics`` option: the fused embeddings' gradient kernel adds with relaxed memory order
-(kernels/embedding_sum.py) instead of Triton's acquire-release. The same adds, so the step trains as without it;
-where the fused embeddings do not run, a note says why; it is on trial, with 100-step checks."""
+"""The engine's ``relaxed_atomics`` option: the gradient kernels' atomic adds (the fused embeddings', the norms'
+weight gradients, the fused head's dW) in relaxed memory order instead of Triton's acquire-release. The same adds,
+so the step trains as without it; the note says which kernels took it, or why none did; it is on trial, with
+100-step checks."""
 
 from __future__ import annotations
 
@@ -26,17 +27,25 @@ def _record_sems(monkeypatch, module, launcher: str) -> list[str]:
 @pytest.mark.parametrize("cfg", [FT, GPT2], ids=["fasttransformer", "gpt2"])
 def test_relaxed_adds_train_like_ordered_ones(kernel_device, cfg, precision, monkeypatch):
     import kernels.embedding_sum as es
+    import kernels.norm_into as ni
+    import kernels.residual_norm as rn
 
-    launched = _record_sems(monkeypatch, es, "embedding_sum_bwd")
+    embeddings = _record_sems(monkeypatch, es, "embedding_sum_bwd")
+    norms = _record_sems(monkeypatch, rn, "add_norm_bwd")
+    first_norm = _record_sems(monkeypatch, ni, "add_norm_bwd")  # norm_into's own name for it
     on, losses_on = _train(cfg, precision, kernel_device, relaxed_atomics=True)
-    assert launched and set(launched) == {"relaxed"}
-    launched.clear()
+    for launched in (embeddings, norms, first_norm):
+        assert launched and set(launched) == {"relaxed"}
+        launched.clear()
     off, losses_off = _train(cfg, precision, kernel_device, relaxed_atomics=False)
-    assert launched and set(launched) == {"acq_rel"}
-    assert on.model.embedding_sum.sem == "relaxed" and off.model.embedding_sum.sem == "acq_rel"
+    for launched in (embeddings, norms, first_norm):
+        assert launched and set(launched) == {"acq_rel"}
+    for module in (on.model.embedding_sum, on.model.add_norm, on.model.blocks[0].norm1):
+        assert module.sem == "relaxed"
     assert on.describe()["relaxed_atomics"] and not off.describe()["relaxed_atomics"]
-    assert on.describe()["notes"]["relaxed_atomics"] == ("atomic adds in relaxed memory order for the embeddings' "
-                                                         "gradients (kernels/embedding_sum.py)")
+    assert on.describe()["notes"]["relaxed_atomics"] == (
+        "atomic adds in relaxed memory order for the embeddings' gradients (kernels/embedding_sum.py), the norms' "
+        "weight gradients (kernels/residual_norm.py)")
     torch.testing.assert_close(losses_on, losses_off, rtol=1e-4, atol=1e-4)
     for name, err in flat_grad_errors(on, off).items():
         assert err < 1e-4, (name, err)
@@ -44,11 +53,15 @@ def test_relaxed_adds_train_like_ordered_ones(kernel_device, cfg, precision, mon
 
 @pytest.mark.parametrize("off", [{"fuse_embedding": False}, {"use_kernels": {"embedding": False}}],
                          ids=["unfused", "no-embedding-kernel"])
-def test_without_the_fused_embeddings_a_note_says_why(kernel_device, off):
+def test_where_a_kernel_keeps_its_adds_a_note_says_which(kernel_device, off):
     eng, _ = _train(FT, "bf16", kernel_device, steps=1, relaxed_atomics=True, **off)
+    assert eng.describe()["relaxed_atomics"]  # the norms still take it
+    assert eng.describe()["notes"]["relaxed_atomics"] == ("atomic adds in relaxed memory order for the norms' weight "
+                                                          "gradients (kernels/residual_norm.py)")
+    eng, _ = _train(FT, "bf16", kernel_device, steps=1, relaxed_atomics=True, norm_dw_into_buffer=False, **off)
     assert not eng.describe()["relaxed_atomics"]
-    assert eng.describe()["notes"]["relaxed_atomics"] == ("not applied: needs fuse_embedding or fuse_head_loss where "
-                                                          "they apply")
+    assert eng.describe()["notes"]["relaxed_atomics"] == (
+        "not applied: needs fuse_embedding, norm_dw_into_buffer or fuse_head_loss where they apply")
 
 
 def test_the_fused_head_takes_relaxed_adds_too(kernel_device, monkeypatch):

@@ -38,12 +38,13 @@ import torch
 from ftlib.core.device import DeviceInfo, pick_device
 from ftlib.model.config import ModelConfig, preset
 from ftlib.model.gpt import build_model
+from ftlib.training.engine.atomics import relaxed_atomics_note
 from ftlib.training.engine.attention import FusedExplicitSelfAttention, qkv_biases_into_attention
 from ftlib.training.engine.embedding import FusedEmbeddingSum
 from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_parameters_
 from ftlib.training.engine.fused_mlp import fc_biases_into_gelu, fuse_mlps
 from ftlib.training.engine.grad_into import bias_sum_why_not
-from ftlib.training.engine.head_loss import fuse_head_loss, loss_function, relaxed_atomics_note
+from ftlib.training.engine.head_loss import fuse_head_loss, loss_function
 from ftlib.training.engine.linears import setup_linears, triton_gemm_why_not
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import (
@@ -167,10 +168,11 @@ class Engine:
             self.head_loss, self.notes["fuse_head_loss"] = fuse_head_loss(
                 self.model, self.kernels["cross_entropy"], triton_gemm_why_not(dev, self.prec),
                 "tf32" if self.prec.base.tf32 else "ieee", check_targets=dev.type != "cuda",
-                sem="relaxed" if self.options.relaxed_atomics else "acq_rel")
+                sem=self.options.atomic_sem)
             self._loss_fn = self._loss_fn if self.head_loss is None else self.head_loss.loss
         if self.options.relaxed_atomics:
-            self.notes["relaxed_atomics"] = relaxed_atomics_note(self.model)
+            self.notes["relaxed_atomics"] = relaxed_atomics_note(self.model, self.fuse_residual_norm
+                                                                 and self.options.norm_dw_into_buffer)
 
         self.static_x = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) tokens
         self.static_y = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) targets
@@ -217,14 +219,14 @@ class Engine:
         if self.fuse_residual_norm:
             self.model.add_norm = FusedAddNorm(self.model, norm_out, dropout, o.norm_dw_partials,
                                                dw_into=o.norm_dw_into_buffer, bwd_grid=o.norm_bwd_grid,
-                                               branch_biases=branch_biases)
+                                               branch_biases=branch_biases, sem=o.atomic_sem)
         if o.first_norm_into_buffer:  # the one norm no residual add precedes, onto the same backward kernel
             first = self.model.blocks[0] if len(self.model.blocks) else None
             if not (self.fuse_residual_norm and o.norm_dw_into_buffer and first is not None):
                 self.notes["first_norm_into_buffer"] = ("not applied: needs the fused residual-norm with "
                                                         "norm_dw_into_buffer")
             else:
-                first.norm1 = FirstNormInto(first.norm1, cfg.norm == "layernorm", o.norm_bwd_grid)
+                first.norm1 = FirstNormInto(first.norm1, cfg.norm == "layernorm", o.norm_bwd_grid, o.atomic_sem)
                 self.notes["first_norm_into_buffer"] = "the first norm's backward on the fused residual-norm kernel"
         return dropout
 
@@ -383,8 +385,7 @@ class Engine:
             "fuse_mlp_act": self.fused_mlps > 0,
             "fuse_head_loss": self.head_loss is not None,
             "fuse_embedding": isinstance(self.model.embedding_sum, FusedEmbeddingSum),
-            "relaxed_atomics": "relaxed" in (getattr(self.model.embedding_sum, "sem", None),
-                                             getattr(self.model.head, "sem", None)),
+            "relaxed_atomics": not self.notes.get("relaxed_atomics", "not").startswith("not"),
             "wgrad_splitk": self.linears.wgrad_splitk,
             "wgrad_side_stream": self.linears.wgrad_stream is not None,
             "bias_into_buffer": self.linears.bias_into_buffer,

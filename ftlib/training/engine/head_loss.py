@@ -100,15 +100,3 @@ def fuse_head_loss(model: GPT, cross_entropy_kernel: bool, gemm_why_not: str | N
     model.head = HeadIntoLoss(head, input_precision, check_targets, sem)
     return model.head, f"head GEMM, cross-entropy and the head's backward GEMMs as two kernels (V={cfg.vocab_size})"
 
-
-def relaxed_atomics_note(model: GPT) -> str:
-    """Option ``relaxed_atomics``'s note: which of the engine's kernels that add into a sum inside a loop took
-    relaxed atomic adds (each swap module keeps its ``sem``), or why none did."""
-    where = [what for module, what in ((getattr(model, "embedding_sum", None), "the embeddings' gradients "
-                                        "(kernels/embedding_sum.py)"),
-                                       (getattr(model, "head", None), "the fused head's dW "
-                                        "(kernels/linear_cross_entropy.py)"))
-             if getattr(module, "sem", None) == "relaxed"]
-    if not where:
-        return "not applied: needs fuse_embedding or fuse_head_loss where they apply"
-    return "atomic adds in relaxed memory order for " + " and ".join(where)

@@ -137,10 +137,11 @@ class EngineOptions:
                "engine/embedding.py), instead of a position index, two gathers and an add forward, and two zeroed "
                "tables, two scatter-adds and autograd's two adds backward")
     relaxed_atomics: bool = _option(
-        False, "with fuse_embedding or fuse_head_loss: the atomic adds their backward kernels make inside a loop (the "
-               "embeddings' gradients, kernels/embedding_sum.py; the head's dW, kernels/linear_cross_entropy.py) in "
-               "relaxed memory order, as CUDA's atomicAdd and torch.compile's adds, instead of Triton's default "
-               "acquire-release, whose fences make the loop's next loads wait for each add")
+        False, "the atomic adds of the engine's gradient kernels in relaxed memory order, as CUDA's atomicAdd and "
+               "torch.compile's adds, instead of Triton's default acquire-release, whose fences make a loop's next "
+               "loads wait for each add and a program's last add wait for its stores: the embeddings' gradients "
+               "(fuse_embedding, kernels/embedding_sum.py), the norms' weight gradients (norm_dw_into_buffer, "
+               "kernels/residual_norm.py) and the fused head's dW (fuse_head_loss, kernels/linear_cross_entropy.py)")
     wgrad_splitk: bool = _option(
         False, "with grad_into_buffer, under bf16/fp16/tf32: each Linear's weight gradient added into the flat "
                "gradient by one split-K Triton GEMM with atomic adds (kernels/wgrad.py) instead of cuBLAS's GEMM "
@@ -243,6 +244,11 @@ class EngineOptions:
                 bad.append(f"{f.name}={getattr(self, f.name)!r} must be True or False")
         if bad:
             raise ValueError("invalid engine options: " + "; ".join(bad))
+
+    @property
+    def atomic_sem(self) -> str:
+        """The memory order of the gradient kernels' atomic adds (``relaxed_atomics``; kernels._common.ATOMIC_SEMS)."""
+        return "relaxed" if self.relaxed_atomics else "acq_rel"
 
     @classmethod
     def of(cls, values: Mapping[str, Any] | EngineOptions | None = None, **more: Any) -> EngineOptions:

@@ -91,7 +91,8 @@ class FusedAddNorm(nn.Module):
     engine, whose ``.grad`` tensors are views of one flat buffer zeroed at the start of every step;
     ``bwd_grid`` ('<rows> rows <P>/SM', :class:`kernels._common.RowGrid`) the grid that backward runs on;
     ``branch_biases`` (with ``dw_into``): {id(norm): the bias of the projection whose output that norm's add
-    takes}, whose gradient, the column sums of the branch's gradient, the same backward adds into its ``.grad``.
+    takes}, whose gradient, the column sums of the branch's gradient, the same backward adds into its ``.grad``;
+    ``sem``: the memory order of those atomic adds (:data:`kernels._common.ATOMIC_SEMS`).
 
     ``dropout`` = (p, seed tensor, rng4): each branch's residual dropout runs inside the kernel, for a
     model whose branch dropout modules are identities (:func:`fuse_residual_dropout_`). Call site k
@@ -102,10 +103,10 @@ class FusedAddNorm(nn.Module):
     def __init__(self, model: GPT, out_dtype: torch.dtype | None,
                  dropout: tuple[float, torch.Tensor, bool] | None = None, dw_partials: str = "tile",
                  dw_into: bool = False, bwd_grid: str | None = None,
-                 branch_biases: dict[int, nn.Parameter] | None = None) -> None:
+                 branch_biases: dict[int, nn.Parameter] | None = None, sem: str = "acq_rel") -> None:
         super().__init__()
         self.branch_biases = branch_biases or {}  # id(norm) -> the bias its add's branch added last
-        self.bwd_grid = _row_grid(bwd_grid)
+        self.bwd_grid, self.sem = _row_grid(bwd_grid), sem
         self.layernorm = model.config.norm == "layernorm"
         self.out_dtype, self.dropout, self.dw_partials, self.dw_into = out_dtype, dropout, dw_partials, dw_into
         blocks = list(model.blocks)
@@ -121,7 +122,7 @@ class FusedAddNorm(nn.Module):
         bias = norm.bias if self.layernorm else None
         if self.dw_into and torch.is_grad_enabled():
             dw, db, drb = grad_views("dw_into", norm.weight, bias, self.branch_biases.get(id(norm)))
-            kw.update(dw_partials="atomic", dw_out=dw)
+            kw.update(dw_partials="atomic", dw_out=dw, sem=self.sem)
             if self.bwd_grid is not None:
                 launch = self.bwd_grid.launch(x.device)
                 kw.update(bwd_rows=launch["rows"], programs=launch["programs"], loop_stages=launch["loop_stages"])
@@ -138,14 +139,15 @@ class FirstNormInto(nn.Module):
     """Takes over the first block's first norm (its Parameters, under the same names: ``weight``, and ``bias``
     for a LayerNorm): in training with gradients on, :func:`kernels.norm_into.norm_into`, the norm's backward on
     the fused residual-norm kernel with its weight (and bias) gradients added into their ``.grad`` (the engine's
-    flat-gradient views, zeroed every step), on the grid ``bwd_grid`` names; elsewhere the norm's own kernel."""
+    flat-gradient views, zeroed every step), on the grid ``bwd_grid`` names, in memory order ``sem``; elsewhere the
+    norm's own kernel."""
 
-    def __init__(self, norm: nn.Module, layer_norm: bool, bwd_grid: str | None = None) -> None:
+    def __init__(self, norm: nn.Module, layer_norm: bool, bwd_grid: str | None = None, sem: str = "acq_rel") -> None:
         super().__init__()
         self.layer_norm, self.eps, self.weight = layer_norm, norm.eps, norm.weight
         if layer_norm:
             self.bias = norm.bias
-        self.bwd_grid = _row_grid(bwd_grid)
+        self.bwd_grid, self.sem = _row_grid(bwd_grid), sem
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         b = self.bias if self.layer_norm else None
@@ -158,7 +160,7 @@ class FirstNormInto(nn.Module):
 
         dw, db = grad_views("FirstNormInto", self.weight, b)
         grid = self.bwd_grid.launch(x.device) if self.bwd_grid is not None else {}
-        return norm_into(x, self.weight, b, self.eps, self.layer_norm, dw, db, **grid)
+        return norm_into(x, self.weight, b, self.eps, self.layer_norm, dw, db, **grid, sem=self.sem)
 
 
 def fuse_residual_dropout_(model: GPT) -> float:
@@ -234,7 +236,7 @@ def swap_kernels(model: GPT, options: EngineOptions, prec: StepPrecision, info: 
     _swap_linears(model, options, prec, info, out, why_not, any_kernel)
 
     out.applied["embedding"] = swap_embeddings(model, options.fuse_embedding, blocked("embedding"), out.notes,
-                                               "relaxed" if options.relaxed_atomics else "acq_rel")
+                                               options.atomic_sem)
     out.applied["cross_entropy"] = not blocked("cross_entropy")
     out.applied["adamw"] = not blocked("adamw")
     return out
