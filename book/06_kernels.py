@@ -328,7 +328,8 @@ else:
 # every step's loss agrees within the precision's tolerance (`ftlib.harness.bench.step.CHECK_RTOL`).
 # The figure draws each model's default engine; the option variants checked are in its legend, drawn
 # on a click. On the error's log axis a step where both losses agree to the last bit (an error of 0) is
-# drawn at 10⁻⁹.
+# drawn at 10⁻⁹. The table and figure hold the checks that ran to the end; a check of the newest run that did
+# not (its step failed) or whose losses disagreed is named under the table, with its cause.
 
 # %%
 if not crows:
@@ -336,6 +337,8 @@ if not crows:
 else:
     show_frame(engine_check.loss_table(crows), preview=["device", "model", "precision", "steps", "ref loss last",
                                                       "max rel err", "rtol", "ok"])
+    display(Markdown(engine_check.failures(load_rows("engine_check", include_cpu=MEASURE))
+                     or "Every check of each device's newest run passed."))
     for dev in devices(crows):
         show(engine_check.loss_figure(crows, dev), f"engine-check-{dev}")
 

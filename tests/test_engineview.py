@@ -323,3 +323,22 @@ def test_options_on_trial_without_rows_are_listed_once_with_their_widest_options
     assert option_trials.unmeasured([]) == [("+a", "a"), ("+all", "a, b")]
     assert option_trials.unmeasured([{"label": "gpt2 +a"}]) == [("+all", "a, b")]
     assert option_trials.unmeasured_text([{"label": "gpt2 +a"}, {"label": "gpt2 +all"}]) == ""
+
+
+def test_failed_checks_of_the_newest_run_are_named_with_their_cause():
+    def row(run, date, label="fasttransformer", status="ok", ok=True, **more):
+        return {"device_slug": "h100", "run_id": run, "date": date, "commit": f"c{run}", "label": label,
+                "precision": "tf32", "status": status, "check_ok": ok, **more}
+
+    old = [row("r1", "2026-01-01"), row("r1", "2026-01-01", label="gpt2")]
+    assert engine_check.failures(old) == ""  # every check passed
+    trace = ("Traceback ...\ntorch.AcceleratorError: CUDA error: dependency created on uncaptured work in another "
+             "stream\n...\ntorch.AcceleratorError: CUDA error: operation failed due to a previous error")
+    new = [row("r2", "2026-02-01", status="error", ok=False, error="AcceleratorError: CUDA error: operation failed",
+               traceback=trace), row("r2", "2026-02-01", label="gpt2", ok=False)]
+    text = engine_check.failures(old + new)
+    assert text == ("* On h100, 2 of the 2 checks of the newest run (commit cr2) did not pass: `fasttransformer` in "
+                    "tf32: dependency created on uncaptured work in another stream (it passed at commit cr1); `gpt2` "
+                    "in tf32: the losses disagreed (it passed at commit cr1).")
+    assert engine_check.failures(new[1:]) == ("* On h100, 1 of the 1 checks of the newest run (commit cr2) did not "
+                                              "pass: `gpt2` in tf32: the losses disagreed.")

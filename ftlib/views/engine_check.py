@@ -80,3 +80,36 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
     fig.update_yaxes(title_text="|engine − ref| / ref<br>(floor 10⁻⁹: 0 drawn there)", row=2, col=1)
     fig.update_layout(height=620, title=f"Engine vs reference training, {device}: loss per step")
     return legend_below(fig)
+
+
+def _root_error(r: dict[str, Any]) -> str:
+    """The first CUDA error the row's traceback names (the cause, where a later call only reports it), else the
+    first line of its error."""
+    for line in str(r.get("traceback") or "").splitlines():
+        if "CUDA error:" in line:
+            return line.split("CUDA error:", 1)[1].strip()
+    return str(r.get("error") or "the losses disagreed").splitlines()[0]
+
+
+def failures(check_rows: Iterable[dict[str, Any]]) -> str:
+    """Markdown, one item per device whose newest run (its newest row's ``run_id``) has checks that did not pass:
+    those that failed to run (status not 'ok') or whose losses disagreed, each with the error's cause and the
+    commit of the newest earlier run where the same case passed. '' where every check of the newest runs passed."""
+    rows = [r for r in check_rows if r.get("run_id")]
+    out = []
+    for dev in sorted({r["device_slug"] for r in rows}):
+        mine = sorted((r for r in rows if r["device_slug"] == dev), key=lambda r: str(r.get("date")))
+        run = mine[-1]["run_id"]
+        newest = [r for r in mine if r["run_id"] == run]
+        bad = [r for r in newest if r.get("status") != "ok" or not r.get("check_ok", r.get("ok"))]
+        if not bad:
+            continue
+        items = []
+        for r in bad:
+            passed = [p for p in mine if p["run_id"] != run and (p["label"], p["precision"]) == (r["label"],
+                      r["precision"]) and p.get("status") == "ok" and p.get("check_ok", p.get("ok"))]
+            items.append(f"`{r['label']}` in {r['precision']}: {_root_error(r)}"
+                         + (f" (it passed at commit {passed[-1].get('commit')})" if passed else ""))
+        out.append(f"* On {dev}, {len(bad)} of the {len(newest)} checks of the newest run (commit "
+                   f"{newest[0].get('commit')}) did not pass: " + "; ".join(items) + ".")
+    return "\n".join(out)
