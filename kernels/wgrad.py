@@ -10,7 +10,9 @@ Here program (t, s) reduces slice s of the rows for output tile t and adds its p
 ``tl.atomic_add``: one kernel, no workspace, no reduce kernel. C must hold what the sum adds to:
 the engine's flat gradient is zeroed at the start of every step, so adding into it is writing it.
 fp32 atomic adds land in whatever order the programs finish, so the rounding of C varies between
-runs (as the fused residual-norm's atomic weight gradients do).
+runs (as the fused residual-norm's atomic weight gradients do). Their memory order (``sem``,
+:data:`kernels._common.ATOMIC_SEMS`): Triton's default, 'acq_rel', fences every add of a program's tile;
+'relaxed' does not.
 
 Products: bf16 / fp16 operands on the tensor cores; fp32 operands as TF32 (``input_precision='tf32'``,
 what cuBLAS runs in a tf32 step) or exact FMA (``'ieee'``). Accumulation in fp32 always.
@@ -25,7 +27,15 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, dot_precision, interpret_mode, num_programs, same_device, upcast_dots
+from kernels._common import (
+    check_atomic_sem,
+    check_tensor,
+    dot_precision,
+    interpret_mode,
+    num_programs,
+    same_device,
+    upcast_dots,
+)
 from kernels.attention_kernels import _dot
 
 PRECISIONS = ("ieee", "tf32")  # tl.dot's products for fp32 operands: exact FMA, or TF32 tensor cores
@@ -47,12 +57,13 @@ def _wgrad_splitk_tile_kernel(
     A, B, C,  # A (M, N), B (M, K) any strides; C (N, K) fp32 row-major
     M, N, K, sam, san, sbm, sbk,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
-    BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, SPLIT_PER_SM: tl.constexpr,
+    BN: tl.constexpr, BK: tl.constexpr, BM: tl.constexpr, SPLIT_PER_SM: tl.constexpr, SEM: tl.constexpr,
 ):
     """Program (t, s): output tile t of (BN, BK), rows of slice s; C[tile] += A[slice]^T B[slice].
 
     The rows are cut into tl.num_programs(1) slices of whole BM-row steps, so no two slices share
-    a row: every product is added exactly once. SPLIT_PER_SM only sizes the grid (the launcher's)."""
+    a row: every product is added exactly once. SPLIT_PER_SM only sizes the grid (the launcher's); SEM is
+    the adds' memory order."""
     pid_t, pid_s = tl.program_id(0), tl.program_id(1)
     num_k = tl.cdiv(K, BK)
     rn = (pid_t // num_k) * BN + tl.arange(0, BN)
@@ -65,19 +76,22 @@ def _wgrad_splitk_tile_kernel(
         a = tl.load(A + rm[None, :] * sam + rn[:, None] * san, mask=(rm[None, :] < M) & (rn[:, None] < N), other=0.0)
         b = tl.load(B + rm[:, None] * sbm + rk[None, :] * sbk, mask=(rm[:, None] < M) & (rk[None, :] < K), other=0.0)
         acc += _dot(a, b, PREC, UPCAST)  # (the interpreter's bf16 tl.dot is wrong: UPCAST there)
-    tl.atomic_add(C + rn[:, None] * K + rk[None, :], acc, mask=(rn[:, None] < N) & (rk[None, :] < K))
+    tl.atomic_add(C + rn[:, None] * K + rk[None, :], acc, mask=(rn[:, None] < N) & (rk[None, :] < K), sem=SEM)
 
 
 _wgrad_splitk_kernel = triton.autotune(configs=_CPU_CONFIGS if interpret_mode() else _GPU_CONFIGS,
                                        key=["M", "N", "K"], restore_value=["C"])(_wgrad_splitk_tile_kernel)
 
 
-def wgrad_add_(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, input_precision: str = "ieee") -> torch.Tensor:
+def wgrad_add_(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, input_precision: str = "ieee",
+               sem: str = "acq_rel") -> torch.Tensor:
     """c (N, K) fp32 += a^T @ b for a (M, N), b (M, K) of one dtype (fp32, bf16 or fp16), in place;
     returns c. ``input_precision``: the products of fp32 operands ('ieee' or 'tf32'; bf16 and fp16
-    always multiply on the tensor cores). A ValueError/TypeError names a wrong argument."""
+    always multiply on the tensor cores); ``sem``: the atomic adds' memory order (module docstring). A
+    ValueError/TypeError names a wrong argument."""
     if input_precision not in PRECISIONS:
         raise ValueError(f"input_precision={input_precision!r}; expected one of {PRECISIONS}")
+    check_atomic_sem(sem)
     check_tensor("c", c, dtypes=(torch.float32,), ndim=2)
     check_tensor("a", a, dtypes=_DTYPES, ndim=2, contiguous=False)
     check_tensor("b", b, dtypes=_DTYPES, ndim=2, contiguous=False)
@@ -98,5 +112,5 @@ def wgrad_add_(c: torch.Tensor, a: torch.Tensor, b: torch.Tensor, input_precisio
         return tiles, max(1, min(triton.cdiv(M, meta["BM"]), triton.cdiv(meta["SPLIT_PER_SM"] * sms, tiles)))
 
     _wgrad_splitk_kernel[grid](a, b, c, M, N, K, a.stride(0), a.stride(1), b.stride(0), b.stride(1),
-                               PREC=dot_precision(a.dtype, input_precision), UPCAST=upcast_dots(a.dtype))
+                               PREC=dot_precision(a.dtype, input_precision), UPCAST=upcast_dots(a.dtype), SEM=sem)
     return c

@@ -259,8 +259,9 @@ def linears(cfg: ModelConfig, step: Step) -> None:
             gelu_bwd_bias_add_(_t(M, cfg.d_ff, dtype=step.dt), _t(M, cfg.d_ff, dtype=step.dt), torch.zeros(cfg.d_ff),
                                approximate)
     if step.dt != F32 or step.prec == "tf32":
-        wgrad_add_(torch.zeros(cfg.d_ff, C), _t(M, cfg.d_ff, dtype=step.dt), _t(M, C, dtype=step.dt),
-                   "tf32" if step.dt == F32 else "ieee")
+        for sem in ("acq_rel", "relaxed"):  # Triton's default memory order for the adds, and relaxed_atomics'
+            wgrad_add_(torch.zeros(cfg.d_ff, C), _t(M, cfg.d_ff, dtype=step.dt), _t(M, C, dtype=step.dt),
+                       "tf32" if step.dt == F32 else "ieee", sem)
     if step.dt == F32 and step.triton_dot:
         b = _t(cfg.d_ff, grad=True) if cfg.bias else None
         _backward(linear(_t(GEMM_M, C, grad=True), _t(cfg.d_ff, C, grad=True), b, step.prec))

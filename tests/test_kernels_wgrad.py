@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("triton")
 
 from ftlib.model.reference import wgrad_ref  # noqa: E402
+from kernels._common import ATOMIC_SEMS  # noqa: E402
 from kernels.wgrad import wgrad_add_  # noqa: E402
 
 pytestmark = pytest.mark.kernels
@@ -32,16 +33,17 @@ def _operands(M, N, K, dtype, device, seed=0):
 @pytest.mark.parametrize("M,N,K", [(200, 24, 40), (37, 16, 16), (9, 33, 20)])
 @pytest.mark.parametrize("dtype,prec", [(torch.float32, "ieee"), (torch.float32, "tf32"), (torch.bfloat16, "ieee"),
                                         (torch.float16, "ieee")])
-def test_adds_the_weight_gradient(kernel_device, M, N, K, dtype, prec):
+@pytest.mark.parametrize("sem", ATOMIC_SEMS)
+def test_adds_the_weight_gradient(kernel_device, M, N, K, dtype, prec, sem):
     a, b = _operands(M, N, K, dtype, kernel_device)
     start = torch.randn(N, K, generator=torch.Generator().manual_seed(5)).to(kernel_device)
     c = start.clone()
-    assert wgrad_add_(c, a, b, prec) is c
+    assert wgrad_add_(c, a, b, prec, sem) is c
     tol = 5e-3 if prec == "tf32" else TOL[dtype]  # TF32 products: 10 explicit mantissa bits
     want = start.double() + wgrad_ref(a, b)
     assert _rel(c, want) < tol, "the gradient is added onto what c held"
     # Twice: the second call adds the same sum again (a kernel that wrote instead would give start + dW).
-    wgrad_add_(c, a, b, prec)
+    wgrad_add_(c, a, b, prec, sem)
     assert _rel(c, start.double() + 2 * wgrad_ref(a, b)) < tol
 
 
@@ -68,5 +70,7 @@ def test_checks_its_arguments(kernel_device):
         wgrad_add_(torch.zeros(6, 4, device=kernel_device), a, b)
     with pytest.raises(ValueError, match="input_precision"):
         wgrad_add_(c, a, b, "fast")
+    with pytest.raises(ValueError, match="sem='release'; expected one of"):
+        wgrad_add_(c, a, b, sem="release")
     with pytest.raises(ValueError, match="contiguous"):
         wgrad_add_(torch.zeros(6, 4, device=kernel_device).t(), a, b)

@@ -61,7 +61,7 @@ def test_where_a_kernel_keeps_its_adds_a_note_says_which(kernel_device, off):
     eng, _ = _train(FT, "bf16", kernel_device, steps=1, relaxed_atomics=True, norm_dw_into_buffer=False, **off)
     assert not eng.describe()["relaxed_atomics"]
     assert eng.describe()["notes"]["relaxed_atomics"] == (
-        "not applied: needs fuse_embedding, norm_dw_into_buffer or fuse_head_loss where they apply")
+        "not applied: needs fuse_embedding, norm_dw_into_buffer, fuse_head_loss or wgrad_splitk where they apply")
 
 
 def test_the_fused_head_takes_relaxed_adds_too(kernel_device, monkeypatch):
@@ -79,19 +79,38 @@ def test_the_fused_head_takes_relaxed_adds_too(kernel_device, monkeypatch):
         assert err < 1e-4, (name, err)
 
 
+def test_the_split_k_weight_gradients_take_relaxed_adds_too(kernel_device, monkeypatch):
+    import kernels.wgrad as W
+
+    launched = []  # wgrad_add_ is bound with its options at setup: record the calls of the kernel's launcher
+    real = W.wgrad_add_
+    monkeypatch.setattr(W, "wgrad_add_", lambda *a, **k: launched.append(k.get("sem")) or real(*a, **k))
+    on, losses_on = _train(FT, "bf16", kernel_device, wgrad_splitk=True, relaxed_atomics=True)
+    assert launched and set(launched) == {"relaxed"}
+    assert on.describe()["notes"]["relaxed_atomics"].endswith(", the split-K weight gradients (kernels/wgrad.py)")
+    launched.clear()
+    off, losses_off = _train(FT, "bf16", kernel_device, wgrad_splitk=True)
+    assert launched and set(launched) == {"acq_rel"}
+    torch.testing.assert_close(losses_on, losses_off, rtol=1e-4, atol=1e-4)
+
+
 def test_relaxed_atomics_is_on_trial_with_checks():
     from ftlib.harness.engine_check import CHECKS
     from ftlib.harness.suites import SUITES
 
     assert EngineOptions().relaxed_atomics is False  # an option until it wins its trial
     trial = {(c.precision, c.label): c.extra for c in SUITES["engine_candidates"].cases()
-             if "relaxed" in c.label or "head" in c.label}
+             if "relaxed" in c.label or "head" in c.label or "splitk" in c.label}
     models, both = ("fasttransformer", "gpt2"), {"fuse_head_loss": True, "relaxed_atomics": True}
     assert trial == {**{(p, f"{m} relaxed-atomics"): {"relaxed_atomics": True} for p in ("bf16", "tf32")
                         for m in models},
                      **{("bf16", f"{m} fused-head"): {"fuse_head_loss": True} for m in models},  # the same run's
-                     **{("bf16", f"{m} relaxed-head"): both for m in models}}
+                     **{("bf16", f"{m} relaxed-head"): both for m in models},
+                     **{("bf16", f"{m} splitk"): {"wgrad_splitk": True} for m in models},
+                     **{("bf16", f"{m} relaxed-splitk"): {"wgrad_splitk": True, "relaxed_atomics": True}
+                        for m in models}}
     assert {(p, m) for p, m, o in CHECKS if o == {"relaxed_atomics": True}} == {
         ("bf16", "fasttransformer"), ("bf16", "gpt2"), ("tf32", "fasttransformer")}
-    assert {(p, m) for p, m, o in CHECKS if o == {"fuse_head_loss": True, "relaxed_atomics": True}} == {
-        ("bf16", "fasttransformer"), ("bf16", "gpt2")}
+    for pair in ({"fuse_head_loss": True}, {"wgrad_splitk": True}):
+        assert {(p, m) for p, m, o in CHECKS if o == {**pair, "relaxed_atomics": True}} == {
+            ("bf16", "fasttransformer"), ("bf16", "gpt2")}

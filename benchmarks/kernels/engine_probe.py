@@ -88,7 +88,7 @@ def main() -> int:
         path.write_text("".join(json.dumps(r) + "\n" for r in rows))
 
     t0 = time.time()
-    from ftlib.harness.suites import BIAS_OPTIONS_OFF
+    from ftlib.harness.engine_suites import BIAS_OPTIONS_OFF
 
     # The engine's defaults (packed attention, fused residual-norm): the headline cases first.
     cases = [("fasttransformer", "tf32", {}), ("fasttransformer", "bf16", {}),

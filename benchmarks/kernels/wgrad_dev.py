@@ -9,10 +9,10 @@ output with atomic adds instead: one kernel per gradient. Variants: v1 cuBLAS wi
 (``torch.mm(..., out_dtype=torch.float32, out=c)``: what the engine runs now; bf16 only, it writes c),
 v2 ``kernels.wgrad.wgrad_add_`` after zeroing c (the engine's flat gradient is zeroed once per step for
 all of them, so the memset here counts against v2), v3 torch.compile of the low-precision GEMM and its
-cast. Shapes: the Linears of the headline models (``ftlib.harness.suites.headline_models``, B x T = 8192
-rows): FastTransformer's qkv (MQA, 320 x 256), attention and MLP projections, GPT-2's qkv (768 x 256)
-and MLP up-projection (1024 x 256); bf16, and fp32 with TF32 products (a tf32 step's). Work:
-2 M N K FLOPs.
+cast, v4 v2 with its atomic adds in relaxed memory order (engine option ``relaxed_atomics``). Shapes: the
+Linears of the headline models (``ftlib.harness.suites.headline_models``, B x T = 8192 rows):
+FastTransformer's qkv (MQA, 320 x 256), attention and MLP projections, GPT-2's qkv (768 x 256) and MLP
+up-projection (1024 x 256); bf16, and fp32 with TF32 products (a tf32 step's). Work: 2 M N K FLOPs.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             weight_grad_into_(c, dy, x, fp32_out)
             return c
 
-        def split_k():
+        def split_k(sem="acq_rel"):
             c.zero_()
-            return wgrad_add_(c, dy, x, prec)
+            return wgrad_add_(c, dy, x, prec, sem)
 
         def low_then_cast(a, b):
             return torch.mm(a.t(), b).float()
@@ -63,6 +63,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             Variant("v1 cuBLAS into fp32" if fp32_out or dtype == torch.float32 else "v1 cuBLAS + cast", cublas, tol),
             Variant("v2 triton split-K atomic", split_k, tol),
             Variant("v3 torch.compile", lambda: compiled(dy, x), tol, gpu_only=True),
+            Variant("v4 triton split-K atomic, relaxed adds", lambda: split_k("relaxed"), tol),
         ]
         return run(f"wgrad {name} ({M}, {N}) x ({M}, {K}) {dtype}", args, device, lambda: wgrad_ref(dy, x),
                    variants, work=2 * M * N * K, unit="TFLOP/s", op="wgrad", shape={"M": M, "N": N, "K": K},

@@ -69,6 +69,7 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     *((prec, name, {"relaxed_atomics": True}) for prec, name in (("bf16", "fasttransformer"), ("bf16", "gpt2"),
                                                                 ("tf32", "fasttransformer"))),
     *(("bf16", name, {"fuse_head_loss": True, "relaxed_atomics": True}) for name in ("fasttransformer", "gpt2")),
+    *(("bf16", name, {"wgrad_splitk": True, "relaxed_atomics": True}) for name in ("fasttransformer", "gpt2")),
 )
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from ftlib.harness.suites import CANDIDATES
+from ftlib.harness.engine_suites import CANDIDATES
 from ftlib.training.engine.options import EngineOptions
 from ftlib.views.tables import table_view
 

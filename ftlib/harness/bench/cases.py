@@ -22,6 +22,16 @@ from ftlib.harness.bench.step import bench_step, case_ident, key_extra, preset_o
 from ftlib.harness.results import ResultStore, row_key
 from ftlib.model.config import ModelConfig
 
+HEADLINE_B, HEADLINE_T = 32, 256  # the original's benchmark shape
+# fp16 last: it came to the suite after the others, and a run cut short keeps the first three.
+HEADLINE_PRECISIONS = ("bf16", "tf32", "fp32", "fp16")
+
+
+def headline_models() -> dict[str, ModelConfig]:
+    """The two models every headline compares, by name: GPT-2 as written and the FastTransformer."""
+    from ftlib.model.config import preset
+
+    return {"gpt2": preset("gpt2"), "fasttransformer": preset("fasttransformer")}
 
 @dataclass(frozen=True)
 class Case:

@@ -194,7 +194,7 @@ def setup_linears(model: GPT, options: EngineOptions, prec: StepPrecision, flat_
         from kernels.wgrad import wgrad_add_
 
         out.notes["wgrad_splitk"] = "weight gradients added by the split-K kernel (kernels/wgrad.py)"
-        add_wgrad = partial(wgrad_add_, input_precision="ieee" if low else "tf32")
+        add_wgrad = partial(wgrad_add_, input_precision="ieee" if low else "tf32", sem=o.atomic_sem)
     n, left = grad_into_linears(model, flat_grad, spans, fp32_out, add_wgrad,
                                 shadow16=out.shadow16 if whole else None, bias_into=into,
                                 bias_elsewhere=bias_elsewhere, wgrad_stream=out.wgrad_stream)

@@ -141,7 +141,8 @@ class EngineOptions:
                "torch.compile's adds, instead of Triton's default acquire-release, whose fences make a loop's next "
                "loads wait for each add and a program's last add wait for its stores: the embeddings' gradients "
                "(fuse_embedding, kernels/embedding_sum.py), the norms' weight gradients (norm_dw_into_buffer, "
-               "kernels/residual_norm.py) and the fused head's dW (fuse_head_loss, kernels/linear_cross_entropy.py)")
+               "kernels/residual_norm.py), the fused head's dW (fuse_head_loss, kernels/linear_cross_entropy.py) and "
+               "the split-K weight gradients (wgrad_splitk, kernels/wgrad.py)")
     wgrad_splitk: bool = _option(
         False, "with grad_into_buffer, under bf16/fp16/tf32: each Linear's weight gradient added into the flat "
                "gradient by one split-K Triton GEMM with atomic adds (kernels/wgrad.py) instead of cuBLAS's GEMM "
