@@ -613,10 +613,11 @@ if len(ktable):
 #   `tl.atomic_add(..., sem='relaxed')`. Triton's own default is acquire-release: each atomic add is fenced
 #   against the program's other memory operations, so in a loop that loads a tile and adds it (the embeddings'
 #   backward over its run of the batch, the fused head's dW over its slices of K) the next loads wait for the
-#   add, and the norms' weight-gradient adds at the end of each program wait for its stores. A sum needs only
-#   atomicity (nothing reads it before the kernel ends), which is all CUDA's `atomicAdd` promises too (PTX ISA,
-#   memory consistency model). The option relaxes the adds of those three kernels; `fused-head` and
-#   `relaxed-head` time the fused head and loss again, without and with it, in the same run.
+#   add, and the adds that end a program (the norms' weight gradients, each split-K tile of `wgrad_splitk`) wait
+#   for its stores and for each other. A sum needs only atomicity (nothing reads it before the kernel ends), which
+#   is all CUDA's `atomicAdd` promises too (PTX ISA, memory consistency model). The option relaxes the adds of those
+#   four kernels; `fused-head` and `relaxed-head`, `splitk` and `relaxed-splitk` time the fused head and the
+#   split-K weight gradients again, each without and with it, in the same run.
 # * `fuse_mlp_act` puts each MLP's GELU in the epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`;
 #   forward the up-projection stores z and gelu(z), backward the product through the down-projection is
 #   multiplied by gelu'(z) before it is stored). It removes the two elementwise GELU kernels of every
