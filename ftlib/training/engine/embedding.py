@@ -27,7 +27,7 @@ class FusedEmbeddingSum(nn.Module):
     :func:`kernels.embedding_sum.embedding_sum` with both tables' gradients added into their ``.grad``; elsewhere
     the same forward kernel, any gradient returned to autograd. No parameters: it reads the tables from the
     embedding modules the model passes, as the seam it replaces does. ``sem``: the backward's atomic adds' memory
-    order (:data:`kernels.embedding_sum.ATOMIC_SEMS`)."""
+    order (:data:`kernels._common.ATOMIC_SEMS`)."""
 
     def __init__(self, sem: str = "acq_rel") -> None:
         super().__init__()

@@ -99,4 +99,3 @@ def fuse_head_loss(model: GPT, cross_entropy_kernel: bool, gemm_why_not: str | N
         return None, why
     model.head = HeadIntoLoss(head, input_precision, check_targets, sem)
     return model.head, f"head GEMM, cross-entropy and the head's backward GEMMs as two kernels (V={cfg.vocab_size})"
-
