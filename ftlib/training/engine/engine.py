@@ -14,7 +14,8 @@ what it computes:
    so no gaps open between the step's kernels while Python queues the next one. The capture
    follows PyTorch's whole-network capture recipe (CUDA semantics notes): warm up on a side stream
    first (Triton compiles and loads its kernels, cuBLAS creates workspaces, the optimizer its
-   state: none of that may happen during capture), then capture. Unlike the recipe, the warm-up
+   state: none of that may happen during capture), then capture, on that same stream (the capture's
+   comment says why). Unlike the recipe, the warm-up
    steps are undone (weights and optimizer state restored, one copy each thanks to the flat
    buffers), so step k of the engine is step k of reference training. On the CPU the same step
    runs uncaptured (kernels in Triton's interpreter), which is how CI tests it.
@@ -293,10 +294,12 @@ class Engine:
                 self._warm_up(max(1, warmup_steps))
             torch.cuda.current_stream(self.device).wait_stream(side)
             self.graph = torch.cuda.CUDAGraph()
-            # Nothing runs during capture, it is only recorded; activations come from the graph's
-            # private memory pool and are reused by every replay. The grads exist (views into
-            # flat_grad), so backward accumulates into them in place.
-            with torch.cuda.graph(self.graph):
+            # Only recorded; activations come from the graph's private pool, reused by every replay. On
+            # the warm-up's stream: autograd keeps each parameter's AccumulateGrad node and its stream
+            # from the warm-up (pytorch/pytorch#137483) and ends a backward waiting on those streams;
+            # with every gradient added out of band (autograd gets None) none moves onto the capture
+            # stream, and the wait breaks the capture (pytorch/pytorch#189591). One stream: no wait.
+            with torch.cuda.graph(self.graph, stream=side):
                 self.static_loss = self._step_body()
         self.captured = True
 
