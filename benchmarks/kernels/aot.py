@@ -191,7 +191,8 @@ def _row_kernel_specs(n_embd: int, T: int, dtype: torch.dtype) -> list[AotSpec]:
                 {**flags, "HAS_DS": True, "HAS_GR": True}, row_tile_warps(rrows, rbn)),
         AotSpec("residual_norm.bwd_persistent", residual_norm._add_norm_bwd_persistent_kernel,
                 {**bwd_types, "DRB": "*fp32"}, {**flags, "HAS_DS": True, "HAS_GR": True, "ATOMIC": True,
-                                                "HAS_DRB": False, "LOOP_STAGES": None}, row_tile_warps(rrows, rbn)),
+                                                "HAS_DRB": False, "LOOP_STAGES": None, "SEM": "acq_rel"},
+                row_tile_warps(rrows, rbn)),
     ]
     srows, sbt, swarps = causal_softmax._tiles(T)
     sm_types = {"S": dt, "P": dt, "scale": _F32}
