@@ -76,7 +76,7 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
 
 
 def unmeasured(candidate_rows: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
-    """(option label, engine option name) of each option on trial in ``ftlib.harness.suites.CANDIDATES``
+    """(option label, engine option name) of each option on trial in ``ftlib.harness.engine_suites.CANDIDATES``
     that no stored row measured yet."""
     labels = {str(r.get("label", "")) for r in candidate_rows}
     missing: dict[str, dict[str, Any]] = {}  # one line per label: the widest option set given for it
