@@ -6,9 +6,9 @@ Why: a capture that fails names the CUDA call that broke it ("dependency created
 another stream", say), not the op that made the stream dependency. Trying the configuration with one option
 changed at a time says which option the failure needs, and a fresh process per try keeps one failed capture
 from leaving state (the CUDA generator, a stream's capture mode) that fails the next. The cases are those of a
-100-step check that failed to capture (``ftlib.harness.engine_check``), with the options around it switched; the
-engine has since captured on its warm-up's stream (``Engine._warm_up_and_capture`` says why), so every case
-should now print 'ok'.
+100-step check that failed to capture (``ftlib.harness.engine_check``), with the options around it switched. The
+engine captures on its warm-up's stream (``Engine._warm_up_and_capture`` says why), so every case should print
+'ok'; one that does not names the configuration to look at.
 """
 
 from __future__ import annotations
