@@ -30,6 +30,8 @@ from ftlib.training.step import grad_scaler, make_optimizer, train_step
 
 BENCH = "engine_check"
 STEPS, B_CHECK, T_CHECK = 100, 32, 256
+# Where an option that changes the order of sums is checked: both models in bf16, the FastTransformer in tf32.
+_OPTION_CASES = (("bf16", "fasttransformer"), ("bf16", "gpt2"), ("tf32", "fasttransformer"))
 # (precision, preset, engine options) in the order the suite runs them.
 CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     *((prec, name, {}) for prec in ("fp32", "tf32", "bf16") for name in ("gpt2", "fasttransformer")),
@@ -57,17 +59,15 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # The weight-gradient GEMMs on a second stream (bf16) and the attention backward's two kernels side by side
     # (D formed by the dK/dV kernel too) are defaults: the default checks above train with them.
     # The head and the loss fused (fp32 logits in registers where the unfused bf16 step rounds them to bf16).
-    *((prec, name, {"fuse_head_loss": True}) for prec, name in (("bf16", "fasttransformer"), ("bf16", "gpt2"),
-                                                               ("tf32", "fasttransformer"))),
+    *((prec, name, {"fuse_head_loss": True}) for prec, name in _OPTION_CASES),
     # The norm backward's loop pipelined (the same tiles, the same atomic adds, in another timing).
     *(("bf16", name, {"norm_bwd_grid": "8 rows 4/SM s2"}) for name in ("fasttransformer", "gpt2")),
     # The embeddings' sum in one kernel, both tables' gradients added atomically (the same sums in another order);
     # a default now, so the default checks above train with it too.
-    *((prec, name, {"fuse_embedding": True}) for prec, name in (("bf16", "fasttransformer"), ("bf16", "gpt2"),
-                                                               ("tf32", "fasttransformer"))),
-    # Those gradients' atomic adds in relaxed memory order (the same adds, unordered against the loads).
-    *((prec, name, {"relaxed_atomics": True}) for prec, name in (("bf16", "fasttransformer"), ("bf16", "gpt2"),
-                                                                ("tf32", "fasttransformer"))),
+    *((prec, name, {"fuse_embedding": True}) for prec, name in _OPTION_CASES),
+    # The gradient kernels' atomic adds in relaxed memory order (the same adds, unordered against the program's
+    # other memory operations): alone, then with the fused head and with the split-K weight gradients.
+    *((prec, name, {"relaxed_atomics": True}) for prec, name in _OPTION_CASES),
     *(("bf16", name, {"fuse_head_loss": True, "relaxed_atomics": True}) for name in ("fasttransformer", "gpt2")),
     *(("bf16", name, {"wgrad_splitk": True, "relaxed_atomics": True}) for name in ("fasttransformer", "gpt2")),
 )
