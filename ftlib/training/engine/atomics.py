@@ -12,12 +12,13 @@ from __future__ import annotations
 from ftlib.model.gpt import GPT
 
 
-def relaxed_atomics_note(model: GPT, norms_atomic: bool, wgrad_splitk: bool) -> str:
+def relaxed_atomics_note(model: GPT, wgrad_splitk: bool) -> str:
     """Option ``relaxed_atomics``'s note: which of the engine's gradient kernels with atomic adds took relaxed ones
-    (each swap module keeps its ``sem``; ``norms_atomic``: the norms add their weight gradients; ``wgrad_splitk``:
-    the Linears' weight gradients run on the split-K kernel, whose adds the option relaxes), or why none did."""
+    (each swap module keeps its ``sem``; the fused residual-norm adds only with ``dw_into``; ``wgrad_splitk``: the
+    Linears' weight gradients run on the split-K kernel, whose adds the option relaxes), or why none did."""
+    norms = getattr(model, "add_norm", None)
     modules = ((getattr(model, "embedding_sum", None), "the embeddings' gradients (kernels/embedding_sum.py)"),
-               (getattr(model, "add_norm", None) if norms_atomic else None,
+               (norms if getattr(norms, "dw_into", False) else None,
                 "the norms' weight gradients (kernels/residual_norm.py)"),
                (getattr(model, "head", None), "the fused head's dW (kernels/linear_cross_entropy.py)"))
     where = [what for module, what in modules if getattr(module, "sem", None) == "relaxed"]

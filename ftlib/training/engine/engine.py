@@ -172,8 +172,7 @@ class Engine:
                 sem=self.options.atomic_sem)
             self._loss_fn = self._loss_fn if self.head_loss is None else self.head_loss.loss
         if self.options.relaxed_atomics:
-            self.notes["relaxed_atomics"] = relaxed_atomics_note(
-                self.model, self.fuse_residual_norm and self.options.norm_dw_into_buffer, self.linears.wgrad_splitk)
+            self.notes["relaxed_atomics"] = relaxed_atomics_note(self.model, self.linears.wgrad_splitk)
 
         self.static_x = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) tokens
         self.static_y = torch.zeros(self.B, self.T, dtype=torch.long, device=dev)  # (B, T) targets
