@@ -98,7 +98,7 @@ def first_norm(cfg: ModelConfig, step: Step) -> None:
     residual-norm kernel, its gradients added into fp32 buffers (first_norm_into_buffer, a default,
     kernels.norm_into); on its own kernel (outside the step, and the option off): RMSNorm (option
     norm_dw_partials: 'tile', or 'persistent') or LayerNorm. Extended: inputs in the step's dtype."""
-    from kernels._common import RowGrid
+    from kernels._common import ATOMIC_SEMS, RowGrid
     from kernels.layernorm import layer_norm
     from kernels.norm_into import norm_into
     from kernels.rmsnorm import rms_norm
@@ -114,7 +114,7 @@ def first_norm(cfg: ModelConfig, step: Step) -> None:
     ln, bias = cfg.norm == "layernorm", cfg.norm == "layernorm" and cfg.bias
     x = _t(M, C, grad=True)
     grid = RowGrid.parse(NORM_BWD_GRID)  # the engine's: the fused residual-norm's grid (FirstNormInto)
-    for sem in ("acq_rel", "relaxed") if step.options else ("acq_rel",):  # the adds' order (relaxed_atomics)
+    for sem in ATOMIC_SEMS if step.options else ATOMIC_SEMS[:1]:  # the adds' order (option relaxed_atomics)
         _backward(norm_into(x, _t(C), _t(C) if bias else None, 1e-5, ln, torch.zeros(C),
                             torch.zeros(C) if bias else None, rows=grid.rows, programs=grid.per_sm * SMS[step.cc],
                             sem=sem))
@@ -123,10 +123,11 @@ def first_norm(cfg: ModelConfig, step: Step) -> None:
 def embeddings(cfg: ModelConfig, step: Step) -> None:
     """The token and position embeddings summed by one kernel and both gradients added into fp32 buffers
     (option fuse_embedding, kernels.embedding_sum): the tables are fp32 parameters in every step precision."""
+    from kernels._common import ATOMIC_SEMS
     from kernels.embedding_sum import embedding_sum
 
     V, C, P = cfg.vocab_size, cfg.n_embd, cfg.block_size
-    for sem in ("acq_rel", "relaxed"):  # Triton's default memory order for the adds, and option relaxed_atomics'
+    for sem in ATOMIC_SEMS:  # Triton's default memory order for the adds, and option relaxed_atomics'
         _backward(embedding_sum(torch.zeros(B, T, dtype=torch.long), _t(V, C, grad=True), _t(P, C, grad=True),
                                 torch.zeros(V, C), torch.zeros(P, C), check_ids=False, sem=sem))
 
@@ -244,6 +245,7 @@ def linears(cfg: ModelConfig, step: Step) -> None:
     their weight gradients
     on the split-K kernel (engine option wgrad_splitk: autocast steps and tf32); in fp32 storage the
     Linear on the Triton GEMM (engine option linear_precision) instead, forward, dx and dW."""
+    from kernels._common import ATOMIC_SEMS
     from kernels.bias_linear import bias_grad, bias_grad_add_, gelu_bwd_bias_add_
     from kernels.linear import linear
     from kernels.wgrad import wgrad_add_
@@ -259,7 +261,7 @@ def linears(cfg: ModelConfig, step: Step) -> None:
             gelu_bwd_bias_add_(_t(M, cfg.d_ff, dtype=step.dt), _t(M, cfg.d_ff, dtype=step.dt), torch.zeros(cfg.d_ff),
                                approximate)
     if step.dt != F32 or step.prec == "tf32":
-        for sem in ("acq_rel", "relaxed"):  # Triton's default memory order for the adds, and relaxed_atomics'
+        for sem in ATOMIC_SEMS:  # Triton's default memory order for the adds, and relaxed_atomics'
             wgrad_add_(torch.zeros(cfg.d_ff, C), _t(M, cfg.d_ff, dtype=step.dt), _t(M, C, dtype=step.dt),
                        "tf32" if step.dt == F32 else "ieee", sem)
     if step.dt == F32 and step.triton_dot:
@@ -270,6 +272,7 @@ def linears(cfg: ModelConfig, step: Step) -> None:
 def loss_and_optimizer(cfg: ModelConfig, step: Step) -> None:
     """The fused cross-entropy on the head's logits (and, with the engine's other options, the head and the
     loss fused), and the flat AdamW step (with fp16's loss-scaling inputs under fp16)."""
+    from kernels._common import ATOMIC_SEMS
     from kernels.adamw import adamw_step_
     from kernels.cross_entropy import cross_entropy
 
@@ -278,7 +281,7 @@ def loss_and_optimizer(cfg: ModelConfig, step: Step) -> None:
         from kernels.linear_cross_entropy import linear_cross_entropy
 
         head = _t(cfg.vocab_size, cfg.n_embd, grad=True)
-        for sem in ("acq_rel", "relaxed"):  # Triton's default memory order for the dW adds, and relaxed_atomics'
+        for sem in ATOMIC_SEMS:  # Triton's default memory order for the dW adds, and relaxed_atomics'
             _backward(linear_cross_entropy(_t(M, cfg.n_embd, dtype=step.dt, grad=True), head,
                                            torch.randint(0, cfg.vocab_size, (M,)), w_compute=head.detach().to(step.dt),
                                            dw_out=torch.zeros(cfg.vocab_size, cfg.n_embd),

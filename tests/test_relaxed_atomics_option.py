@@ -82,9 +82,7 @@ def test_the_fused_head_takes_relaxed_adds_too(kernel_device, monkeypatch):
 def test_the_split_k_weight_gradients_take_relaxed_adds_too(kernel_device, monkeypatch):
     import kernels.wgrad as W
 
-    launched = []  # wgrad_add_ is bound with its options at setup: record the calls of the kernel's launcher
-    real = W.wgrad_add_
-    monkeypatch.setattr(W, "wgrad_add_", lambda *a, **k: launched.append(k.get("sem")) or real(*a, **k))
+    launched = _record_sems(monkeypatch, W, "wgrad_add_")  # before setup, which binds the launcher with its options
     on, losses_on = _train(FT, "bf16", kernel_device, wgrad_splitk=True, relaxed_atomics=True)
     assert launched and set(launched) == {"relaxed"}
     assert on.describe()["notes"]["relaxed_atomics"].endswith(", the split-K weight gradients (kernels/wgrad.py)")
