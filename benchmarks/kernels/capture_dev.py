@@ -43,7 +43,7 @@ def try_capture(name: str, precision: str, options: dict) -> str:
         x = torch.randint(eng.config.vocab_size, (32, 256), device="cuda")
         loss = float(eng.step(x, x))
         return "ok" if eng.captured and loss == loss else f"not captured (captured={eng.captured}, loss {loss})"
-    except Exception as e:  # the row is the failure
+    except Exception as e:  # the printed line is the failure
         return f"{type(e).__name__}: {str(e).splitlines()[0]}"
 
 
