@@ -68,7 +68,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # The gradient kernels' atomic adds in relaxed memory order (the same adds, unordered against the program's
     # other memory operations): alone, then with the fused head and with the split-K weight gradients.
     *((prec, name, {"relaxed_atomics": True}) for prec, name in _OPTION_CASES),
-    *(("bf16", name, {"fuse_head_loss": True, "relaxed_atomics": True}) for name in ("fasttransformer", "gpt2")),
+    *((prec, name, {"fuse_head_loss": True, "relaxed_atomics": True}) for prec in ("bf16", "tf32")
+      for name in ("fasttransformer", "gpt2")),
     *(("bf16", name, {"wgrad_splitk": True, "relaxed_atomics": True}) for name in ("fasttransformer", "gpt2")),
 )
 
