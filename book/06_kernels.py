@@ -621,9 +621,9 @@ if len(ktable):
 #   the default engine beyond the spread in every case of both models in bf16 and tf32 (the table below). With
 #   acquire-release adds the fused head and the split-K kernel lost; with relaxed ones the split-K kernel was mixed
 #   (faster for the FastTransformer, slower for GPT-2), and the fused head (`relaxed-head`) was faster than the
-#   relaxed adds alone in bf16 in every run of both models, and mixed in tf32 (faster in some runs, slower in others).
-#   So the relaxed adds win everywhere and the fused head on them in bf16; they become defaults together with a baselines run that
-#   measures them, since a default changes the step that every headline ratio times.
+#   relaxed adds alone in bf16 in every run of both models, and mixed in tf32 (faster in some runs, slower in
+#   others). So the relaxed adds win everywhere and the fused head on them in bf16; they become defaults together
+#   with a baselines run that measures them, since a default changes the step that every headline ratio times.
 # * `fuse_mlp_act` puts each MLP's GELU in the epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`;
 #   forward the up-projection stores z and gelu(z), backward the product through the down-projection is
 #   multiplied by gelu'(z) before it is stored). It removes the two elementwise GELU kernels of every
