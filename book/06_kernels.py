@@ -391,7 +391,7 @@ display(Markdown(kernelview.kernel_math("rmsnorm")))
 # gradients that reach `s` while it computes the norm's backward. The same kernel covers
 # RMSNorm and LayerNorm. The engine applies it by default: the model's blocks compute
 # `x, h = add_norm(x, branch, norm)` through one seam (`ftlib.model.block.AddNorm`), which the engine
-# fills with the fused kernel (`ftlib.training.engine.swaps.FusedAddNorm`). Its tile sizes are timed
+# fills with the fused kernel (`ftlib.training.engine.norms.FusedAddNorm`). Its tile sizes are timed
 # in the kernel table of section 2 (`residual_norm_dev`'s v3, v5 and v6: 16, 4 and 8 rows per tile); the grid the
 # engine runs its backward on is the option `norm_bwd_grid`, whose default the line under this text gives.
 #

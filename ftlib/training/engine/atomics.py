@@ -2,7 +2,7 @@
 ``relaxed_atomics``; :data:`kernels._common.ATOMIC_SEMS` says what the orders mean).
 
 Each swap module that launches such a kernel keeps the order it was given as ``sem``: the fused embeddings
-(:mod:`ftlib.training.engine.embedding`), the fused residual-norms (:mod:`ftlib.training.engine.swaps`) and the
+(:mod:`ftlib.training.engine.embedding`), the fused residual-norms (:mod:`ftlib.training.engine.norms`) and the
 fused head (:mod:`ftlib.training.engine.head_loss`); the split-K weight gradients take it from the options
 (:mod:`ftlib.training.engine.linears`). The option's note is read from what was set up, so it says what ran.
 """

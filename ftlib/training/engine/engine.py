@@ -47,14 +47,9 @@ from ftlib.training.engine.fused_mlp import fc_biases_into_gelu, fuse_mlps
 from ftlib.training.engine.grad_into import bias_sum_why_not
 from ftlib.training.engine.head_loss import fuse_head_loss, loss_function
 from ftlib.training.engine.linears import setup_linears, triton_gemm_why_not
+from ftlib.training.engine.norms import FirstNormInto, FusedAddNorm, fuse_residual_dropout_
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
-from ftlib.training.engine.swaps import (
-    FirstNormInto,
-    FusedAddNorm,
-    fuse_residual_dropout_,
-    kernels_runnable,
-    swap_kernels,
-)
+from ftlib.training.engine.swaps import kernels_runnable, swap_kernels
 from ftlib.training.loss_scale import LossScaleConfig
 from ftlib.training.muon import is_muon_param
 
