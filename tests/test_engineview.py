@@ -143,16 +143,20 @@ def test_candidates_pair_with_the_default_of_their_own_run():
     assert got[("ft", "+opt")]["delta us"] == pytest.approx(-200) and got[("ft", "+opt")]["beyond spread"]
     assert not got[("gpt2 +flash", "+opt")]["beyond spread"]  # 10 µs faster, inside the spread
     assert got[("gpt2 +flash", "+opt")]["options"] == {"opt": True}  # the base's own options are not the option's
-    checks = [{"device_slug": "h200", "extra": {"opt": True}, "ok": False}]
+    checks = [{"device_slug": "h200", "precision": "bf16", "extra": {"opt": True}, "ok": False}]
     text = option_trials.candidate_summary([r for r in rows if "flash" not in r["label"]], checks)
     assert "1 of 1 cases" in text and "check failed" in text
     assert "no 100-step check" in option_trials.candidate_summary(rows, [])
-    other = [{"device_slug": "h200", "extra": {"other": True}, "ok": True}]  # a check of another option
+    other = [{"device_slug": "h200", "precision": "bf16", "extra": {"other": True}, "ok": True}]  # another option
     assert "no 100-step check" in option_trials.candidate_summary(rows, other)
     # A default's checks train with it without setting it: the check row's engine reports it as applied.
-    ran_with = [{"device_slug": "h200", "extra": {"run": "c"}, "opt": True, "ok": True}]
-    assert "its 100-step check passed" in option_trials.candidate_summary(rows, ran_with)
-    ran_without = [{"device_slug": "h200", "extra": {"run": "c"}, "opt": False, "ok": True}]
+    ran_with = [{"device_slug": "h200", "precision": "bf16", "extra": {"run": "c"}, "opt": True, "ok": True}]
+    assert "its 100-step check passed;" in option_trials.candidate_summary(rows, ran_with)
+    # Timed in tf32 too, checked in bf16 only: the line says which precision lacks its check.
+    tf32 = rows + [row("ft", 2.0, prec="tf32"), row("ft +opt", 1.8, prec="tf32")]
+    assert "its 100-step check passed in bf16; none is stored in tf32" in option_trials.candidate_summary(
+        [r for r in tf32 if "flash" not in r["label"]], ran_with)
+    ran_without = [{"device_slug": "h200", "precision": "bf16", "extra": {"run": "c"}, "opt": False, "ok": True}]
     assert "no 100-step check" in option_trials.candidate_summary(rows, ran_without)
 
 

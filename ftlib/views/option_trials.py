@@ -49,8 +49,8 @@ def candidate_table(candidate_rows: Iterable[dict[str, Any]]) -> list[dict[str, 
 def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iterable[dict[str, Any]]) -> str:
     """One line per device and option of :func:`candidate_table`: how often it was faster beyond the spread,
     by how much, whether a 100-step check of it is stored (rows of ``engine_check`` that set the option as
-    its cases do, or whose engine ran with it as applied: a default's checks train with it) and passed, and
-    whether the engine's defaults set it so."""
+    its cases do, or whose engine ran with it as applied: a default's checks train with it) in each precision
+    it was timed in and passed, and whether the engine's defaults set it so."""
     table = candidate_table.rows(candidate_rows)
     checks = list(check_rows)
     defaults = EngineOptions()
@@ -61,9 +61,13 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
         options = mine[0]["options"]
         checked = [c for c in checks if c.get("device_slug") == dev and options
                    and all((c.get("extra") or {}).get(k, c.get(k)) == v for k, v in options.items())]
+        precs = sorted({d["precision"] for d in mine})
+        unchecked = [p for p in precs if not any(c.get("precision") == p for c in checked)]
         check = ("no 100-step check of it is stored" if not checked else
-                 "its 100-step check passed" if all(c.get("ok", c.get("check_ok")) for c in checked) else
-                 "its 100-step check failed")
+                 "its 100-step check failed" if not all(c.get("ok", c.get("check_ok")) for c in checked) else
+                 "its 100-step check passed" if not unchecked else
+                 f"its 100-step check passed in {', '.join(p for p in precs if p not in unchecked)}; none is stored "
+                 f"in {', '.join(unchecked)}")
         lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
         default = ("the engine's defaults set it" if options and all(getattr(defaults, k, None) == v
                                                                       for k, v in options.items())
