@@ -47,7 +47,7 @@ from ftlib.training.engine.fused_mlp import fc_biases_into_gelu, fuse_mlps
 from ftlib.training.engine.grad_into import bias_sum_why_not
 from ftlib.training.engine.head_loss import fuse_head_loss, loss_function
 from ftlib.training.engine.linears import setup_linears, triton_gemm_why_not
-from ftlib.training.engine.norms import FirstNormInto, FusedAddNorm, fuse_residual_dropout_
+from ftlib.training.engine.norms import FirstNormInto, FusedAddNorm, fuse_residual_dropout_, norms_after_adds
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
 from ftlib.training.engine.swaps import kernels_runnable, swap_kernels
 from ftlib.training.loss_scale import LossScaleConfig
@@ -241,11 +241,9 @@ class Engine:
         if why:
             self.notes["branch_bias_into_norm"] = why
             return {}
-        blocks = list(self.model.blocks)
-        nexts = [blk.norm1 for blk in blocks[1:]] + [self.model.norm_f]
         out = {}
-        for blk, nxt in zip(blocks, nexts):  # the attention's add feeds norm2, the MLP's the next norm
-            out[id(blk.norm2)], out[id(nxt)] = blk.attn.proj.bias, blk.mlp.proj.bias
+        for blk, after_attn, after_mlp in norms_after_adds(self.model):
+            out[id(after_attn)], out[id(after_mlp)] = blk.attn.proj.bias, blk.mlp.proj.bias
         self.notes["branch_bias_into_norm"] = f"{len(out)} projection biases' gradients added by the norm backwards"
         return out
 

@@ -21,6 +21,14 @@ if TYPE_CHECKING:
     from kernels._common import RowGrid
 
 
+def norms_after_adds(model: GPT) -> list[tuple[nn.Module, nn.Module, nn.Module]]:
+    """Per block, in the forward's order: (the block, the norm its attention's residual add feeds (its norm2),
+    the norm its MLP's add feeds (the next block's norm1, or the final norm)). Each norm follows exactly one add."""
+    blocks = list(model.blocks)
+    nexts = [blk.norm1 for blk in blocks[1:]] + [model.norm_f]
+    return [(blk, blk.norm2, nxt) for blk, nxt in zip(blocks, nexts)]
+
+
 def _row_grid(text: str | None) -> RowGrid | None:
     """The backward grid ``text`` names ('<rows> rows <P>/SM'), parsed once at construction, not at every forward;
     None: the launcher's own."""
@@ -60,9 +68,7 @@ class FusedAddNorm(nn.Module):
         self.bwd_grid, self.sem = _row_grid(bwd_grid), sem
         self.layernorm = model.config.norm == "layernorm"
         self.out_dtype, self.dropout, self.dw_partials, self.dw_into = out_dtype, dropout, dw_partials, dw_into
-        blocks = list(model.blocks)
-        nexts = [blk.norm1 for blk in blocks[1:]] + [model.norm_f]
-        order = [norm for blk, nxt in zip(blocks, nexts) for norm in (blk.norm2, nxt)]  # the adds, in order
+        order = [norm for _, after_attn, after_mlp in norms_after_adds(model) for norm in (after_attn, after_mlp)]
         self._salt = {id(norm): k for k, norm in enumerate(order, start=1)}
 
     def forward(self, x: torch.Tensor, branch: torch.Tensor, norm: nn.Module) -> tuple[torch.Tensor, torch.Tensor]:
