@@ -574,8 +574,8 @@ if len(ktable):
 # `-norm-dw-into-buffer`, `-norm-bwd-grid`, `-fuse-softmax-matmuls`, `-bias-into-buffer`,
 # `-bf16-bias-weights`, `-branch-bias-into-norm`, `-first-norm-into-buffer`, `-bias-options` for the last
 # four at once, `-explicit-dq-one-pass`, `-fc-bias-into-gelu`, `-wgrad-stream`, `-attn-bwd-streams`,
-# `-kv-split-2` and `-fused-embedding`; the lines under the table of section "What each kernel buys" say which of
-# them have rows). A
+# `-kv-split-2`, `-fused-embedding`, `-relaxed-atomics` and `-fused-head`; the lines under the table of section
+# "What each kernel buys" say which of them have rows). A
 # winner becomes a default together with a run of the baselines suite that measures it: a default changes the
 # step that every headline ratio times, so until then it stays on trial.
 # The options the trials below concern:
@@ -608,8 +608,9 @@ if len(ktable):
 #   option runs the model's `embedding_sum` on one kernel that gathers and sums both rows, and its backward on
 #   one kernel that adds each row of the gradient into its token's row of the table with atomic adds and sums
 #   each position's rows over the batch before adding them (`kernels/embedding_sum.py`).
-# * `relaxed-atomics` (`relaxed_atomics`, on trial) changes no arithmetic. Alone (section 2's table), the fused
-#   embeddings lose to what `torch.compile` generates for the same lookups, whose scatter-adds are
+# * `relaxed-atomics` (`relaxed_atomics`; it won its trial and is a default now, `-relaxed-atomics` switches it off)
+#   changes no arithmetic. Alone (section 2's table), the fused embeddings with acquire-release adds lose to what
+#   `torch.compile` generates for the same lookups, whose scatter-adds are
 #   `tl.atomic_add(..., sem='relaxed')`. Triton's own default is acquire-release: each atomic add is fenced
 #   against the program's other memory operations, so in a loop that loads a tile and adds it (the embeddings'
 #   backward over its run of the batch, the fused head's dW over its slices of K) the next loads wait for the
@@ -622,15 +623,15 @@ if len(ktable):
 #   acquire-release adds the fused head and the split-K kernel lost; with relaxed ones the split-K kernel was mixed
 #   (faster for the FastTransformer, slower for GPT-2), and the fused head (`relaxed-head`) was faster than the
 #   relaxed adds alone in bf16 in every run of both models, and mixed in tf32 (faster in some runs, slower in
-#   others). So the relaxed adds win everywhere and the fused head on them in bf16; they become defaults together
-#   with a baselines run that measures them, since a default changes the step that every headline ratio times.
+#   others). So both are defaults now: the relaxed adds in every precision, the fused head under bf16 and fp16.
 # * `fuse_mlp_act` puts each MLP's GELU in the epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`;
 #   forward the up-projection stores z and gelu(z), backward the product through the down-projection is
 #   multiplied by gelu'(z) before it is stored). It removes the two elementwise GELU kernels of every
 #   block, and its GEMMs run on Triton instead of cuBLAS.
 # * The `persistent norm dw` variant of "What each kernel buys" puts the norm backwards' weight-gradient partials
 #   one per program instead of one per row tile.
-# * `wgrad_splitk` has no trial in the engine: its kernel is slower than cuBLAS's on its own (section 2).
+# * `wgrad_splitk` (an option) adds each Linear's weight gradient into the flat gradient from a split-K Triton GEMM.
+#   In the engine it lost with acquire-release adds and was mixed with relaxed ones.
 # * `wgrad-stream` (`wgrad_side_stream`; a default under bf16 and fp16) moves work rather than removing
 #   it. A Linear's backward makes two products of its output gradient dy: dx = dy W, which the layers below
 #   wait for, and dW = dyᵀ x, which only the optimizer reads, after the whole backward. The option queues
@@ -701,7 +702,8 @@ if len(ktable):
 #   (`gelu_bwd_bias_add_` in `kernels/bias_linear.py`): it reads z and da, writes dz = da · gelu'(z) and adds the
 #   column sums of dz as stored into the flat gradient, so the elementwise GELU-backward kernel and the column sum
 #   that read dz back become one kernel per layer. `both-bias-sums` is the two options together.
-# * `fused-head-loss` (`fuse_head_loss`; lost its trial, an option): the vocabulary is 65 characters, so the head is
+# * `fused-head-loss` (`fuse_head_loss`; a default under bf16 and fp16 now, `-fused-head` switches it off): the
+#   vocabulary is 65 characters, so the head is
 #   a GEMM with 65 output columns. A row of its output (130 bytes in bf16) is not a multiple of 16 bytes, and cuBLAS
 #   runs its kernels for unaligned operands there (the `align1` kernels in the step's profile). The step runs that
 #   GEMM, then the cross-entropy kernel, then two more such GEMMs for dx and dW, with the (B·T, 65) logits and their
@@ -711,8 +713,10 @@ if len(ktable):
 #   the last added into the head's view of the flat gradient with atomic adds (`kernels/linear_cross_entropy.py`).
 #   Liger-Kernel's fused linear cross-entropy (Hsu et al. 2024, section 3.3) avoids the logits the same way to save
 #   memory at large vocabularies; here what goes is kernels and unaligned GEMMs. The logits are fp32 inside the
-#   kernels, where the unfused bf16 step rounds them to bf16. It lost: its two kernels take longer than the GEMMs and
-#   the loss kernel they replace (the kernel table of section 2 times both ways alone).
+#   kernels, where the unfused bf16 step rounds them to bf16. It lost its first trial: with acquire-release adds into
+#   dW its two kernels take longer than the GEMMs and the loss kernel they replace (the kernel table of section 2
+#   times both ways alone). On relaxed adds it won in bf16 (`relaxed-head` above) and was mixed in tf32, so tf32 and
+#   fp32 keep cuBLAS's head GEMMs and the loss kernel.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

@@ -167,7 +167,8 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
         return {"mode": "engine", "device_slug": "h200", "run_id": run, "config": cfg, "extra": extra or {},
                 "engine": {"grad_into_buffer": True, "fuse_kv_split_sum": True, "norm_dw_into_buffer": True,
                            "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True,
-                           "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True, **ran}}
+                           "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True,
+                           "relaxed_atomics": True, "fuse_head_loss": True, **ran}}
 
     rows = [row("a", mqa, grad_into_buffer=False, fuse_kv_split_sum=False),
             row("b", mha, grad_into_buffer=False, fuse_kv_split_sum=False),  # MHA: no split to sum
@@ -215,7 +216,8 @@ def test_probes_are_named_against_todays_defaults():
     mqa = {"n_head": 8, "n_kv_head": 1}
     ran = {"grad_into_buffer": True, "fuse_kv_split_sum": True, "fuse_residual_norm": True,
            "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True, "kernels": ["rmsnorm", "attention"],
-           "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True, "notes": {}}
+           "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True,
+           "relaxed_atomics": True, "fuse_head_loss": True, "notes": {}}
 
     def probe(label, kw, **engine):
         return {"status": "ok", "device_slug": "h200", "commit": "c", "date": "d", "label": label, "config": mqa,
@@ -238,7 +240,8 @@ def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
         return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": mqa, "extra": {},
                 "engine": {"kernels": kernels, "notes": notes or {}, "norm_dw_into_buffer": True,
                            "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True,
-                           "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True, **ran}}
+                           "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True,
+                           "relaxed_atomics": True, "fuse_head_loss": True, **ran}}
 
     # Strict fp32 keeps SDPA: no dK/dV split to sum, so the current engine runs without the fused split sum.
     sdpa = row([k for k in with_attention if k != "attention"], grad_into_buffer=True, fuse_kv_split_sum=False)
@@ -260,7 +263,7 @@ def test_the_bias_and_first_norm_defaults_count_only_where_they_could_apply():
     gpt2, ft = {"n_head": 12, "n_kv_head": 12, "bias": True}, {"n_head": 8, "n_kv_head": 1, "bias": False}
     base = {"grad_into_buffer": True, "norm_dw_into_buffer": True, "norm_bwd_grid": "8 rows 4/SM",
             "fuse_residual_norm": True, "bias_kernel": True, "bf16_weights": True, "kernels": [], "notes": {},
-            "wgrad_side_stream": True}
+            "wgrad_side_stream": True, "relaxed_atomics": True, "fuse_head_loss": True}
 
     def row(cfg, prec, extra=None, **ran):
         return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": cfg, "precision": prec,
@@ -295,7 +298,7 @@ def test_the_one_pass_dq_default_counts_only_where_its_kernel_could_run():
             "fuse_residual_norm": True, "bias_kernel": True, "bf16_weights": True, "kernels": [], "fused_softmax": True,
             "fuse_softmax_matmuls": True, "bias_into_buffer": True, "bf16_bias_weights": True,
             "branch_bias_into_norm": True, "first_norm_into_buffer": True, "fc_bias_into_gelu": True,
-            "wgrad_side_stream": True,
+            "wgrad_side_stream": True, "relaxed_atomics": True, "fuse_head_loss": True,
             "notes": {"softmax": "scale + causal mask + softmax fused with the products around it"}}
 
     def row(cap="9.0", cfg=None, extra=None, **ran):

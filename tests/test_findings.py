@@ -21,7 +21,8 @@ OLDER = {("fasttransformer", "engine", "default"): {"engine": {"grad_into_buffer
                                                                 "first_norm_into_buffer": True,
                                                                 "wgrad_side_stream": True,
                                                                 "attention_bwd_streams": True,
-                                                                "attention_kv_split": 2, "fuse_embedding": True}}}
+                                                                "attention_kv_split": 2, "fuse_embedding": True,
+                                                                "relaxed_atomics": True, "fuse_head_loss": True}}}
 
 
 @pytest.fixture()

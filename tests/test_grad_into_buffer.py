@@ -49,9 +49,10 @@ def dev(kernel_device):
 pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (conftest)
 
 
-# The bias options need grad_into_buffer: off on both sides, so that each pair compares grad_into_buffer alone.
+# The bias options and the fused head (bf16) need grad_into_buffer: off on both sides, so that each pair compares
+# grad_into_buffer alone, the head included.
 BIAS_ALONE = {"bias_into_buffer": False, "bf16_bias_weights": False, "branch_bias_into_norm": False,
-              "fc_bias_into_gelu": False}
+              "fc_bias_into_gelu": False, "fuse_head_loss": False}
 
 
 def _pair(cfg, prec: str, dev, **options) -> tuple[Engine, Engine]:

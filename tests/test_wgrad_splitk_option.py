@@ -22,6 +22,7 @@ TIED = FT.replace(tie_weights=True)  # the head's gradient and the embedding's s
 
 
 def _train(cfg, precision, device, **options):
+    options = {"fuse_head_loss": False, **options}  # every Linear, the head too, on the split-K kernel
     eng = Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
     batches = pattern_batches(cfg.vocab_size, B, T, 3, seed=2, device=device)
     return eng, torch.stack([eng.step(x, y).detach().float().clone() for x, y in batches])

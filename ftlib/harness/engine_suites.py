@@ -118,20 +118,20 @@ def engine_variants() -> list[Case]:
     # The embeddings' lookups, sum and table gradients back on PyTorch's gathers, add and scatter-adds.
     cases += [case(f"{name} -fused-embedding", name, prec, {"fuse_embedding": False})
               for prec in ("bf16", "tf32") for name in ("fasttransformer", "gpt2")]
+    # The gradient kernels' atomic adds back on Triton's default acquire-release order.
+    cases += [case(f"{name} -relaxed-atomics", name, prec, {"relaxed_atomics": False})
+              for prec in ("bf16", "tf32") for name in ("fasttransformer", "gpt2")]
+    # The head and the loss back on cuBLAS's GEMMs and the cross-entropy kernel (bf16: the option applies there).
+    cases += [case(f"{name} -fused-head", name, "bf16", {"fuse_head_loss": False})
+              for name in ("fasttransformer", "gpt2")]
     return cases
 
 
 # (label suffix, engine options, the base cases it applies to, the precisions it applies in) of each option on
-# trial. Winners became defaults (ftlib.views.engine_config.TRIAL_WINNERS); losers stay options (chapter 6 keeps
-# every trial's rows). The fused head and the split-K weight gradients were timed beside their relaxed_atomics
-# twins in bf16: both lost with acquire-release adds; with relaxed ones the fused head won and the split-K kernel
-# was mixed. The relaxed adds and the fused head on them are timed again, now in tf32 too. Labels must not extend
-# one another: a label that another extends is read as a default case.
-CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
-    (" relaxed-atomics", {"relaxed_atomics": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
-    (" relaxed-head", {"fuse_head_loss": True, "relaxed_atomics": True}, ("fasttransformer", "gpt2"),
-     ("bf16", "tf32")),
-)
+# trial; an option waiting for a trial goes here. Winners became defaults (ftlib.views.engine_config.TRIAL_WINNERS);
+# losers stay options (chapter 6 keeps every trial's rows). Labels must not extend one another: a label that
+# another extends is read as a default case.
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = ()
 
 
 def engine_candidates() -> list[Case]:

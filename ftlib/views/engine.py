@@ -267,7 +267,9 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("attention_bwd_streams=False", "attention backward on one stream"),
                  ("attention_kv_split=None", "launcher's dK/dV split"),
                  ("fuse_embedding=False", "embeddings unfused"),
-                 ("relaxed_atomics=True", "relaxed atomic adds"))
+                 ("relaxed_atomics=True", "relaxed atomic adds"),
+                 ("relaxed_atomics=False", "acquire-release atomic adds"),
+                 ("fuse_head_loss=False", "head and loss unfused"))
 
 
 def case_name(r: dict[str, Any]) -> str:

@@ -22,7 +22,8 @@ from ftlib.training.engine.swaps import ATTN_HEAD_SIZES
 TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer", "norm_bwd_grid",
                  "fuse_softmax_matmuls", "bias_into_buffer", "bf16_bias_weights", "branch_bias_into_norm",
                  "first_norm_into_buffer", "explicit_dq_one_pass", "fc_bias_into_gelu", "wgrad_side_stream",
-                 "attention_bwd_streams", "attention_kv_split", "fuse_embedding")
+                 "attention_bwd_streams", "attention_kv_split", "fuse_embedding",
+                 "relaxed_atomics", "fuse_head_loss")
 TODAY = "the current defaults"
 
 
@@ -94,6 +95,13 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
     if name == "fuse_embedding":  # the embeddings on their kernel (not recorded: on)
         kernels = ran.get("kernels")
         return kernels is None or "embedding" in kernels
+    if name == "fuse_head_loss":  # bf16/fp16, the cross-entropy kernel, the head on the flat gradient (head_loss.py)
+        kernels = ran.get("kernels")
+        return (row.get("precision") in ("bf16", "fp16") and ran.get("grad_into_buffer") is not False
+                and (kernels is None or "cross_entropy" in kernels))
+    if name == "relaxed_atomics":  # a gradient kernel that adds atomically ran (engine/atomics.py)
+        return (ran.get("norm_dw_into_buffer") is True and _needs_met("norm_dw_into_buffer", row, ran)
+                or any(ran.get(n) is True for n in ("fuse_embedding", "fuse_head_loss", "wgrad_splitk")))
     if name == "attention_bwd_streams":  # the flash kernel's backward, on the packed layout
         kernels = ran.get("kernels")
         if kernels is None:  # not recorded: where the flash kernel takes the attention (not GPT-2's as written)

@@ -164,7 +164,7 @@ class Engine:
             self.head_loss, self.notes["fuse_head_loss"] = fuse_head_loss(
                 self.model, self.kernels["cross_entropy"], triton_gemm_why_not(dev, self.prec),
                 "tf32" if self.prec.base.tf32 else "ieee", check_targets=dev.type != "cuda",
-                sem=self.options.atomic_sem)
+                sem=self.options.atomic_sem, low_precision=self.prec.base.autocast is not None)
             self._loss_fn = self._loss_fn if self.head_loss is None else self.head_loss.loss
         if self.options.relaxed_atomics:
             self.notes["relaxed_atomics"] = relaxed_atomics_note(self.model, self.linears.wgrad_splitk)

@@ -82,14 +82,17 @@ class HeadIntoLoss(nn.Module):
 
 
 def fuse_head_loss(model: GPT, cross_entropy_kernel: bool, gemm_why_not: str | None, input_precision: str,
-                   check_targets: bool, sem: str = "acq_rel") -> tuple[HeadIntoLoss | None, str]:
+                   check_targets: bool, sem: str = "acq_rel",
+                   low_precision: bool = True) -> tuple[HeadIntoLoss | None, str]:
     """Swaps ``model.head`` for a :class:`HeadIntoLoss` where the fused kernels can take it; returns it (None where
-    they cannot) and the note that says what happened. ``gemm_why_not``: ``triton_gemm_why_not``'s answer;
-    ``sem``: the memory order of the backward's atomic adds."""
+    they cannot, or where the step is not under bf16/fp16 autocast, ``low_precision``) and the note that says what
+    happened. ``gemm_why_not``: ``triton_gemm_why_not``'s answer; ``sem``: the memory order of the backward's
+    atomic adds. The kernels run fp32 operands too (``input_precision``), but in tf32 their trial was mixed."""
     from kernels.linear_cross_entropy import MAX_V  # here: only an engine with the option imports Triton
 
     head, cfg = getattr(model, "head", None), model.config
     why = (gemm_why_not
+           or (None if low_precision else "not applied: bf16 and fp16 only (in tf32 its trial was mixed: chapter 6)")
            or (None if cross_entropy_kernel else "not applied: needs the cross-entropy kernel")
            or (None if isinstance(head, GradIntoLinear) else "not applied: needs the head on grad_into_buffer")
            or (None if head.bias is None else "not applied: the head has a bias")

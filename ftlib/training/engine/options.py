@@ -127,17 +127,18 @@ class EngineOptions:
                "up-projection, backward (GELU') after the product through the down-projection "
                "(kernels/gelu_mlp.py), instead of an elementwise GELU kernel each way")
     fuse_head_loss: bool = _option(
-        False, "with the cross-entropy kernel and grad_into_buffer, under bf16/fp16/tf32: the head's GEMM and the "
-               "cross-entropy as one Triton kernel that keeps each block of rows' logits in registers, and the "
-               "head's backward (dx, and dW added into the flat gradient) as another that forms them again "
-               "(kernels/linear_cross_entropy.py, head_loss.py), instead of cuBLAS's head GEMMs and the loss kernel")
+        True, "with the cross-entropy kernel and grad_into_buffer, under bf16/fp16: the head's GEMM and the "
+              "cross-entropy as one Triton kernel that keeps each block of rows' logits in registers, and the "
+              "head's backward (dx, and dW added into the flat gradient) as another that forms them again "
+              "(kernels/linear_cross_entropy.py, head_loss.py), instead of cuBLAS's head GEMMs and the loss "
+              "kernel. Not in tf32 or fp32, where its trial was mixed (chapter 6)")
     fuse_embedding: bool = _option(
         True, "with the embedding kernel: the token and position embeddings gathered and summed by one kernel, and "
                "both tables' gradients added into the flat gradient by another (kernels/embedding_sum.py, "
                "engine/embedding.py), instead of a position index, two gathers and an add forward, and two zeroed "
                "tables, two scatter-adds and autograd's two adds backward")
     relaxed_atomics: bool = _option(
-        False, "the atomic adds of the engine's gradient kernels in relaxed memory order, as CUDA's atomicAdd and "
+        True, "the atomic adds of the engine's gradient kernels in relaxed memory order, as CUDA's atomicAdd and "
                "torch.compile's adds, instead of Triton's default acquire-release, whose fences make a loop's next "
                "loads wait for each add and a program's last add wait for its stores: the embeddings' gradients "
                "(fuse_embedding, kernels/embedding_sum.py), the norms' weight gradients (norm_dw_into_buffer, "
