@@ -10,9 +10,10 @@ engine zeroes at the start of the step (``grad_into_buffer``). A tied head (GPT-
 the embedding's backward adds the other, as the unfused head does. Outside the training step (evaluation,
 sampling) the head is the ordinary Linear and returns logits.
 
-Applied under bf16 / fp16 autocast and tf32, as the other options that move a GEMM onto Triton
+Applied under bf16 / fp16 autocast where a Triton GEMM may run
 (:func:`ftlib.training.engine.linears.triton_gemm_why_not`), to a head without a bias or a logit soft-cap (the
-kernels compute neither), for vocabularies whose row of logits fits one register tile.
+kernels compute neither), for vocabularies whose row of logits fits one register tile. The kernels take fp32
+operands too (tf32 products), but in tf32 the option's trial was mixed, so the engine does not apply it there.
 """
 
 from __future__ import annotations
