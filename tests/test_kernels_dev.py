@@ -69,6 +69,33 @@ def test_driver_rows_are_tidy_and_resumable(store):
     assert rec2.rows == [] and len(store.rows()) == len(rows)
 
 
+def test_a_fresh_run_times_stored_variants_again_under_its_own_keys(store, monkeypatch):
+    from benchmarks.kernels._harness import Recorder
+    from benchmarks.kernels.embedding_sum_dev import main
+    from ftlib.harness import provenance
+
+    assert main(["--reps", "1", "--variants", "v6 v3 with relaxed atomic adds"],
+                Recorder(store=store)) == 0
+    first = store.rows()
+    assert len(first) == 2
+    for run in ("run-a", "run-b"):
+        monkeypatch.setenv("FTLIB_RUN_ID", run)
+        provenance.run_id.cache_clear()
+        rec = Recorder(store=store)
+        assert main(["--reps", "1", "--fresh"], rec) == 0
+        # every variant again, the stored one too, each row keyed apart from the first run's
+        assert {r["variant"] for r in rec.rows} == {r["variant"] for r in store.rows()} and len(rec.rows) == 16
+        assert {r["run_id"] for r in rec.rows} == {run}
+        assert not {r["key"] for r in rec.rows} & {r["key"] for r in first}
+    provenance.run_id.cache_clear()
+    assert len(store.rows()) == 2 + 2 * 16 and len({r["key"] for r in store.rows()}) == 34
+    # the same fresh run resumed finds its own rows stored
+    monkeypatch.setenv("FTLIB_RUN_ID", "run-b")
+    rec = Recorder(store=store)
+    assert main(["--reps", "1", "--fresh"], rec) == 0 and rec.rows == []
+    provenance.run_id.cache_clear()
+
+
 def test_no_variant_starts_after_the_deadline(store):
     from benchmarks.kernels._harness import Recorder
     from benchmarks.kernels.cross_entropy_dev import main

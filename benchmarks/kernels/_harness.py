@@ -16,7 +16,10 @@ median / p20 / p80 in microseconds, the bytes and FLOPs the driver counts, achie
 and TFLOP/s, the fraction of the device's datasheet peak (``ftlib.analysis.peaks``), the check's
 error and tolerance, and provenance. Rows go to a :class:`Recorder` (the ``kernels`` suite
 of ``ci/gpu_bench.py``, or ``--record``): stored in ``kernels.jsonl``, skipped when their
-keys are already stored, and no new variant starts after the recorder's deadline.
+keys are already stored, and no new variant starts after the recorder's deadline. ``--fresh``
+times every variant again: its rows' keys carry the run id, so the rows of earlier runs are
+neither skipped nor replaced, and a figure that compares variants of one run (``ftlib.views.kernels``)
+finds them all in this one.
 
 Without CUDA the drivers run their Triton kernels in the interpreter at tiny sizes; that
 has to be switched on before triton is imported, hence :func:`setup` runs before the
@@ -98,6 +101,9 @@ def parse_args(description: str, argv: list[str] | None = None, recorder: Record
     ap.add_argument("--variants", default="", help="comma-separated variant names (default: all)")
     ap.add_argument("--record", action="store_true",
                     help="store rows in data/results/<device>/kernels.jsonl (skipping rows already there)")
+    ap.add_argument("--fresh", action="store_true",
+                    help="with --record: time every variant again in this run (keys carry the run id), so "
+                         "variants added after an earlier run are compared with the rest in one run")
     ap.add_argument("--reps", type=int, default=3, help="timed calls per variant on CPU (wall clock)")
     args = ap.parse_args(argv)
     args.recorder = recorder
@@ -140,9 +146,11 @@ def rel_err(got: object, want: object) -> float:
     return max(errs)
 
 
-def kernel_row_key(op: str, variant: str, shape: dict, dtype: str, timing: str) -> str:
-    """Stable short hash of what a row measured (same format as ftlib.harness.results.row_key)."""
-    ident = {"bench": BENCH, "op": op, "variant": variant, "shape": shape, "dtype": dtype, "timing": timing}
+def kernel_row_key(op: str, variant: str, shape: dict, dtype: str, timing: str, run: str | None = None) -> str:
+    """Stable short hash of what a row measured (same format as ftlib.harness.results.row_key); with ``run``
+    (``--fresh``) the run id is part of it, so each fresh run stores its own rows."""
+    ident = {"bench": BENCH, "op": op, "variant": variant, "shape": shape, "dtype": dtype, "timing": timing,
+             **({"run": run} if run else {})}
     return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
 
 
@@ -225,10 +233,10 @@ def _peak(device: torch.device, bound: str, precision: str) -> float | None:
 def make_row(*, op: str, variant: str, impl: str, case: str, shape: dict, dtype: str, precision: str,
              timing: str, device: torch.device, nbytes: float | None, flops: float | None, bound: str,
              status: str, timed: dict | None = None, check_err: float | None = None,
-             check_tol: float | None = None, note: str = "") -> dict[str, Any]:
+             check_tol: float | None = None, note: str = "", keyed_run: str | None = None) -> dict[str, Any]:
     """One tidy row of kernels.jsonl.
 
-    Fields: ``key`` (hash of op, variant, shape, dtype, timing), ``bench`` ('kernels'),
+    Fields: ``key`` (hash of op, variant, shape, dtype, timing, and ``keyed_run`` where given), ``bench`` ('kernels'),
     ``op`` ('rmsnorm', 'layernorm', 'cross_entropy', 'adamw', 'attention', 'ceiling'),
     ``variant`` ('v3 triton'), ``impl`` ('pytorch' / 'compile' / 'triton'), ``case`` (the
     driver's title), ``shape`` (dict of named sizes), ``dtype`` (storage: 'fp32', 'bf16'),
@@ -245,8 +253,9 @@ def make_row(*, op: str, variant: str, impl: str, case: str, shape: dict, dtype:
     from ftlib.harness.provenance import provenance
 
     row: dict[str, Any] = {
-        "key": kernel_row_key(op, variant, shape, dtype, timing), "bench": BENCH, "op": op, "variant": variant,
-        "impl": impl, "case": case, "shape": shape, "dtype": dtype, "precision": precision, "timing": timing,
+        "key": kernel_row_key(op, variant, shape, dtype, timing, keyed_run), "bench": BENCH, "op": op,
+        "variant": variant, "impl": impl, "case": case, "shape": shape, "dtype": dtype, "precision": precision,
+        "timing": timing,
         "status": status, "note": note, "bytes": nbytes, "flops": flops, "bound": bound,
         "check_err": check_err, "check_tol": check_tol,
         "check_ok": None if check_err is None else bool(check_err <= check_tol),
@@ -298,6 +307,9 @@ def run(
     dname = DTYPE_NAMES.get(dtype, str(dtype)) if isinstance(dtype, torch.dtype) else (dtype or "")
     rec: Recorder | None = getattr(args, "recorder", None)
     chosen = {v for v in args.variants.split(",") if v}
+    from ftlib.harness.provenance import run_id
+
+    keyed_run = run_id() if getattr(args, "fresh", False) else None  # --fresh: this run's own keys
     want = reference()
     ok = True
     print(f"== {title} on {torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU (Triton interpreter)'}")
@@ -306,10 +318,10 @@ def run(
             continue
         prec = v.precision or dname
         common = dict(op=op, variant=v.name, impl=impl_of(v), case=title, shape=shape, dtype=dname,
-                      precision=prec, device=device, nbytes=nbytes, flops=flops, bound=bound)
+                      precision=prec, device=device, nbytes=nbytes, flops=flops, bound=bound, keyed_run=keyed_run)
         timed_here = not args.check_only
         if rec is not None and timed_here:
-            keys = [kernel_row_key(op, v.name, shape, dname, t) for t in ("eager", "graph")]
+            keys = [kernel_row_key(op, v.name, shape, dname, t, keyed_run) for t in ("eager", "graph")]
             if all(rec.has(k) for k in keys):
                 print(f"{v.name:>24}: stored")
                 continue
