@@ -89,6 +89,31 @@ def test_gaps_between_kernels_are_the_rows_own_and_stay_out_of_the_floor():
     assert shadow["byte floor µs"] == pytest.approx(1e6 * num_params(cfg) * (4 + 2) / H200_BW)
 
 
+def test_the_fused_head_takes_the_heads_and_the_losss_work_and_kernels():
+    """Under fuse_head_loss the head's GEMM and the loss run in the two _lce_ kernels: their floors and time
+    form one class, the matmul class keeps the other Linears, and no loss class is left."""
+    cfg = preset("fasttransformer")
+    kernels = [k for k in KERNELS if k[0] != "_cross_entropy_kernel"] + [("_lce_fwd_kernel", 1, 6.0),
+                                                                        ("_lce_bwd_kernel", 1, 14.0)]
+    row = probe_row(describe={"fuse_head_loss": True, "fuse_residual_norm": True},
+                    kernels=[{"name": n, "count": c, "us": us} for n, c, us in kernels])
+    plain, fused = by_class(L.ledger.rows([probe_row()])), by_class(L.ledger.rows([row]))
+    rows = accounting_rows(cfg, B, T, "bf16", backend="flash")
+    work = {(c, k): sum(a[k] for a in rows if a["component"] == c)
+            for c in ("head", "loss") for k in ("bytes", "flops")}
+    head = fused[L.FUSED_HEAD]
+    assert (head["measured µs"], head["kernels"]) == (20.0, 2)
+    assert head["byte floor µs"] == pytest.approx(1e6 * (work["head", "bytes"] + work["loss", "bytes"]) / H200_BW)
+    assert head["GFLOP"] == pytest.approx((work["head", "flops"] + work["loss", "flops"]) / 1e9)
+    assert head["floor from"] == "head, loss"
+    assert fused["matmul"]["MB"] == pytest.approx(plain["matmul"]["MB"] - work["head", "bytes"] / 1e6)
+    assert "loss" not in fused and "loss" in plain and L.FUSED_HEAD not in plain
+    assert L.probe_category("_lce_bwd_kernel") == L.FUSED_HEAD
+    mapped = {x["class"]: x["accounting components"] for x in L.component_map.rows()}
+    assert mapped[L.FUSED_HEAD] == "head (with fuse_head_loss), loss (with fuse_head_loss)"
+    assert "head (unless fuse_head_loss)" in mapped["matmul"] and mapped["loss"] == "loss (unless fuse_head_loss)"
+
+
 def test_tf32x3_route_runs_at_a_third_of_the_tf32_peak():
     row = probe_row(precision="fp32", describe={"linear_precision": "tf32x3"})
     mm = by_class(L.ledger.rows([row]))["matmul"]
@@ -98,7 +123,7 @@ def test_tf32x3_route_runs_at_a_third_of_the_tf32_peak():
 
 def test_twice_the_kernel_time_doubles_measured_over_speed_of_light():
     one, two = by_class(L.ledger.rows([probe_row()])), by_class(L.ledger.rows([probe_row(scale=2.0)]))
-    for cls in (c for c in L.CLASSES if one[c]["speed of light µs"]):
+    for cls in (c for c in L.CLASSES if c in one and one[c]["speed of light µs"]):
         assert two[cls]["speed of light µs"] == pytest.approx(one[cls]["speed of light µs"])
         assert two[cls]["measured / speed of light"] == pytest.approx(2 * one[cls]["measured / speed of light"])
     t1, t2 = L.ledger_totals.rows([probe_row()])[0], L.ledger_totals.rows([probe_row(scale=2.0)])[0]
@@ -119,7 +144,9 @@ def test_classes_cover_every_kernel_of_the_stored_rows():
     led = L.ledger.rows(stored)
     for r in stored:
         mine = [x for x in led if x["device"] == r["device_slug"] and x["case"] == L.short_case(r)]
-        assert [x["class"] for x in mine] == [c for c in L.CLASSES if c != "other"]
+        # the fused head's class stands in for the loss's where the step ran it (and only there)
+        absent = ("other", "loss" if (r.get("describe") or {}).get(L.FUSED_HEAD_FLAG) else L.FUSED_HEAD)
+        assert [x["class"] for x in mine] == [c for c in L.CLASSES if c not in absent]
         assert sum(x["measured µs"] for x in mine) == pytest.approx(r["kernel_us"], rel=1e-6)
         assert sum(x["kernels"] for x in mine) == pytest.approx(sum(k["count"] for k in r["kernels"]))
         # every stored kernel is named by a pattern: nothing is left to 'other'
@@ -129,7 +156,7 @@ def test_classes_cover_every_kernel_of_the_stored_rows():
 def test_rows_of_two_devices_are_never_pooled():
     h200, a100 = probe_row(), probe_row("NVIDIA A100-SXM4-80GB", "a100", scale=3.0)
     led = L.ledger.rows([h200, a100])
-    assert len(led) == 2 * len(L.CLASSES)  # every class has a kernel in the synthetic step
+    assert len(led) == 2 * (len(L.CLASSES) - 1)  # every class but the fused head's has a kernel in the synthetic step
     per = {dev: by_class([x for x in led if x["device"] == dev]) for dev in ("h200", "a100")}
     assert per["h200"]["matmul"]["measured µs"] == 300.0 and per["a100"]["matmul"]["measured µs"] == 900.0
     # each device's floors come from its own peaks

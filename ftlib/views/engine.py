@@ -176,10 +176,13 @@ def deltas_note(engine_rows: Iterable[dict[str, Any]]) -> str:
 # Kernel-name patterns -> category, first match wins (benchmarks/kernels/engine_probe.py's names:
 # cuBLAS/CUTLASS GEMMs, our Triton kernels by function name, PyTorch's native kernels). The causal
 # mask's triu/tril counts as attention; the bias gradients' column sum (kernels/bias_linear.py) as a
-# reduction, beside the norms' partial sums.
+# reduction, beside the norms' partial sums. The head's GEMM and the loss in one kernel each way
+# (kernels/linear_cross_entropy.py, engine option fuse_head_loss) are a class of their own: neither a
+# matmul nor the loss alone.
 PROBE_CATEGORIES: tuple[tuple[str, tuple[str, ...]], ...] = (
     ("attention", ("_attn_", "fmha", "softmax", "attention", "triu_tril", "_kv_split_sum")),
     ("matmul", ("gemm", "xmma", "nvjet", "_matmul_tile", "splitkreduce")),
+    ("head and loss (fused)", ("_lce_",)),
     ("norms", ("_add_norm", "_rms_norm", "_layer_norm", "layer_norm")),
     ("optimizer", ("_adamw", "adam")),
     ("loss", ("_cross_entropy", "_ce_", "nll_loss", "log_softmax")),

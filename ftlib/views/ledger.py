@@ -59,6 +59,8 @@ COMPONENT_CLASS: dict[str, str] = {
 # residual add (forward, and the sum of the stream's two gradients backward) and, with fuse_dropout, the
 # residual dropout run inside the fused residual-norm (kernels/residual_norm.py).
 FUSED_INTO_NORMS: dict[str, str] = {"residual": "fuse_residual_norm", "dropout": "fuse_dropout"}
+# The head's GEMM and the loss, run by the fused head's two kernels under fuse_head_loss.
+FUSED_HEAD, FUSED_HEAD_FLAG = "head and loss (fused)", "fuse_head_loss"
 # What the floor of a class without accounting components rests on.
 NO_COUNTERPART: dict[str, str] = {
     "reductions (sums)": "no floor: the norms' gain and bias gradients summed over per-tile partials "
@@ -75,6 +77,8 @@ def component_class(component: str, describe: dict[str, Any] | None = None) -> s
     flag = FUSED_INTO_NORMS.get(component)
     if flag and (describe or {}).get(flag):
         return "norms"
+    if component in ("head", "loss") and (describe or {}).get(FUSED_HEAD_FLAG):
+        return FUSED_HEAD
     return COMPONENT_CLASS[component]
 
 
@@ -89,6 +93,10 @@ def component_map() -> list[dict[str, Any]]:
             comps += [f"{c} (with {flag})" for c, flag in FUSED_INTO_NORMS.items()]
         elif cls == "other elementwise":
             comps = [f"{c} (unless {FUSED_INTO_NORMS[c]})" if c in FUSED_INTO_NORMS else c for c in comps]
+        elif cls == FUSED_HEAD:
+            comps = [f"{c} (with {FUSED_HEAD_FLAG})" for c in ("head", "loss")]
+        if cls in ("matmul", "loss"):
+            comps = [f"{c} (unless {FUSED_HEAD_FLAG})" if c in ("head", "loss") else c for c in comps]
         out.append({"class": cls, "accounting components": ", ".join(comps) or None,
                     "floor from": "FLOPs and bytes" if comps else NO_COUNTERPART.get(cls, "no floor")})
     return out
