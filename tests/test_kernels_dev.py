@@ -77,7 +77,7 @@ def test_a_fresh_run_times_stored_variants_again_under_its_own_keys(store, monke
     assert main(["--reps", "1", "--variants", "v6 v3 with relaxed atomic adds"],
                 Recorder(store=store)) == 0
     first = store.rows()
-    assert len(first) == 2
+    assert len(first) == 2 and {r["keyed_run"] for r in first} == {None}
     for run in ("run-a", "run-b"):
         monkeypatch.setenv("FTLIB_RUN_ID", run)
         provenance.run_id.cache_clear()
@@ -85,7 +85,7 @@ def test_a_fresh_run_times_stored_variants_again_under_its_own_keys(store, monke
         assert main(["--reps", "1", "--fresh"], rec) == 0
         # every variant again, the stored one too, each row keyed apart from the first run's
         assert {r["variant"] for r in rec.rows} == {r["variant"] for r in store.rows()} and len(rec.rows) == 16
-        assert {r["run_id"] for r in rec.rows} == {run}
+        assert {r["run_id"] for r in rec.rows} == {r["keyed_run"] for r in rec.rows} == {run}
         assert not {r["key"] for r in rec.rows} & {r["key"] for r in first}
     provenance.run_id.cache_clear()
     assert len(store.rows()) == 2 + 2 * 16 and len({r["key"] for r in store.rows()}) == 34

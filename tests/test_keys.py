@@ -56,7 +56,7 @@ def recomputed_key(stem: str, r: dict) -> str | None:
                                                      r["precision"], r["extra"])
     if stem == "kernels":
         ident = {"bench": "kernels", "op": r["op"], "variant": r["variant"], "shape": r["shape"],
-                 "dtype": r["dtype"], "timing": r["timing"]}
+                 "dtype": r["dtype"], "timing": r["timing"], **({"run": r["keyed_run"]} if r.get("keyed_run") else {})}
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     if stem == "engine_probe":
         return f"engine_probe|{r['label']}|{r['precision']}|B{r['B']}|T256" if r.get("status") == "ok" else None

@@ -236,7 +236,8 @@ def make_row(*, op: str, variant: str, impl: str, case: str, shape: dict, dtype:
              check_tol: float | None = None, note: str = "", keyed_run: str | None = None) -> dict[str, Any]:
     """One tidy row of kernels.jsonl.
 
-    Fields: ``key`` (hash of op, variant, shape, dtype, timing, and ``keyed_run`` where given), ``bench`` ('kernels'),
+    Fields: ``key`` (hash of op, variant, shape, dtype, timing, and ``keyed_run`` where given: the run id of a
+    ``--fresh`` run, also a field), ``bench`` ('kernels'),
     ``op`` ('rmsnorm', 'layernorm', 'cross_entropy', 'adamw', 'attention', 'ceiling'),
     ``variant`` ('v3 triton'), ``impl`` ('pytorch' / 'compile' / 'triton'), ``case`` (the
     driver's title), ``shape`` (dict of named sizes), ``dtype`` (storage: 'fp32', 'bf16'),
@@ -261,7 +262,7 @@ def make_row(*, op: str, variant: str, impl: str, case: str, shape: dict, dtype:
         "check_ok": None if check_err is None else bool(check_err <= check_tol),
         "median_us": None, "p20_us": None, "p80_us": None, "n_reps": None, "timer": None,
         "gb_s": None, "tflop_s": None, "peak": None, "peak_unit": "GB/s" if bound == "memory" else "TFLOP/s",
-        "frac_peak": None, "l2": "cold" if device.type == "cuda" else None,
+        "frac_peak": None, "l2": "cold" if device.type == "cuda" else None, "keyed_run": keyed_run,
         "device_slug": device_slug(device), **provenance(device),
     }
     if timed:
