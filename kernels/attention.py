@@ -2,8 +2,8 @@
 
 kernels (:mod:`kernels.attention_kernels`: ``_attn_fwd_kernel``, ``_attn_bwd_dq_kernel``,
 ``_attn_bwd_dkdv_kernel``, where the algorithm is stated) -> launchers (``attention_fwd``,
-``attention_bwd``) -> ``FlashAttentionFunction`` -> ``TritonCausalAttention``. Reference:
-:func:`ftlib.model.reference.causal_attention_ref`.
+``attention_bwd``) -> ``FlashAttentionFunction`` -> ``TritonCausalAttention``; the packed-qkv layout's
+Function is in :mod:`kernels.attention_packed`. Reference: :func:`ftlib.model.reference.causal_attention_ref`.
 
 K/V heads: q is (B, nh, T, hs), k and v are (B, nkv, T, hs) with nkv | nh; query head h
 reads kv head h // (nh // nkv) by pointer arithmetic (Ainslie et al. 2023's grouping), so a
@@ -87,6 +87,15 @@ def _kv_split(B: int, nkv: int, group: int, key_blocks: int, device: torch.devic
     return n
 
 
+def _check_pack(pack: int, group: int) -> None:
+    """``pack_heads``: a power of two dividing the query heads per K/V head (1: one head a tile), at most 16,
+    the fewest rows a tile has (so it divides every tile's rows)."""
+    if isinstance(pack, bool) or not isinstance(pack, int) or pack < 1 or pack & (pack - 1) or group % pack \
+            or pack > 16:
+        raise ValueError(f"pack_heads={pack!r} must be a power of two dividing the {group} query heads per K/V head"
+                         ", at most 16")
+
+
 def _explicit(block_m: int | None, block_n: int | None, num_warps: int | None, num_stages: int | None
               ) -> Tiles | None:
     """Tiles the caller fixed (any of the four given), the unset ones at the defaults; None: choose."""
@@ -100,17 +109,21 @@ def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
     input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
     num_warps: int | None = None, num_stages: int | None = None, out: torch.Tensor | None = None,
+    pack_heads: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal softmax(q k^T * scale) v; returns (o (B, nh, T, hs) contiguous, lse2 (B, nh, T)).
 
     lse2 is the row log-sum-exp of the scaled scores in base 2 (log2 e * natural lse), in
     fp32 (fp64 for fp64 inputs). input_precision: 'ieee' (strict fp32) or 'tf32' for fp32 q/k/v.
     Tiles: ``block_m``, ``block_n``, ``num_warps``, ``num_stages`` as given, or all None to
-    choose them from the device's shared memory (:func:`choose_tiles`).
+    choose them from the device's shared memory (:func:`choose_tiles`). ``pack_heads``: query heads of one K/V
+    head per tile (a power of two dividing nh // nkv; the block's rows are block_m / pack_heads positions of
+    each), so each K/V block loaded serves them all (``kernels.attention_kernels._query_program``).
     """
     _check_qkv(q, k, v, input_precision)
     B, nh, T, hs = q.shape
     nkv = k.shape[1]
+    _check_pack(pack_heads, nh // nkv)
     sm_scale = 1.0 / math.sqrt(hs) if sm_scale is None else sm_scale
     cd = accum_dtype(q.dtype)
     o = out_tensor("out", out, (B, nh, T, hs), q.dtype, q.device)
@@ -119,13 +132,14 @@ def attention_fwd(
         return o, lse
 
     def launch(t: Tiles) -> None:
-        _attn_fwd_kernel[(triton.cdiv(T, t.block_m), B * nh)](
+        _attn_fwd_kernel[(triton.cdiv(T, t.block_m // pack_heads), B * nh // pack_heads)](
             q, k, v, o, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             nh, T, sm_scale * LOG2E, nh // nkv,
             HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n, PREC=dot_precision(q.dtype, input_precision),
-            UPCAST=upcast_dots(q.dtype), CD=compute_dtype(q.dtype), num_warps=t.num_warps, num_stages=t.num_stages,
+            UPCAST=upcast_dots(q.dtype), CD=compute_dtype(q.dtype), PACK=pack_heads, num_warps=t.num_warps,
+            num_stages=t.num_stages,
         )
 
     key, order = tiles_to_try("fwd", hs, q.dtype, T, q.device, _explicit(block_m, block_n, num_warps, num_stages))
@@ -138,7 +152,7 @@ def attention_bwd(
     sm_scale: float | None = None, input_precision: str = "ieee", block_m: int | None = None,
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
     dq_out: torch.Tensor | None = None, dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None,
-    fuse_kv_split_sum: bool = False, kv_split: int | None = None, concurrent: bool = False,
+    fuse_kv_split_sum: bool = False, kv_split: int | None = None, concurrent: bool = False, pack_heads: int = 1,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for o, lse = attention_fwd(q, k, v, ...); dk, dv have k's shape (B, nkv, T, hs).
 
@@ -155,9 +169,11 @@ def attention_bwd(
     the two kernels share no data; on CUDA it (and the sum of its partials) is queued first on a side stream
     and the dQ kernel beside it on the current stream, which waits for the side stream before this returns.
     Each kernel alone fills only part of the GPU at short sequences (a few hundred programs).
+    ``pack_heads``: the dQ kernel's query heads per tile, as :func:`attention_fwd`'s.
     """
     _check_qkv(q, k, v, input_precision)
     group = q.shape[1] // k.shape[1]
+    _check_pack(pack_heads, group)
     if kv_split is not None and (isinstance(kv_split, bool) or not isinstance(kv_split, int) or kv_split < 1
                                  or kv_split & (kv_split - 1) or group % kv_split):
         raise ValueError(f"kv_split={kv_split!r} must be a power of two dividing the {group} query heads per "
@@ -181,10 +197,10 @@ def attention_bwd(
 
     def launch_dq(t: Tiles) -> None:
         # Runs first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads.
-        _attn_bwd_dq_kernel[(triton.cdiv(T, t.block_m), B * nh)](
+        _attn_bwd_dq_kernel[(triton.cdiv(T, t.block_m // pack_heads), B * nh // pack_heads)](
             q, k, v, o, do, lse, delta, dq, *qs, *ks, *vs, *o.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
             nh, T, sm_scale * LOG2E, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            PREC=prec, UPCAST=upcast, CD=cdt, num_warps=t.num_warps, num_stages=t.num_stages,
+            PREC=prec, UPCAST=upcast, CD=cdt, PACK=pack_heads, num_warps=t.num_warps, num_stages=t.num_stages,
         )
 
     def launch_dkdv(t: Tiles) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -269,102 +285,30 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
                 input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
-                fuse_kv_split_sum: bool = False) -> torch.Tensor:
-        o, lse = attention_fwd(q, k, v, sm_scale, input_precision, block_m, block_n)
+                fuse_kv_split_sum: bool = False, pack_heads: int = 1) -> torch.Tensor:
+        o, lse = attention_fwd(q, k, v, sm_scale, input_precision, block_m, block_n, pack_heads=pack_heads)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.cfg = (sm_scale, input_precision, block_m, block_n)
-        ctx.fuse_kv_split_sum = fuse_kv_split_sum
+        ctx.kw = dict(fuse_kv_split_sum=fuse_kv_split_sum, pack_heads=pack_heads)
         return o
 
     @staticmethod
     def backward(ctx, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, o, lse = ctx.saved_tensors
-        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, *ctx.cfg, fuse_kv_split_sum=ctx.fuse_kv_split_sum)
-        return dq, dk, dv, None, None, None, None, None
+        dq, dk, dv = attention_bwd(do, q, k, v, o, lse, *ctx.cfg, **ctx.kw)
+        return dq, dk, dv, None, None, None, None, None, None
 
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
     input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
-    fuse_kv_split_sum: bool = False,
+    fuse_kv_split_sum: bool = False, pack_heads: int = 1,
 ) -> torch.Tensor:
     """Causal attention through the fused kernels; q (B, nh, T, hs), k/v (B, nkv, T, hs).
     Blocks None: each kernel's tiles chosen from the device's shared memory (:func:`choose_tiles`).
-    ``fuse_kv_split_sum``: as in :func:`attention_bwd`."""
-    return FlashAttentionFunction.apply(q, k, v, sm_scale, input_precision, block_m, block_n, fuse_kv_split_sum)
-
-
-def _packed_views(t: torch.Tensor, n_head: int, n_kv_head: int, head_size: int):
-    """(q, k, v) views (B, nh|nkv, T, hs) of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor."""
-    B, T, _ = t.shape
-    C, kvd = n_head * head_size, n_kv_head * head_size
-    q = t[..., :C].view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs), a view
-    k = t[..., C:C + kvd].view(B, T, n_kv_head, head_size).transpose(1, 2)  # (B, nkv, T, hs), a view
-    v = t[..., C + kvd:].view(B, T, n_kv_head, head_size).transpose(1, 2)  # (B, nkv, T, hs), a view
-    return q, k, v
-
-
-class PackedAttentionFunction(torch.autograd.Function):
-    """Attention straight from the packed qkv projection to (B, T, C), and back.
-
-    With q, k, v as views of the qkv output and o as (B, nh, T, hs) the module needs
-    ``o.transpose(1, 2).contiguous()`` forward and, backward, a copy of each of dq, dk, dv
-    into (B, T, ...) order and a ``cat`` into d(qkv). Here the forward kernel writes o
-    through a (B, T, nh, hs)-ordered view of the (B, T, C) output, and the backward writes
-    dq (and copies the small dk, dv) into views of one d(qkv) buffer: no layout copies.
-    """
-
-    @staticmethod
-    def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
-                fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None, fuse_kv_split_sum: bool = False,
-                kv_split: int | None = None, concurrent_bwd: bool = False) -> torch.Tensor:
-        B, T, _ = qkv.shape
-        q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
-        y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
-        o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
-        _, lse = attention_fwd(q, k, v, None, input_precision, **_tile_kw(fwd_tiles), out=o)
-        ctx.save_for_backward(qkv, y, lse)
-        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, fuse_kv_split_sum, kv_split,
-                   concurrent_bwd)
-        return y
-
-    @staticmethod
-    def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
-        qkv, y, lse = ctx.saved_tensors
-        nh, nkv, hs, prec, bwd_tiles, fuse, kv_split, concurrent = ctx.cfg
-        B, T, C = y.shape
-        q, k, v = _packed_views(qkv, nh, nkv, hs)
-        o = y.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view
-        do = dy.contiguous().view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view
-        dqkv = torch.empty_like(qkv)
-        dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
-        attention_bwd(do, q, k, v, o, lse, None, prec, **_tile_kw(bwd_tiles), dq_out=dq, dk_out=dk, dv_out=dv,
-                      fuse_kv_split_sum=fuse, kv_split=kv_split, concurrent=concurrent)
-        return dqkv, None, None, None, None, None, None, None, None, None
-
-
-def _tile_kw(t: Tiles | None) -> dict[str, int | None]:
-    """A pass's tiles as the launchers' keywords (all None: chosen from the device)."""
-    if t is None:
-        return dict(block_m=None, block_n=None, num_warps=None, num_stages=None)
-    return dict(block_m=t.block_m, block_n=t.block_n, num_warps=t.num_warps, num_stages=t.num_stages)
-
-
-def packed_attention(
-    qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
-    fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None, fuse_kv_split_sum: bool = False,
-    kv_split: int | None = None, concurrent_bwd: bool = False,
-) -> torch.Tensor:
-    """Causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C), heads side by side.
-    ``fwd_tiles`` / ``bwd_tiles``: the forward's and the backward's kernels' tiles (both backward
-    kernels take the same), None to choose them from the device (:mod:`kernels.tiles`).
-    ``fuse_kv_split_sum``, ``kv_split`` and ``concurrent_bwd`` (its ``concurrent``): as in :func:`attention_bwd`."""
-    if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
-        raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
-                         f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
-                         f"{tuple(qkv.shape)} strides {qkv.stride()}")
-    return PackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, input_precision, fwd_tiles, bwd_tiles,
-                                         fuse_kv_split_sum, kv_split, concurrent_bwd)
+    ``fuse_kv_split_sum``: as in :func:`attention_bwd`; ``pack_heads``: as in :func:`attention_fwd`."""
+    return FlashAttentionFunction.apply(q, k, v, sm_scale, input_precision, block_m, block_n, fuse_kv_split_sum,
+                                        pack_heads)
 
 
 class TritonCausalAttention(nn.Module):

@@ -7,7 +7,11 @@ D = rowsum(dO * O)), split into two kernels as in the Triton fused-attention tut
 program per (batch, kv head, key block) accumulates dK and dV over every query block and every
 query head of its group, one program per (batch, query head, query block) accumulates dQ.
 Neither needs atomics, so the result is deterministic; the cost is computing Q K^T twice in the
-backward. Launchers, autograd functions and modules: :mod:`kernels.attention`.
+backward. The forward and dQ kernels can pack the query heads that share a K/V head into one tile
+(``PACK``, :func:`_query_program`): each K/V block they load then serves PACK heads, where one
+program per head loads it PACK times (the packed-GQA layout of FlashAttention-3's inference kernels,
+Shah et al. 2024, applied to training's forward and dQ). Launchers, autograd functions and modules:
+:mod:`kernels.attention`.
 """
 
 from __future__ import annotations
@@ -28,16 +32,29 @@ def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
 
 
 @triton.jit
-def _query_program(nh, group, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HS: tl.constexpr):
-    """Where a program of a (query blocks, B * nh) grid works: its query block's start, batch, query head
-    and the K/V head it reads (h // group: MQA/GQA by indexing, no copy), the batch and heads as int64
-    since they scale the pointer offsets; its rows, a key block's columns, the head dims, and which
-    rows are inside T."""
+def _query_program(nh, group, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HS: tl.constexpr,
+                   PACK: tl.constexpr = 1):
+    """Where a program of a (query blocks, B * nh / PACK) grid works: its query block's index, batch, query
+    head(s) and the K/V head it reads (h // group: MQA/GQA by indexing, no copy), the batch and heads as
+    int64 since they scale the pointer offsets; its rows' positions, a key block's columns, the head dims,
+    and which rows are inside T.
+
+    PACK = 1: the block's BLOCK_M rows are BLOCK_M positions of one head (h a scalar). PACK > 1 (a
+    power of two dividing ``group``): they are BLOCK_M / PACK positions times PACK heads of one K/V
+    group, row r at position r // PACK of head h0 + r % PACK (h a vector), so the heads of a position
+    are adjacent rows; causal masks and row offsets read the positions."""
     start_m = tl.program_id(0)
-    bh = tl.program_id(1)
-    h = bh % nh
-    offs_m = start_m * BLOCK_M + tl.arange(0, BLOCK_M)
-    return (start_m, (bh // nh).to(tl.int64), h.to(tl.int64), (h // group).to(tl.int64), offs_m,
+    bh = tl.program_id(1)  # (batch, block of PACK query heads)
+    b = bh // (nh // PACK)
+    h0 = (bh % (nh // PACK)) * PACK
+    rows = tl.arange(0, BLOCK_M)
+    if PACK == 1:
+        h = h0
+        offs_m = start_m * BLOCK_M + rows
+    else:
+        h = h0 + rows % PACK  # (BLOCK_M,)
+        offs_m = start_m * (BLOCK_M // PACK) + rows // PACK  # (BLOCK_M,) positions
+    return (start_m, b.to(tl.int64), h.to(tl.int64), (h0 // group).to(tl.int64), offs_m,
             tl.arange(0, BLOCK_N), tl.arange(0, HS), offs_m < T)
 
 
@@ -47,9 +64,10 @@ def _attn_fwd_kernel(
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
     nh, T, qk_scale, group,  # qk_scale = softmax scale * log2(e); group = nh // nkv
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, PACK: tl.constexpr,
 ):
-    """One program per (query block of BLOCK_M rows, batch * query head). With s = q k^T * scale
+    """One program per (query block of BLOCK_M rows, batch * query head; PACK heads per block where PACK
+    > 1, :func:`_query_program`). With s = q k^T * scale
     in base-2 units (s2 = s * log2 e), for each key block j up to the diagonal:
 
         m_new = max(m, rowmax(s2_j));  p = exp2(s2_j - m_new);  alpha = exp2(m - m_new)
@@ -59,8 +77,8 @@ def _attn_fwd_kernel(
     deferred to the end, sec. 3.1.1). Keys beyond the diagonal block are never loaded
     (causal block skipping); the causal and T masks are applied as -inf before the max.
     """
-    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
-    q_ptrs = Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :]
+    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, PACK)
+    q_ptrs = Q + b * sqb + (h * sqh + offs_m * sqt)[:, None] + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, HS)
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh
@@ -68,7 +86,7 @@ def _attn_fwd_kernel(
     m_i = tl.full((BLOCK_M,), float("-inf"), CD)
     l_i = tl.zeros((BLOCK_M,), CD)
     acc = tl.zeros((BLOCK_M, HS), CD)
-    hi = tl.minimum((start_m + 1) * BLOCK_M, T)  # causal: keys <= the block's last query
+    hi = tl.minimum((start_m + 1) * (BLOCK_M // PACK), T)  # causal: keys <= the block's last query
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         kt = tl.load(k_base + cols[None, :] * skt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)  # (HS, BN)
@@ -83,7 +101,7 @@ def _attn_fwd_kernel(
         acc = acc * alpha[:, None] + _dot(p.to(v.dtype), v, PREC, UPCAST).to(CD)
         m_i = m_new
     acc = acc / l_i[:, None]
-    tl.store(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], acc.to(Out.dtype.element_ty),
+    tl.store(Out + b * sob + (h * soh + offs_m * sot)[:, None] + offs_d[None, :], acc.to(Out.dtype.element_ty),
              mask=row_ok[:, None])
     tl.store(LSE + (b * nh + h) * T + offs_m, m_i + tl.log2(l_i), mask=row_ok)
 
@@ -94,17 +112,19 @@ def _attn_bwd_dq_kernel(
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sdob, sdoh, sdot, sdqb, sdqh, sdqt,
     nh, T, qk_scale, sm_scale, group,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, PACK: tl.constexpr,
 ):
-    """dQ for one (query block, batch * head), FlashAttention-2 Alg. 2 restricted to dQ:
+    """dQ for one (query block, batch * head; PACK heads per block as in the forward), FlashAttention-2
+    Alg. 2 restricted to dQ:
 
         D = rowsum(dO * O)  (stored for the dK/dV kernel: this kernel is its preprocessing)
         P = exp2(s2 - lse2),  dP = dO V^T,  dS = P * (dP - D),  dQ = scale * dS K
     """
-    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
-    q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
-    o = tl.load(Out + b * sob + h * soh + offs_m[:, None] * sot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, PACK)
+    q = tl.load(Q + b * sqb + (h * sqh + offs_m * sqt)[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
+    do = tl.load(DO + b * sdob + (h * sdoh + offs_m * sdot)[:, None] + offs_d[None, :], mask=row_ok[:, None],
+                 other=0.0)
+    o = tl.load(Out + b * sob + (h * soh + offs_m * sot)[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     delta = tl.sum(do.to(CD) * o.to(CD), axis=1)  # (BLOCK_M,)
     tl.store(DELTA + (b * nh + h) * T + offs_m, delta, mask=row_ok)
     lse = tl.load(LSE + (b * nh + h) * T + offs_m, mask=row_ok, other=0.0)
@@ -112,7 +132,7 @@ def _attn_bwd_dq_kernel(
     v_base = V + b * svb + kvh * svh
 
     dq = tl.zeros((BLOCK_M, HS), CD)
-    hi = tl.minimum((start_m + 1) * BLOCK_M, T)
+    hi = tl.minimum((start_m + 1) * (BLOCK_M // PACK), T)
     for start_n in range(0, hi, BLOCK_N):
         cols = start_n + offs_n
         kt = tl.load(k_base + cols[None, :] * skt + offs_d[:, None], mask=cols[None, :] < T, other=0.0)  # (HS, BN)
@@ -124,7 +144,7 @@ def _attn_bwd_dq_kernel(
         ds = p * (dp - delta[:, None])
         dq += _dot(ds.to(kt.dtype), tl.trans(kt), PREC, UPCAST).to(CD)
     dq = dq * sm_scale
-    tl.store(DQ + b * sdqb + h * sdqh + offs_m[:, None] * sdqt + offs_d[None, :], dq.to(DQ.dtype.element_ty),
+    tl.store(DQ + b * sdqb + (h * sdqh + offs_m * sdqt)[:, None] + offs_d[None, :], dq.to(DQ.dtype.element_ty),
              mask=row_ok[:, None])
 
 

@@ -35,7 +35,8 @@ import torch.nn as nn
 import triton
 
 from kernels._common import accum_dtype, check_tensor, compute_dtype, dot_precision, out_tensor, upcast_dots
-from kernels.attention import LOG2E, _check_qkv, _packed_views
+from kernels.attention import LOG2E, _check_qkv
+from kernels.attention_packed import _packed_views
 from kernels.explicit_attention_kernels import (
     _explicit_attn_bwd_dkdv_kernel,
     _explicit_attn_bwd_dq_kernel,

@@ -181,11 +181,13 @@ def attention(cfg: ModelConfig, step: Step) -> None:
     GPT-2's explicit softmax fused (kernels.causal_softmax) and, where tl.dot runs, fused with its products
     (kernels.explicit_attention, the default fuse_softmax_matmuls; in strict fp32 only when asked for).
     At B = 32 and at a DDP rank's batch: the dK/dV kernel is split over query heads (and kv_split_sum
-    launched) only where the grid is small for the GPU, on a T4 only at the small batch. Options: the
+    launched) only where the grid is small for the GPU, on a T4 only at the small batch. Options: a K/V head's
+    query heads packed into each forward and dQ tile (attention_pack_heads) on MQA/GQA; the
     'heads' layout, q, k, v as strided views of the qkv output (KernelCausalSelfAttention); on sm_75 only
     when extended, the costliest compile here (FMA code) for strides the packed layout's already have."""
     from ftlib.training.engine.swaps import dq_one_pass_tiles
-    from kernels.attention import flash_attention, packed_attention
+    from kernels.attention import flash_attention
+    from kernels.attention_packed import packed_attention
     from kernels.causal_softmax import causal_softmax
     from kernels.explicit_attention import explicit_attention_packed
 
@@ -215,6 +217,10 @@ def attention(cfg: ModelConfig, step: Step) -> None:
         _backward(packed_attention(qkv, nh, nkv, hs, step.prec, fuse_kv_split_sum=True, concurrent_bwd=True))
     if step.options:  # attention_bwd_streams off: the dK/dV kernel reads the dQ kernel's D
         _backward(packed_attention(qkv, nh, nkv, hs, step.prec, fuse_kv_split_sum=True))
+        group = nh // nkv
+        if 1 < group <= 16 and group & (group - 1) == 0:  # attention_pack_heads: a K/V head's query heads a tile
+            _backward(packed_attention(qkv, nh, nkv, hs, step.prec, fuse_kv_split_sum=True, concurrent_bwd=True,
+                                       pack_heads=group))
     if step.extended or (step.options and step.cc >= 80):
         q, k, v = qkv.split([nh * hs, nkv * hs, nkv * hs], dim=-1)
         q, k, v = (t.view(B_PER_RANK, T, -1, hs).transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hs) views

@@ -151,7 +151,7 @@ def _packed_reference(qkv: torch.Tensor, dy: torch.Tensor, nh: int, nkv: int, hs
 @pytest.mark.parametrize("nkv", [1, 2, 4])
 def test_packed_attention_matches_reference_forward_and_qkv_gradient(nkv, kernel_device):
     """packed_attention: (B, T, C + 2 nkv hs) in, (B, T, C) out, d(qkv) in one buffer."""
-    from kernels.attention import packed_attention
+    from kernels.attention_packed import packed_attention
 
     B, T, nh, hs = 2, 37, 4, 16
     C = nh * hs
@@ -171,7 +171,7 @@ def test_packed_attention_matches_reference_forward_and_qkv_gradient(nkv, kernel
 
 
 def test_packed_attention_rejects_a_mismatched_width(kernel_device):
-    from kernels.attention import packed_attention
+    from kernels.attention_packed import packed_attention
 
     with pytest.raises(ValueError, match="qkv must be"):
         packed_attention(torch.randn(1, 8, 100, device=kernel_device), 4, 1, 16)
@@ -246,7 +246,7 @@ def test_a_wrong_delta_in_the_concurrent_backward_would_show(kernel_device):
 def test_packed_layout_concurrent_backward(dtype, tol, kernel_device):
     """The engine's path: d(qkv) in one buffer, dq written by the main stream's kernel and dk/dv summed into
     their slices by the side stream's, then the result read right after the call."""
-    from kernels.attention import packed_attention
+    from kernels.attention_packed import packed_attention
 
     B, T, nh, nkv, hs = 2, 37, 4, 1, 32
     g = torch.Generator().manual_seed(8)
@@ -263,3 +263,49 @@ def test_packed_layout_concurrent_backward(dtype, tol, kernel_device):
     assert _rel_err(grads[1], dr) < tol
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-6 if dtype == torch.float32 else 1e-2,
                                atol=1e-6 if dtype == torch.float32 else 1e-2)
+
+
+# pack_heads: the forward and dQ kernels take the query heads of one K/V head in one tile (row r: position
+# r // pack of head r % pack), so each K/V block loaded serves them all. The same sums as one head a tile.
+
+@pytest.mark.parametrize("nh,nkv,pack,dtype,tol", [(4, 1, 4, torch.float32, 1e-5), (4, 1, 2, torch.float32, 1e-5),
+                                                   (8, 2, 4, torch.float32, 1e-5), (4, 1, 4, torch.bfloat16, 3e-2)])
+def test_packed_heads_give_the_reference_and_the_unpacked_results(nh, nkv, pack, dtype, tol, kernel_device):
+    from kernels.attention import attention_bwd, attention_fwd
+
+    q, k, v, do = (t.detach() for t in _inputs(2, nh, nkv, 37, 32, dtype, kernel_device, seed=9))
+    want = _reference(q, k, v, do)
+    blk = dict(block_m=32, block_n=16)  # 32 / pack positions a tile: T=37 ends in a ragged block
+    o, lse = attention_fwd(q, k, v, **blk, pack_heads=pack)
+    o1, lse1 = attention_fwd(q, k, v, **blk)
+    grads = attention_bwd(do, q, k, v, o, lse, **blk, pack_heads=pack)
+    grads1 = attention_bwd(do, q, k, v, o1, lse1, **blk)
+    for name, got, one, ref in zip(("o", "dq", "dk", "dv"), (o, *grads), (o1, *grads1), want):
+        assert _rel_err(got, ref) < tol, f"{name}: relative error {_rel_err(got, ref):.2e} >= {tol}"
+        # the same sums as one head a tile, rounded alike up to the order a matrix product adds in (a row's
+        # place in the tile may change it by an ulp)
+        close = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
+        torch.testing.assert_close(got, one, **close, msg=name)
+    torch.testing.assert_close(lse, lse1, rtol=1e-5, atol=1e-6)
+
+
+def test_a_packed_tile_that_mixed_up_heads_would_show(kernel_device):
+    """The comparison above can fail: q's heads swapped pairwise give each packed row another head's output."""
+    from kernels.attention import attention_fwd
+
+    q, k, v, _ = (t.detach() for t in _inputs(1, 4, 1, 37, 32, torch.float32, kernel_device, seed=10))
+    o, _ = attention_fwd(q, k, v, block_m=32, block_n=16, pack_heads=4)
+    o_swapped, _ = attention_fwd(q[:, [1, 0, 3, 2]], k, v, block_m=32, block_n=16, pack_heads=4)
+    assert _rel_err(o_swapped[:, [1, 0, 3, 2]], o.cpu().double()) < 1e-6 and _rel_err(o_swapped, o.cpu().double()) > 0.1
+
+
+def test_a_pack_that_does_not_divide_the_group_is_refused(kernel_device):
+    from kernels.attention import attention_bwd, attention_fwd
+
+    q, k, v, do = (t.detach() for t in _inputs(1, 4, 2, 16, 32, torch.float32, kernel_device))
+    o, lse = attention_fwd(q, k, v, **BLK)
+    for bad in (4, 3, 0, True, 32):  # 2 query heads per K/V head here
+        with pytest.raises(ValueError, match="pack_heads"):
+            attention_fwd(q, k, v, pack_heads=bad)
+        with pytest.raises(ValueError, match="pack_heads"):
+            attention_bwd(do, q, k, v, o, lse, pack_heads=bad)

@@ -137,6 +137,8 @@ def attention_spec(name: str, fn: Any, head_size: int, dt: str, prec: str, tiles
                   CD=tl.float32)
     if "DELTA_HERE" in fn.arg_names:  # the dK/dV kernel as the launcher runs it by default: D read, not formed
         consts["DELTA_HERE"] = False
+    if "PACK" in fn.arg_names:  # the forward and dQ kernels as the launcher runs them by default: one head a tile
+        consts["PACK"] = 1
     dot = prec if dt == "fp32" else dt
     label = f"attention.{name} hs={head_size} {dt}/{dot} {tiles.block_m}x{tiles.block_n} s{tiles.num_stages}"
     return AotSpec(label, fn, types, consts, tiles.num_warps, tiles.num_stages, dot,

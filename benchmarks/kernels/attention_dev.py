@@ -3,9 +3,11 @@
 Shape: the FastTransformer's attention, B=32, nh=8, T=256, hs=32, with nkv=1 (MQA) and 8.
 Variants: v1 explicit reference (materializes (B, nh, T, T)), v2 SDPA with a stride-0
 expanded K/V (memory-efficient kernel in fp32), v3 Triton 'ieee' fp32, v4 Triton
-'tf32', v7 Triton 'tf32x3', and in bf16 v5 SDPA and v6 Triton. FLOPs: the causal half of the 4 matmuls'
-worth forward (4 B nh T^2 hs / 2) and 2.5x that backward (FlashAttention-2 paper's
-convention, sec. 4.1: 5 matmuls vs 2); the Triton backward actually does 7 (QK^T twice).
+'tf32', v7 Triton 'tf32x3', and in bf16 v5 SDPA and v6 Triton; with a shared K/V head (nkv < nh), v8 (bf16)
+and v9 ('tf32') the Triton kernels with the query heads of each K/V head packed into one tile (``pack_heads``:
+each K/V block loaded once for all of them, where one program per head loads it nh / nkv times).
+FLOPs: the causal half of the 4 matmuls' worth forward (4 B nh T^2 hs / 2) and 2.5x that backward
+(FlashAttention-2 paper's convention, sec. 4.1: 5 matmuls vs 2); the Triton backward actually does 7 (QK^T twice).
 Bytes (the memory floor): forward reads q, k, v and writes o; backward reads q, k, v, o, dO
 and writes dq, dk, dv: 6 q-sized and 6 k-sized tensors (the logsumexp is O(B nh T)).
 """
@@ -34,6 +36,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
         mk = lambda h: torch.randn(B, h, T, hs, device=device, dtype=dtype, requires_grad=True)
         q, k, v = mk(nh), mk(nkv), mk(nkv)
         do = torch.randn(B, nh, T, hs, device=device, dtype=dtype)
+        pack = min(nh // nkv, 16)  # every query head of a K/V head in one tile (pack_heads' limit: 16)
 
         def fwd_bwd(f):
             return lambda: (lambda o: (o, *torch.autograd.grad(o, (q, k, v), do)))(f(q, k, v))
@@ -62,11 +65,18 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
                     lambda a, b, c: flash_attention(a, b, c, input_precision="tf32x3", **blk)), 1e-4,
                     precision="tf32x3"),
             ]
+            if pack > 1:
+                variants.append(Variant("v9 triton tf32, heads packed", fwd_bwd(
+                    lambda a, b, c: flash_attention(a, b, c, input_precision="tf32", **blk, pack_heads=pack)), 5e-3,
+                    precision="tf32"))
         else:
             variants = [
                 Variant("v5 sdpa bf16", fwd_bwd(sdpa), 3e-2, gpu_only=True),
                 Variant("v6 triton bf16", fwd_bwd(lambda a, b, c: flash_attention(a, b, c, **blk)), 3e-2),
             ]
+            if pack > 1:
+                variants.append(Variant("v8 triton bf16, heads packed", fwd_bwd(
+                    lambda a, b, c: flash_attention(a, b, c, **blk, pack_heads=pack)), 3e-2))
         flops = 4 * B * nh * T * T * hs / 2 * (1 + 2.5)
         nbytes = 6 * (q.numel() + k.numel()) * q.element_size()
         return run(f"causal attention fwd+bwd B={B} nh={nh} nkv={nkv} T={T} hs={hs} {dtype}", args, device,

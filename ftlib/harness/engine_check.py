@@ -72,6 +72,9 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     *((prec, name, {"relaxed_atomics": True}) for prec, name in _OPTION_CASES),
     *(("bf16", name, {"fuse_head_loss": True, "relaxed_atomics": True}) for name in ("fasttransformer", "gpt2")),
     *(("bf16", name, {"wgrad_splitk": True, "relaxed_atomics": True}) for name in ("fasttransformer", "gpt2")),
+    # The query heads of MQA's one K/V head packed into each tile of the attention's forward and dQ kernels (the
+    # same sums per row, the rows in other places of the tile).
+    *((prec, "fasttransformer", {"attention_pack_heads": True}) for prec in ("bf16", "tf32")),
 )
 
 

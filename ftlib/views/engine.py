@@ -272,7 +272,8 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("fuse_embedding=False", "embeddings unfused"),
                  ("relaxed_atomics=True", "relaxed atomic adds"),
                  ("relaxed_atomics=False", "acquire-release atomic adds"),
-                 ("fuse_head_loss=False", "head and loss unfused"))
+                 ("fuse_head_loss=False", "head and loss unfused"),
+                 ("attention_pack_heads=True", "heads packed in the attention tiles"))
 
 
 def case_name(r: dict[str, Any]) -> str:

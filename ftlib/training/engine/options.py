@@ -107,6 +107,10 @@ class EngineOptions:
         True, "with the attention kernel (packed layout): its backward's dK/dV kernel forms D = rowsum(dO * O) "
               "itself, so that it and the dQ kernel share no data, and on CUDA runs on a side stream beside the dQ "
               "kernel (kernels.attention.attention_bwd's concurrent), instead of after it", keyless=False)
+    attention_pack_heads: bool = _option(
+        False, "with the attention kernel on an MQA/GQA model (packed layout): its forward and dQ kernels take all "
+               "query heads of one K/V head in one tile (kernels.attention's pack_heads; where they are a power of "
+               "two, at most 16), so each K/V block is loaded once for them all instead of once per head")
     fuse_kv_split_sum: bool = _option(
         True, "with the attention kernel on an MQA/GQA model: the dK/dV kernel's per-split fp32 partials summed, "
                "cast and written into dk/dv (the packed d(qkv) views) by one kernel per layer "

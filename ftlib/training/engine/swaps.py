@@ -137,6 +137,20 @@ def swap_kernels(model: GPT, options: EngineOptions, prec: StepPrecision, info: 
     return out
 
 
+def _pack_heads(cfg: ModelConfig, options: EngineOptions, out: Swaps) -> int:
+    """The query heads per tile of the attention kernel's forward and dQ (``attention_pack_heads``): all of one
+    K/V head's where they are a power of two, at most 16, on the packed layout; else 1, with a note saying why."""
+    if not options.attention_pack_heads:
+        return 1
+    group = cfg.n_head // cfg.n_kv_head
+    if options.attention_layout != "packed" or group == 1 or group & (group - 1) or group > 16:
+        out.notes["attention_pack_heads"] = (
+            "not applicable: " + ("the heads layout" if options.attention_layout != "packed" else
+                                  f"{group} query heads per K/V head (packing needs 2, 4, 8 or 16)"))
+        return 1
+    return group
+
+
 def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, info: DeviceInfo | None,
                     blocked, out: Swaps, why_not: str | None, any_kernel: bool) -> None:
     cfg = model.config
@@ -157,10 +171,11 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
             out.notes["attention_kv_split"] = (f"not applicable: {kv_split} does not divide the "
                                                f"{cfg.n_head // cfg.n_kv_head} query heads per K/V head")
             kv_split = None
+        pack = _pack_heads(cfg, options, out)
         for blk in model.blocks:
             blk.attn = KernelCausalSelfAttention(blk.attn, prec.fp32_dot, options.attention_layout,
                                                  options.fuse_kv_split_sum, options.attention_tiles, kv_split,
-                                                 options.attention_bwd_streams)
+                                                 options.attention_bwd_streams, pack)
         out.applied["attention"] = True
     elif cfg.attn_impl == "explicit" and not cfg.qk_norm:
         # The explicit softmax kept, as written, with its three elementwise passes fused, and with
