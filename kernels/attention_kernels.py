@@ -9,8 +9,8 @@ query head of its group, one program per (batch, query head, query block) accumu
 Neither needs atomics, so the result is deterministic; the cost is computing Q K^T twice in the
 backward. The forward and dQ kernels can pack the query heads that share a K/V head into one tile
 (``PACK``, :func:`_query_program`): each K/V block they load then serves PACK heads, where one
-program per head loads it PACK times (the packed-GQA layout of FlashAttention-3's inference kernels,
-Shah et al. 2024, applied to training's forward and dQ). Launchers, autograd functions and modules:
+program per head loads it PACK times (the layout of the ``PackGQA`` option of the FlashAttention repository's
+Hopper kernels, FlashAttention-3). Launchers, autograd functions and modules:
 :mod:`kernels.attention`.
 """
 
