@@ -723,8 +723,9 @@ if len(ktable):
 #   from L2 to the SMs once per head. The option packs the eight heads of a block of positions into one tile (row r
 #   holds position r / 8 of head r mod 8; `kernels/attention_kernels.py`), so each K/V block loaded serves all
 #   eight and a tile holds as many rows as before. The FlashAttention repository's Hopper kernels (FlashAttention-3)
-#   pack the query heads of a K/V group the same way (their `PackGQA` option). The dK/dV kernel already loops over the query heads of its K/V head, so
-#   it stays as it is. The ledger above shows how far above their floors the attention kernels run.
+#   pack the query heads of a K/V group the same way (their `PackGQA` option). The dK/dV kernel already loops
+#   over the query heads of its K/V head, so it stays as it is. The ledger above shows how far above their floors
+#   the attention kernels run.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.
