@@ -80,7 +80,7 @@ from ftlib.harness.results import device_folders
 from ftlib.views.audit import TOL, audit_table, verdict_counts
 from ftlib.views.tables import show_frame
 
-for device in device_folders():  # every GPU with stored results, each audited on its own rows
+for device in device_folders(include_cpu=MEASURE):  # every GPU with stored results, each on its own rows
     table = audit_table(device)
     print(f"{device}: a measured ratio agrees when every run is within {TOL:.0%} of the claim or beyond it "
           "(the post reports one run per number, with no spread)")
@@ -95,7 +95,7 @@ for device in device_folders():  # every GPU with stored results, each audited o
 # %%
 from ftlib.views.findings import show_findings
 
-for device in device_folders():
+for device in device_folders(include_cpu=MEASURE):
     show_findings(device)
 
 # %% tags=["remove-cell"]

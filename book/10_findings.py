@@ -69,14 +69,14 @@ from ftlib.views.findings import lessons, show_findings
 # ## The verdicts
 
 # %%
-for device in device_folders():
+for device in device_folders(include_cpu=MEASURE):
     show_findings(device)
 
 # %% [markdown]
 # ## What the measurements teach
 
 # %%
-for device in device_folders():
+for device in device_folders(include_cpu=MEASURE):
     display(Markdown(lessons(device)))
 
 # %% tags=["remove-cell"]

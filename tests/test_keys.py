@@ -31,7 +31,8 @@ STEP_BENCHES = ("baselines", "engine", "engine_candidates", "grid", "grid_compil
 
 def _stored() -> list[tuple[str, dict]]:
     out = []
-    for path in sorted((ROOT / "data" / "results").glob("*/*.jsonl")):
+    # The committed rows: a reader's own CPU rows (data/results/cpu, ignored by git) have no key to keep.
+    for path in sorted(p for p in (ROOT / "data" / "results").glob("*/*.jsonl") if p.parent.name != "cpu"):
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 out.append((path.stem, json.loads(line)))

@@ -191,5 +191,8 @@ def test_my_results_are_added_to_the_stored_ones(tmp_path, monkeypatch):
     (mine / "a100").mkdir()
     (mine / "a100" / "baselines.lock").touch()  # a folder with only a lock left behind holds no results
     assert device_folders() == ["h200", "t4"]
+    ResultStore("baselines", "cpu").append({"key": "d", "v": 4})  # a reader's CPU smoke run (ci/run-book)
+    assert device_folders() == ["h200", "t4"] and device_folders(include_cpu=True) == ["cpu", "h200", "t4"]
+    assert ("cpu", "d") in {(r["device_slug"], r["key"]) for r in load_rows("baselines", include_cpu=True)}
     monkeypatch.delenv("FTLIB_MY_RESULTS")
     assert {r["key"] for r in load_rows("baselines")} == {"a", "b"}

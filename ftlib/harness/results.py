@@ -193,12 +193,13 @@ class ResultStore:
             self.write_atomic(old + line.encode("utf-8"))
 
 
-def device_folders(root: Path | str | None = None) -> list[str]:
+def device_folders(root: Path | str | None = None, include_cpu: bool = False) -> list[str]:
     """Device folders that hold results (at least one results file; a folder holding only a lock is
-    empty), sorted (of ``root``, or of every folder the views read)."""
+    empty), sorted (of ``root``, or of every folder the views read). The CPU folder (a reader's local
+    smoke runs, ``bash ci/run-book``) only with ``include_cpu``, as :func:`load_rows`."""
     bases = [Path(root)] if root is not None else read_roots()
     return sorted({p.name for base in bases if base.exists() for p in base.iterdir()
-                   if p.is_dir() and any(p.glob("*.jsonl"))})
+                   if p.is_dir() and any(p.glob("*.jsonl")) and (include_cpu or p.name != CPU_SLUG)})
 
 
 def load_rows(
@@ -217,7 +218,7 @@ def load_rows(
     bases = [Path(root)] if root is not None else read_roots()
     out: list[dict] = []
     for base in bases:
-        names = list(devices) if devices is not None else device_folders(base)
+        names = list(devices) if devices is not None else device_folders(base, include_cpu=True)
         if devices is None and not include_cpu:
             names = [n for n in names if n != CPU_SLUG]
         for name in names:
