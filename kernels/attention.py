@@ -87,11 +87,16 @@ def _kv_split(B: int, nkv: int, group: int, key_blocks: int, device: torch.devic
     return n
 
 
+def _divides_group(n: object, group: int) -> bool:
+    """Whether ``n`` is a power of two (an int, not a bool) dividing the ``group`` query heads per K/V head:
+    how many programs share a group (``kv_split``) or how many of its heads share a tile (``pack_heads``)."""
+    return not isinstance(n, bool) and isinstance(n, int) and n >= 1 and not n & (n - 1) and group % n == 0
+
+
 def _check_pack(pack: int, group: int) -> None:
     """``pack_heads``: a power of two dividing the query heads per K/V head (1: one head a tile), at most 16,
     the fewest rows a tile has (so it divides every tile's rows)."""
-    if isinstance(pack, bool) or not isinstance(pack, int) or pack < 1 or pack & (pack - 1) or group % pack \
-            or pack > 16:
+    if not _divides_group(pack, group) or pack > 16:
         raise ValueError(f"pack_heads={pack!r} must be a power of two dividing the {group} query heads per K/V head"
                          ", at most 16")
 
@@ -174,8 +179,7 @@ def attention_bwd(
     _check_qkv(q, k, v, input_precision)
     group = q.shape[1] // k.shape[1]
     _check_pack(pack_heads, group)
-    if kv_split is not None and (isinstance(kv_split, bool) or not isinstance(kv_split, int) or kv_split < 1
-                                 or kv_split & (kv_split - 1) or group % kv_split):
+    if kv_split is not None and not _divides_group(kv_split, group):
         raise ValueError(f"kv_split={kv_split!r} must be a power of two dividing the {group} query heads per "
                          "K/V head, or None")
     check_tensor("do", do, dtypes=(q.dtype,), ndim=4, contiguous=False)

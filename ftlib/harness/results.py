@@ -218,9 +218,7 @@ def load_rows(
     bases = [Path(root)] if root is not None else read_roots()
     out: list[dict] = []
     for base in bases:
-        names = list(devices) if devices is not None else device_folders(base, include_cpu=True)
-        if devices is None and not include_cpu:
-            names = [n for n in names if n != CPU_SLUG]
+        names = list(devices) if devices is not None else device_folders(base, include_cpu=include_cpu)
         for name in names:
             store = ResultStore(bench, name, base)
             rows = list(store.latest().values()) if latest_only else store.rows()
