@@ -717,15 +717,20 @@ if len(ktable):
 #   dW its two kernels take longer than the GEMMs and the loss kernel they replace (the kernel table of section 2
 #   times both ways alone). On relaxed adds it won in bf16 (`relaxed-head` above) and was mixed in tf32, so tf32 and
 #   fp32 keep cuBLAS's head GEMMs and the loss kernel.
-# * `pack-heads` (`attention_pack_heads`; on trial) changes where rows sit in a tile, not what they sum. The
+# * `pack-heads` (`attention_pack_heads`; won too little to become a default; an option) changes where rows sit
+#   in a tile, not what they sum. The
 #   FastTransformer's eight query heads share one K/V head, yet each program of the attention's forward and dQ
 #   kernels holds a block of positions of one head and loads every K/V block it needs, so each K/V block travels
 #   from L2 to the SMs once per head. The option packs the eight heads of a block of positions into one tile (row r
 #   holds position r / 8 of head r mod 8; `kernels/attention_kernels.py`), so each K/V block loaded serves all
 #   eight and a tile holds as many rows as before. The FlashAttention repository's Hopper kernels (FlashAttention-3)
 #   pack the query heads of a K/V group the same way (their `PackGQA` option). The dK/dV kernel already loops
-#   over the query heads of its K/V head, so it stays as it is. The ledger above shows how far above their floors
-#   the attention kernels run.
+#   over the query heads of its K/V head, so it stays as it is. The step got faster by a few microseconds only,
+#   beyond the spread in some runs and not in others (the table below), and the attention kernels timed alone
+#   (section 2's kernel table, variants v8 and v9) take about as long packed as unpacked: loading each K/V block
+#   from L2 eight times was not what held these kernels back. At head size 32 each program does little work per
+#   block it loads, so their time goes to latency more than to traffic, which is also why the tile sweep found no
+#   larger tile faster. The ledger above shows how far above their floors the attention kernels run.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

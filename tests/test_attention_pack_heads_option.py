@@ -53,13 +53,14 @@ def test_where_packing_cannot_apply_a_note_says_why(cfg, layout, why, kernel_dev
     assert why in eng.describe()["notes"]["attention_pack_heads"]
 
 
-def test_its_trial_and_checks_are_registered():
+def test_its_trial_is_over_and_it_stays_an_option_with_its_checks():
+    """The trial won by a few microseconds, beyond the spread in half its runs only (chapter 6's table): the
+    option stays off, leaves the options on trial, and keeps its 100-step checks."""
     from ftlib.harness.engine_check import CHECKS
     from ftlib.harness.suites import CANDIDATES, SUITES
 
-    trial = {(c.precision, c.label): c.extra for c in SUITES["engine_candidates"].cases()}
+    assert EngineOptions().attention_pack_heads is False
+    assert not [c for c in CANDIDATES if "attention_pack_heads" in c[1]]
+    assert not [c for c in SUITES["engine_candidates"].cases() if "pack-heads" in c.label]
     for prec in ("bf16", "tf32"):
-        assert trial[prec, "fasttransformer pack-heads"]["attention_pack_heads"] is True
-        assert "attention_pack_heads" not in trial[prec, "fasttransformer"]  # the default engine beside it
         assert (prec, "fasttransformer", {"attention_pack_heads": True}) in CHECKS
-    assert [c[0] for c in CANDIDATES] == [" pack-heads"]

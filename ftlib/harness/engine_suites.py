@@ -131,10 +131,7 @@ def engine_variants() -> list[Case]:
 # trial; an option waiting for a trial goes here. Winners became defaults (ftlib.views.engine_config.TRIAL_WINNERS);
 # losers stay options (chapter 6 keeps every trial's rows). Labels must not extend one another: a label that
 # another extends is read as a default case.
-CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
-    # MQA's 8 query heads in one tile of the attention forward and dQ kernels (GPT-2's heads share no K/V head).
-    (" pack-heads", {"attention_pack_heads": True}, ("fasttransformer",), ("bf16", "tf32")),
-)
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = ()
 
 
 def engine_candidates() -> list[Case]:
