@@ -474,6 +474,10 @@ display(Markdown(kernelview.kernel_math("explicit_attention")))
 # FlashAttention-2's forward and backward. The FastTransformer's single K/V head is read by
 # index from every query head (pointer arithmetic, `h // (nh // nkv)`), never expanded or
 # copied; SDPA needs the expanded (stride-0) K/V to take its fused kernel in fp32 (chapter 4).
+# Under the causal mask the programs are unequal: the last query block visits every key block, the first one
+# visits one. Variants v10 and v11 of section 2's kernel table launch each row's heaviest block first
+# (`heavy_first`; longest processing time first, the order of the `SingleTileLPTScheduler` in the FlashAttention
+# repository's tile schedulers), so the light ones fill the tail; the same programs, the same sums.
 
 # %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("attention")))

@@ -110,11 +110,18 @@ def _explicit(block_m: int | None, block_n: int | None, num_warps: int | None, n
     return Tiles(block_m or d.block_m, block_n or d.block_n, num_warps or d.num_warps, num_stages or d.num_stages)
 
 
+def _grid(blocks: int, rows: int, heavy_first: bool) -> tuple[int, int]:
+    """A kernel's grid: (blocks, rows), one program per block of positions and row (batch and head); with
+    ``heavy_first`` (rows, blocks), so that, launched x fastest, each row's first program on the blocks axis,
+    which the kernels map to the block with the most causal work, starts before any lighter one."""
+    return (rows, blocks) if heavy_first else (blocks, rows)
+
+
 def attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
     input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
     num_warps: int | None = None, num_stages: int | None = None, out: torch.Tensor | None = None,
-    pack_heads: int = 1,
+    pack_heads: int = 1, heavy_first: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Causal softmax(q k^T * scale) v; returns (o (B, nh, T, hs) contiguous, lse2 (B, nh, T)).
 
@@ -124,6 +131,8 @@ def attention_fwd(
     choose them from the device's shared memory (:func:`choose_tiles`). ``pack_heads``: query heads of one K/V
     head per tile (a power of two dividing nh // nkv; the block's rows are block_m / pack_heads positions of
     each), so each K/V block loaded serves them all (``kernels.attention_kernels._query_program``).
+    ``heavy_first``: launch every row's last query block, the one that visits the most key blocks, first
+    (:func:`_grid`); the same programs and sums in another order.
     """
     _check_qkv(q, k, v, input_precision)
     B, nh, T, hs = q.shape
@@ -137,14 +146,14 @@ def attention_fwd(
         return o, lse
 
     def launch(t: Tiles) -> None:
-        _attn_fwd_kernel[(triton.cdiv(T, t.block_m // pack_heads), B * nh // pack_heads)](
+        _attn_fwd_kernel[_grid(triton.cdiv(T, t.block_m // pack_heads), B * nh // pack_heads, heavy_first)](
             q, k, v, o, lse,
             q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
             v.stride(0), v.stride(1), v.stride(2), o.stride(0), o.stride(1), o.stride(2),
             nh, T, sm_scale * LOG2E, nh // nkv,
             HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n, PREC=dot_precision(q.dtype, input_precision),
-            UPCAST=upcast_dots(q.dtype), CD=compute_dtype(q.dtype), PACK=pack_heads, num_warps=t.num_warps,
-            num_stages=t.num_stages,
+            UPCAST=upcast_dots(q.dtype), CD=compute_dtype(q.dtype), PACK=pack_heads, HEAVY_FIRST=heavy_first,
+            num_warps=t.num_warps, num_stages=t.num_stages,
         )
 
     key, order = tiles_to_try("fwd", hs, q.dtype, T, q.device, _explicit(block_m, block_n, num_warps, num_stages))
@@ -158,6 +167,7 @@ def attention_bwd(
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
     dq_out: torch.Tensor | None = None, dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None,
     fuse_kv_split_sum: bool = False, kv_split: int | None = None, concurrent: bool = False, pack_heads: int = 1,
+    heavy_first: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for o, lse = attention_fwd(q, k, v, ...); dk, dv have k's shape (B, nkv, T, hs).
 
@@ -174,7 +184,9 @@ def attention_bwd(
     the two kernels share no data; on CUDA it (and the sum of its partials) is queued first on a side stream
     and the dQ kernel beside it on the current stream, which waits for the side stream before this returns.
     Each kernel alone fills only part of the GPU at short sequences (a few hundred programs).
-    ``pack_heads``: the dQ kernel's query heads per tile, as :func:`attention_fwd`'s.
+    ``pack_heads``: the dQ kernel's query heads per tile, as :func:`attention_fwd`'s. ``heavy_first``: the dQ
+    kernel's last query block and the dK/dV kernel's first key block, the ones with the most blocks to visit,
+    launched first (:func:`_grid`).
     """
     _check_qkv(q, k, v, input_precision)
     group = q.shape[1] // k.shape[1]
@@ -201,10 +213,11 @@ def attention_bwd(
 
     def launch_dq(t: Tiles) -> None:
         # Runs first: it also computes D = rowsum(dO * O), which the dK/dV kernel reads.
-        _attn_bwd_dq_kernel[(triton.cdiv(T, t.block_m // pack_heads), B * nh // pack_heads)](
+        _attn_bwd_dq_kernel[_grid(triton.cdiv(T, t.block_m // pack_heads), B * nh // pack_heads, heavy_first)](
             q, k, v, o, do, lse, delta, dq, *qs, *ks, *vs, *o.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
             nh, T, sm_scale * LOG2E, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            PREC=prec, UPCAST=upcast, CD=cdt, PACK=pack_heads, num_warps=t.num_warps, num_stages=t.num_stages,
+            PREC=prec, UPCAST=upcast, CD=cdt, PACK=pack_heads, HEAVY_FIRST=heavy_first, num_warps=t.num_warps,
+            num_stages=t.num_stages,
         )
 
     def launch_dkdv(t: Tiles) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -213,11 +226,11 @@ def attention_bwd(
         part_dtype = k.dtype if n_split == 1 else accum_dtype(k.dtype)
         dk = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=k.device)
         dv = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=v.device)
-        _attn_bwd_dkdv_kernel[(triton.cdiv(T, t.block_n), B * nkv * n_split)](
+        _attn_bwd_dkdv_kernel[_grid(triton.cdiv(T, t.block_n), B * nkv * n_split, heavy_first)](
             q, k, v, o, do, lse, delta, dk, dv, *qs, *ks, *vs, *o.stride()[:3], *do.stride()[:3],
             nh, nkv, T, sm_scale * LOG2E, sm_scale, nh // nkv, n_split, HS=hs, BLOCK_M=t.block_m,
-            BLOCK_N=t.block_n, PREC=prec, UPCAST=upcast, CD=cdt, DELTA_HERE=concurrent, num_warps=t.num_warps,
-            num_stages=t.num_stages,
+            BLOCK_N=t.block_n, PREC=prec, UPCAST=upcast, CD=cdt, DELTA_HERE=concurrent, HEAVY_FIRST=heavy_first,
+            num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return dk, dv, n_split
 
@@ -289,30 +302,32 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
                 input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
-                fuse_kv_split_sum: bool = False, pack_heads: int = 1) -> torch.Tensor:
-        o, lse = attention_fwd(q, k, v, sm_scale, input_precision, block_m, block_n, pack_heads=pack_heads)
+                fuse_kv_split_sum: bool = False, pack_heads: int = 1, heavy_first: bool = False) -> torch.Tensor:
+        o, lse = attention_fwd(q, k, v, sm_scale, input_precision, block_m, block_n, pack_heads=pack_heads,
+                               heavy_first=heavy_first)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.cfg = (sm_scale, input_precision, block_m, block_n)
-        ctx.kw = dict(fuse_kv_split_sum=fuse_kv_split_sum, pack_heads=pack_heads)
+        ctx.kw = dict(fuse_kv_split_sum=fuse_kv_split_sum, pack_heads=pack_heads, heavy_first=heavy_first)
         return o
 
     @staticmethod
     def backward(ctx, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = attention_bwd(do, q, k, v, o, lse, *ctx.cfg, **ctx.kw)
-        return dq, dk, dv, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None
 
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
     input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
-    fuse_kv_split_sum: bool = False, pack_heads: int = 1,
+    fuse_kv_split_sum: bool = False, pack_heads: int = 1, heavy_first: bool = False,
 ) -> torch.Tensor:
     """Causal attention through the fused kernels; q (B, nh, T, hs), k/v (B, nkv, T, hs).
     Blocks None: each kernel's tiles chosen from the device's shared memory (:func:`choose_tiles`).
-    ``fuse_kv_split_sum``: as in :func:`attention_bwd`; ``pack_heads``: as in :func:`attention_fwd`."""
+    ``fuse_kv_split_sum``: as in :func:`attention_bwd`; ``pack_heads``, ``heavy_first``: as in
+    :func:`attention_fwd`."""
     return FlashAttentionFunction.apply(q, k, v, sm_scale, input_precision, block_m, block_n, fuse_kv_split_sum,
-                                        pack_heads)
+                                        pack_heads, heavy_first)
 
 
 class TritonCausalAttention(nn.Module):

@@ -10,8 +10,12 @@ Neither needs atomics, so the result is deterministic; the cost is computing Q K
 backward. The forward and dQ kernels can pack the query heads that share a K/V head into one tile
 (``PACK``, :func:`_query_program`): each K/V block they load then serves PACK heads, where one
 program per head loads it PACK times (the layout of the ``PackGQA`` option of the FlashAttention repository's
-Hopper kernels, FlashAttention-3). Launchers, autograd functions and modules:
-:mod:`kernels.attention`.
+Hopper kernels, FlashAttention-3). Causal programs are unequal: the forward's and dQ's query block m visits m + 1
+key blocks, the dK/dV kernel's key block n visits every query block from n on. With ``HEAVY_FIRST`` the grid's
+axes swap so the heaviest block of every row is launched first (CUDA starts blocks about in order of their
+linear index, x fastest) and the short ones fill the tail: longest processing time first, the order of the
+``SingleTileLPTScheduler`` of the FlashAttention repository's tile schedulers. Launchers, autograd functions and
+modules: :mod:`kernels.attention`.
 """
 
 from __future__ import annotations
@@ -33,18 +37,23 @@ def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
 
 @triton.jit
 def _query_program(nh, group, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, HS: tl.constexpr,
-                   PACK: tl.constexpr = 1):
+                   PACK: tl.constexpr = 1, HEAVY_FIRST: tl.constexpr = False):
     """Where a program of a (query blocks, B * nh / PACK) grid works: its query block's index, batch, query
     head(s) and the K/V head it reads (h // group: MQA/GQA by indexing, no copy), the batch and heads as
     int64 since they scale the pointer offsets; its rows' positions, a key block's columns, the head dims,
-    and which rows are inside T.
+    and which rows are inside T. HEAVY_FIRST: the grid is (B * nh / PACK, query blocks), and its first
+    programs on the blocks axis take the last query block, which visits the most key blocks.
 
     PACK = 1: the block's BLOCK_M rows are BLOCK_M positions of one head (h a scalar). PACK > 1 (a
     power of two dividing ``group``): they are BLOCK_M / PACK positions times PACK heads of one K/V
     group, row r at position r // PACK of head h0 + r % PACK (h a vector), so the heads of a position
     are adjacent rows; causal masks and row offsets read the positions."""
-    start_m = tl.program_id(0)
-    bh = tl.program_id(1)  # (batch, block of PACK query heads)
+    if HEAVY_FIRST:
+        start_m = tl.num_programs(1) - 1 - tl.program_id(1)
+        bh = tl.program_id(0)  # (batch, block of PACK query heads)
+    else:
+        start_m = tl.program_id(0)
+        bh = tl.program_id(1)
     b = bh // (nh // PACK)
     h0 = (bh % (nh // PACK)) * PACK
     rows = tl.arange(0, BLOCK_M)
@@ -64,7 +73,7 @@ def _attn_fwd_kernel(
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
     nh, T, qk_scale, group,  # qk_scale = softmax scale * log2(e); group = nh // nkv
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, PACK: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, PACK: tl.constexpr, HEAVY_FIRST: tl.constexpr,
 ):
     """One program per (query block of BLOCK_M rows, batch * query head; PACK heads per block where PACK
     > 1, :func:`_query_program`). With s = q k^T * scale
@@ -77,7 +86,8 @@ def _attn_fwd_kernel(
     deferred to the end, sec. 3.1.1). Keys beyond the diagonal block are never loaded
     (causal block skipping); the causal and T masks are applied as -inf before the max.
     """
-    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, PACK)
+    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, PACK,
+                                                                        HEAVY_FIRST)
     q_ptrs = Q + b * sqb + (h * sqh + offs_m * sqt)[:, None] + offs_d[None, :]
     q = tl.load(q_ptrs, mask=row_ok[:, None], other=0.0)  # (BLOCK_M, HS)
     k_base = K + b * skb + kvh * skh
@@ -112,7 +122,7 @@ def _attn_bwd_dq_kernel(
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sdob, sdoh, sdot, sdqb, sdqh, sdqt,
     nh, T, qk_scale, sm_scale, group,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, PACK: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, PACK: tl.constexpr, HEAVY_FIRST: tl.constexpr,
 ):
     """dQ for one (query block, batch * head; PACK heads per block as in the forward), FlashAttention-2
     Alg. 2 restricted to dQ:
@@ -120,7 +130,8 @@ def _attn_bwd_dq_kernel(
         D = rowsum(dO * O)  (stored for the dK/dV kernel: this kernel is its preprocessing)
         P = exp2(s2 - lse2),  dP = dO V^T,  dS = P * (dP - D),  dQ = scale * dS K
     """
-    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, PACK)
+    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, PACK,
+                                                                        HEAVY_FIRST)
     q = tl.load(Q + b * sqb + (h * sqh + offs_m * sqt)[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     do = tl.load(DO + b * sdob + (h * sdoh + offs_m * sdot)[:, None] + offs_d[None, :], mask=row_ok[:, None],
                  other=0.0)
@@ -155,6 +166,7 @@ def _attn_bwd_dkdv_kernel(
     nh, nkv, T, qk_scale, sm_scale, group, n_split,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, DELTA_HERE: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr = False,
 ):
     """dK, dV for one (key block, batch * kv head), summed over the group's query heads:
 
@@ -173,8 +185,12 @@ def _attn_bwd_dkdv_kernel(
     dQ kernel does, instead of reading the D that kernel stored: the two kernels then share no
     data and may run at the same time (on two streams; the launcher's ``concurrent``).
     """
-    start_n = tl.program_id(0)
-    bks = tl.program_id(1)  # (batch, kv head, split)
+    if HEAVY_FIRST:  # grid (B * nkv * n_split, key blocks): key block 0, which sees every query block, first
+        start_n = tl.program_id(1)
+        bks = tl.program_id(0)  # (batch, kv head, split)
+    else:
+        start_n = tl.program_id(0)
+        bks = tl.program_id(1)
     sp = bks % n_split
     bk = bks // n_split
     b = (bk // nkv).to(tl.int64)

@@ -5,7 +5,9 @@ Variants: v1 explicit reference (materializes (B, nh, T, T)), v2 SDPA with a str
 expanded K/V (memory-efficient kernel in fp32), v3 Triton 'ieee' fp32, v4 Triton
 'tf32', v7 Triton 'tf32x3', and in bf16 v5 SDPA and v6 Triton; with a shared K/V head (nkv < nh), v8 (bf16)
 and v9 ('tf32') the Triton kernels with the query heads of each K/V head packed into one tile (``pack_heads``:
-each K/V block loaded once for all of them, where one program per head loads it nh / nkv times).
+each K/V block loaded once for all of them, where one program per head loads it nh / nkv times); v10 (bf16) and
+v11 ('tf32') the Triton kernels launched heaviest block first (``heavy_first``: each row's causal block with the
+most blocks to visit starts before the lighter ones, which fill the tail).
 FLOPs: the causal half of the 4 matmuls' worth forward (4 B nh T^2 hs / 2) and 2.5x that backward
 (FlashAttention-2 paper's convention, sec. 4.1: 5 matmuls vs 2); the Triton backward actually does 7 (QK^T twice).
 Bytes (the memory floor): forward reads q, k, v and writes o; backward reads q, k, v, o, dO
@@ -65,6 +67,9 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
                     lambda a, b, c: flash_attention(a, b, c, input_precision="tf32x3", **blk)), 1e-4,
                     precision="tf32x3"),
             ]
+            variants.append(Variant("v11 triton tf32, heavy first", fwd_bwd(
+                lambda a, b, c: flash_attention(a, b, c, input_precision="tf32", **blk, heavy_first=True)), 5e-3,
+                precision="tf32"))
             if pack > 1:
                 variants.append(Variant("v9 triton tf32, heads packed", fwd_bwd(
                     lambda a, b, c: flash_attention(a, b, c, input_precision="tf32", **blk, pack_heads=pack)), 5e-3,
@@ -74,6 +79,8 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
                 Variant("v5 sdpa bf16", fwd_bwd(sdpa), 3e-2, gpu_only=True),
                 Variant("v6 triton bf16", fwd_bwd(lambda a, b, c: flash_attention(a, b, c, **blk)), 3e-2),
             ]
+            variants.append(Variant("v10 triton bf16, heavy first", fwd_bwd(
+                lambda a, b, c: flash_attention(a, b, c, **blk, heavy_first=True)), 3e-2))
             if pack > 1:
                 variants.append(Variant("v8 triton bf16, heads packed", fwd_bwd(
                     lambda a, b, c: flash_attention(a, b, c, **blk, pack_heads=pack)), 3e-2))
