@@ -92,6 +92,24 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(pytest.mark.kernels)
 
 
+@pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it
+def pytest_xdist_make_scheduler(config: pytest.Config, log):
+    """Under ``--dist loadgroup`` (ci/test), pytest-xdist's scope scheduler on the units of
+    ``tests/xdist_units.run_together``: the largest units (the notebooks) go out first, then one test at a time
+    to whichever worker is free. Any other ``--dist`` (ci/test-kernels-gpu's worksteal) keeps pytest-xdist's own."""
+    if config.getvalue("dist") != "loadgroup":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class RunTogether(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            from xdist_units import run_together  # tests/ is on sys.path (rootdir-relative imports)
+
+            return run_together(nodeid, config.rootpath)
+
+    return RunTogether(config, log)
+
+
 @pytest.hookimpl(tryfirst=True)
 def pytest_runtest_call(item: pytest.Item) -> None:
     if item.get_closest_marker("kernels") is not None:

@@ -25,6 +25,10 @@ GPT_MHA = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size
 FT_MQA = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
 
 
+def _build(cfg, precision, device, **options) -> Engine:
+    return Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
+
+
 def _train(cfg, precision, device, **options):
     eng = Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
     batches = pattern_batches(cfg.vocab_size, B, T, 4, seed=2, device=device)
@@ -78,26 +82,27 @@ def test_the_fused_attention_trains_like_the_fused_softmax(kernel_device, cfg, p
 
 
 def test_where_it_does_not_apply_the_note_says_why(kernel_device):
+    """The engine decides each path when it is built: its notes and attention modules, read before any step."""
     from ftlib.training.engine.attention import FusedSoftmaxSelfAttention, KernelCausalSelfAttention
 
     dropout = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T, attn_dropout=0.1)
-    eng, _ = _train(dropout, "fp32", kernel_device, fuse_softmax_matmuls=True)
+    eng = _build(dropout, "fp32", kernel_device, fuse_softmax_matmuls=True)
     assert type(eng.model.blocks[0].attn) is FusedSoftmaxSelfAttention
     assert "no attention dropout" in eng.describe()["notes"]["softmax"] and not eng.describe()["fuse_softmax_matmuls"]
-    eng, _ = _train(dropout, "fp32", kernel_device, fuse_softmax_matmuls=True, fused_softmax=False)
+    eng = _build(dropout, "fp32", kernel_device, fuse_softmax_matmuls=True, fused_softmax=False)
     assert eng.describe()["notes"]["softmax"].startswith("not fused")
     big = preset("gpt2", n_layer=1, n_embd=96, n_head=2, n_kv_head=2, block_size=T)  # head size 48
-    eng, _ = _train(big, "fp32", kernel_device, fuse_softmax_matmuls=True)
+    eng = _build(big, "fp32", kernel_device, fuse_softmax_matmuls=True)
     assert "head size 48" in eng.describe()["notes"]["softmax"]
-    eng, _ = _train(GPT2, "fp32", kernel_device, fuse_softmax_matmuls=True, attention_for_explicit=True)
+    eng = _build(GPT2, "fp32", kernel_device, fuse_softmax_matmuls=True, attention_for_explicit=True)
     assert type(eng.model.blocks[0].attn) is KernelCausalSelfAttention  # the flash kernel took it
     assert not eng.describe()["fuse_softmax_matmuls"]
     assert EngineOptions().fuse_softmax_matmuls is True  # it won its trial in bf16 and tf32: a default
     # Strict fp32 keeps cuBLAS's products around the fused softmax (not measured faster there) unless asked.
-    eng, _ = _train(GPT2, "fp32", kernel_device)
+    eng = _build(GPT2, "fp32", kernel_device)
     assert type(eng.model.blocks[0].attn) is FusedSoftmaxSelfAttention and not eng.describe()["fuse_softmax_matmuls"]
     assert "not applied in strict fp32" in eng.describe()["notes"]["softmax"]
-    eng, _ = _train(GPT2, "fp32", kernel_device, attention_precision="tf32x3")
+    eng = _build(GPT2, "fp32", kernel_device, attention_precision="tf32x3")
     assert eng.describe()["fuse_softmax_matmuls"] and eng.model.blocks[0].attn.core.input_precision == "tf32x3"
 
 
