@@ -110,6 +110,11 @@ def _explicit(block_m: int | None, block_n: int | None, num_warps: int | None, n
     return Tiles(block_m or d.block_m, block_n or d.block_n, num_warps or d.num_warps, num_stages or d.num_stages)
 
 
+def _check_heavy_first(heavy_first: object) -> None:
+    if not isinstance(heavy_first, bool):
+        raise TypeError(f"heavy_first must be a bool, got {heavy_first!r}")
+
+
 def _grid(blocks: int, rows: int, heavy_first: bool) -> tuple[int, int]:
     """A kernel's grid: (blocks, rows), one program per block of positions and row (batch and head); with
     ``heavy_first`` (rows, blocks), so that, launched x fastest, each row's first program on the blocks axis,
@@ -138,6 +143,7 @@ def attention_fwd(
     B, nh, T, hs = q.shape
     nkv = k.shape[1]
     _check_pack(pack_heads, nh // nkv)
+    _check_heavy_first(heavy_first)
     sm_scale = 1.0 / math.sqrt(hs) if sm_scale is None else sm_scale
     cd = accum_dtype(q.dtype)
     o = out_tensor("out", out, (B, nh, T, hs), q.dtype, q.device)
@@ -191,6 +197,7 @@ def attention_bwd(
     _check_qkv(q, k, v, input_precision)
     group = q.shape[1] // k.shape[1]
     _check_pack(pack_heads, group)
+    _check_heavy_first(heavy_first)
     if kv_split is not None and not _divides_group(kv_split, group):
         raise ValueError(f"kv_split={kv_split!r} must be a power of two dividing the {group} query heads per "
                          "K/V head, or None")

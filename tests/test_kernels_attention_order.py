@@ -63,5 +63,11 @@ def test_a_grid_the_kernels_do_not_read_as_launched_would_show(kernel_device, mo
     assert not all(torch.equal(a, b) for a, b in zip(wrong, default))
 
 
-def test_the_grid_swaps_only_when_asked():
+def test_the_grid_swaps_only_when_asked_and_the_flag_is_a_bool(kernel_device):
     assert flash._grid(3, 64, False) == (3, 64) and flash._grid(3, 64, True) == (64, 3)
+    q, k, v, do = _inputs(4, 1, torch.float32, kernel_device)
+    o, lse = flash.attention_fwd(q, k, v, **BLK)
+    with pytest.raises(TypeError, match="heavy_first must be a bool"):
+        flash.attention_fwd(q, k, v, heavy_first=1)
+    with pytest.raises(TypeError, match="heavy_first must be a bool"):
+        flash.attention_bwd(do, q, k, v, o, lse, heavy_first="yes")
