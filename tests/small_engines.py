@@ -21,7 +21,7 @@ def engine(cfg, precision: str, device: torch.device, **options) -> Engine:
     return Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
 
 
-def train(cfg, precision: str, device: torch.device, steps: int = 4, **options) -> tuple[Engine, torch.Tensor]:
+def train(cfg, precision: str, device: torch.device, steps: int = 3, **options) -> tuple[Engine, torch.Tensor]:
     """:func:`engine` with ``options`` and its losses over ``steps`` learnable batches (seed 2)."""
     eng = engine(cfg, precision, device, **options)
     batches = pattern_batches(cfg.vocab_size, B, T, steps, seed=2, device=device)

@@ -31,7 +31,7 @@ def _build(cfg, precision, device, **options) -> Engine:
 
 def _train(cfg, precision, device, **options):
     eng = Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
-    batches = pattern_batches(cfg.vocab_size, B, T, 4, seed=2, device=device)
+    batches = pattern_batches(cfg.vocab_size, B, T, 3, seed=2, device=device)
     return eng, torch.stack([eng.step(x, y).detach().float().clone() for x, y in batches])
 
 

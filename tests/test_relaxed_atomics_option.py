@@ -84,11 +84,11 @@ def test_the_split_k_weight_gradients_take_relaxed_adds_too(kernel_device, monke
     import kernels.wgrad as W
 
     launched = _record_sems(monkeypatch, W, "wgrad_add_")  # before setup, which binds the launcher with its options
-    on, losses_on = _train(FT, "bf16", kernel_device, wgrad_splitk=True, relaxed_atomics=True)
+    on, losses_on = _train(FT, "bf16", kernel_device, steps=2, wgrad_splitk=True, relaxed_atomics=True)
     assert launched and set(launched) == {"relaxed"}
     assert on.describe()["notes"]["relaxed_atomics"].endswith(", the split-K weight gradients (kernels/wgrad.py)")
     launched.clear()
-    off, losses_off = _train(FT, "bf16", kernel_device, wgrad_splitk=True, relaxed_atomics=False)
+    off, losses_off = _train(FT, "bf16", kernel_device, steps=2, wgrad_splitk=True, relaxed_atomics=False)
     assert launched and set(launched) == {"acq_rel"}
     torch.testing.assert_close(losses_on, losses_off, rtol=1e-4, atol=1e-4)
 
