@@ -1,5 +1,6 @@
 """ci/test's units of work for pytest-xdist (tests/xdist_units.py): a notebook's cells stay together and in
-order, a module sharing a module-scoped fixture stays together, any other test goes alone."""
+order, a module sharing a module-scoped fixture stays together, so do the tests of one xdist_group, and any
+other test goes alone."""
 
 from pathlib import Path
 
@@ -19,3 +20,8 @@ def test_a_module_with_a_module_fixture_is_one_unit_and_other_tests_go_alone():
     assert "scope=" not in (ROOT / "tests" / "test_engine_explicit_attention.py").read_text()
     ids = [f"tests/test_engine_explicit_attention.py::test_x[{p}]" for p in ("bf16", "tf32")]
     assert [run_together(i, ROOT) for i in ids] == ids
+
+
+def test_tests_marked_with_one_xdist_group_are_one_unit():
+    ids = ["tests/test_a.py::test_x@serial", "tests/test_b.py::test_y[1]@serial"]
+    assert {run_together(i, ROOT) for i in ids} == {"@serial"}
