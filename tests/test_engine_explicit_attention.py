@@ -9,8 +9,11 @@ from __future__ import annotations
 import pytest
 import torch
 from kernel_tolerance import TF32_GRAD_RTOL, flat_grad_errors
+from small_engines import B, T
+from small_engines import engine as _build
+from small_engines import train as _train
 
-from ftlib.harness.engine_check import check_against_reference, pattern_batches
+from ftlib.harness.engine_check import check_against_reference
 from ftlib.model.config import preset
 from ftlib.model.gpt import build_model
 from ftlib.training.engine import Engine, EngineOptions
@@ -18,21 +21,10 @@ from ftlib.training.engine import Engine, EngineOptions
 pytest.importorskip("triton")
 pytestmark = pytest.mark.usefixtures("results_root")  # results under tmp_path (conftest)
 
-B, T = 2, 16
 GPT2 = preset("gpt2", n_layer=2, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
 GPT2_MQA = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)  # the explicit grid's MQA cell
 GPT_MHA = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
 FT_MQA = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
-
-
-def _build(cfg, precision, device, **options) -> Engine:
-    return Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
-
-
-def _train(cfg, precision, device, **options):
-    eng = Engine(cfg, B, T, precision, device, seed=3, capture=False, **options)
-    batches = pattern_batches(cfg.vocab_size, B, T, 3, seed=2, device=device)
-    return eng, torch.stack([eng.step(x, y).detach().float().clone() for x, y in batches])
 
 
 def test_fused_softmax_only_for_explicit_attention_left_as_written(kernel_device):

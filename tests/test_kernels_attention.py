@@ -309,3 +309,56 @@ def test_a_pack_that_does_not_divide_the_group_is_refused(kernel_device):
             attention_fwd(q, k, v, pack_heads=bad)
         with pytest.raises(ValueError, match="pack_heads"):
             attention_bwd(do, q, k, v, o, lse, pack_heads=bad)
+
+
+# heavy_first: each grid's axes swapped so every row's block with the most causal work launches first
+# (kernels/attention.py's _grid). The same programs compute the same sums: the default order's results bit for
+# bit; a grid the kernels do not read as launched would leave blocks unwritten, which that comparison sees.
+
+def _run_both_passes(q, k, v, do, **kw) -> tuple[torch.Tensor, ...]:
+    from kernels.attention import attention_bwd, attention_fwd
+
+    fwd = {n: kw[n] for n in ("pack_heads", "heavy_first") if n in kw}
+    o, lse = attention_fwd(q, k, v, **BLK, **fwd)
+    return (o, lse, *attention_bwd(do, q, k, v, o, lse, **BLK, **kw))
+
+
+@pytest.mark.parametrize("nh,nkv,options", [
+    (4, 4, {}),
+    (4, 1, {"kv_split": 2, "fuse_kv_split_sum": True}),
+    (4, 1, {"kv_split": 1, "concurrent": True}),
+    (8, 2, {"pack_heads": 4, "kv_split": 2}),
+], ids=["mha", "mqa-split", "mqa-concurrent", "gqa-packed"])
+@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
+def test_heavy_first_gives_the_default_orders_results_bit_for_bit(nh, nkv, options, dtype, tol, kernel_device):
+    q, k, v, do = (t.detach() for t in _inputs(2, nh, nkv, 37, 32, dtype, kernel_device, seed=4))
+    default = _run_both_passes(q, k, v, do, **options)
+    heavy = _run_both_passes(q, k, v, do, heavy_first=True, **options)
+    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), heavy, default):
+        assert torch.equal(a, b), name
+    for name, got, want in zip(("o", "dq", "dk", "dv"), (heavy[0], *heavy[2:]), _reference(q, k, v, do)):
+        assert _rel_err(got, want) < tol, (name, _rel_err(got, want))
+
+
+def test_a_grid_the_kernels_do_not_read_as_launched_would_show(kernel_device, monkeypatch):
+    """The kernels told heavy_first on the default grid: blocks are read on the wrong axis, so some rows are
+    computed for the wrong positions or heads and others never written; the comparison above fails."""
+    import kernels.attention as flash
+
+    q, k, v, do = (t.detach() for t in _inputs(2, 4, 1, 37, 32, torch.float32, kernel_device, seed=4))
+    default = _run_both_passes(q, k, v, do)
+    monkeypatch.setattr(flash, "_grid", lambda blocks, rows, heavy_first: (blocks, rows))
+    wrong = _run_both_passes(q, k, v, do, heavy_first=True)
+    assert not all(torch.equal(a, b) for a, b in zip(wrong, default))
+
+
+def test_the_grid_swaps_only_when_asked_and_the_flag_is_a_bool(kernel_device):
+    from kernels.attention import _grid, attention_bwd, attention_fwd
+
+    assert _grid(3, 64, False) == (3, 64) and _grid(3, 64, True) == (64, 3)
+    q, k, v, do = (t.detach() for t in _inputs(2, 4, 1, 37, 32, torch.float32, kernel_device, seed=4))
+    o, lse = attention_fwd(q, k, v, **BLK)
+    with pytest.raises(TypeError, match="heavy_first must be a bool"):
+        attention_fwd(q, k, v, heavy_first=1)
+    with pytest.raises(TypeError, match="heavy_first must be a bool"):
+        attention_bwd(do, q, k, v, o, lse, heavy_first="yes")
