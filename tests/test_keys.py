@@ -17,7 +17,7 @@ from ftlib.harness.convergence import run_key
 from ftlib.harness.ddp_bench import ddp_key
 from ftlib.harness.engine_check import CHECKS, check_key
 from ftlib.harness.profiling import PROFILE_MODES, profile_key
-from ftlib.harness.results import row_key
+from ftlib.harness.results import device_folders, row_key
 from ftlib.harness.studies import suites
 from ftlib.harness.suites import SUITES, smoke_cases
 from ftlib.model.config import ModelConfig, preset
@@ -31,8 +31,9 @@ STEP_BENCHES = ("baselines", "engine", "engine_candidates", "grid", "grid_compil
 
 def _stored() -> list[tuple[str, dict]]:
     out = []
-    # The committed rows: a reader's own CPU rows (data/results/cpu, ignored by git) have no key to keep.
-    for path in sorted(p for p in (ROOT / "data" / "results").glob("*/*.jsonl") if p.parent.name != "cpu"):
+    # The committed rows: device_folders leaves out a reader's own CPU rows (data/results/cpu, ignored by git).
+    base = ROOT / "data" / "results"
+    for path in sorted(p for dev in device_folders(base) for p in (base / dev).glob("*.jsonl")):
         for line in path.read_text(encoding="utf-8").splitlines():
             if line.strip():
                 out.append((path.stem, json.loads(line)))
