@@ -478,6 +478,10 @@ display(Markdown(kernelview.kernel_math("explicit_attention")))
 # visits one. Variants v10 and v11 of section 2's kernel table launch each row's heaviest block first
 # (`heavy_first`; longest processing time first, the order of the `SingleTileLPTScheduler` in the FlashAttention
 # repository's tile schedulers), so the light ones fill the tail; the same programs, the same sums.
+# Variants v12 and v13 balance the dK/dV kernel's programs instead (`pair_key_blocks`): program j takes key
+# blocks j and n − 1 − j, which visit n + 1 query blocks together, so no program is longer than the others (the
+# pairing of chunks i and 2N − 1 − i that balances causal attention over N ranks in Llama 3's context
+# parallelism, arXiv:2407.21783, sec. 3.3.2).
 
 # %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("attention")))

@@ -110,9 +110,9 @@ def _explicit(block_m: int | None, block_n: int | None, num_warps: int | None, n
     return Tiles(block_m or d.block_m, block_n or d.block_n, num_warps or d.num_warps, num_stages or d.num_stages)
 
 
-def _check_heavy_first(heavy_first: object) -> None:
-    if not isinstance(heavy_first, bool):
-        raise TypeError(f"heavy_first must be a bool, got {heavy_first!r}")
+def _check_flag(name: str, value: object) -> None:
+    if not isinstance(value, bool):
+        raise TypeError(f"{name} must be a bool, got {value!r}")
 
 
 def _grid(blocks: int, rows: int, heavy_first: bool) -> tuple[int, int]:
@@ -143,7 +143,7 @@ def attention_fwd(
     B, nh, T, hs = q.shape
     nkv = k.shape[1]
     _check_pack(pack_heads, nh // nkv)
-    _check_heavy_first(heavy_first)
+    _check_flag("heavy_first", heavy_first)
     sm_scale = 1.0 / math.sqrt(hs) if sm_scale is None else sm_scale
     cd = accum_dtype(q.dtype)
     o = out_tensor("out", out, (B, nh, T, hs), q.dtype, q.device)
@@ -173,7 +173,7 @@ def attention_bwd(
     block_n: int | None = None, num_warps: int | None = None, num_stages: int | None = None,
     dq_out: torch.Tensor | None = None, dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None,
     fuse_kv_split_sum: bool = False, kv_split: int | None = None, concurrent: bool = False, pack_heads: int = 1,
-    heavy_first: bool = False,
+    heavy_first: bool = False, pair_key_blocks: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for o, lse = attention_fwd(q, k, v, ...); dk, dv have k's shape (B, nkv, T, hs).
 
@@ -192,12 +192,15 @@ def attention_bwd(
     Each kernel alone fills only part of the GPU at short sequences (a few hundred programs).
     ``pack_heads``: the dQ kernel's query heads per tile, as :func:`attention_fwd`'s. ``heavy_first``: the dQ
     kernel's last query block and the dK/dV kernel's first key block, the ones with the most blocks to visit,
-    launched first (:func:`_grid`).
+    launched first (:func:`_grid`). ``pair_key_blocks``: each dK/dV program takes key blocks j and n - 1 - j, so
+    all have the same causal work, in half as many key-block slots (the kernel's ``PAIRED``); the split over the
+    query heads (``_kv_split``) sees the halved grid.
     """
     _check_qkv(q, k, v, input_precision)
     group = q.shape[1] // k.shape[1]
     _check_pack(pack_heads, group)
-    _check_heavy_first(heavy_first)
+    _check_flag("heavy_first", heavy_first)
+    _check_flag("pair_key_blocks", pair_key_blocks)
     if kv_split is not None and not _divides_group(kv_split, group):
         raise ValueError(f"kv_split={kv_split!r} must be a power of two dividing the {group} query heads per "
                          "K/V head, or None")
@@ -228,16 +231,17 @@ def attention_bwd(
         )
 
     def launch_dkdv(t: Tiles) -> tuple[torch.Tensor, torch.Tensor, int]:
-        n_split = kv_split or _kv_split(B, nkv, nh // nkv, triton.cdiv(T, t.block_n), q.device)
+        slots = triton.cdiv(triton.cdiv(T, t.block_n), 2 if pair_key_blocks else 1)  # key-block slots of the grid
+        n_split = kv_split or _kv_split(B, nkv, nh // nkv, slots, q.device)
         # With n_split > 1 the dK/dV kernel writes fp32 partials per split, summed below.
         part_dtype = k.dtype if n_split == 1 else accum_dtype(k.dtype)
         dk = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=k.device)
         dv = torch.empty((B, nkv * n_split, T, hs), dtype=part_dtype, device=v.device)
-        _attn_bwd_dkdv_kernel[_grid(triton.cdiv(T, t.block_n), B * nkv * n_split, heavy_first)](
+        _attn_bwd_dkdv_kernel[_grid(slots, B * nkv * n_split, heavy_first)](
             q, k, v, o, do, lse, delta, dk, dv, *qs, *ks, *vs, *o.stride()[:3], *do.stride()[:3],
             nh, nkv, T, sm_scale * LOG2E, sm_scale, nh // nkv, n_split, HS=hs, BLOCK_M=t.block_m,
             BLOCK_N=t.block_n, PREC=prec, UPCAST=upcast, CD=cdt, DELTA_HERE=concurrent, HEAVY_FIRST=heavy_first,
-            num_warps=t.num_warps, num_stages=t.num_stages,
+            PAIRED=pair_key_blocks, num_warps=t.num_warps, num_stages=t.num_stages,
         )
         return dk, dv, n_split
 
@@ -309,32 +313,34 @@ class FlashAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
                 input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
-                fuse_kv_split_sum: bool = False, pack_heads: int = 1, heavy_first: bool = False) -> torch.Tensor:
+                fuse_kv_split_sum: bool = False, pack_heads: int = 1, heavy_first: bool = False,
+                pair_key_blocks: bool = False) -> torch.Tensor:
         o, lse = attention_fwd(q, k, v, sm_scale, input_precision, block_m, block_n, pack_heads=pack_heads,
                                heavy_first=heavy_first)
         ctx.save_for_backward(q, k, v, o, lse)
         ctx.cfg = (sm_scale, input_precision, block_m, block_n)
-        ctx.kw = dict(fuse_kv_split_sum=fuse_kv_split_sum, pack_heads=pack_heads, heavy_first=heavy_first)
+        ctx.kw = dict(fuse_kv_split_sum=fuse_kv_split_sum, pack_heads=pack_heads, heavy_first=heavy_first,
+                      pair_key_blocks=pair_key_blocks)
         return o
 
     @staticmethod
     def backward(ctx, do: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         q, k, v, o, lse = ctx.saved_tensors
         dq, dk, dv = attention_bwd(do, q, k, v, o, lse, *ctx.cfg, **ctx.kw)
-        return dq, dk, dv, None, None, None, None, None, None, None
+        return dq, dk, dv, None, None, None, None, None, None, None, None
 
 
 def flash_attention(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, sm_scale: float | None = None,
     input_precision: str = "ieee", block_m: int | None = None, block_n: int | None = None,
-    fuse_kv_split_sum: bool = False, pack_heads: int = 1, heavy_first: bool = False,
+    fuse_kv_split_sum: bool = False, pack_heads: int = 1, heavy_first: bool = False, pair_key_blocks: bool = False,
 ) -> torch.Tensor:
     """Causal attention through the fused kernels; q (B, nh, T, hs), k/v (B, nkv, T, hs).
     Blocks None: each kernel's tiles chosen from the device's shared memory (:func:`choose_tiles`).
-    ``fuse_kv_split_sum``: as in :func:`attention_bwd`; ``pack_heads``, ``heavy_first``: as in
-    :func:`attention_fwd`."""
+    ``fuse_kv_split_sum``, ``pair_key_blocks``: as in :func:`attention_bwd`; ``pack_heads``, ``heavy_first``: as
+    in :func:`attention_fwd`."""
     return FlashAttentionFunction.apply(q, k, v, sm_scale, input_precision, block_m, block_n, fuse_kv_split_sum,
-                                        pack_heads, heavy_first)
+                                        pack_heads, heavy_first, pair_key_blocks)
 
 
 class TritonCausalAttention(nn.Module):

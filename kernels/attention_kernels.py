@@ -14,8 +14,10 @@ Hopper kernels, FlashAttention-3). Causal programs are unequal: the forward's an
 key blocks, the dK/dV kernel's key block n visits every query block from n on. With ``HEAVY_FIRST`` the grid's
 axes swap so the heaviest block of every row is launched first (CUDA starts blocks about in order of their
 linear index, x fastest) and the short ones fill the tail: longest processing time first, the order of the
-``SingleTileLPTScheduler`` of the FlashAttention repository's tile schedulers. Launchers, autograd functions and
-modules: :mod:`kernels.attention`.
+``SingleTileLPTScheduler`` of the FlashAttention repository's tile schedulers. With ``PAIRED`` the dK/dV kernel's
+program j takes key blocks j and n - 1 - j instead, so that every program has the same causal work: the pairing
+of chunks i and 2N - 1 - i that balances causal attention over N ranks in context parallelism (Llama 3 paper,
+arXiv:2407.21783, sec. 3.3.2). Launchers, autograd functions and modules: :mod:`kernels.attention`.
 """
 
 from __future__ import annotations
@@ -160,41 +162,15 @@ def _attn_bwd_dq_kernel(
 
 
 @triton.jit
-def _attn_bwd_dkdv_kernel(
-    Q, K, V, Out, DO, LSE, DELTA, DK, DV,  # DK, DV: (B, nkv * n_split, T, HS) contiguous
+def _dkdv_block(
+    start_n, Q, K, V, Out, DO, LSE, DELTA, DK, DV,
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sdob, sdoh, sdot,
-    nh, nkv, T, qk_scale, sm_scale, group, n_split,
+    nh, nkv, T, qk_scale, sm_scale, group, n_split, b, kvh, sp,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, DELTA_HERE: tl.constexpr,
-    HEAVY_FIRST: tl.constexpr = False,
 ):
-    """dK, dV for one (key block, batch * kv head), summed over the group's query heads:
-
-        for h in group, for query blocks i at or after the key block (causal):
-            P^T = exp2(s2^T - lse2),  dV += P^T dO,  dP^T = V dO^T,
-            dS^T = P^T * (dP^T - D),  dK += scale * dS^T Q
-
-    FlashAttention-2 Alg. 2's outer loop over key blocks (sec. 3.1.2 parallelizes the
-    backward over the sequence this way); the extra loop over the group's heads replaces
-    the atomics (or the expanded K/V and a reduction) that MQA/GQA would otherwise need.
-    With ``n_split`` > 1 the group's heads are dealt to n_split programs (group / n_split
-    heads each), each writing its partial dK, dV to its own slice, summed by the launcher:
-    for MQA at B=32, T=256 one program per (key block, batch) is only 128 programs, under
-    one per SM, each looping over 8 heads; splitting restores the parallelism.
-    With ``DELTA_HERE`` it forms D = rowsum(dO * O) of each query block itself from ``Out``, as the
-    dQ kernel does, instead of reading the D that kernel stored: the two kernels then share no
-    data and may run at the same time (on two streams; the launcher's ``concurrent``).
-    """
-    if HEAVY_FIRST:  # grid (B * nkv * n_split, key blocks): key block 0, which sees every query block, first
-        start_n = tl.program_id(1)
-        bks = tl.program_id(0)  # (batch, kv head, split)
-    else:
-        start_n = tl.program_id(0)
-        bks = tl.program_id(1)
-    sp = bks % n_split
-    bk = bks // n_split
-    b = (bk // nkv).to(tl.int64)
-    kvh = (bk % nkv).to(tl.int64)
+    """One key block of the dK/dV kernel below (``start_n``, for batch b, K/V head kvh and split sp): its sums
+    over the split's query heads and the query blocks at or after it, written to its slice of DK and DV."""
     heads = group // n_split
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
     offs_m0 = tl.arange(0, BLOCK_M)
@@ -233,3 +209,54 @@ def _attn_bwd_dkdv_kernel(
     out = ((b * nkv + kvh) * n_split + sp) * T * HS + offs_n[:, None] * HS + offs_d[None, :]
     tl.store(DK + out, dk.to(DK.dtype.element_ty), mask=col_ok[:, None])
     tl.store(DV + out, dv.to(DV.dtype.element_ty), mask=col_ok[:, None])
+
+
+@triton.jit
+def _attn_bwd_dkdv_kernel(
+    Q, K, V, Out, DO, LSE, DELTA, DK, DV,  # DK, DV: (B, nkv * n_split, T, HS) contiguous
+    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot, sdob, sdoh, sdot,
+    nh, nkv, T, qk_scale, sm_scale, group, n_split,
+    HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, DELTA_HERE: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr = False, PAIRED: tl.constexpr = False,
+):
+    """dK, dV for one (key block, batch * kv head), summed over the group's query heads:
+
+        for h in group, for query blocks i at or after the key block (causal):
+            P^T = exp2(s2^T - lse2),  dV += P^T dO,  dP^T = V dO^T,
+            dS^T = P^T * (dP^T - D),  dK += scale * dS^T Q
+
+    FlashAttention-2 Alg. 2's outer loop over key blocks (sec. 3.1.2 parallelizes the
+    backward over the sequence this way); the extra loop over the group's heads replaces
+    the atomics (or the expanded K/V and a reduction) that MQA/GQA would otherwise need.
+    With ``n_split`` > 1 the group's heads are dealt to n_split programs (group / n_split
+    heads each), each writing its partial dK, dV to its own slice, summed by the launcher:
+    for MQA at B=32, T=256 one program per (key block, batch) is only 128 programs, under
+    one per SM, each looping over 8 heads; splitting restores the parallelism.
+    With ``DELTA_HERE`` it forms D = rowsum(dO * O) of each query block itself from ``Out``, as the
+    dQ kernel does, instead of reading the D that kernel stored: the two kernels then share no
+    data and may run at the same time (on two streams; the launcher's ``concurrent``).
+    With ``PAIRED`` (a grid of ceil(n / 2) key-block slots for n key blocks) program j takes key blocks j and
+    n - 1 - j, one after the other: with square tiles they visit n - j and j + 1 query blocks, n + 1 together,
+    so every program has the same causal work where one per key block ranges from 1 to n visits and the
+    kernel waits for its longest program. The sums of each key block are the same as without pairing.
+    """
+    if HEAVY_FIRST:  # grid (B * nkv * n_split, key blocks): key block 0, which sees every query block, first
+        start_n = tl.program_id(1)
+        bks = tl.program_id(0)  # (batch, kv head, split)
+    else:
+        start_n = tl.program_id(0)
+        bks = tl.program_id(1)
+    sp = bks % n_split
+    bk = bks // n_split
+    b = (bk // nkv).to(tl.int64)
+    kvh = (bk % nkv).to(tl.int64)
+    _dkdv_block(start_n, Q, K, V, Out, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, skb, skh, skt, svb, svh, svt,
+                sob, soh, sot, sdob, sdoh, sdot, nh, nkv, T, qk_scale, sm_scale, group, n_split, b, kvh, sp,
+                HS, BLOCK_M, BLOCK_N, PREC, UPCAST, CD, DELTA_HERE)
+    if PAIRED:
+        partner = tl.cdiv(T, BLOCK_N) - 1 - start_n
+        if partner != start_n:  # an odd count's middle block has no partner
+            _dkdv_block(partner, Q, K, V, Out, DO, LSE, DELTA, DK, DV, sqb, sqh, sqt, skb, skh, skt, svb, svh,
+                        svt, sob, soh, sot, sdob, sdoh, sdot, nh, nkv, T, qk_scale, sm_scale, group, n_split, b,
+                        kvh, sp, HS, BLOCK_M, BLOCK_N, PREC, UPCAST, CD, DELTA_HERE)

@@ -7,7 +7,9 @@ expanded K/V (memory-efficient kernel in fp32), v3 Triton 'ieee' fp32, v4 Triton
 and v9 ('tf32') the Triton kernels with the query heads of each K/V head packed into one tile (``pack_heads``:
 each K/V block loaded once for all of them, where one program per head loads it nh / nkv times); v10 (bf16) and
 v11 ('tf32') the Triton kernels launched heaviest block first (``heavy_first``: each row's causal block with the
-most blocks to visit starts before the lighter ones, which fill the tail).
+most blocks to visit starts before the lighter ones, which fill the tail); v12 (bf16) and v13 ('tf32') the dK/dV
+kernel's key blocks paired (``pair_key_blocks``: program j takes key blocks j and n - 1 - j, all with the same
+causal work, and the launcher's split of the query heads sees the halved grid).
 FLOPs: the causal half of the 4 matmuls' worth forward (4 B nh T^2 hs / 2) and 2.5x that backward
 (FlashAttention-2 paper's convention, sec. 4.1: 5 matmuls vs 2); the Triton backward actually does 7 (QK^T twice).
 Bytes (the memory floor): forward reads q, k, v and writes o; backward reads q, k, v, o, dO
@@ -70,6 +72,9 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             variants.append(Variant("v11 triton tf32, heavy first", fwd_bwd(
                 lambda a, b, c: flash_attention(a, b, c, input_precision="tf32", **blk, heavy_first=True)), 5e-3,
                 precision="tf32"))
+            variants.append(Variant("v13 triton tf32, key blocks paired", fwd_bwd(
+                lambda a, b, c: flash_attention(a, b, c, input_precision="tf32", **blk, pair_key_blocks=True)),
+                5e-3, precision="tf32"))
             if pack > 1:
                 variants.append(Variant("v9 triton tf32, heads packed", fwd_bwd(
                     lambda a, b, c: flash_attention(a, b, c, input_precision="tf32", **blk, pack_heads=pack)), 5e-3,
@@ -81,6 +86,8 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             ]
             variants.append(Variant("v10 triton bf16, heavy first", fwd_bwd(
                 lambda a, b, c: flash_attention(a, b, c, **blk, heavy_first=True)), 3e-2))
+            variants.append(Variant("v12 triton bf16, key blocks paired", fwd_bwd(
+                lambda a, b, c: flash_attention(a, b, c, **blk, pair_key_blocks=True)), 3e-2))
             if pack > 1:
                 variants.append(Variant("v8 triton bf16, heads packed", fwd_bwd(
                     lambda a, b, c: flash_attention(a, b, c, **blk, pack_heads=pack)), 3e-2))
