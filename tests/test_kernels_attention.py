@@ -315,6 +315,20 @@ def test_a_pack_that_does_not_divide_the_group_is_refused(kernel_device):
 # (kernels/attention.py's _grid). The same programs compute the same sums: the default order's results bit for
 # bit; a grid the kernels do not read as launched would leave blocks unwritten, which that comparison sees.
 
+
+@pytest.fixture
+def nan_empty(monkeypatch):
+    """torch.empty filling floating tensors with NaN while the test runs. A block a kernel leaves unwritten
+    otherwise holds whatever the allocator last kept there: on a GPU, often the previous call's right answer
+    (a buffer of the same size, freed and handed out again), so a comparison with that call could not fail."""
+    real = torch.empty
+
+    def empty(*args, **kwargs):
+        t = real(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
 def _run_both_passes(q, k, v, do, **kw) -> tuple[torch.Tensor, ...]:
     from kernels.attention import attention_bwd, attention_fwd
 
@@ -330,7 +344,8 @@ def _run_both_passes(q, k, v, do, **kw) -> tuple[torch.Tensor, ...]:
     (8, 2, {"pack_heads": 4, "kv_split": 2}),
 ], ids=["mha", "mqa-split", "mqa-concurrent", "gqa-packed"])
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
-def test_heavy_first_gives_the_default_orders_results_bit_for_bit(nh, nkv, options, dtype, tol, kernel_device):
+def test_heavy_first_gives_the_default_orders_results_bit_for_bit(nh, nkv, options, dtype, tol, kernel_device,
+                                                                  nan_empty):
     q, k, v, do = (t.detach() for t in _inputs(2, nh, nkv, 37, 32, dtype, kernel_device, seed=4))
     default = _run_both_passes(q, k, v, do, **options)
     heavy = _run_both_passes(q, k, v, do, heavy_first=True, **options)
@@ -340,7 +355,7 @@ def test_heavy_first_gives_the_default_orders_results_bit_for_bit(nh, nkv, optio
         assert _rel_err(got, want) < tol, (name, _rel_err(got, want))
 
 
-def test_a_grid_the_kernels_do_not_read_as_launched_would_show(kernel_device, monkeypatch):
+def test_a_grid_the_kernels_do_not_read_as_launched_would_show(kernel_device, monkeypatch, nan_empty):
     """The kernels told heavy_first on the default grid: blocks are read on the wrong axis, so some rows are
     computed for the wrong positions or heads and others never written; the comparison above fails."""
     import kernels.attention as flash
@@ -376,7 +391,7 @@ def test_the_grid_swaps_only_when_asked_and_the_flag_is_a_bool(kernel_device):
     (4, 1, {"kv_split": 2, "fuse_kv_split_sum": True}),
     (4, 1, {"kv_split": 1, "concurrent": True, "heavy_first": True}),
 ], ids=["mha", "mqa-split", "mqa-concurrent-heavy"])
-def test_paired_key_blocks_give_the_unpaired_results_bit_for_bit(T, nh, nkv, options, kernel_device):
+def test_paired_key_blocks_give_the_unpaired_results_bit_for_bit(T, nh, nkv, options, kernel_device, nan_empty):
     q, k, v, do = (t.detach() for t in _inputs(2, nh, nkv, T, 32, torch.float32, kernel_device, seed=5))
     default = _run_both_passes(q, k, v, do, **options)
     paired = _run_both_passes(q, k, v, do, pair_key_blocks=True, **options)
@@ -397,9 +412,9 @@ def test_paired_key_blocks_with_the_launchers_split_match_the_reference(dtype, t
         assert _rel_err(got, want) < tol, (name, _rel_err(got, want))
 
 
-def test_a_partner_block_never_computed_would_show(kernel_device, monkeypatch):
+def test_a_partner_block_never_computed_would_show(kernel_device, monkeypatch, nan_empty):
     """The paired grid (half the key-block slots) launched on a kernel told not to pair: the second half of the
-    key blocks is never written, and dK, dV differ there from the unpaired kernel's."""
+    key blocks is never written (NaN from ``nan_empty``), and dK, dV differ there from the unpaired kernel's."""
     import kernels.attention as flash
 
     real = flash._attn_bwd_dkdv_kernel
