@@ -40,7 +40,7 @@ import torch
 import triton
 import triton.language as tl
 
-from kernels._common import check_tensor, same_device
+from kernels._common import check_tensor, interpret_mode, same_device
 
 
 @triton.jit
@@ -128,13 +128,15 @@ def adamw_step_(
     eps: float = 1e-8,
     weight_decay: float = 0.01,
     n_decay: int | None = None,
-    block: int = 1024,
+    block: int | None = None,
     grad_scaling: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     """In-place AdamW step on flat contiguous fp32 buffers of N elements.
 
     step, lr: 1-element device tensors (step already incremented: 1 on the first call).
     n_decay: elements [0, n_decay) get weight decay (all N when None).
+    block: elements per program; None: 1024 on a GPU, 16,384 in the interpreter, which emulates each program
+    in Python and so pays per program, not per element.
     grad_scaling: (grad_mul, found_inf), 1-element fp32 device tensors: the gradients are
     used times grad_mul, and nothing changes when found_inf != 0 (module docstring).
 
@@ -177,6 +179,8 @@ def adamw_step_(
         return
     b1, b2, wd = _split(beta1), _split(beta2), _split(weight_decay)
     grad_mul, found_inf = grad_scaling if grad_scaling is not None else (lr, lr)  # unread when not SCALED
+    if block is None:
+        block = 16384 if interpret_mode() else 1024
     _adamw_kernel[(triton.cdiv(N, block),)](
         param, grad, exp_avg, exp_avg_sq, step, lr, grad_mul, found_inf, N, n_decay,
         b1[0], b1[1], b2[0], b2[1], wd[0], wd[1],

@@ -71,14 +71,14 @@ def _causal_softmax_bwd(P, DP, DS, R, T, scale, ROWS: tl.constexpr, BLOCK_T: tl.
 
 def _tiles(T: int, rows: int | None = None) -> tuple[int, int, int]:
     """(ROWS, BLOCK_T, num_warps): about 4,096 elements per program on the GPU (T = 256: 16 rows,
-    4 warps); 2 rows in the interpreter so odd shapes cross program boundaries. ``rows``
+    4 warps); 4 rows in the interpreter so odd shapes cross program boundaries. ``rows``
     overrides the rows per program (``benchmarks/kernels/causal_softmax_dev.py`` times others);
     warps follow the tile size."""
     block_t = triton.next_power_of_2(T)
     if rows is not None and (rows < 1 or rows & (rows - 1)):
         raise ValueError(f"rows={rows} per program must be a power of two (a tl.arange extent)")
     if rows is None:
-        rows = 2 if interpret_mode() else max(1, 4096 // block_t)
+        rows = 4 if interpret_mode() else max(1, 4096 // block_t)
     return rows, block_t, row_tile_warps(rows, block_t)
 
 
