@@ -739,6 +739,16 @@ if len(ktable):
 #   from L2 eight times was not what held these kernels back. At head size 32 each program does little work per
 #   block it loads, so their time goes to latency more than to traffic, which is also why the tile sweep found no
 #   larger tile faster. The ledger above shows how far above their floors the attention kernels run.
+# * `heavy-first` (`attention_heavy_first`; on trial) changes the order in which the attention's programs start,
+#   not what they compute. Under the causal mask the forward's and dQ's last query block visits every key block
+#   and the first visits one; the dK/dV kernel's first key block is visited by every query block. By default the
+#   light blocks of each row launch first and the heavy ones last, so the kernel ends on a tail of its longest
+#   programs. The option swaps each grid's axes so the heaviest block of every row starts first and the light ones
+#   fill in behind it: longest processing time first, the order of the `SingleTileLPTScheduler` among the
+#   FlashAttention repository's tile schedulers. Alone (section 2's kernel table, variants v10 and v11 against v6
+#   and v4) the attention's forward and backward got faster; the trial says whether the step does, with the other
+#   stream's kernels beside them. Pairing the dK/dV kernel's key blocks instead (v12 and v13), so every program has
+#   the same work, did not help as much.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

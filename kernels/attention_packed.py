@@ -36,22 +36,23 @@ class PackedAttentionFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
                 fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None, fuse_kv_split_sum: bool = False,
-                kv_split: int | None = None, concurrent_bwd: bool = False, pack_heads: int = 1) -> torch.Tensor:
+                kv_split: int | None = None, concurrent_bwd: bool = False, pack_heads: int = 1,
+                heavy_first: bool = False) -> torch.Tensor:
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
         y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
         o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
         _, lse = flash.attention_fwd(q, k, v, None, input_precision, **_tile_kw(fwd_tiles), out=o,
-                                     pack_heads=pack_heads)
+                                     pack_heads=pack_heads, heavy_first=heavy_first)
         ctx.save_for_backward(qkv, y, lse)
         ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, fuse_kv_split_sum, kv_split,
-                   concurrent_bwd, pack_heads)
+                   concurrent_bwd, pack_heads, heavy_first)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qkv, y, lse = ctx.saved_tensors
-        nh, nkv, hs, prec, bwd_tiles, fuse, kv_split, concurrent, pack = ctx.cfg
+        nh, nkv, hs, prec, bwd_tiles, fuse, kv_split, concurrent, pack, heavy = ctx.cfg
         B, T, C = y.shape
         q, k, v = _packed_views(qkv, nh, nkv, hs)
         o = y.view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view
@@ -59,8 +60,9 @@ class PackedAttentionFunction(torch.autograd.Function):
         dqkv = torch.empty_like(qkv)
         dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
         flash.attention_bwd(do, q, k, v, o, lse, None, prec, **_tile_kw(bwd_tiles), dq_out=dq, dk_out=dk, dv_out=dv,
-                      fuse_kv_split_sum=fuse, kv_split=kv_split, concurrent=concurrent, pack_heads=pack)
-        return dqkv, None, None, None, None, None, None, None, None, None, None
+                      fuse_kv_split_sum=fuse, kv_split=kv_split, concurrent=concurrent, pack_heads=pack,
+                      heavy_first=heavy)
+        return dqkv, None, None, None, None, None, None, None, None, None, None, None
 
 
 def _tile_kw(t: Tiles | None) -> dict[str, int | None]:
@@ -73,16 +75,16 @@ def _tile_kw(t: Tiles | None) -> dict[str, int | None]:
 def packed_attention(
     qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, input_precision: str = "ieee",
     fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None, fuse_kv_split_sum: bool = False,
-    kv_split: int | None = None, concurrent_bwd: bool = False, pack_heads: int = 1,
+    kv_split: int | None = None, concurrent_bwd: bool = False, pack_heads: int = 1, heavy_first: bool = False,
 ) -> torch.Tensor:
     """Causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C), heads side by side.
     ``fwd_tiles`` / ``bwd_tiles``: the forward's and the backward's kernels' tiles (both backward
     kernels take the same), None to choose them from the device (:mod:`kernels.tiles`).
-    ``fuse_kv_split_sum``, ``kv_split``, ``concurrent_bwd`` (its ``concurrent``) and ``pack_heads``: as in
-    :func:`kernels.attention.attention_bwd`."""
+    ``fuse_kv_split_sum``, ``kv_split``, ``concurrent_bwd`` (its ``concurrent``), ``pack_heads`` and
+    ``heavy_first``: as in :func:`kernels.attention.attention_bwd`."""
     if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
                          f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
                          f"{tuple(qkv.shape)} strides {qkv.stride()}")
     return PackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, input_precision, fwd_tiles, bwd_tiles,
-                                         fuse_kv_split_sum, kv_split, concurrent_bwd, pack_heads)
+                                         fuse_kv_split_sum, kv_split, concurrent_bwd, pack_heads, heavy_first)

@@ -23,3 +23,12 @@ def record_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str,
 
     monkeypatch.setattr(module, name, wrapper)
     return seen
+
+
+def record_attention_launches(monkeypatch: pytest.MonkeyPatch, keyword: str) -> tuple[set, set]:
+    """The values of ``keyword`` that kernels.attention's forward and backward launchers are called with, as
+    (forward's, backward's) sets; None where a call leaves it at its default."""
+    import kernels.attention as A
+
+    return (record_calls(monkeypatch, A, "attention_fwd", lambda a: a.get(keyword)),
+            record_calls(monkeypatch, A, "attention_bwd", lambda a: a.get(keyword)))

@@ -182,7 +182,8 @@ def attention(cfg: ModelConfig, step: Step) -> None:
     (kernels.explicit_attention, the default fuse_softmax_matmuls; in strict fp32 only when asked for).
     At B = 32 and at a DDP rank's batch: the dK/dV kernel is split over query heads (and kv_split_sum
     launched) only where the grid is small for the GPU, on a T4 only at the small batch. Options: a K/V head's
-    query heads packed into each forward and dQ tile (attention_pack_heads) on MQA/GQA; the
+    query heads packed into each forward and dQ tile (attention_pack_heads) on MQA/GQA; every grid's heaviest
+    causal block first (attention_heavy_first); the
     'heads' layout, q, k, v as strided views of the qkv output (KernelCausalSelfAttention); on sm_75 only
     when extended, the costliest compile here (FMA code) for strides the packed layout's already have."""
     from ftlib.training.engine.swaps import dq_one_pass_tiles
@@ -221,6 +222,9 @@ def attention(cfg: ModelConfig, step: Step) -> None:
         if 1 < group <= 16 and group & (group - 1) == 0:  # attention_pack_heads: a K/V head's query heads a tile
             _backward(packed_attention(qkv, nh, nkv, hs, step.prec, fuse_kv_split_sum=True, concurrent_bwd=True,
                                        pack_heads=group))
+        # attention_heavy_first: every grid's heaviest causal block first (the grids' axes swapped)
+        _backward(packed_attention(qkv, nh, nkv, hs, step.prec, fuse_kv_split_sum=True, concurrent_bwd=True,
+                                   heavy_first=True))
     if step.extended or (step.options and step.cc >= 80):
         q, k, v = qkv.split([nh * hs, nkv * hs, nkv * hs], dim=-1)
         q, k, v = (t.view(B_PER_RANK, T, -1, hs).transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hs) views

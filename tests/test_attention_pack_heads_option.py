@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from call_spy import record_calls
+from call_spy import record_attention_launches
 
 from ftlib.harness.engine_check import pattern_batches
 from ftlib.model.config import preset
@@ -27,10 +27,7 @@ def test_off_by_default_and_a_bool():
 
 
 def test_packing_reaches_both_launchers_and_trains_like_one_head_a_tile(kernel_device, monkeypatch):
-    import kernels.attention as A
-
-    fwd = record_calls(monkeypatch, A, "attention_fwd", lambda a: a.get("pack_heads"))
-    bwd = record_calls(monkeypatch, A, "attention_bwd", lambda a: a.get("pack_heads"))
+    fwd, bwd = record_attention_launches(monkeypatch, "pack_heads")
     batches = pattern_batches(FT4.vocab_size, B, T, 3, seed=2, device=kernel_device)
     losses = {}
     for pack in (False, True):

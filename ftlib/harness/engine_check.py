@@ -75,6 +75,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # The query heads of MQA's one K/V head packed into each tile of the attention's forward and dQ kernels (the
     # same sums per row, the rows in other places of the tile).
     *((prec, "fasttransformer", {"attention_pack_heads": True}) for prec in ("bf16", "tf32")),
+    # Each attention grid's heaviest causal block launched first (the same programs and sums in another order).
+    *((prec, "fasttransformer", {"attention_heavy_first": True}) for prec in ("bf16", "tf32")),
 )
 
 

@@ -131,7 +131,10 @@ def engine_variants() -> list[Case]:
 # trial; an option waiting for a trial goes here. Winners became defaults (ftlib.views.engine_config.TRIAL_WINNERS);
 # losers stay options (chapter 6 keeps every trial's rows). Labels must not extend one another: a label that
 # another extends is read as a default case.
-CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = ()
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
+    # Each attention grid's heaviest causal block first (GPT-2's default attention is its explicit softmax's kernels).
+    (" heavy-first", {"attention_heavy_first": True}, ("fasttransformer",), ("bf16", "tf32")),
+)
 
 
 def engine_candidates() -> list[Case]:

@@ -273,7 +273,8 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("relaxed_atomics=True", "relaxed atomic adds"),
                  ("relaxed_atomics=False", "acquire-release atomic adds"),
                  ("fuse_head_loss=False", "head and loss unfused"),
-                 ("attention_pack_heads=True", "heads packed in the attention tiles"))
+                 ("attention_pack_heads=True", "heads packed in the attention tiles"),
+                 ("attention_heavy_first=True", "heaviest attention blocks first"))
 
 
 def case_name(r: dict[str, Any]) -> str:

@@ -34,7 +34,7 @@ class KernelCausalSelfAttention(nn.Module):
 
     def __init__(self, attn: CausalSelfAttention, input_precision: str, layout: str = "heads",
                  fuse_kv_split_sum: bool = False, tiles: str | None = None, kv_split: int | None = None,
-                 concurrent_bwd: bool = False, pack_heads: int = 1) -> None:
+                 concurrent_bwd: bool = False, pack_heads: int = 1, heavy_first: bool = False) -> None:
         super().__init__()
         from kernels.attention import TritonCausalAttention
         from kernels.tiles import parse_tiles
@@ -50,6 +50,7 @@ class KernelCausalSelfAttention(nn.Module):
         self.kv_split = kv_split  # MQA/GQA's query heads per dK/dV program (packed layout); None: the launcher's
         self.concurrent_bwd = concurrent_bwd  # the backward's dQ and dK/dV kernels on two streams (packed layout)
         self.pack_heads = pack_heads  # query heads per forward and dQ tile (packed layout); 1: one head a tile
+        self.heavy_first = heavy_first  # each grid's causal block with the most work launched first (packed layout)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         if self.layout == "packed":
@@ -58,7 +59,7 @@ class KernelCausalSelfAttention(nn.Module):
             y = packed_attention(self.qkv(x), self.n_head, self.n_kv_head, self.head_size,
                                  self.core.input_precision, self.fwd_tiles, self.bwd_tiles,
                                  self.core.fuse_kv_split_sum, self.kv_split, self.concurrent_bwd,
-                                 self.pack_heads)  # (B, T, C)
+                                 self.pack_heads, self.heavy_first)  # (B, T, C)
             return self.resid_dropout(self.proj(y))
         B, T, C = x.shape
         kv_dim = self.n_kv_head * self.head_size

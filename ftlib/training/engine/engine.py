@@ -354,6 +354,7 @@ class Engine:
             "attention_kv_split": getattr(attn, "kv_split", None),  # the flash kernel's module, where it applied
             "attention_bwd_streams": bool(getattr(attn, "concurrent_bwd", False) and o.attention_layout == "packed"),
             "attention_pack_heads": getattr(attn, "pack_heads", 1) > 1,
+            "attention_heavy_first": bool(getattr(attn, "heavy_first", False)),
             "fuse_residual_norm": self.fuse_residual_norm,
             "fuse_dropout": self.resid_dropout is not None,
             "bias_kernel": self.notes.get("bias", "").startswith("bias gradients"),

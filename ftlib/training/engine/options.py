@@ -111,6 +111,10 @@ class EngineOptions:
         False, "with the attention kernel on an MQA/GQA model (packed layout): its forward and dQ kernels take all "
                "query heads of one K/V head in one tile (kernels.attention's pack_heads; where they are a power of "
                "two, at most 16), so each K/V block is loaded once for them all instead of once per head")
+    attention_heavy_first: bool = _option(
+        False, "with the attention kernel (packed layout): each of its grids launches the causal block with the most "
+               "work first (kernels.attention's heavy_first: the forward's and dQ's last query block, the dK/dV "
+               "kernel's first key block), so the light blocks fill the tail; the same programs and sums")
     fuse_kv_split_sum: bool = _option(
         True, "with the attention kernel on an MQA/GQA model: the dK/dV kernel's per-split fp32 partials summed, "
                "cast and written into dk/dv (the packed d(qkv) views) by one kernel per layer "

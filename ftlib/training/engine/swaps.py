@@ -172,10 +172,13 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
                                                f"{cfg.n_head // cfg.n_kv_head} query heads per K/V head")
             kv_split = None
         pack = _pack_heads(cfg, options, out)
+        heavy = options.attention_heavy_first and options.attention_layout == "packed"
+        if options.attention_heavy_first and not heavy:
+            out.notes["attention_heavy_first"] = "not applicable: the heads layout"
         for blk in model.blocks:
             blk.attn = KernelCausalSelfAttention(blk.attn, prec.fp32_dot, options.attention_layout,
                                                  options.fuse_kv_split_sum, options.attention_tiles, kv_split,
-                                                 options.attention_bwd_streams, pack)
+                                                 options.attention_bwd_streams, pack, heavy)
         out.applied["attention"] = True
     elif cfg.attn_impl == "explicit" and not cfg.qk_norm:
         # The explicit softmax kept, as written, with its three elementwise passes fused, and with

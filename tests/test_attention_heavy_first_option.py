@@ -1,0 +1,47 @@
+"""The engine's ``attention_heavy_first`` option (on trial): validated as a bool, off by default; on the packed
+layout the attention's launchers get heavy_first (each grid's heaviest causal block launched first) and the step
+trains exactly as in the default order, the same programs computing the same sums; on the heads layout a note
+says why it does not apply and the launchers keep the default order."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from call_spy import record_attention_launches
+from small_engines import FT, train
+
+from ftlib.training.engine import Engine, EngineOptions
+
+pytest.importorskip("triton")
+
+
+def test_it_reaches_both_launchers_and_trains_as_the_default_order(kernel_device, monkeypatch):
+    fwd, bwd = record_attention_launches(monkeypatch, "heavy_first")
+    losses = {}
+    for heavy in (False, True):
+        fwd.clear(), bwd.clear()
+        eng, losses[heavy] = train(FT, "tf32", kernel_device, attention_heavy_first=heavy)
+        assert fwd == {heavy} and bwd == {heavy}, (heavy, fwd, bwd)
+        assert eng.describe()["attention_heavy_first"] is heavy
+        assert "attention_heavy_first" not in eng.describe()["notes"]
+    assert torch.equal(losses[True], losses[False])  # the same programs and sums, launched in another order
+
+
+def test_on_the_heads_layout_a_note_says_why(kernel_device):
+    eng = Engine(FT, 2, 16, "tf32", kernel_device, capture=False, attention_heavy_first=True, attention_layout="heads")
+    assert eng.kernels["attention"] and eng.describe()["attention_heavy_first"] is False
+    assert "the heads layout" in eng.describe()["notes"]["attention_heavy_first"]
+
+
+def test_it_is_off_by_default_a_bool_and_on_trial_with_its_checks():
+    from ftlib.harness.engine_check import CHECKS
+    from ftlib.harness.suites import CANDIDATES, SUITES
+
+    assert EngineOptions().attention_heavy_first is False  # on trial: only a measured winner becomes a default
+    with pytest.raises(ValueError, match="attention_heavy_first"):
+        EngineOptions(attention_heavy_first=1)
+    assert [c[1] for c in CANDIDATES if "attention_heavy_first" in c[1]] == [{"attention_heavy_first": True}]
+    labels = [c.label for c in SUITES["engine_candidates"].cases()]
+    assert labels.count("fasttransformer heavy-first") == 2  # bf16 and tf32, each beside its default case
+    for prec in ("bf16", "tf32"):
+        assert (prec, "fasttransformer", {"attention_heavy_first": True}) in CHECKS
