@@ -60,7 +60,7 @@ from kernels.gelu_mlp import _gelu_parts
 # tiles deep at GPT-2's N = 256. Interpreter: small blocks so odd test shapes span several
 # tiles and column blocks, and the numpy emulation stays fast.
 _GPU_BLOCKS = (32, 64, 4)
-_CPU_BLOCKS = (16, 32, 1)
+_CPU_BLOCKS = (8, 32, 1)
 MIN_TILES_PER_SPLIT = 4  # fewer BLOCK_M tiles per split and the partials cost more than they save
 # The row splits aim at this many programs per SM (benchmarks/kernels/bias_grad_dev.py times others).
 PROGRAMS_PER_SM = 2
