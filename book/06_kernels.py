@@ -464,7 +464,9 @@ display(Markdown(kernelview.kernel_math("causal_softmax")))
 # too. It is the engine option `fuse_softmax_matmuls`, a default since it won its trial in the engine
 # in bf16 and tf32 (the table of options on trial, "How an option becomes a default", below). In strict
 # fp32 its products would be IEEE FMA, as cuBLAS's are there, and it was not measured faster, so the
-# engine keeps cuBLAS's products around the fused softmax unless a dot precision is set.
+# engine keeps cuBLAS's products around the fused softmax unless a dot precision is set. Their causal programs are
+# unequal too: variants v5 and v7 of section 2's kernel table launch each grid's heaviest block first, as the fused
+# MQA attention's `heavy_first` below does.
 
 # %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("explicit_attention")))

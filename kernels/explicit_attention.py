@@ -35,7 +35,7 @@ import torch.nn as nn
 import triton
 
 from kernels._common import accum_dtype, check_tensor, compute_dtype, dot_precision, out_tensor, upcast_dots
-from kernels.attention import LOG2E, _check_qkv
+from kernels.attention import LOG2E, _check_flag, _check_qkv, _grid
 from kernels.attention_packed import _packed_views
 from kernels.explicit_attention_kernels import (
     _explicit_attn_bwd_dkdv_kernel,
@@ -84,7 +84,7 @@ def _launch_once(kernel: str, launch, tiles: Tiles) -> None:
 def explicit_attention_fwd(
     q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p_dtype: torch.dtype | None = None,
     input_precision: str = "ieee", tiles: Tiles | None = None, out: torch.Tensor | None = None,
-    one_pass: bool | Tiles = False,
+    one_pass: bool | Tiles = False, heavy_first: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """(o (B, nh, T, hs), p (B, nh, T, T)) with p = softmax(q k^T / sqrt(hs) + causal mask), zeros above the
     diagonal, stored in ``p_dtype`` (None: q's dtype; bf16 under bf16 autocast, what GPT-2's ``att @ v``
@@ -92,8 +92,10 @@ def explicit_attention_fwd(
     views (unit last stride); ``out``: a strided view to write o into (e.g. of the (B, T, C) output).
     ``input_precision``: the products' tl.dot precision for fp32 operands ('ieee', 'tf32', 'tf32x3').
     ``tiles``: the two-pass kernel's (None: chosen from the device); ``one_pass``: True or row-spanning
-    :class:`Tiles` for the one-pass kernel instead (then ``tiles`` must be None)."""
+    :class:`Tiles` for the one-pass kernel instead (then ``tiles`` must be None). ``heavy_first``: each row's last
+    query block, the one with the most causal work, launched first (:func:`kernels.attention._grid`)."""
     _check_qkv(q, k, v, input_precision)
+    _check_flag("heavy_first", heavy_first)
     B, nh, T, hs = q.shape
     nkv = k.shape[1]
     row = _row_tiles(one_pass, T)
@@ -111,11 +113,11 @@ def explicit_attention_fwd(
     kernel = _explicit_attn_fwd_kernel if row is None else _explicit_attn_fwd_one_pass_kernel
 
     def launch(t: Tiles) -> None:
-        kernel[(triton.cdiv(T, t.block_m), B * nh)](
+        kernel[_grid(triton.cdiv(T, t.block_m), B * nh, heavy_first)](
             q, k, v, o, p, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             nh, T, LOG2E / math.sqrt(hs), nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
             PREC=dot_precision(q.dtype, input_precision), UPCAST=upcast_dots(q.dtype), CD=compute_dtype(q.dtype),
-            num_warps=t.num_warps, num_stages=t.num_stages,
+            HEAVY_FIRST=heavy_first, num_warps=t.num_warps, num_stages=t.num_stages,
         )
 
     if row is not None:
@@ -130,7 +132,7 @@ def explicit_attention_bwd(
     do: torch.Tensor, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, p: torch.Tensor,
     input_precision: str = "ieee", tiles: Tiles | None = None, dq_out: torch.Tensor | None = None,
     dk_out: torch.Tensor | None = None, dv_out: torch.Tensor | None = None, one_pass: bool | Tiles = False,
-    db_out: torch.Tensor | None = None,
+    db_out: torch.Tensor | None = None, heavy_first: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(dq, dk, dv) for _, p = explicit_attention_fwd(q, k, v, ...), from the stored p (never recomputed; the
     output is not needed: the softmax backward's row sums come from p and dP).
@@ -140,8 +142,10 @@ def explicit_attention_bwd(
     ``db_out``: an fp32 ((nh + 2 nkv) hs,) tensor into which the kernels add the column sums of dq, dk and dv
     as stored, over the batch and the sequence, heads side by side in the packed [q | k | v] order: the
     gradient of a bias added to the packed qkv projection (e.g. its view of a flat gradient, zeroed
-    before the step: the kernels add, never write)."""
+    before the step: the kernels add, never write). ``heavy_first``: the dQ kernel's last query block and the
+    dK/dV kernel's first key block, the ones with the most causal work, launched first."""
     _check_qkv(q, k, v, input_precision)
+    _check_flag("heavy_first", heavy_first)
     B, nh, T, hs = q.shape
     nkv = k.shape[1]
     row = _row_tiles(one_pass, T)
@@ -171,19 +175,19 @@ def explicit_attention_bwd(
     dq_kernel = _explicit_attn_bwd_dq_kernel if row is None else _explicit_attn_bwd_dq_one_pass_kernel
 
     def launch_dq(t: Tiles) -> None:  # first: it also writes D = rowsum(P * dP) for the dK/dV kernel
-        dq_kernel[(triton.cdiv(T, t.block_m), B * nh)](
+        dq_kernel[_grid(triton.cdiv(T, t.block_m), B * nh, heavy_first)](
             k, v, do, p, delta, dq, db, *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
             *dq.stride()[:3], nh, T, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            PREC=prec, UPCAST=upcast, CD=cd, HAS_DB=db_out is not None, num_warps=t.num_warps,
-            num_stages=t.num_stages,
+            PREC=prec, UPCAST=upcast, CD=cd, HAS_DB=db_out is not None, HEAVY_FIRST=heavy_first,
+            num_warps=t.num_warps, num_stages=t.num_stages,
         )
 
     def launch_dkdv(t: Tiles) -> None:
-        _explicit_attn_bwd_dkdv_kernel[(triton.cdiv(T, t.block_n), B * nkv)](
+        _explicit_attn_bwd_dkdv_kernel[_grid(triton.cdiv(T, t.block_n), B * nkv, heavy_first)](
             q, v, do, p, delta, dk, dv, db, *q.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3],
             *dv.stride()[:3], nh, nkv, T, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
-            PREC=prec, UPCAST=upcast, CD=cd, HAS_DB=db_out is not None, num_warps=t.num_warps,
-            num_stages=t.num_stages,
+            PREC=prec, UPCAST=upcast, CD=cd, HAS_DB=db_out is not None, HEAVY_FIRST=heavy_first,
+            num_warps=t.num_warps, num_stages=t.num_stages,
         )
 
     if row is not None:
@@ -206,34 +210,37 @@ class ExplicitPackedAttentionFunction(torch.autograd.Function):
     def forward(ctx, qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int,
                 p_dtype: torch.dtype | None = None, input_precision: str = "ieee", fwd_tiles: Tiles | None = None,
                 bwd_tiles: Tiles | None = None, fwd_one_pass: bool | Tiles = False,
-                dq_one_pass: bool | Tiles = False, db_out: torch.Tensor | None = None) -> torch.Tensor:
+                dq_one_pass: bool | Tiles = False, db_out: torch.Tensor | None = None,
+                heavy_first: bool = False) -> torch.Tensor:
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, n_head, n_kv_head, head_size)
         y = torch.empty((B, T, n_head * head_size), dtype=qkv.dtype, device=qkv.device)  # (B, T, C)
         o = y.view(B, T, n_head, head_size).transpose(1, 2)  # (B, nh, T, hs) view of y
-        _, p = explicit_attention_fwd(q, k, v, p_dtype, input_precision, fwd_tiles, out=o, one_pass=fwd_one_pass)
+        _, p = explicit_attention_fwd(q, k, v, p_dtype, input_precision, fwd_tiles, out=o, one_pass=fwd_one_pass,
+                                      heavy_first=heavy_first)
         ctx.save_for_backward(qkv, p)
-        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, dq_one_pass, db_out)
+        ctx.cfg = (n_head, n_kv_head, head_size, input_precision, bwd_tiles, dq_one_pass, db_out, heavy_first)
         return y
 
     @staticmethod
     def backward(ctx, dy: torch.Tensor) -> tuple[torch.Tensor | None, ...]:
         qkv, p = ctx.saved_tensors
-        nh, nkv, hs, prec, tiles, dq_one_pass, db_out = ctx.cfg
+        nh, nkv, hs, prec, tiles, dq_one_pass, db_out, heavy_first = ctx.cfg
         B, T, _ = qkv.shape
         q, k, v = _packed_views(qkv, nh, nkv, hs)
         do = dy.contiguous().view(B, T, nh, hs).transpose(1, 2)  # (B, nh, T, hs) view (dy is contiguous here)
         dqkv = torch.empty_like(qkv)
         dq, dk, dv = _packed_views(dqkv, nh, nkv, hs)
         explicit_attention_bwd(do, q, k, v, p, prec, tiles, dq_out=dq, dk_out=dk, dv_out=dv, one_pass=dq_one_pass,
-                               db_out=db_out)
-        return dqkv, None, None, None, None, None, None, None, None, None, None
+                               db_out=db_out, heavy_first=heavy_first)
+        return dqkv, None, None, None, None, None, None, None, None, None, None, None
 
 
 def explicit_attention_packed(
     qkv: torch.Tensor, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
     input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None,
     fwd_one_pass: bool | Tiles = False, dq_one_pass: bool | Tiles = False, db_out: torch.Tensor | None = None,
+    heavy_first: bool = False,
 ) -> torch.Tensor:
     """GPT-2's explicit causal attention of a packed (B, T, C + 2 nkv hs) [q | k | v] tensor -> (B, T, C),
     its probabilities written in ``p_dtype`` (None: qkv's dtype) as :func:`explicit_attention_fwd` says.
@@ -241,13 +248,15 @@ def explicit_attention_packed(
     device's shared memory, :mod:`kernels.tiles`); ``fwd_one_pass``, ``dq_one_pass``: the forward, the dQ
     kernel in one pass, True at :func:`one_pass_tiles` or at row-spanning :class:`Tiles` (the forward's then
     replace ``fwd_tiles``, which must be None; with the dQ kernel's, ``bwd_tiles`` go to the dK/dV kernel);
-    ``db_out``: where the backward adds the gradient of the qkv projection's bias (:func:`explicit_attention_bwd`)."""
+    ``db_out``: where the backward adds the gradient of the qkv projection's bias (:func:`explicit_attention_bwd`);
+    ``heavy_first``: every grid's heaviest causal block launched first (:func:`explicit_attention_bwd`)."""
     if qkv.dim() != 3 or qkv.shape[-1] != (n_head + 2 * n_kv_head) * head_size or qkv.stride(-1) != 1:
         raise ValueError(f"qkv must be (B, T, {(n_head + 2 * n_kv_head) * head_size}) with a unit last stride "
                          f"for n_head={n_head}, n_kv_head={n_kv_head}, head_size={head_size}; got "
                          f"{tuple(qkv.shape)} strides {qkv.stride()}")
     return ExplicitPackedAttentionFunction.apply(qkv, n_head, n_kv_head, head_size, p_dtype, input_precision,
-                                                 fwd_tiles, bwd_tiles, fwd_one_pass, dq_one_pass, db_out)
+                                                 fwd_tiles, bwd_tiles, fwd_one_pass, dq_one_pass, db_out,
+                                                 heavy_first)
 
 
 class TritonExplicitAttention(nn.Module):
@@ -257,9 +266,11 @@ class TritonExplicitAttention(nn.Module):
 
     def __init__(self, n_head: int, n_kv_head: int, head_size: int, p_dtype: torch.dtype | None = None,
                  input_precision: str = "ieee", fwd_tiles: Tiles | None = None, bwd_tiles: Tiles | None = None,
-                 fwd_one_pass: bool | Tiles = False, dq_one_pass: bool | Tiles = False) -> None:
+                 fwd_one_pass: bool | Tiles = False, dq_one_pass: bool | Tiles = False,
+                 heavy_first: bool = False) -> None:
         super().__init__()
         self.n_head, self.n_kv_head, self.head_size = n_head, n_kv_head, head_size
+        self.heavy_first = heavy_first
         self.p_dtype, self.input_precision = p_dtype, input_precision
         self.fwd_tiles, self.bwd_tiles = fwd_tiles, bwd_tiles
         self.fwd_one_pass, self.dq_one_pass = fwd_one_pass, dq_one_pass
@@ -267,4 +278,4 @@ class TritonExplicitAttention(nn.Module):
     def forward(self, qkv: torch.Tensor, db_out: torch.Tensor | None = None) -> torch.Tensor:
         return explicit_attention_packed(qkv, self.n_head, self.n_kv_head, self.head_size, self.p_dtype,
                                          self.input_precision, self.fwd_tiles, self.bwd_tiles, self.fwd_one_pass,
-                                         self.dq_one_pass, db_out)
+                                         self.dq_one_pass, db_out, self.heavy_first)

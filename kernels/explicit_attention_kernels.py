@@ -26,6 +26,10 @@ the same two-kernel backward without atomics) but with P stored as GPT-2 stores 
 * backward, dK/dV kernel, one program per (key block, batch * kv head), over the group's query heads
   and the query blocks at or after the key block: dV += P^T dO, dK += (P^T * (v dO^T - D)) q.
 
+``HEAVY_FIRST`` swaps each grid's axes so every row's causal block with the most work is launched first, as
+in the flash kernels (``kernels.attention_kernels``): the two-pass forward's and dQ's last query block, the
+dK/dV kernel's first key block.
+
 The scores S, the gradients dP and dS never reach memory; P is written once and read back three times
 (its lower triangle: the upper one is known to be zero).
 
@@ -68,7 +72,7 @@ def _explicit_attn_fwd_kernel(
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
     nh, T, qk_scale, group,  # qk_scale = softmax scale * log2(e); group = nh // nkv
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HEAVY_FIRST: tl.constexpr = False,
 ):
     """P and O for one (query block, batch * head). In base-2 units s2 = s * log2 e:
 
@@ -76,7 +80,8 @@ def _explicit_attn_fwd_kernel(
         pass 2 (every key):         P_j = exp2(s2_j - m) / l  (0 above the diagonal), stored;
                                     O = sum_j P_j v_j  with P_j as stored (rounded to P's dtype)
     """
-    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
+    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, 1,
+                                                                        HEAVY_FIRST)
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh
@@ -120,13 +125,15 @@ def _explicit_attn_bwd_dq_kernel(
     nh, T, sm_scale, group,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HAS_DB: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr = False,
 ):
     """dq for one (query block, batch * head) from the stored P, in two passes over the key blocks:
 
         pass 1:  D = rowsum(P * dP) with dP = dO v^T   (stored for the dK/dV kernel)
         pass 2:  dS = P * (dP - D),  dq = scale * dS k;   HAS_DB: db[h hs + d] += sum_rows dq[:, d]
     """
-    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
+    start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, 1,
+                                                                        HEAVY_FIRST)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     k_base = K + b * skb + kvh * skh
     v_base = V + b * svb + kvh * svh
@@ -165,6 +172,7 @@ def _explicit_attn_bwd_dkdv_kernel(
     nh, nkv, T, sm_scale, group,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HAS_DB: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr = False,
 ):
     """dk, dv for one (key block, batch * kv head), over the group's query heads and the query blocks
     at or after the key block (causal), from the stored P read transposed:
@@ -172,8 +180,12 @@ def _explicit_attn_bwd_dkdv_kernel(
         dV += P^T dO,  dS^T = P^T * (v dO^T - D),  dK += scale * dS^T q
         HAS_DB: db[(nh + kvh) hs + d] += sum_rows dk[:, d],  db[(nh + nkv + kvh) hs + d] += sum_rows dv[:, d]
     """
-    start_n = tl.program_id(0)
-    bk = tl.program_id(1)
+    if HEAVY_FIRST:  # grid (B * nkv, key blocks), as the flash dK/dV kernel's: key block 0 first
+        start_n = tl.program_id(1)
+        bk = tl.program_id(0)
+    else:
+        start_n = tl.program_id(0)
+        bk = tl.program_id(1)
     b = (bk // nkv).to(tl.int64)
     kvh = (bk % nkv).to(tl.int64)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -217,7 +229,7 @@ def _explicit_attn_fwd_one_pass_kernel(
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
     nh, T, qk_scale, group,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  # BLOCK_N >= T: the whole row
-    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr,
+    PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HEAVY_FIRST: tl.constexpr = False,
 ):
     """P and O for one (query block, batch * head), every key of the rows in one tile, in one pass:
 
@@ -225,7 +237,8 @@ def _explicit_attn_fwd_one_pass_kernel(
         P = exp2(s2 - m) / rowsum(exp2(s2 - m))   stored for the whole row (zeros above the diagonal)
         O = P v  with P as stored
     """
-    start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
+    start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, 1,
+                                                                        HEAVY_FIRST)
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     hi = tl.minimum((start_m + 1) * BLOCK_M, T)  # causal: keys <= the block's last query are loaded
     kt = tl.load(K + b * skb + kvh * skh + offs_t[None, :] * skt + offs_d[:, None], mask=offs_t[None, :] < hi,
@@ -252,13 +265,15 @@ def _explicit_attn_bwd_dq_one_pass_kernel(
     nh, T, sm_scale, group,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  # BLOCK_N >= T: the whole row
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HAS_DB: tl.constexpr,
+    HEAVY_FIRST: tl.constexpr = False,
 ):
     """dq for one (query block, batch * head) from the stored P, every key of the rows in one tile:
 
         dP = dO v^T,  D = rowsum(P * dP)  (stored for the dK/dV kernel),  dS = P * (dP - D),  dq = scale * dS k
         HAS_DB: db[h hs + d] += sum_rows dq[:, d]
     """
-    start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS)
+    start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, 1,
+                                                                        HEAVY_FIRST)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
     hi = tl.minimum((start_m + 1) * BLOCK_M, T)
     keep = (offs_m[:, None] >= offs_t[None, :]) & (offs_t[None, :] < T) & row_ok[:, None]

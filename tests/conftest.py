@@ -74,6 +74,22 @@ def kernel_device():
 
 
 @pytest.fixture()
+def nan_empty(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch.empty filling floating tensors with NaN while the test runs. A block a kernel leaves unwritten
+    otherwise holds whatever the allocator last kept there: on a GPU, often the previous call's right answer
+    (a buffer of the same size, freed and handed out again), so a comparison with that call could not fail."""
+    import torch
+
+    real = torch.empty
+
+    def empty(*args, **kwargs) -> torch.Tensor:
+        t = real(*args, **kwargs)
+        return t.fill_(float("nan")) if t.is_floating_point() else t
+
+    monkeypatch.setattr(torch, "empty", empty)
+
+
+@pytest.fixture()
 def cpu_interpreter() -> None:
     """For tests of a CPU-only code path that runs kernels in the interpreter (e.g. the dev
     harness's CPU timing rows): skipped in GPU mode, where that path is not taken; failing,

@@ -313,21 +313,8 @@ def test_a_pack_that_does_not_divide_the_group_is_refused(kernel_device):
 
 # heavy_first: each grid's axes swapped so every row's block with the most causal work launches first
 # (kernels/attention.py's _grid). The same programs compute the same sums: the default order's results bit for
-# bit; a grid the kernels do not read as launched would leave blocks unwritten, which that comparison sees.
-
-
-@pytest.fixture
-def nan_empty(monkeypatch):
-    """torch.empty filling floating tensors with NaN while the test runs. A block a kernel leaves unwritten
-    otherwise holds whatever the allocator last kept there: on a GPU, often the previous call's right answer
-    (a buffer of the same size, freed and handed out again), so a comparison with that call could not fail."""
-    real = torch.empty
-
-    def empty(*args, **kwargs):
-        t = real(*args, **kwargs)
-        return t.fill_(float("nan")) if t.is_floating_point() else t
-
-    monkeypatch.setattr(torch, "empty", empty)
+# bit; a grid the kernels do not read as launched would leave blocks unwritten, which that comparison sees (the
+# outputs allocated NaN-filled: tests/conftest.py's nan_empty).
 
 def _run_both_passes(q, k, v, do, **kw) -> tuple[torch.Tensor, ...]:
     from kernels.attention import attention_bwd, attention_fwd

@@ -242,3 +242,39 @@ def test_bad_arguments_say_what_is_wrong(kernel_device):
         explicit_attention_fwd(q, k, v, one_pass=Tiles(16, 32))
     with pytest.raises(ValueError, match="rows of 1 to"):
         one_pass_tiles(ONE_PASS_MAX_T + 1)
+
+
+# heavy_first: each grid's axes swapped so every row's block with the most causal work launches first (as the flash
+# kernels', tests/test_kernels_attention.py). The same programs compute the same sums, so the default order's
+# results bit for bit, with the outputs allocated NaN-filled (tests/conftest.py's nan_empty) so that a block
+# left unwritten shows; and a grid the kernels read the other way round does show.
+
+def _both_passes(q, k, v, do, one_pass, **kw) -> tuple[torch.Tensor, ...]:
+    fwd_tiles = None if one_pass else SMALL
+    o, p = explicit_attention_fwd(q, k, v, input_precision="ieee", tiles=fwd_tiles, one_pass=one_pass, **kw)
+    return (o, p, *explicit_attention_bwd(do, q, k, v, p, "ieee", tiles=SMALL, one_pass=one_pass, **kw))
+
+
+@pytest.mark.parametrize("nkv", [4, 1], ids=["mha", "mqa"])
+@pytest.mark.parametrize("one_pass", [False, True], ids=["two-pass", "one-pass"])
+def test_heavy_first_gives_the_default_orders_results_bit_for_bit(nkv, one_pass, kernel_device, nan_empty):
+    q, k, v, do = _inputs(2, 4, nkv, 37, 32, torch.float32, kernel_device, seed=7)
+    default = _both_passes(q, k, v, do, one_pass)
+    heavy = _both_passes(q, k, v, do, one_pass, heavy_first=True)
+    for name, a, b in zip(("o", "p", "dq", "dk", "dv"), heavy, default):
+        assert torch.equal(a, b), name
+    ref, _ = _reference(q, k, v, do)
+    for name, got, want in zip(("o", "dq", "dk", "dv"), (heavy[0], *heavy[2:]), ref):
+        assert _rel_err(got, want) < 1e-5, (name, _rel_err(got, want))
+
+
+def test_heavy_first_read_on_the_wrong_axes_would_show(kernel_device, monkeypatch, nan_empty):
+    """Two K/V heads, so that read the wrong way round every grid still indexes batches and heads that exist
+    (B * nkv = 4 rows >= 3 blocks): the results are wrong, not out of bounds."""
+    q, k, v, do = _inputs(2, 4, 2, 37, 32, torch.float32, kernel_device, seed=7)
+    default = _both_passes(q, k, v, do, False)
+    monkeypatch.setattr(explicit_module, "_grid", lambda blocks, rows, heavy_first: (blocks, rows))
+    wrong = _both_passes(q, k, v, do, False, heavy_first=True)
+    assert not all(torch.equal(a, b) for a, b in zip(wrong, default))
+    with pytest.raises(TypeError, match="heavy_first must be a bool"):
+        explicit_attention_fwd(q, k, v, heavy_first=1)

@@ -11,7 +11,9 @@ the layout copies and the ``cat`` of d(qkv) are a tenth of the time (``engine_pr
 Each variant maps the packed qkv projection's output (B, T, 3C) to the attention's output (B, T, C) and
 back, the engine's own modules with identity projections: v1 the model's explicit attention eager
 (``CausalSelfAttention``), v2 torch.compile of it, v3 the engine's fused softmax
-(``FusedSoftmaxSelfAttention``), v4 the fused products (``FusedExplicitSelfAttention``). Shape: GPT-2's at
+(``FusedSoftmaxSelfAttention``), v4 the fused products (``FusedExplicitSelfAttention``), v5 the same launched
+heaviest causal block first (``heavy_first``), v6 with the dQ kernel in one pass (the engine's default,
+``explicit_dq_one_pass``) and v7 that heaviest block first. Shape: GPT-2's at
 the book's headline (B=32, nh=8, T=256, hs=32), in bf16 and in fp32 with TF32 products. Checked
 against the fp64 reference (``ftlib.model.reference.causal_attention_ref``). Work: the causal half of
 the four products forward (4 B nh T^2 hs / 2) and 2.5x that backward; bytes: P written once and read
@@ -36,6 +38,7 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
     from ftlib.model.config import preset
     from ftlib.model.reference import causal_attention_ref
     from ftlib.training.engine.attention import FusedExplicitSelfAttention, FusedSoftmaxSelfAttention
+    from ftlib.training.engine.swaps import dq_one_pass_tiles
 
     cuda = device.type == "cuda"
     B, T = (32, 256) if cuda else (1, 37)
@@ -74,6 +77,15 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
                   "triton"),
                  ("v4 triton fused products",
                   core(FusedExplicitSelfAttention(CausalSelfAttention(cfg), low, prec), qkv), "triton")]
+
+        def fused(**kw) -> nn.Module:
+            return core(FusedExplicitSelfAttention(CausalSelfAttention(cfg), low, prec, **kw), qkv)
+
+        one_pass = dq_one_pass_tiles(T)  # the engine's dQ tile
+        paths += [("v5 triton fused products, heavy first", fused(heavy_first=True), "triton"),
+                  ("v6 triton fused products, dQ one pass", fused(dq_one_pass=one_pass), "triton"),
+                  ("v7 triton fused products, dQ one pass, heavy first", fused(dq_one_pass=one_pass,
+                                                                               heavy_first=True), "triton")]
 
         def fwd_bwd(m: nn.Module):
             def go():

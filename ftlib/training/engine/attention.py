@@ -113,13 +113,14 @@ class FusedExplicitSelfAttention(nn.Module):
     ``att @ v`` matmul would cast it to; None keeps the scores' dtype); ``input_precision``: the products'
     tl.dot precision for fp32 operands; ``tiles``: the kernels' tiles per pass, as the option ``attention_tiles``
     names them (None: chosen from the device); ``fwd_one_pass``, ``dq_one_pass``: the forward, the dQ kernel
-    over whole rows, True or at row-spanning tiles (options ``explicit_one_pass``, ``explicit_dq_one_pass``).
+    over whole rows, True or at row-spanning tiles (options ``explicit_one_pass``, ``explicit_dq_one_pass``);
+    ``heavy_first``: every grid's heaviest causal block launched first (the kernels' ``heavy_first``).
     ``bias_into`` (set by :func:`qkv_biases_into_attention`): the backward kernels add the qkv bias's gradient
     into its ``.grad``, the flat gradient's view. No attention dropout (the swap checks)."""
 
     def __init__(self, attn: CausalSelfAttention, p_dtype: torch.dtype | None, input_precision: str,
                  tiles: str | None = None, fwd_one_pass: bool | Tiles = False,
-                 dq_one_pass: bool | Tiles = False) -> None:
+                 dq_one_pass: bool | Tiles = False, heavy_first: bool = False) -> None:
         super().__init__()
         from kernels.explicit_attention import TritonExplicitAttention
         from kernels.tiles import parse_tiles
@@ -128,7 +129,7 @@ class FusedExplicitSelfAttention(nn.Module):
         named = parse_tiles(tiles) if tiles else {}
         self.core = TritonExplicitAttention(attn.n_head, attn.n_kv_head, attn.head_size, p_dtype, input_precision,
                                             named.get("fwd"), named.get("bwd"), fwd_one_pass,
-                                            dq_one_pass)
+                                            dq_one_pass, heavy_first)
         self.bias_into = False
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
