@@ -50,8 +50,10 @@ def test_fused_softmax_under_bf16_writes_bf16_probabilities_and_stays_close(kern
     assert r["ok"] and r["fused_softmax"], r["max_rel_err"]
 
 
-@pytest.mark.parametrize("precision,tol", [("bf16", 3e-2), ("tf32", 1e-4), ("fp32", 1e-4), ("fp16", 1e-2)])
-@pytest.mark.parametrize("cfg", [GPT2, GPT2_MQA], ids=["gpt2", "gpt2-mqa"])
+# Each precision once and each model twice (the interpreter's cost is per case; the cross product repeats paths).
+@pytest.mark.parametrize("cfg,precision,tol", [(GPT2, "bf16", 3e-2), (GPT2, "fp32", 1e-4), (GPT2_MQA, "tf32", 1e-4),
+                                               (GPT2_MQA, "fp16", 1e-2)],
+                         ids=["gpt2-bf16", "gpt2-fp32", "gpt2-mqa-tf32", "gpt2-mqa-fp16"])
 def test_the_fused_attention_trains_like_the_fused_softmax(kernel_device, cfg, precision, tol):
     from ftlib.training.engine.attention import FusedExplicitSelfAttention, FusedSoftmaxSelfAttention
 
