@@ -8,9 +8,9 @@ from __future__ import annotations
 import pytest
 import torch
 from call_spy import record_attention_launches
-from small_engines import FT, train
+from small_engines import FT, engine, train
 
-from ftlib.training.engine import Engine, EngineOptions
+from ftlib.training.engine import EngineOptions
 
 pytest.importorskip("triton")
 
@@ -28,7 +28,7 @@ def test_it_reaches_both_launchers_and_trains_as_the_default_order(kernel_device
 
 
 def test_on_the_heads_layout_a_note_says_why(kernel_device):
-    eng = Engine(FT, 2, 16, "tf32", kernel_device, capture=False, attention_heavy_first=True, attention_layout="heads")
+    eng = engine(FT, "tf32", kernel_device, attention_heavy_first=True, attention_layout="heads")
     assert eng.kernels["attention"] and eng.describe()["attention_heavy_first"] is False
     assert "the heads layout" in eng.describe()["notes"]["attention_heavy_first"]
 

@@ -71,21 +71,20 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
         prec = "tf32" if tf32 else "ieee"
         x = torch.zeros(B, T, C, device=device, dtype=dtype)
         eager = core(CausalSelfAttention(cfg), qkv)
-        paths = [("v1 eager", eager, "pytorch"),
-                 ("v2 torch.compile", torch.compile(eager) if cuda else eager, "compile"),
-                 ("v3 triton fused softmax", core(FusedSoftmaxSelfAttention(CausalSelfAttention(cfg), low), qkv),
-                  "triton"),
-                 ("v4 triton fused products",
-                  core(FusedExplicitSelfAttention(CausalSelfAttention(cfg), low, prec), qkv), "triton")]
 
         def fused(**kw) -> nn.Module:
             return core(FusedExplicitSelfAttention(CausalSelfAttention(cfg), low, prec, **kw), qkv)
 
         one_pass = dq_one_pass_tiles(T)  # the engine's dQ tile
-        paths += [("v5 triton fused products, heavy first", fused(heavy_first=True), "triton"),
-                  ("v6 triton fused products, dQ one pass", fused(dq_one_pass=one_pass), "triton"),
-                  ("v7 triton fused products, dQ one pass, heavy first", fused(dq_one_pass=one_pass,
-                                                                               heavy_first=True), "triton")]
+        paths = [("v1 eager", eager, "pytorch"),
+                 ("v2 torch.compile", torch.compile(eager) if cuda else eager, "compile"),
+                 ("v3 triton fused softmax", core(FusedSoftmaxSelfAttention(CausalSelfAttention(cfg), low), qkv),
+                  "triton"),
+                 ("v4 triton fused products", fused(), "triton"),
+                 ("v5 triton fused products, heavy first", fused(heavy_first=True), "triton"),
+                 ("v6 triton fused products, dQ one pass", fused(dq_one_pass=one_pass), "triton"),
+                 ("v7 triton fused products, dQ one pass, heavy first", fused(dq_one_pass=one_pass,
+                                                                              heavy_first=True), "triton")]
 
         def fwd_bwd(m: nn.Module):
             def go():
