@@ -106,6 +106,17 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "kernel_device" in getattr(item, "fixturenames", ()) and item.get_closest_marker("kernels") is None:
             item.add_marker(pytest.mark.kernels)
+    # Cases that repeat paths other cases cover run only with the kernels compiled (tests/gpu_breadth.py).
+    from gpu_breadth import NAME, left_out
+
+    not_kernels = [i.nodeid for i in items if i.get_closest_marker(NAME) and not i.get_closest_marker("kernels")]
+    if not_kernels:  # ci/test-kernels-gpu selects `-m kernels`: such a case would run nowhere
+        raise pytest.UsageError(f"{NAME} cases that run no kernel on kernel_device: {not_kernels}")
+    dropped = left_out(items, GPU_MODE)
+    if dropped:
+        config.hook.pytest_deselected(items=dropped)
+        gone = set(dropped)
+        items[:] = [item for item in items if item not in gone]
 
 
 @pytest.hookimpl(optionalhook=True)  # a pytest-xdist hook: absent without it

@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 import torch.nn as nn
+from gpu_breadth import case
 from torch.profiler import ProfilerActivity, profile
 
 from ftlib.harness.engine_check import pattern_batches
@@ -83,8 +84,11 @@ def _wrapped(eng: Engine) -> list[str]:
     return [n for n, m in eng.model.named_modules() if isinstance(m, grad_into.GradIntoLinear)]
 
 
-@pytest.mark.parametrize("prec", ["fp32", "bf16"])
-@pytest.mark.parametrize("cfg", [FT1, GPT4], ids=["fasttransformer", "gpt2"])
+# In the interpreter each model and each precision once (tests/gpu_breadth.py).
+@pytest.mark.parametrize("cfg,prec", [case(FT1, "fp32", id="fasttransformer-fp32"),
+                                      pytest.param(FT1, "bf16", id="fasttransformer-bf16"),
+                                      pytest.param(GPT4, "fp32", id="gpt2-fp32"),
+                                      case(GPT4, "bf16", id="gpt2-bf16")])
 def test_three_steps_equal_the_default_engine(cfg, prec, dev):
     default, into = _pair(cfg, prec, dev)
     assert len(_wrapped(into)) == N_LINEAR and not _wrapped(default)

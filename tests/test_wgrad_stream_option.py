@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from gpu_breadth import case
 
 from ftlib.harness.engine_check import pattern_batches
 from ftlib.harness.suites import CANDIDATES, SUITES
@@ -139,8 +140,11 @@ def test_it_won_its_trial_and_is_a_default_with_its_ablation_in_the_engine_suite
                                                            ("gpt2 -wgrad-stream", "bf16")}
 
 
-@pytest.mark.parametrize("cfg", [FT1, GPT4], ids=["fasttransformer", "gpt2"])
-@pytest.mark.parametrize("prec", ["tf32", "bf16"])
+# In the interpreter the fallback is the same for every case: each model and each precision once (tests/gpu_breadth.py).
+@pytest.mark.parametrize("prec,cfg", [pytest.param("tf32", FT1, id="tf32-fasttransformer"),
+                                      case("tf32", GPT4, id="tf32-gpt2"),
+                                      case("bf16", FT1, id="bf16-fasttransformer"),
+                                      pytest.param("bf16", GPT4, id="bf16-gpt2")])
 def test_on_cuda_the_captured_step_with_the_side_stream_gives_the_default_engine(kernel_device, cfg, prec):
     """CPU mode: the option falls back, with its note, and changes nothing. GPU mode: the real stream under
     bf16; under tf32 it does not apply."""
