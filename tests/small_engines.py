@@ -9,7 +9,9 @@ from ftlib.harness.engine_check import pattern_batches
 from ftlib.model.config import preset
 from ftlib.training.engine import Engine
 
-B, T = 2, 16
+# One sequence: the interpreter emulates every program a kernel launches, and a row-tiled kernel's programs grow
+# with B * T (16 rows still make two of the interpreter's 8-row tiles).
+B, T = 1, 16
 # The FastTransformer with one K/V head (MQA), and GPT-2 as written: biases, the exact erf GELU, multi-head
 # attention and its head tied to the token embedding.
 FT = preset("fasttransformer", n_layer=2, n_embd=64, n_head=4, n_kv_head=1, block_size=T)

@@ -15,7 +15,7 @@ from ftlib.training.engine import Engine, EngineOptions
 
 pytest.importorskip("triton")
 
-B, T = 2, 16
+B, T = 1, 16
 FT4 = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)  # 4 heads share K/V
 GPT_MHA = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T, attn_impl="sdpa")
 

@@ -17,7 +17,7 @@ from ftlib.training.engine import Engine, EngineOptions, grad_into
 
 pytest.importorskip("triton")
 
-B, T = 2, 16
+B, T = 1, 16
 GPT = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
 FT = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)  # no biases
 

@@ -21,7 +21,7 @@ from ftlib.training.engine import Engine
 from ftlib.training.loss_scale import LossScaleConfig
 from ftlib.training.step import grad_scaler, make_optimizer, train_step
 
-B, T = 2, 16
+B, T = 1, 16
 FT1 = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
 GPT4 = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
 # fp16 on the CPU: the kernels round their fp16 outputs where torch's ops keep some in fp32

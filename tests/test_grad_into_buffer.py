@@ -32,7 +32,7 @@ from ftlib.training.engine.linears import grad_into_linears
 from ftlib.training.engine.options import key_items, option_docs, option_names
 from kernels import mm_into
 
-B, T = 2, 16
+B, T = 1, 16
 FT1 = preset("fasttransformer", n_layer=1, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
 GPT4 = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)
 FT_TIED = FT1.replace(tie_weights=True)

@@ -13,7 +13,7 @@ from ftlib.training.engine import Engine, EngineOptions
 
 pytest.importorskip("triton")
 
-B, T = 2, 16
+B, T = 1, 16
 FT2 = preset("fasttransformer", n_layer=2, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
 
 

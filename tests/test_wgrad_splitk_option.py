@@ -16,7 +16,7 @@ from ftlib.training.engine import Engine, EngineOptions
 
 pytest.importorskip("triton")
 
-B, T = 2, 16
+B, T = 1, 16
 FT = preset("fasttransformer", n_layer=2, n_embd=64, n_head=4, n_kv_head=1, block_size=T)
 GPT2 = preset("gpt2", n_layer=1, n_embd=64, n_head=4, n_kv_head=4, block_size=T)  # biases
 TIED = FT.replace(tie_weights=True)  # the head's gradient and the embedding's share one span
