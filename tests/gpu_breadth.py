@@ -3,8 +3,8 @@
 The Triton interpreter costs seconds per engine step, and many engine-option tests cross models with precisions:
 in the interpreter most of that cross product repeats code paths another case already runs. A case marked
 ``gpu_breadth`` is one of those repeats: ``ci/test`` (the interpreter) leaves it out, ``ci/test-kernels-gpu``
-(``FTLIB_TEST_GPU=1``, kernels compiled) runs it, so the whole cross product still runs on every GPU session's
-kernel tests. Every test keeps at least one case in the interpreter (tests/test_gpu_breadth.py checks that).
+(``FTLIB_TEST_GPU=1``, kernels compiled) runs it, so the whole cross product still runs wherever the kernel tests
+run on a GPU. Every test keeps at least one case in the interpreter (tests/test_gpu_breadth.py checks that).
 """
 
 from __future__ import annotations
