@@ -70,6 +70,20 @@ def _query_program(nh, group, T, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, H
 
 
 @triton.jit
+def _key_program(HEAVY_FIRST: tl.constexpr):
+    """A dK/dV program's key block and its row of the grid (the batch, K/V head and whatever else the kernel
+    lays out there): the grid is (key blocks, rows), or with HEAVY_FIRST (rows, key blocks), so that the
+    programs of key block 0, which sees every query block, launch first."""
+    if HEAVY_FIRST:
+        start_n = tl.program_id(1)
+        row = tl.program_id(0)
+    else:
+        start_n = tl.program_id(0)
+        row = tl.program_id(1)
+    return start_n, row
+
+
+@triton.jit
 def _attn_fwd_kernel(
     Q, K, V, Out, LSE,  # Q, Out: (B, nh, T, HS); K, V: (B, nkv, T, HS); LSE: (B, nh, T) in CD
     sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, sob, soh, sot,
@@ -241,12 +255,7 @@ def _attn_bwd_dkdv_kernel(
     so every program has the same causal work where one per key block ranges from 1 to n visits and the
     kernel waits for its longest program. The sums of each key block are the same as without pairing.
     """
-    if HEAVY_FIRST:  # grid (B * nkv * n_split, key blocks): key block 0, which sees every query block, first
-        start_n = tl.program_id(1)
-        bks = tl.program_id(0)  # (batch, kv head, split)
-    else:
-        start_n = tl.program_id(0)
-        bks = tl.program_id(1)
+    start_n, bks = _key_program(HEAVY_FIRST)  # bks: (batch, kv head, split)
     sp = bks % n_split
     bk = bks // n_split
     b = (bk // nkv).to(tl.int64)

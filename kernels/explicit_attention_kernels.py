@@ -56,7 +56,7 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from kernels.attention_kernels import _dot, _query_program
+from kernels.attention_kernels import _dot, _key_program, _query_program
 
 
 @triton.jit
@@ -180,12 +180,7 @@ def _explicit_attn_bwd_dkdv_kernel(
         dV += P^T dO,  dS^T = P^T * (v dO^T - D),  dK += scale * dS^T q
         HAS_DB: db[(nh + kvh) hs + d] += sum_rows dk[:, d],  db[(nh + nkv + kvh) hs + d] += sum_rows dv[:, d]
     """
-    if HEAVY_FIRST:  # grid (B * nkv, key blocks), as the flash dK/dV kernel's: key block 0 first
-        start_n = tl.program_id(1)
-        bk = tl.program_id(0)
-    else:
-        start_n = tl.program_id(0)
-        bk = tl.program_id(1)
+    start_n, bk = _key_program(HEAVY_FIRST)  # bk: (batch, kv head)
     b = (bk // nkv).to(tl.int64)
     kvh = (bk % nkv).to(tl.int64)
     offs_n = start_n * BLOCK_N + tl.arange(0, BLOCK_N)

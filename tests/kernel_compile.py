@@ -48,6 +48,8 @@ JIT_HELPERS: dict[str, str] = {
     "kernels.attention_kernels._dot": "tl.dot or its fp32 upcast; inside the attention and GELU-GEMM kernels",
     "kernels.attention_kernels._query_program": "a query-block program's place and offsets; inside the attention "
                                                 "kernels over query blocks",
+    "kernels.attention_kernels._key_program": "a dK/dV program's key block and row of the grid; inside both "
+                                              "dK/dV kernels",
     "kernels.attention_kernels._dkdv_block": "one key block's dK and dV; inside the dK/dV kernel (twice when "
                                              "it pairs key blocks)",
     "kernels.linear_cross_entropy._logits": "a block of rows' logits in registers; inside both fused head-and-loss "
