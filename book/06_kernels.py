@@ -751,6 +751,10 @@ if len(ktable):
 #   and v4) the attention's forward and backward got faster; the trial says whether the step does, with the other
 #   stream's kernels beside them. Pairing the dK/dV kernel's key blocks instead (v12 and v13), so every program has
 #   the same work, did not help as much.
+# * `explicit-heavy-first` (`explicit_heavy_first`; on trial) is the same order for GPT-2's own attention kernels,
+#   which still write the probabilities it materializes: their forward and dQ kernels' query blocks and their
+#   dK/dV kernel's key blocks are unequal under the causal mask in the same way. Section 2's kernel table times
+#   them alone (`explicit_attention_dev`'s v5 and v7 against v4 and v6).
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

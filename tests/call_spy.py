@@ -25,10 +25,14 @@ def record_calls(monkeypatch: pytest.MonkeyPatch, module: Any, name: str,
     return seen
 
 
-def record_attention_launches(monkeypatch: pytest.MonkeyPatch, keyword: str) -> tuple[set, set]:
-    """The values of ``keyword`` that kernels.attention's forward and backward launchers are called with, as
-    (forward's, backward's) sets; None where a call leaves it at its default."""
+def record_attention_launches(monkeypatch: pytest.MonkeyPatch, keyword: str,
+                              explicit: bool = False) -> tuple[set, set]:
+    """The values of ``keyword`` that the attention's forward and backward launchers are called with, as
+    (forward's, backward's) sets; None where a call leaves it at its default. The flash kernels'
+    (kernels.attention), or with ``explicit`` GPT-2's explicit-attention kernels' (kernels.explicit_attention)."""
     import kernels.attention as A
+    import kernels.explicit_attention as E
 
-    return (record_calls(monkeypatch, A, "attention_fwd", lambda a: a.get(keyword)),
-            record_calls(monkeypatch, A, "attention_bwd", lambda a: a.get(keyword)))
+    module, prefix = (E, "explicit_attention") if explicit else (A, "attention")
+    return (record_calls(monkeypatch, module, f"{prefix}_fwd", lambda a: a.get(keyword)),
+            record_calls(monkeypatch, module, f"{prefix}_bwd", lambda a: a.get(keyword)))

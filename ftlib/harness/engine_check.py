@@ -77,6 +77,7 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     *((prec, "fasttransformer", {"attention_pack_heads": True}) for prec in ("bf16", "tf32")),
     # Each attention grid's heaviest causal block launched first (the same programs and sums in another order).
     *((prec, "fasttransformer", {"attention_heavy_first": True}) for prec in ("bf16", "tf32")),
+    *((prec, "gpt2", {"explicit_heavy_first": True}) for prec in ("bf16", "tf32")),
 )
 
 

@@ -134,6 +134,8 @@ def engine_variants() -> list[Case]:
 CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
     # Each attention grid's heaviest causal block first (GPT-2's default attention is its explicit softmax's kernels).
     (" heavy-first", {"attention_heavy_first": True}, ("fasttransformer",), ("bf16", "tf32")),
+    # The same order for GPT-2's explicit-attention kernels (its probabilities still written).
+    (" explicit-heavy-first", {"explicit_heavy_first": True}, ("gpt2",), ("bf16", "tf32")),
 )
 
 

@@ -274,7 +274,8 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("relaxed_atomics=False", "acquire-release atomic adds"),
                  ("fuse_head_loss=False", "head and loss unfused"),
                  ("attention_pack_heads=True", "heads packed in the attention tiles"),
-                 ("attention_heavy_first=True", "heaviest attention blocks first"))
+                 ("attention_heavy_first=True", "heaviest attention blocks first"),
+                 ("explicit_heavy_first=True", "heaviest explicit-attention blocks first"))
 
 
 def case_name(r: dict[str, Any]) -> str:

@@ -366,6 +366,7 @@ class Engine:
             "explicit_one_pass": bool(isinstance(attn, FusedExplicitSelfAttention) and attn.core.fwd_one_pass),
             "explicit_dq_one_pass": bool(isinstance(attn, FusedExplicitSelfAttention) and o.explicit_dq_one_pass
                                          and attn.core.dq_one_pass),
+            "explicit_heavy_first": bool(isinstance(attn, FusedExplicitSelfAttention) and attn.core.heavy_first),
             "grad_into_buffer": self.grad_into > 0,
             # Where an RMSNorm or fused residual-norm backward runs (the LayerNorm kernel's is always persistent).
             "norm_dw_partials": o.norm_dw_partials if self.fuse_residual_norm or self.kernels["rmsnorm"] else None,

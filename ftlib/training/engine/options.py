@@ -191,6 +191,11 @@ class EngineOptions:
               "attention's dQ kernel alone takes a whole row of keys in one tile of 64 query rows on 4 warps and "
               "passes over it once (kernels/explicit_attention.py, dq_one_pass), the forward staying on two "
               "passes; attention_tiles' 'bwd' tiles then go to the dK/dV kernel only", keyless=False)
+    explicit_heavy_first: bool = _option(
+        False, "with fuse_softmax_matmuls (GPT-2): each grid of the explicit attention's kernels launches the causal "
+               "block with the most work first (kernels/explicit_attention.py, heavy_first: the forward's and dQ's "
+               "last query block, the dK/dV kernel's first key block), so the light blocks fill the tail; the same "
+               "programs and sums")
     qkv_bias_into_attention: bool = _option(
         False, "with fuse_softmax_matmuls, grad_into_buffer and the bias kernel (GPT-2): the qkv projection's bias "
                "gradient, the column sums of d(qkv), added into the flat gradient by the explicit attention's "

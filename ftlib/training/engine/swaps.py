@@ -196,7 +196,8 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
                 fwd_one_pass, dq_one_pass, one_pass_note = _explicit_one_pass(cfg, options, info)
                 for blk in model.blocks:
                     blk.attn = FusedExplicitSelfAttention(blk.attn, prec.low_dtype, prec.fp32_dot,
-                                                          options.attention_tiles, fwd_one_pass, dq_one_pass)
+                                                          options.attention_tiles, fwd_one_pass, dq_one_pass,
+                                                          options.explicit_heavy_first)
                 out.notes["softmax"] = ("scale + causal mask + softmax fused with the products around it "
                                         "(q k^T, P v), the probabilities still written (kernels/explicit_attention.py)"
                                         + one_pass_note)
@@ -206,6 +207,9 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
                 out.notes["softmax"] = "scale + causal mask + softmax fused (kernels/causal_softmax.py)"
             if unfit:
                 out.notes["softmax"] += f"; fuse_softmax_matmuls {unfit}"
+    if options.explicit_heavy_first and not isinstance(model.blocks[0].attn, FusedExplicitSelfAttention):
+        out.notes["explicit_heavy_first"] = ("not applicable: GPT-2's explicit-attention kernels "
+                                             "(fuse_softmax_matmuls) do not take this step's attention")
 
 
 # The dQ kernel's one-pass tile (option explicit_dq_one_pass): 64 query rows on one warpgroup, the shape
