@@ -65,3 +65,31 @@ def test_interpreter_that_cannot_run_fails_and_says_why():
     assert out.returncode == 1, out.stdout + out.stderr
     assert "1 failed" in out.stdout and "skipped" not in out.stdout
     assert "triton was imported before tests/conftest.py set TRITON_INTERPRET=1" in out.stdout
+
+
+# Built in a process where TRITON_INTERPRET=0 on the CPU: the engine runs no kernel there, and must import no module
+# that defines one. Importing it would build its @triton.jit functions compiled for good, so a later engine in the same
+# process (a test after the speedrun's kernel-less smoke run, under TRITON_INTERPRET=1) would launch them outside the
+# interpreter.
+NO_KERNEL_ENGINES = """
+import sys, torch, triton
+from ftlib.model.config import preset
+from ftlib.training.engine import Engine
+for name, nkv in (("fasttransformer", 1), ("gpt2", 4)):
+    for prec in ("bf16", "tf32", "fp32"):
+        cfg = preset(name, n_layer=1, n_embd=64, n_head=4, n_kv_head=nkv, block_size=16)
+        eng = Engine(cfg, 1, 16, prec, "cpu")
+        x = torch.randint(0, cfg.vocab_size, (1, 16))
+        eng.step(x, x)
+        assert not any(eng.kernels.values()), eng.kernels
+built = sorted(name for name, m in sys.modules.items() if name.startswith("kernels.")
+               and any(isinstance(v, triton.runtime.JITFunction) for v in vars(m).values()))
+print("built:", built)
+"""
+
+
+def test_an_engine_without_kernels_builds_none_of_their_functions():
+    out = subprocess.run([sys.executable, "-c", NO_KERNEL_ENGINES], cwd=ROOT, capture_output=True, text=True,
+                         timeout=300, env={**os.environ, "TRITON_INTERPRET": "0"})
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert out.stdout.strip().splitlines()[-1] == "built: []", out.stdout

@@ -89,17 +89,20 @@ def fuse_head_loss(model: GPT, cross_entropy_kernel: bool, gemm_why_not: str | N
     they cannot, or where the step is not under bf16/fp16 autocast, ``low_precision``) and the note that says what
     happened. ``gemm_why_not``: ``triton_gemm_why_not``'s answer; ``sem``: the memory order of the backward's
     atomic adds. The kernels run fp32 operands too (``input_precision``), but in tf32 their trial was mixed."""
-    from kernels.linear_cross_entropy import MAX_V  # here: only an engine with the option imports Triton
-
     head, cfg = getattr(model, "head", None), model.config
     why = (gemm_why_not
            or (None if low_precision else "not applied: bf16 and fp16 only (in tf32 its trial was mixed: chapter 6)")
            or (None if cross_entropy_kernel else "not applied: needs the cross-entropy kernel")
            or (None if isinstance(head, GradIntoLinear) else "not applied: needs the head on grad_into_buffer")
            or (None if head.bias is None else "not applied: the head has a bias")
-           or (None if cfg.logit_softcap is None else "not applied: the kernels compute no logit soft-cap")
-           or (None if head.out_features <= MAX_V else f"not applied: a vocabulary above {MAX_V}"))
+           or (None if cfg.logit_softcap is None else "not applied: the kernels compute no logit soft-cap"))
     if why is not None:
         return None, why
+    # Imported only where the kernels can run: importing it builds its @triton.jit functions, compiled or
+    # interpreted by TRITON_INTERPRET as it is now, for the rest of the process.
+    from kernels.linear_cross_entropy import MAX_V
+
+    if head.out_features > MAX_V:
+        return None, f"not applied: a vocabulary above {MAX_V}"
     model.head = HeadIntoLoss(head, input_precision, check_targets, sem)
     return model.head, f"head GEMM, cross-entropy and the head's backward GEMMs as two kernels (V={cfg.vocab_size})"
