@@ -755,6 +755,15 @@ if len(ktable):
 #   which still write the probabilities it materializes: their forward and dQ kernels' query blocks and their
 #   dK/dV kernel's key blocks are unequal under the causal mask in the same way. Section 2's kernel table times
 #   them alone (`explicit_attention_dev`'s v5 and v7 against v4 and v6).
+# * `pdl` (`programmatic_launch`; on trial) changes when each Triton kernel starts, not what it computes. In the
+#   step's CUDA graph a kernel still starts only once the one before it in its stream has ended, and its programs
+#   then take a while to spread over the SMs; at this size most kernels run for a few microseconds, so these
+#   boundaries are a good part of the step (the ledger's kernel count). With programmatic dependent launch (CUDA
+#   programming guide, "Programmatic Dependent Launch and Synchronization"; sm_90 and later) a kernel may be
+#   launched while the one before it still runs: its programs wait on the GPU (`griddepcontrol.wait`) until that
+#   kernel's writes are visible, then go on. Every kernel of ours waits first thing, before any load or store
+#   (`kernels/pdl.py`), so the results are the same bit for bit; what can change is the gap between kernels. cuBLAS's
+#   GEMMs between them are launched as before.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

@@ -41,6 +41,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import check_tensor, interpret_mode, same_device
+from kernels.pdl import _grid_dependency, pdl_args
 
 
 @triton.jit
@@ -52,6 +53,7 @@ def _adamw_kernel(
     beta1_hi, beta1_lo, beta2_hi, beta2_lo, wd_hi, wd_lo,  # fp64 constants as fp32 hi + lo pairs
     one_minus_beta1, beta2_f32, one_minus_beta2, eps,  # the fp32 constants torch's tensor ops use
     BLOCK: tl.constexpr, LERP_FROM_END: tl.constexpr, SCALED: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Elementwise AdamW (Loshchilov & Hutter 2019, Alg. 2, decoupled decay), in torch's order:
 
@@ -67,6 +69,7 @@ def _adamw_kernel(
     Triton passes Python floats as fp32. sqrt_rn / div_rn are IEEE-rounded like torch's
     (Triton's default fp32 ``/`` and ``sqrt`` are approximate on NVIDIA GPUs).
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     pid = tl.program_id(0).to(tl.int64)
     offs = pid * BLOCK + tl.arange(0, BLOCK)
     if SCALED:  # loss scaling (module docstring): on inf/nan nothing is loaded or stored
@@ -186,6 +189,7 @@ def adamw_step_(
         b1[0], b1[1], b2[0], b2[1], wd[0], wd[1],
         _f32(1 - beta1), _f32(beta2), _f32(1 - beta2), _f32(eps),
         BLOCK=block, LERP_FROM_END=(1 - beta1) >= 0.5, SCALED=grad_scaling is not None, num_warps=4,
+        **pdl_args(param),
     )
 
 

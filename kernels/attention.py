@@ -35,6 +35,7 @@ from kernels._common import (
 )
 from kernels.attention_kernels import _attn_bwd_dkdv_kernel, _attn_bwd_dq_kernel, _attn_fwd_kernel
 from kernels.kv_split_sum import kv_split_sum
+from kernels.pdl import pdl_args
 from kernels.tiles import TILE_CANDIDATES, Tiles, launch_tiled, tiles_to_try
 
 LOG2E = 1.4426950408889634  # softmax in base 2: exp(x) = exp2(x * log2 e), exp2 is the fast unit
@@ -159,7 +160,7 @@ def attention_fwd(
             nh, T, sm_scale * LOG2E, nh // nkv,
             HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n, PREC=dot_precision(q.dtype, input_precision),
             UPCAST=upcast_dots(q.dtype), CD=compute_dtype(q.dtype), PACK=pack_heads, HEAVY_FIRST=heavy_first,
-            num_warps=t.num_warps, num_stages=t.num_stages,
+            num_warps=t.num_warps, num_stages=t.num_stages, **pdl_args(q),
         )
 
     key, order = tiles_to_try("fwd", hs, q.dtype, T, q.device, _explicit(block_m, block_n, num_warps, num_stages))
@@ -227,7 +228,7 @@ def attention_bwd(
             q, k, v, o, do, lse, delta, dq, *qs, *ks, *vs, *o.stride()[:3], *do.stride()[:3], *dq.stride()[:3],
             nh, T, sm_scale * LOG2E, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
             PREC=prec, UPCAST=upcast, CD=cdt, PACK=pack_heads, HEAVY_FIRST=heavy_first, num_warps=t.num_warps,
-            num_stages=t.num_stages,
+            num_stages=t.num_stages, **pdl_args(q),
         )
 
     def launch_dkdv(t: Tiles) -> tuple[torch.Tensor, torch.Tensor, int]:
@@ -241,7 +242,7 @@ def attention_bwd(
             q, k, v, o, do, lse, delta, dk, dv, *qs, *ks, *vs, *o.stride()[:3], *do.stride()[:3],
             nh, nkv, T, sm_scale * LOG2E, sm_scale, nh // nkv, n_split, HS=hs, BLOCK_M=t.block_m,
             BLOCK_N=t.block_n, PREC=prec, UPCAST=upcast, CD=cdt, DELTA_HERE=concurrent, HEAVY_FIRST=heavy_first,
-            PAIRED=pair_key_blocks, num_warps=t.num_warps, num_stages=t.num_stages,
+            PAIRED=pair_key_blocks, num_warps=t.num_warps, num_stages=t.num_stages, **pdl_args(q),
         )
         return dk, dv, n_split
 

@@ -25,6 +25,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from kernels.pdl import _grid_dependency
+
 
 @triton.jit
 def _dot(a, b, PREC: tl.constexpr, UPCAST: tl.constexpr):
@@ -90,6 +92,7 @@ def _attn_fwd_kernel(
     nh, T, qk_scale, group,  # qk_scale = softmax scale * log2(e); group = nh // nkv
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, PACK: tl.constexpr, HEAVY_FIRST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One program per (query block of BLOCK_M rows, batch * query head; PACK heads per block where PACK
     > 1, :func:`_query_program`). With s = q k^T * scale
@@ -102,6 +105,7 @@ def _attn_fwd_kernel(
     deferred to the end, sec. 3.1.1). Keys beyond the diagonal block are never loaded
     (causal block skipping); the causal and T masks are applied as -inf before the max.
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, PACK,
                                                                         HEAVY_FIRST)
     q_ptrs = Q + b * sqb + (h * sqh + offs_m * sqt)[:, None] + offs_d[None, :]
@@ -139,6 +143,7 @@ def _attn_bwd_dq_kernel(
     nh, T, qk_scale, sm_scale, group,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, PACK: tl.constexpr, HEAVY_FIRST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """dQ for one (query block, batch * head; PACK heads per block as in the forward), FlashAttention-2
     Alg. 2 restricted to dQ:
@@ -146,6 +151,7 @@ def _attn_bwd_dq_kernel(
         D = rowsum(dO * O)  (stored for the dK/dV kernel: this kernel is its preprocessing)
         P = exp2(s2 - lse2),  dP = dO V^T,  dS = P * (dP - D),  dQ = scale * dS K
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, PACK,
                                                                         HEAVY_FIRST)
     q = tl.load(Q + b * sqb + (h * sqh + offs_m * sqt)[:, None] + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -233,6 +239,7 @@ def _attn_bwd_dkdv_kernel(
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, DELTA_HERE: tl.constexpr,
     HEAVY_FIRST: tl.constexpr = False, PAIRED: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """dK, dV for one (key block, batch * kv head), summed over the group's query heads:
 
@@ -255,6 +262,7 @@ def _attn_bwd_dkdv_kernel(
     so every program has the same causal work where one per key block ranges from 1 to n visits and the
     kernel waits for its longest program. The sums of each key block are the same as without pairing.
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     start_n, bks = _key_program(HEAVY_FIRST)  # bks: (batch, kv head, split)
     sp = bks % n_split
     bk = bks // n_split

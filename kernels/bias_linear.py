@@ -54,6 +54,7 @@ from torch.autograd.function import once_differentiable
 
 from kernels._common import FLOAT_DTYPES, accum_dtype, check_tensor, compute_dtype, interpret_mode, same_device
 from kernels.gelu_mlp import _gelu_parts
+from kernels.pdl import _grid_dependency, pdl_args
 
 # (BLOCK_M, BLOCK_N, num_warps). GPU: 64 columns are 128 B (bf16) / 256 B (fp32) per row,
 # whole cache lines, and 64 columns keep enough column blocks that the row splits stay a few
@@ -74,7 +75,7 @@ GELU_KINDS = {"none": 1, "tanh": 2}  # F.gelu's approximate= -> the kernel's GEL
 @triton.jit
 def _col_sum_kernel(DY, P, Z, DZ, M, N, stride_m, stride_n, rows_per_split,
                     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr, ATOMIC: tl.constexpr,
-                    GELU: tl.constexpr = 0):
+                    GELU: tl.constexpr = 0, PDL: tl.constexpr = False):
     """P[ps, c] = sum_{m in [ps rows_per_split, min((ps+1) rows_per_split, M))} DY[m, c] for the
     BLOCK_N columns c of program (pn, ps), accumulated in CD (fp32; fp64 for fp64 DY).
     GELU (1: exact, 2: tanh-approximated; 0: none): DY is the gradient of a GELU's output and Z its
@@ -89,6 +90,7 @@ def _col_sum_kernel(DY, P, Z, DZ, M, N, stride_m, stride_n, rows_per_split,
     accumulator and reduced over rows once at the end: one cross-thread reduction per
     program instead of one per tile.
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     pn = tl.program_id(0)
     ps = tl.program_id(1)
     cols = pn * BLOCK_N + tl.arange(0, BLOCK_N)
@@ -149,7 +151,7 @@ def _launch(dy2d: torch.Tensor, out: torch.Tensor | None, atomic: bool, splits: 
     _col_sum_kernel[(triton.cdiv(N, block_n), S)](
         dy2d, out, *gelu, M, N, dy2d.stride(0), dy2d.stride(1), rows_per_split,
         BLOCK_M=block_m, BLOCK_N=block_n, CD=compute_dtype(dy2d.dtype), ATOMIC=atomic, GELU=kind,
-        num_warps=num_warps)
+        num_warps=num_warps, **pdl_args(dy2d))
     return out
 
 

@@ -29,17 +29,20 @@ import triton.language as tl
 from torch.autograd.function import once_differentiable
 
 from kernels._common import FLOAT_DTYPES, check_tensor, compute_dtype, interpret_mode, row_tile_warps
+from kernels.pdl import _grid_dependency, pdl_args
 
 MAX_T = 4096  # one row per register tile: beyond this a row would need a loop (not needed here)
 
 
 @triton.jit
-def _causal_softmax_fwd(S, P, R, T, scale, ROWS: tl.constexpr, BLOCK_T: tl.constexpr, CD: tl.constexpr):
+def _causal_softmax_fwd(S, P, R, T, scale, ROWS: tl.constexpr, BLOCK_T: tl.constexpr, CD: tl.constexpr,
+                        PDL: tl.constexpr = False):
     """P[r, j] = softmax_{j' <= r mod T}(scale * S[r, j']) at j <= r mod T, else 0, for ROWS rows.
 
     S and P are (R, T) contiguous; the row max is taken over the kept columns only (column 0
     is always kept, so every valid row has a finite max and a sum >= 1).
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]  # (ROWS, 1)
     cols = tl.arange(0, BLOCK_T)[None, :]  # (1, BLOCK_T)
     valid = (rows < R) & (cols < T)
@@ -54,11 +57,13 @@ def _causal_softmax_fwd(S, P, R, T, scale, ROWS: tl.constexpr, BLOCK_T: tl.const
 
 
 @triton.jit
-def _causal_softmax_bwd(P, DP, DS, R, T, scale, ROWS: tl.constexpr, BLOCK_T: tl.constexpr, CD: tl.constexpr):
+def _causal_softmax_bwd(P, DP, DS, R, T, scale, ROWS: tl.constexpr, BLOCK_T: tl.constexpr, CD: tl.constexpr,
+                        PDL: tl.constexpr = False):
     """DS[r, j] = scale * P[r, j] * (DP[r, j] - sum_j' P[r, j'] DP[r, j']) for ROWS rows.
 
     Masked columns have P = 0, so their DS is 0 without a mask of its own.
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)[:, None]  # (ROWS, 1)
     cols = tl.arange(0, BLOCK_T)[None, :]
     valid = (rows < R) & (cols < T)
@@ -103,7 +108,7 @@ def causal_softmax_forward(s: torch.Tensor, scale: float, out_dtype: torch.dtype
         return p
     rows, block_t, warps = _tiles(T, rows)
     _causal_softmax_fwd[(triton.cdiv(R, rows),)](s, p, R, T, float(scale), ROWS=rows, BLOCK_T=block_t,
-                                                CD=compute_dtype(s.dtype), num_warps=warps)
+                                                CD=compute_dtype(s.dtype), num_warps=warps, **pdl_args(s))
     return p
 
 
@@ -121,7 +126,7 @@ def causal_softmax_backward(p: torch.Tensor, dp: torch.Tensor, scale: float, out
     rows, block_t, warps = _tiles(T, rows)
     cd = compute_dtype(torch.float64 if torch.float64 in (p.dtype, dp.dtype) else p.dtype)
     _causal_softmax_bwd[(triton.cdiv(R, rows),)](p, dp, ds, R, T, float(scale), ROWS=rows, BLOCK_T=block_t,
-                                                CD=cd, num_warps=warps)
+                                                CD=cd, num_warps=warps, **pdl_args(p))
     return ds
 
 

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import accum_dtype, check_tensor, compute_dtype, same_device
+from kernels.pdl import _grid_dependency, pdl_args
 
 MAX_BLOCK_V = 4096  # vocabularies above this loop over blocks (V=65 fits in one block of 128)
 
@@ -27,6 +28,7 @@ def _cross_entropy_kernel(
     Z, T, DZ, LOSS, N_VALID,  # Z, DZ: (N, V); T: (N,) int; LOSS: (N,) fp32/fp64; N_VALID: (1,) int64
     stride_z, stride_dz, V, ignore_index,
     BLOCK_V: tl.constexpr, CD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One row per program (so any N, odd or not). With m = max_j z_j and d = sum_j e^(z_j - m):
 
@@ -38,6 +40,7 @@ def _cross_entropy_kernel(
     Pass 2 re-reads the row (from L1/L2 for V=65) and writes the gradient. n_valid is read
     from device memory, so the mean needs no host sync.
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     target = tl.load(T + row).to(tl.int64)
     z_row = Z + row * stride_z
@@ -115,7 +118,7 @@ def cross_entropy_fwd(
         BLOCK_V = min(triton.next_power_of_2(V), MAX_BLOCK_V)
         _cross_entropy_kernel[(N,)](
             logits, targets, dlogits, loss_rows, n_valid, logits.stride(0), dlogits.stride(0), V, ignore_index,
-            BLOCK_V=BLOCK_V, CD=compute_dtype(logits.dtype), num_warps=4 if BLOCK_V >= 1024 else 1,
+            BLOCK_V=BLOCK_V, CD=compute_dtype(logits.dtype), num_warps=4 if BLOCK_V >= 1024 else 1, **pdl_args(logits),
         )
     # Deterministic mean (no atomics): one small sum over N fp32 row losses.
     loss = loss_rows.sum() / n_valid.squeeze(0).to(cd)

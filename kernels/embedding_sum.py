@@ -39,6 +39,7 @@ from kernels._common import (
     num_programs,
     same_device,
 )
+from kernels.pdl import _grid_dependency, pdl_args
 
 # Tiles: up to 256 columns of a row per tile (C = 256 in one; GPT-2's 768 in three), 16 rows forward (a 16 KB
 # fp32 tile on 4 warps) and 16 positions backward. The interpreter takes 4 rows and 16 columns, so the tests'
@@ -51,9 +52,11 @@ _BWD_PROGRAMS_PER_SM = 2
 
 @triton.jit
 def _embedding_sum_fwd_kernel(IDX, WTE, WPE, X, M, T, C,
-                              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, CD: tl.constexpr):
+                              BLOCK_R: tl.constexpr, BLOCK_C: tl.constexpr, CD: tl.constexpr,
+                              PDL: tl.constexpr = False):
     """x[r, c] = wte[idx[r], c] + wpe[r mod T, c] over this program's (BLOCK_R, BLOCK_C) tile of rows r and
     columns c; the sum formed in CD (fp32; fp64 for fp64 tables) and stored in x's dtype (the tables')."""
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     rows = tl.program_id(0) * BLOCK_R + tl.arange(0, BLOCK_R)
     cols = tl.program_id(1) * BLOCK_C + tl.arange(0, BLOCK_C)
     rmask = rows < M
@@ -67,7 +70,8 @@ def _embedding_sum_fwd_kernel(IDX, WTE, WPE, X, M, T, C,
 
 @triton.jit
 def _embedding_sum_bwd_kernel(IDX, DX, DWTE, DWPE, B, T, C, B_RUN,
-                              BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, CD: tl.constexpr, SEM: tl.constexpr):
+                              BLOCK_T: tl.constexpr, BLOCK_C: tl.constexpr, CD: tl.constexpr, SEM: tl.constexpr,
+                              PDL: tl.constexpr = False):
     """For the positions t of this program's BLOCK_T tile, the columns c of its BLOCK_C tile and the batch rows b
     of its run [pb B_RUN, (pb + 1) B_RUN) (program (pt, pb, pc)), with r = b T + t:
 
@@ -77,6 +81,7 @@ def _embedding_sum_bwd_kernel(IDX, DX, DWTE, DWPE, B, T, C, B_RUN,
 
     dx is contiguous (B T, C); dwte and dwpe are contiguous in the accumulation dtype. SEM: the adds' memory
     order, one of kernels._common.ATOMIC_SEMS."""
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     t = tl.program_id(0) * BLOCK_T + tl.arange(0, BLOCK_T)
     cols = tl.program_id(2) * BLOCK_C + tl.arange(0, BLOCK_C)
     tmask = t < T
@@ -127,7 +132,8 @@ def embedding_sum_fwd(idx: torch.Tensor, wte: torch.Tensor, wpe: torch.Tensor) -
     block_c, rows, num_warps = _blocks(C)
     M = B * T
     _embedding_sum_fwd_kernel[(triton.cdiv(M, rows), triton.cdiv(C, block_c))](
-        idx, wte, wpe, x, M, T, C, BLOCK_R=rows, BLOCK_C=block_c, CD=compute_dtype(wte.dtype), num_warps=num_warps)
+        idx, wte, wpe, x, M, T, C, BLOCK_R=rows, BLOCK_C=block_c, CD=compute_dtype(wte.dtype), num_warps=num_warps,
+        **pdl_args(wte))
     return x
 
 
@@ -165,7 +171,7 @@ def embedding_sum_bwd(idx: torch.Tensor, dx: torch.Tensor, dwte: torch.Tensor, d
     run = b_run or backward_runs(dx.device, B, n_t * n_c)
     _embedding_sum_bwd_kernel[(n_t, triton.cdiv(B, run), n_c)](
         idx, dx, dwte, dwpe, B, T, C, run, BLOCK_T=rows, BLOCK_C=block_c, CD=compute_dtype(dx.dtype), SEM=sem,
-        num_warps=num_warps)
+        num_warps=num_warps, **pdl_args(dx))
 
 
 class EmbeddingSumFunction(torch.autograd.Function):

@@ -44,6 +44,7 @@ from kernels.explicit_attention_kernels import (
     _explicit_attn_fwd_kernel,
     _explicit_attn_fwd_one_pass_kernel,
 )
+from kernels.pdl import pdl_args
 from kernels.tiles import Tiles, launch_tiled, tiles_to_try
 
 FAMILY = "explicit"  # the tile cache's name for these kernels (kernels.tiles.tiles_to_try)
@@ -117,7 +118,7 @@ def explicit_attention_fwd(
             q, k, v, o, p, *q.stride()[:3], *k.stride()[:3], *v.stride()[:3], *o.stride()[:3],
             nh, T, LOG2E / math.sqrt(hs), nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
             PREC=dot_precision(q.dtype, input_precision), UPCAST=upcast_dots(q.dtype), CD=compute_dtype(q.dtype),
-            HEAVY_FIRST=heavy_first, num_warps=t.num_warps, num_stages=t.num_stages,
+            HEAVY_FIRST=heavy_first, num_warps=t.num_warps, num_stages=t.num_stages, **pdl_args(q),
         )
 
     if row is not None:
@@ -179,7 +180,7 @@ def explicit_attention_bwd(
             k, v, do, p, delta, dq, db, *k.stride()[:3], *v.stride()[:3], *do.stride()[:3],
             *dq.stride()[:3], nh, T, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
             PREC=prec, UPCAST=upcast, CD=cd, HAS_DB=db_out is not None, HEAVY_FIRST=heavy_first,
-            num_warps=t.num_warps, num_stages=t.num_stages,
+            num_warps=t.num_warps, num_stages=t.num_stages, **pdl_args(q),
         )
 
     def launch_dkdv(t: Tiles) -> None:
@@ -187,7 +188,7 @@ def explicit_attention_bwd(
             q, v, do, p, delta, dk, dv, db, *q.stride()[:3], *v.stride()[:3], *do.stride()[:3], *dk.stride()[:3],
             *dv.stride()[:3], nh, nkv, T, sm_scale, nh // nkv, HS=hs, BLOCK_M=t.block_m, BLOCK_N=t.block_n,
             PREC=prec, UPCAST=upcast, CD=cd, HAS_DB=db_out is not None, HEAVY_FIRST=heavy_first,
-            num_warps=t.num_warps, num_stages=t.num_stages,
+            num_warps=t.num_warps, num_stages=t.num_stages, **pdl_args(q),
         )
 
     if row is not None:

@@ -57,6 +57,7 @@ import triton
 import triton.language as tl
 
 from kernels.attention_kernels import _dot, _key_program, _query_program
+from kernels.pdl import _grid_dependency
 
 
 @triton.jit
@@ -73,6 +74,7 @@ def _explicit_attn_fwd_kernel(
     nh, T, qk_scale, group,  # qk_scale = softmax scale * log2(e); group = nh // nkv
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HEAVY_FIRST: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """P and O for one (query block, batch * head). In base-2 units s2 = s * log2 e:
 
@@ -80,6 +82,7 @@ def _explicit_attn_fwd_kernel(
         pass 2 (every key):         P_j = exp2(s2_j - m) / l  (0 above the diagonal), stored;
                                     O = sum_j P_j v_j  with P_j as stored (rounded to P's dtype)
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, 1,
                                                                         HEAVY_FIRST)
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -126,12 +129,14 @@ def _explicit_attn_bwd_dq_kernel(
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HAS_DB: tl.constexpr,
     HEAVY_FIRST: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """dq for one (query block, batch * head) from the stored P, in two passes over the key blocks:
 
         pass 1:  D = rowsum(P * dP) with dP = dO v^T   (stored for the dK/dV kernel)
         pass 2:  dS = P * (dP - D),  dq = scale * dS k;   HAS_DB: db[h hs + d] += sum_rows dq[:, d]
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     start_m, b, h, kvh, offs_m, offs_n, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, 1,
                                                                         HEAVY_FIRST)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -173,6 +178,7 @@ def _explicit_attn_bwd_dkdv_kernel(
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HAS_DB: tl.constexpr,
     HEAVY_FIRST: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """dk, dv for one (key block, batch * kv head), over the group's query heads and the query blocks
     at or after the key block (causal), from the stored P read transposed:
@@ -180,6 +186,7 @@ def _explicit_attn_bwd_dkdv_kernel(
         dV += P^T dO,  dS^T = P^T * (v dO^T - D),  dK += scale * dS^T q
         HAS_DB: db[(nh + kvh) hs + d] += sum_rows dk[:, d],  db[(nh + nkv + kvh) hs + d] += sum_rows dv[:, d]
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     start_n, bk = _key_program(HEAVY_FIRST)  # bk: (batch, kv head)
     b = (bk // nkv).to(tl.int64)
     kvh = (bk % nkv).to(tl.int64)
@@ -225,6 +232,7 @@ def _explicit_attn_fwd_one_pass_kernel(
     nh, T, qk_scale, group,
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  # BLOCK_N >= T: the whole row
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HEAVY_FIRST: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """P and O for one (query block, batch * head), every key of the rows in one tile, in one pass:
 
@@ -232,6 +240,7 @@ def _explicit_attn_fwd_one_pass_kernel(
         P = exp2(s2 - m) / rowsum(exp2(s2 - m))   stored for the whole row (zeros above the diagonal)
         O = P v  with P as stored
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, 1,
                                                                         HEAVY_FIRST)
     q = tl.load(Q + b * sqb + h * sqh + offs_m[:, None] * sqt + offs_d[None, :], mask=row_ok[:, None], other=0.0)
@@ -261,12 +270,14 @@ def _explicit_attn_bwd_dq_one_pass_kernel(
     HS: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr,  # BLOCK_N >= T: the whole row
     PREC: tl.constexpr, UPCAST: tl.constexpr, CD: tl.constexpr, HAS_DB: tl.constexpr,
     HEAVY_FIRST: tl.constexpr = False,
+    PDL: tl.constexpr = False,
 ):
     """dq for one (query block, batch * head) from the stored P, every key of the rows in one tile:
 
         dP = dO v^T,  D = rowsum(P * dP)  (stored for the dK/dV kernel),  dS = P * (dP - D),  dq = scale * dS k
         HAS_DB: db[h hs + d] += sum_rows dq[:, d]
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     start_m, b, h, kvh, offs_m, offs_t, offs_d, row_ok = _query_program(nh, group, T, BLOCK_M, BLOCK_N, HS, 1,
                                                                         HEAVY_FIRST)
     do = tl.load(DO + b * sdob + h * sdoh + offs_m[:, None] * sdot + offs_d[None, :], mask=row_ok[:, None], other=0.0)

@@ -20,6 +20,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import FLOAT_DTYPES, check_tensor, compute_dtype, interpret_mode, same_device
+from kernels.pdl import _grid_dependency, pdl_args
 
 # Elements per (BLOCK_T, BLOCK_D) tile: 2,048 fp32 values (8 KB) per tensor and partial on a GPU, so
 # the FastTransformer's (B=32, nkv=1, T=256, hs=32) gives 128 programs, about one per SM of an H100
@@ -31,7 +32,7 @@ _CPU_BLOCK_T = 8
 @triton.jit
 def _kv_split_sum_kernel(DKP, DVP, DK, DV, nkv, n_split, T, HS,
                          sdk_b, sdk_h, sdk_t, sdk_d, sdv_b, sdv_h, sdv_t, sdv_d,
-                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, CD: tl.constexpr):
+                         BLOCK_T: tl.constexpr, BLOCK_D: tl.constexpr, CD: tl.constexpr, PDL: tl.constexpr = False):
     """For both (part, out) = (DKP, DK) and (DVP, DV), over the rows t of this program's tile:
 
         out[b, h, t, :] = cast(sum_{s = 0 .. n_split - 1} part[b, h * n_split + s, t, :])
@@ -42,6 +43,7 @@ def _kv_split_sum_kernel(DKP, DVP, DK, DV, nkv, n_split, T, HS,
     (b, h, s) starts at ((b nkv + h) n_split + s) T HS; DK and DV are (B, nkv, T, HS) with any
     strides (views into a packed d(qkv) buffer).
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     pt = tl.program_id(0)
     pbh = tl.program_id(1).to(tl.int64)  # int64: offsets into the partials may pass 2^31
     b = pbh // nkv
@@ -105,5 +107,6 @@ def kv_split_sum(dk_part: torch.Tensor, dv_part: torch.Tensor, dk_out: torch.Ten
     block_t, block_d, num_warps = _blocks(hs, tile_elems)
     _kv_split_sum_kernel[(triton.cdiv(T, block_t), B * nkv)](
         dk_part, dv_part, dk_out, dv_out, nkv, n_split, T, hs, *dk_out.stride(), *dv_out.stride(),
-        BLOCK_T=block_t, BLOCK_D=block_d, CD=compute_dtype(dk_part.dtype), num_warps=num_warps)
+        BLOCK_T=block_t, BLOCK_D=block_d, CD=compute_dtype(dk_part.dtype), num_warps=num_warps,
+        **pdl_args(dk_part))
     return dk_out, dv_out

@@ -16,6 +16,7 @@ import triton
 import triton.language as tl
 
 from kernels._common import accum_dtype, check_tensor, compute_dtype, num_programs, same_device
+from kernels.pdl import _grid_dependency, pdl_args
 from kernels.rmsnorm import MAX_FUSED_BYTES
 
 
@@ -24,6 +25,7 @@ def _layer_norm_fwd_kernel(
     X, W, B, Y, MEAN, RSTD,  # X, Y: (M, N); W, B: (N,); MEAN, RSTD: (M,)
     stride_x, stride_y, N, eps,
     BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, CD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """One row per program:  mu = mean_j x_j,  var = mean_j (x_j - mu)^2,
     rstd = 1 / sqrt(var + eps),  y_j = (x_j - mu) rstd w_j + b_j.
@@ -31,6 +33,7 @@ def _layer_norm_fwd_kernel(
     The row is in registers, so the "two passes" (mean, then variance of the centred
     values, the numerically safe order) cost no second read of x. Accumulation in CD.
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     row = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -53,12 +56,14 @@ def _layer_norm_bwd_kernel(
     DY, X, W, MEAN, RSTD, DX, DW_PARTIAL, DB_PARTIAL,  # DW_PARTIAL, DB_PARTIAL: (P, N)
     stride_dy, stride_x, stride_dx, M, N, rows_per_program,
     BLOCK_N: tl.constexpr, HAS_BIAS: tl.constexpr, CD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Backward for a block of rows, with xhat = (x - mu) rstd and g = dy w:
 
         dx_j = rstd (g_j - mean_k(g_k) - xhat_j mean_k(g_k xhat_k))
         dw_j = sum_rows dy_j xhat_j,   db_j = sum_rows dy_j     (per-program partial sums)
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     pid = tl.program_id(0).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     mask = cols < N
@@ -125,7 +130,7 @@ def layer_norm_fwd(
         _layer_norm_fwd_kernel[(M,)](
             x2, weight, bias if bias is not None else weight, y, mean, rstd, x2.stride(0), y.stride(0), N, eps,
             BLOCK_N=BLOCK_N, HAS_BIAS=bias is not None, CD=compute_dtype(x.dtype),
-            num_warps=min(max(BLOCK_N // 256, 1), 8),
+            num_warps=min(max(BLOCK_N // 256, 1), 8), **pdl_args(x2),
         )
     return y.view(x.shape), mean, rstd  # (M, N) -> x's (..., N)
 
@@ -150,7 +155,7 @@ def layer_norm_bwd(
         _layer_norm_bwd_kernel[(P,)](
             dy2, x2, weight, mean, rstd, dx, dw_partial, db_partial, dy2.stride(0), x2.stride(0), dx.stride(0),
             M, N, triton.cdiv(M, P), BLOCK_N=BLOCK_N, HAS_BIAS=has_bias, CD=compute_dtype(x.dtype),
-            num_warps=min(max(BLOCK_N // 256, 1), 8),
+            num_warps=min(max(BLOCK_N // 256, 1), 8), **pdl_args(x2),
         )
     dw = dw_partial.sum(0).to(weight.dtype)
     db = db_partial.sum(0).to(weight.dtype) if has_bias else None

@@ -38,6 +38,7 @@ import triton.language as tl
 from kernels._common import check_atomic_sem, check_tensor, dot_precision, same_device, upcast_dots
 from kernels.attention_kernels import _dot
 from kernels.limits import device_limits
+from kernels.pdl import _grid_dependency, pdl_args
 
 PRECISIONS = ("ieee", "tf32")  # tl.dot's products for fp32 operands: exact FMA, or TF32 tensor cores
 MAX_V = 256  # a row of logits must fit one register tile; larger vocabularies take the unfused head
@@ -64,6 +65,7 @@ def _lce_fwd_kernel(
     N, V, K, sxm, sxk, swv, swk, ignore_index,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """BLOCK_M rows per program: z = x W^T in registers, then per row
 
@@ -71,6 +73,7 @@ def _lce_fwd_kernel(
         loss_i = lse_i - z_{i, t_i}              (0 where t_i == ignore_index)
 
     The whole padded row is one tile, so one pass (no online normalizer) gives the sum."""
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rv = tl.arange(0, BLOCK_V)
     z = _logits(X, W, rm, rv, N, V, K, sxm, sxk, swv, swk, BLOCK_M, BLOCK_V, BLOCK_K, PREC, UPCAST)
@@ -90,6 +93,7 @@ def _lce_bwd_kernel(
     N, V, K, sxm, sxk, swv, swk, sdxm, sdwv, ignore_index,
     BLOCK_M: tl.constexpr, BLOCK_V: tl.constexpr, BLOCK_K: tl.constexpr,
     PREC: tl.constexpr, UPCAST: tl.constexpr, SEM: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """BLOCK_M rows per program: z again, g = (e^(z - lse) - onehot(t)) * grad_out / n_valid, rounded to
     x's dtype, then per slice of BLOCK_K columns of K (SEM: the adds' memory order):
@@ -98,6 +102,7 @@ def _lce_bwd_kernel(
         dW[:, k] += g^T x[rm, k]        atomic adds of this program's partial
 
     Rows past N and ignored rows have g = 0, so they add nothing to dW."""
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     rm = tl.program_id(0) * BLOCK_M + tl.arange(0, BLOCK_M)
     rv = tl.arange(0, BLOCK_V)
     z = _logits(X, W, rm, rv, N, V, K, sxm, sxk, swv, swk, BLOCK_M, BLOCK_V, BLOCK_K, PREC, UPCAST)
@@ -176,7 +181,7 @@ def linear_cross_entropy_fwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Te
         b = _blocks(V, x.device, block_m)
         _lce_fwd_kernel[(triton.cdiv(N, b["BLOCK_M"]),)](
             x, w, targets, loss_rows, lse, N, V, K, x.stride(0), x.stride(1), w.stride(0), w.stride(1),
-            ignore_index, **b, **_consts(x, input_precision), num_warps=4, num_stages=_stages(x.device))
+            ignore_index, **b, **_consts(x, input_precision), num_warps=4, num_stages=_stages(x.device), **pdl_args(x))
     # Deterministic mean (no atomics): one small sum over N fp32 row losses.
     return loss_rows.sum() / n_valid.squeeze(0).to(torch.float32), lse, n_valid
 
@@ -206,7 +211,7 @@ def linear_cross_entropy_bwd(x: torch.Tensor, w: torch.Tensor, targets: torch.Te
         _lce_bwd_kernel[(triton.cdiv(N, b["BLOCK_M"]),)](
             x, w, targets, lse, gout, n_valid, dx, dw_out, N, V, K, x.stride(0), x.stride(1), w.stride(0),
             w.stride(1), dx.stride(0), dw_out.stride(0), ignore_index, **b, **_consts(x, input_precision),
-            SEM=sem, num_warps=4, num_stages=_stages(x.device))
+            SEM=sem, num_warps=4, num_stages=_stages(x.device), **pdl_args(x))
     return dx
 
 

@@ -67,6 +67,7 @@ from kernels._common import (
     same_device,
 )
 from kernels.dropout_mask import RNG4, SALTS, _block_n, _check_dropout, keep_mask
+from kernels.pdl import pdl_args
 from kernels.residual_norm_kernels import _add_norm_bwd_kernel, _add_norm_bwd_persistent_kernel, _add_norm_fwd_kernel
 
 __all__ = ["ROWS", "RNG4", "SALTS", "AddNormFunction", "add_layer_norm", "add_norm_bwd", "add_norm_fwd", "add_rms_norm",
@@ -124,7 +125,8 @@ def add_norm_fwd(
         _add_norm_fwd_kernel[(triton.cdiv(M, rows),)](
             x, r, w, b if b is not None else w, s, h, rstd, seed if p > 0 else rstd, M, N, eps, salt, p,
             1.0 / (1.0 - p), IS_LN=layer_norm, HAS_BIAS=b is not None, HAS_DROP=p > 0, RNG4=rng4, ROWS=rows,
-            BLOCK_N=block_n, CD=compute_dtype(x.dtype), num_warps=row_tile_warps(rows, block_n))
+            BLOCK_N=block_n, CD=compute_dtype(x.dtype), num_warps=row_tile_warps(rows, block_n),
+            **pdl_args(x))
     return s, h, rstd
 
 
@@ -187,7 +189,8 @@ def add_norm_bwd(
     head, tail = (ds if ds is not None else dh, dh, s, w, rstd, g, gr, dwp, dbp), (
         seed if p > 0 else rstd, M, N, salt, p, 1.0 / (1.0 - p))
     meta = dict(IS_LN=layer_norm, HAS_BIAS=has_bias, HAS_DS=ds is not None, HAS_GR=has_gr, HAS_DROP=p > 0, RNG4=rng4,
-                ROWS=rows, BLOCK_N=block_n, CD=compute_dtype(s.dtype), num_warps=warps)
+                ROWS=rows, BLOCK_N=block_n, CD=compute_dtype(s.dtype), num_warps=warps,
+                **pdl_args(s))
     if dw_partials == "tile":
         _add_norm_bwd_kernel[(grid,)](*head, *tail, **meta)
     else:

@@ -12,16 +12,18 @@ import triton
 import triton.language as tl
 
 from kernels.dropout_mask import _keep
+from kernels.pdl import _grid_dependency
 
 
 @triton.jit
 def _add_norm_fwd_kernel(X, R, W, B, S, H, RSTD, SEED, M, N, eps, salt, p, scale,
                          IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
-                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
+                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr, PDL: tl.constexpr = False):
     """Per row of the (ROWS, N) tile:  s = x + r  (stored; with dropout s = x + r keep scale);
     RMSNorm:    rstd = 1 / sqrt(mean(s^2) + eps),          shat = s rstd
     LayerNorm:  rstd = 1 / sqrt(mean((s - mu)^2) + eps),   shat = (s - mu) rstd,  mu = mean(s)
     h = shat w (+ b) (stored);  rstd (stored for the backward)."""
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
     rmask = rows < M
@@ -86,11 +88,12 @@ def _add_norm_bwd_rows(DS, DH, S, RSTD, G, GR, SEED, w, rows, cols, M, N, salt, 
 def _add_norm_bwd_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, SEED, M, N, salt, p, scale,
                          IS_LN: tl.constexpr, HAS_BIAS: tl.constexpr, HAS_DS: tl.constexpr,
                          HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
-                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr):
+                         ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr, PDL: tl.constexpr = False):
     """Per row:  g = ds + rstd (dh w - [mean(dh w)] - shat mean(dh w shat))   ([.] LayerNorm only),
     the gradient of x (and of r without dropout); with HAS_GR dr = g (keep scale) into GR in r's
     dtype (the keep mask redrawn as in the forward); the tile's partials dw = sum_rows dh shat into DWP[pid] and
     db = sum_rows dh into DBP[pid]. The LayerNorm mean is recomputed from s (none is saved)."""
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     pid = tl.program_id(0)
     rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -110,7 +113,7 @@ def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, DRB, SE
                                     HAS_GR: tl.constexpr, HAS_DROP: tl.constexpr, RNG4: tl.constexpr,
                                     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr,
                                     ATOMIC: tl.constexpr, HAS_DRB: tl.constexpr, LOOP_STAGES: tl.constexpr = None,
-                                    SEM: tl.constexpr = "acq_rel"):
+                                    SEM: tl.constexpr = "acq_rel", PDL: tl.constexpr = False):
     """The same g, dr, dw, db on a persistent grid (Liger-Kernel's rms_norm backward: a few programs
     per SM). Program pid takes the ``tiles_per_program`` consecutive (ROWS, N) tiles from
     tile pid * tiles_per_program on (the last run clipped at M); per row, as the tile kernel,
@@ -132,6 +135,7 @@ def _add_norm_bwd_persistent_kernel(DS, DH, S, W, RSTD, G, GR, DWP, DBP, DRB, SE
     The keep mask depends on (seed, salt, row, column) only: the same as the forward's. LOOP_STAGES (None: not
     pipelined): the loop over the tiles software-pipelined over that many tiles (``tl.range``'s num_stages), so
     the next tiles' loads are in flight while one is computed; the same arithmetic in the same order."""
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     cmask = cols < N

@@ -31,6 +31,7 @@ from kernels._common import (
     row_tile_warps,
     same_device,
 )
+from kernels.pdl import _grid_dependency, pdl_args
 
 MAX_FUSED_BYTES = 65536  # one row must fit in one block (as in Liger); C=256 is far below this
 
@@ -46,6 +47,7 @@ def _rms_norm_fwd_kernel(
     X, W, Y, RSTD,  # X, Y: (M, N) row-major; W: (N,); RSTD: (M,) fp32/fp64
     stride_x, stride_y, M, N, eps,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """Rows [pid ROWS, (pid + 1) ROWS):  rstd = 1 / sqrt(mean_j x_j^2 + eps),  y_j = x_j * rstd * w_j.
 
@@ -55,6 +57,7 @@ def _rms_norm_fwd_kernel(
     is formed in CD and rounded once to Y's dtype. rstd is stored for the backward pass so it
     needs no second reduction over x.
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     rows = (tl.program_id(0) * ROWS + tl.arange(0, ROWS)).to(tl.int64)  # int64: M * N may exceed 2^31
     cols = tl.arange(0, BLOCK_N)
     rmask = rows < M
@@ -88,6 +91,7 @@ def _rms_norm_bwd_kernel(
     DY, X, W, RSTD, DX, DW_PARTIAL,  # DY, X, DX: (M, N); W: (N,); RSTD: (M,); DW_PARTIAL: (cdiv(M, ROWS), N)
     stride_dy, stride_x, stride_dx, M, N,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The backward pass for the tile's rows, with xhat = x * rstd:
 
@@ -97,6 +101,7 @@ def _rms_norm_bwd_kernel(
     Derivation: y = xhat * w, d rstd / d x_k = -rstd^3 x_k / N. The launcher sums the
     partials (cdiv(M, ROWS) x N values).
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     pid = tl.program_id(0)
     rows = (pid * ROWS + tl.arange(0, ROWS)).to(tl.int64)
     cols = tl.arange(0, BLOCK_N)
@@ -110,6 +115,7 @@ def _rms_norm_bwd_persistent_kernel(
     DY, X, W, RSTD, DX, DW_PARTIAL,  # as above, but DW_PARTIAL: (grid, N), one row per program
     stride_dy, stride_x, stride_dx, M, N, tiles_per_program,
     ROWS: tl.constexpr, BLOCK_N: tl.constexpr, CD: tl.constexpr,
+    PDL: tl.constexpr = False,
 ):
     """The same dx and dw on a persistent grid (Liger-Kernel's rms_norm backward: a few programs
     per SM, the weight gradient accumulated in registers). Program pid takes the
@@ -123,6 +129,7 @@ def _rms_norm_bwd_persistent_kernel(
     launcher sums the grid's rows (a few per SM instead of cdiv(M, ROWS)): the partial
     buffer and the reduction that reads it shrink by a factor ~tiles_per_program.
     """
+    _grid_dependency(PDL)  # first, before any load or store (kernels/pdl.py)
     pid = tl.program_id(0)
     cols = tl.arange(0, BLOCK_N)
     w = tl.load(W + cols, mask=cols < N, other=0.0).to(CD)
@@ -171,6 +178,7 @@ def rms_norm_fwd(
         _rms_norm_fwd_kernel[(triton.cdiv(M, rows),)](
             x2, weight, y, rstd, x2.stride(0), y.stride(0), M, N, eps,
             ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=row_tile_warps(rows, BLOCK_N),
+            **pdl_args(x2),
         )
     return y.view(x.shape), rstd  # (M, N) -> x's (..., N)
 
@@ -204,7 +212,7 @@ def rms_norm_bwd(
     dw_partial = torch.empty((P, N), dtype=cd, device=x.device)  # one row per program
     if M > 0:
         args = (dy2, x2, weight, rstd, dx, dw_partial, dy2.stride(0), x2.stride(0), dx.stride(0), M, N)
-        meta = dict(ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=warps)
+        meta = dict(ROWS=rows, BLOCK_N=BLOCK_N, CD=compute_dtype(x.dtype), num_warps=warps, **pdl_args(x2))
         if dw_partials == "tile":
             _rms_norm_bwd_kernel[(P,)](*args, **meta)
         else:

@@ -56,6 +56,8 @@ JIT_HELPERS: dict[str, str] = {
                                             "kernels",
     "kernels.gelu_mlp._gelu_parts": "gelu(z) and gelu'(z); inside _gemm_gelu_tile_kernel's epilogues",
     "kernels.dropout_mask._keep": "the Philox keep mask; inside _keep_mask_kernel and the residual-norm kernels",
+    "kernels.pdl._grid_dependency": "programmatic dependent launch's wait and signal; first in every kernel that "
+                                    "takes PDL",
     "kernels.explicit_attention_kernels._add_col_sums": "a tile's column sums added into the qkv bias gradient; "
                                                         "inside the explicit attention's backward kernels",
     "kernels.residual_norm_kernels._add_norm_bwd_rows": "one row tile of the backward; inside both backward kernels",
@@ -75,6 +77,9 @@ BY_CAPABILITY = ("kernels.limits.device_limits",)
 # Device-dependent helpers that choose only the stream a launch goes to, not the launches (the capture
 # records the same launches in the same order on the CPU).
 STREAMS_ONLY = ("kernels.attention._side_stream",)
+# Device-dependent helpers asked only under kernels.pdl.programmatic_launch: kernel_launches.drive answers them for
+# its sm_90 targets in a pass of its own.
+PDL_ANSWERED = ("kernels.pdl.pdl_supported",)
 
 
 def _is_jit(decorator: ast.expr) -> bool:

@@ -23,6 +23,7 @@ from kernel_compile import (
     BY_CAPABILITY,
     GPU_ANSWERED,
     JIT_HELPERS,
+    PDL_ANSWERED,
     STREAMS_ONLY,
     device_dependent_functions,
     jit_functions,
@@ -68,7 +69,7 @@ def rows() -> list[dict]:
 def test_every_device_dependent_helper_answers_for_the_target():
     # A launcher helper that asks the device (its type, its SM count) would answer for the CPU during the
     # capture, and the launches recorded would not be the GPU's, unless kernel_compile answers for the target.
-    assert sorted(device_dependent_functions()) == sorted(GPU_ANSWERED + BY_CAPABILITY + STREAMS_ONLY)
+    assert sorted(device_dependent_functions()) == sorted(GPU_ANSWERED + BY_CAPABILITY + STREAMS_ONLY + PDL_ANSWERED)
 
 
 def test_the_launches_cover_every_kernel_for_every_target(rows):
@@ -78,6 +79,20 @@ def test_the_launches_cover_every_kernel_for_every_target(rows):
         assert not missing, (f"sm_{cc}: no launch of {missing} was captured: drive its launcher in "
                              "tests/kernel_launches.py (or, for a function only called from other kernels, "
                              "list it in kernel_compile.JIT_HELPERS)")
+
+
+def test_every_kernel_that_takes_pdl_compiles_with_it_for_hopper(rows):
+    # The engine option programmatic_launch (kernels/pdl.py): each kernel with a PDL parameter also launched with
+    # PDL=True for sm_90 (kernel_launches.drive's pass), whose griddepcontrol instructions then compile there.
+    from kernel_compile import _jit_defs
+
+    takes = {name for name, node in _jit_defs().items() if "PDL" in [a.arg for a in node.args.args]}
+    takes -= set(JIT_HELPERS)
+    assert len(takes) >= 20, sorted(takes)
+    with_pdl = {r["kernel"] for r in rows if r["cc"] == 90 and "PDL=True" in r["label"]}
+    assert with_pdl == takes, (sorted(takes - with_pdl), sorted(with_pdl - takes))
+    assert all(r["ok"] for r in rows if r["cc"] == 90 and "PDL=True" in r["label"])
+    assert not any("PDL=True" in r["label"] for r in rows if r["cc"] == 75)  # no grid dependency control there
 
 
 def test_jit_helpers_exist_are_called_from_kernels_and_never_launched(rows):

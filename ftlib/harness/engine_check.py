@@ -78,6 +78,8 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     # Each attention grid's heaviest causal block launched first (the same programs and sums in another order).
     *((prec, "fasttransformer", {"attention_heavy_first": True}) for prec in ("bf16", "tf32")),
     *((prec, "gpt2", {"explicit_heavy_first": True}) for prec in ("bf16", "tf32")),
+    # The kernels launched with programmatic dependent launch (the same kernels, each waiting on the GPU for the last).
+    *((prec, name, {"programmatic_launch": True}) for prec in ("bf16", "tf32") for name in ("fasttransformer", "gpt2")),
 )
 
 

@@ -275,7 +275,8 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("fuse_head_loss=False", "head and loss unfused"),
                  ("attention_pack_heads=True", "heads packed in the attention tiles"),
                  ("attention_heavy_first=True", "heaviest attention blocks first"),
-                 ("explicit_heavy_first=True", "heaviest explicit-attention blocks first"))
+                 ("explicit_heavy_first=True", "heaviest explicit-attention blocks first"),
+                 ("programmatic_launch=True", "programmatic dependent launch"))
 
 
 def case_name(r: dict[str, Any]) -> str:

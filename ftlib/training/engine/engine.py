@@ -46,6 +46,7 @@ from ftlib.training.engine.flat import FlatMuon, FlatOptimizer, flatten_paramete
 from ftlib.training.engine.fused_mlp import fc_biases_into_gelu, fuse_mlps
 from ftlib.training.engine.grad_into import bias_sum_why_not
 from ftlib.training.engine.head_loss import fuse_head_loss, loss_function
+from ftlib.training.engine.launches import programmatic_launch_applies, step_launches
 from ftlib.training.engine.linears import setup_linears, triton_gemm_why_not
 from ftlib.training.engine.norms import FirstNormInto, FusedAddNorm, fuse_residual_dropout_, norms_after_adds
 from ftlib.training.engine.options import KERNEL_OPS, EngineOptions, StepPrecision
@@ -127,6 +128,7 @@ class Engine:
         self.qkv_biases = qkv_biases_into_attention(self.model, self.options, self.notes)  # their Linears sum none
         self.fc_biases = fc_biases_into_gelu(self.model, self.options, self.notes)  # the same
         self._loss_fn = loss_function(self.kernels["cross_entropy"], dev)
+        self.pdl = programmatic_launch_applies(self.options, self.kernels, self.device_info, self.notes)
 
         # Flat buffers, decayed parameters first (ftlib.training.step.param_groups 'matrices'); with
         # Muon its block matrices lead, so that AdamW's range [n_muon, N) is one contiguous slice.
@@ -251,18 +253,19 @@ class Engine:
 
     def _step_body(self) -> torch.Tensor:
         """zero grad (one memset) + forward + loss + backward + AdamW, on the static buffers."""
-        self.flat_grad.zero_()
-        if self.flat_param16 is not None:  # the step's bf16 weights (and biases), one copy
-            self.flat_param16.copy_(self.flat_param[: self.flat_param16.numel()])
-        if self.resid_dropout is not None:  # a new mask every step, also on graph replay
-            self.resid_dropout[1].add_(1)
-        logits, _ = self.model(self.static_x)  # (B, T, V); with fuse_head_loss the head's input h, (B, T, C)
-        # (B, T, V) -> (B*T, V) logits (or h -> (B*T, C): the fused loss forms the logits), (B, T) -> (B*T,) targets
-        loss = self._loss_fn(logits.view(self.B * self.T, -1), self.static_y.view(self.B * self.T))
-        self.optimizer.backward(loss, self.grad_clip)
-        self.optimizer.step()
-        if self.muon is not None:
-            self.muon.step()
+        with step_launches(self.pdl):  # the kernels' launches, backward's included (option programmatic_launch)
+            self.flat_grad.zero_()
+            if self.flat_param16 is not None:  # the step's bf16 weights (and biases), one copy
+                self.flat_param16.copy_(self.flat_param[: self.flat_param16.numel()])
+            if self.resid_dropout is not None:  # a new mask every step, also on graph replay
+                self.resid_dropout[1].add_(1)
+            logits, _ = self.model(self.static_x)  # (B, T, V); with fuse_head_loss the head's input h, (B, T, C)
+            # (B, T, V) -> (B*T, V) logits (or h -> (B*T, C): the fused loss forms them), (B, T) -> (B*T,) targets
+            loss = self._loss_fn(logits.view(self.B * self.T, -1), self.static_y.view(self.B * self.T))
+            self.optimizer.backward(loss, self.grad_clip)
+            self.optimizer.step()
+            if self.muon is not None:
+                self.muon.step()
         return loss.detach()
 
     def _warm_up(self, steps: int) -> None:
@@ -366,6 +369,7 @@ class Engine:
             "explicit_one_pass": bool(isinstance(attn, FusedExplicitSelfAttention) and attn.core.fwd_one_pass),
             "explicit_dq_one_pass": bool(isinstance(attn, FusedExplicitSelfAttention) and o.explicit_dq_one_pass
                                          and attn.core.dq_one_pass),
+            "programmatic_launch": self.pdl,
             "explicit_heavy_first": bool(isinstance(attn, FusedExplicitSelfAttention) and attn.core.heavy_first),
             "grad_into_buffer": self.grad_into > 0,
             # Where an RMSNorm or fused residual-norm backward runs (the LayerNorm kernel's is always persistent).

@@ -145,6 +145,11 @@ class EngineOptions:
                "both tables' gradients added into the flat gradient by another (kernels/embedding_sum.py, "
                "engine/embedding.py), instead of a position index, two gathers and an add forward, and two zeroed "
                "tables, two scatter-adds and autograd's two adds backward")
+    programmatic_launch: bool = _option(
+        False, "on CUDA devices of sm_90 or later: the step's Triton kernels launched with programmatic dependent "
+               "launch (kernels/pdl.py, engine/launches.py), so each may start while the kernel before it in its "
+               "stream still runs and waits on the GPU for that kernel's writes, instead of starting only after "
+               "it ends; the same results bit for bit")
     relaxed_atomics: bool = _option(
         True, "the atomic adds of the engine's gradient kernels in relaxed memory order, as CUDA's atomicAdd and "
                "torch.compile's adds, instead of Triton's default acquire-release, whose fences make a loop's next "
