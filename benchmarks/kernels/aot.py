@@ -92,8 +92,11 @@ def compile_spec(spec: AotSpec, cc: int) -> dict[str, Any]:
     if interpret_mode():
         raise RuntimeError("benchmarks.kernels.aot needs TRITON_INTERPRET unset "
                            "(the interpreter's functions cannot compile)")
-    src = triton.compiler.ASTSource(fn=spec.fn, signature=_signature(spec.fn, spec.types, spec.constexprs),
-                                    constexprs=spec.constexprs)
+    # A constexpr parameter the spec leaves out takes its default, as at a launch (PDL=False: kernels/pdl.py); left
+    # out of the constexprs it would compile as a runtime argument, both branches of its ifs included.
+    constexprs = {p.name: p.default for p in spec.fn.params if p.is_constexpr and p.has_default} | spec.constexprs
+    src = triton.compiler.ASTSource(fn=spec.fn, signature=_signature(spec.fn, spec.types, constexprs),
+                                    constexprs=constexprs)
     t0 = time.perf_counter()
     ck = triton.compile(src, target=GPUTarget("cuda", cc, 32),
                         options={"num_warps": spec.num_warps, "num_stages": spec.num_stages})
