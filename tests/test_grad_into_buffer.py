@@ -56,16 +56,16 @@ BIAS_ALONE = {"bias_into_buffer": False, "bf16_bias_weights": False, "branch_bia
               "fc_bias_into_gelu": False, "fuse_head_loss": False}
 
 
-def _pair(cfg, prec: str, dev, **options) -> tuple[Engine, Engine]:
+def _pair(cfg, prec: str, dev, b: int = B, **options) -> tuple[Engine, Engine]:
     # lr 1e-2: a gradient off anywhere changes the next steps' parameters far beyond rounding.
     options = {**BIAS_ALONE, **options}
-    return (Engine(cfg, B, T, prec, dev, seed=4, lr=1e-2, **OFF, **options),
-            Engine(cfg, B, T, prec, dev, seed=4, lr=1e-2, **ON, **options))
+    return (Engine(cfg, b, T, prec, dev, seed=4, lr=1e-2, **OFF, **options),
+            Engine(cfg, b, T, prec, dev, seed=4, lr=1e-2, **ON, **options))
 
 
 def _train(engines: tuple[Engine, ...], cfg, dev, steps: int = STEPS) -> list[list[float]]:
     losses = [[] for _ in engines]
-    for x, y in pattern_batches(cfg.vocab_size, B, T, steps, seed=7, device=dev):
+    for x, y in pattern_batches(cfg.vocab_size, engines[0].B, T, steps, seed=7, device=dev):
         for eng, out in zip(engines, losses):
             out.append(float(eng.step(x, y)))
     return losses
@@ -200,7 +200,10 @@ def test_tied_head_writes_and_the_embedding_adds(prec, dev):
     the head written after the embedding's add, or not at all, the tied weight's gradient would differ."""
     # fuse_embedding off on both sides: its kernel adds the embedding's part into the view itself, before
     # AccumulateGrad adds the head's (off) or after the head wrote it (on), another order of the same sums.
-    default, into = _pair(FT_TIED, prec, dev, fuse_embedding=False)
+    # Two sequences: on the GPU under bf16 the into-buffer side keeps dW unrounded, and one sequence's tokens touch few
+    # of the tied weight's rows, so that difference, grown over the steps at lr 1e-2, left the comparison's tolerance
+    # at one sequence (it held at two).
+    default, into = _pair(FT_TIED, prec, dev, b=2, fuse_embedding=False)
     assert into.model.head.weight is into.model.wte.weight
     assert "head" in _wrapped(into) and "left on autograd" not in into.notes["grad_into_buffer"]
     _train((default, into), FT_TIED, dev)
