@@ -741,29 +741,32 @@ if len(ktable):
 #   from L2 eight times was not what held these kernels back. At head size 32 each program does little work per
 #   block it loads, so their time goes to latency more than to traffic, which is also why the tile sweep found no
 #   larger tile faster. The ledger above shows how far above their floors the attention kernels run.
-# * `heavy-first` (`attention_heavy_first`; on trial) changes the order in which the attention's programs start,
-#   not what they compute. Under the causal mask the forward's and dQ's last query block visits every key block
-#   and the first visits one; the dK/dV kernel's first key block is visited by every query block. By default the
-#   light blocks of each row launch first and the heavy ones last, so the kernel ends on a tail of its longest
-#   programs. The option swaps each grid's axes so the heaviest block of every row starts first and the light ones
-#   fill in behind it: longest processing time first, the order of the `SingleTileLPTScheduler` among the
-#   FlashAttention repository's tile schedulers. Alone (section 2's kernel table, variants v10 and v11 against v6
-#   and v4) the attention's forward and backward got faster; the trial says whether the step does, with the other
-#   stream's kernels beside them. Pairing the dK/dV kernel's key blocks instead (v12 and v13), so every program has
+# * `heavy-first` (`attention_heavy_first`; won its trial, not yet a default) changes the order in which the
+#   attention's programs start, not what they compute. Under the causal mask the forward's and dQ's last query block
+#   visits every key block and the first visits one; the dK/dV kernel's first key block is visited by every query
+#   block. By default the light blocks of each row launch first and the heavy ones last, so the kernel ends on a tail
+#   of its longest programs. The option swaps each grid's axes so the heaviest block of every row starts first and
+#   the light ones fill in behind it: longest processing time first, the order of the `SingleTileLPTScheduler` among
+#   the FlashAttention repository's tile schedulers. Alone (section 2's kernel table, variants v10 and v11 against v6
+#   and v4) the attention's forward and backward got faster, and so did the step, with the other stream's kernels
+#   beside them (the table below). Pairing the dK/dV kernel's key blocks instead (v12 and v13), so every program has
 #   the same work, did not help as much.
-# * `explicit-heavy-first` (`explicit_heavy_first`; on trial) is the same order for GPT-2's own attention kernels,
-#   which still write the probabilities it materializes: their forward and dQ kernels' query blocks and their
-#   dK/dV kernel's key blocks are unequal under the causal mask in the same way. Section 2's kernel table times
-#   them alone (`explicit_attention_dev`'s v5 and v7 against v4 and v6).
-# * `pdl` (`programmatic_launch`; on trial) changes when each Triton kernel starts, not what it computes. In the
-#   step's CUDA graph a kernel still starts only once the one before it in its stream has ended, and its programs
-#   then take a while to spread over the SMs; at this size most kernels run for a few microseconds, so these
-#   boundaries are a good part of the step (the ledger's kernel count). With programmatic dependent launch (CUDA
-#   programming guide, "Programmatic Dependent Launch and Synchronization"; sm_90 and later) a kernel may be
+# * `explicit-heavy-first` (`explicit_heavy_first`; won its trial in bf16, mixed in tf32; not yet a default) is the
+#   same order for GPT-2's own attention kernels, which still write the probabilities it materializes: their forward
+#   and dQ kernels' query blocks and their dK/dV kernel's key blocks are unequal under the causal mask in the same
+#   way. Section 2's kernel table times them alone (`explicit_attention_dev`'s v5 and v7 against v4 and v6).
+# * `pdl` (`programmatic_launch`; lost its trial: an option, off) changes when each Triton kernel starts, not what it
+#   computes. In the step's CUDA graph a kernel still starts only once the one before it in its stream has ended, and
+#   its programs then take a while to spread over the SMs; at this size most kernels run for a few microseconds, so
+#   these boundaries are a good part of the step (the ledger's kernel count). With programmatic dependent launch
+#   (CUDA programming guide, "Programmatic Dependent Launch and Synchronization"; sm_90 and later) a kernel may be
 #   launched while the one before it still runs: its programs wait on the GPU (`griddepcontrol.wait`) until that
 #   kernel's writes are visible, then go on. Every kernel of ours waits first thing, before any load or store
 #   (`kernels/pdl.py`), so the results are the same bit for bit; what can change is the gap between kernels. cuBLAS's
-#   GEMMs between them are launched as before.
+#   GEMMs between them are launched as before. The step got slower, not faster (the table below). A likely reading,
+#   not measured apart: a kernel's programs launched early sit on the SMs waiting, and in this step those SMs are
+#   wanted by the weight-gradient GEMMs and the attention kernel of the other stream, which run beside the main
+#   stream's chain.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.

@@ -1,8 +1,8 @@
-"""The engine's ``programmatic_launch`` option (on trial) and the kernels' programmatic dependent launch (PDL,
-``kernels/pdl.py``): validated as a bool, off by default; it applies on CUDA devices of sm_90 or later only (a note says
-why elsewhere); while the engine's step runs, forward and backward, every launcher that takes PDL is asked; and the
-step trains exactly as without it, the same kernels computing the same sums (compiled on a Hopper GPU, where the
-launches really are programmatic, the losses are compared bit for bit, captured and not)."""
+"""The engine's ``programmatic_launch`` option (it lost its trial: an option, off) and the kernels' programmatic
+dependent launch (PDL, ``kernels/pdl.py``): validated as a bool, off by default; it applies on CUDA devices of sm_90 or
+later only (a note says why elsewhere); while the engine's step runs, forward and backward, every launcher that takes
+PDL is asked; and the step trains exactly as without it, the same kernels computing the same sums (compiled on a
+Hopper GPU, where the launches really are programmatic, the losses are compared bit for bit, captured and not)."""
 
 from __future__ import annotations
 
@@ -22,16 +22,15 @@ from ftlib.training.engine.launches import PDL_CAPABILITY, programmatic_launch_a
 pytest.importorskip("triton")
 
 
-def test_it_is_off_by_default_a_bool_and_on_trial_with_its_checks():
+def test_it_is_off_by_default_a_bool_its_trial_done_with_its_checks_kept():
     from ftlib.harness.engine_check import CHECKS
     from ftlib.harness.suites import CANDIDATES, SUITES
 
-    assert EngineOptions().programmatic_launch is False  # on trial: only a measured winner becomes a default
+    assert EngineOptions().programmatic_launch is False  # it lost its trial (chapter 6): an option, off
     with pytest.raises(ValueError, match="programmatic_launch"):
         EngineOptions(programmatic_launch="yes")
-    assert [c[1] for c in CANDIDATES if "programmatic_launch" in c[1]] == [{"programmatic_launch": True}]
-    labels = [c.label for c in SUITES["engine_candidates"].cases()]
-    assert labels.count("fasttransformer pdl") == 2 and labels.count("gpt2 pdl") == 2  # bf16 and tf32
+    assert not [c for c in CANDIDATES if "programmatic_launch" in c[1]]
+    assert not [c.label for c in SUITES["engine_candidates"].cases() if c.label.endswith(" pdl")]
     for prec in ("bf16", "tf32"):
         for name in ("fasttransformer", "gpt2"):
             assert (prec, name, {"programmatic_launch": True}) in CHECKS

@@ -136,8 +136,6 @@ CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], 
     (" heavy-first", {"attention_heavy_first": True}, ("fasttransformer",), ("bf16", "tf32")),
     # The same order for GPT-2's explicit-attention kernels (its probabilities still written).
     (" explicit-heavy-first", {"explicit_heavy_first": True}, ("gpt2",), ("bf16", "tf32")),
-    # Each Triton kernel of the step launched with programmatic dependent launch (sm_90 or later).
-    (" pdl", {"programmatic_launch": True}, ("fasttransformer", "gpt2"), ("bf16", "tf32")),
 )
 
 
