@@ -4,6 +4,7 @@ the same batches (``losses_engine``, ``losses_ref``, ``max_rel_err``, ``ok``).""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from typing import Any
 
@@ -53,6 +54,7 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
                         row_heights=[0.6, 0.4], vertical_spacing=0.08, horizontal_spacing=0.06)
     shown: set[str] = set()
     for i, p in enumerate(precs, start=1):
+        decades = 0.0  # of the drawn relative errors: one tick a decade crowds a short panel beyond about five
         for r in (r for r in rows if r["precision"] == p):
             c, first = colors[r["label"]], r["label"] not in shown
             shown.add(r["label"])
@@ -67,18 +69,23 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
                           row=1, col=i)
             rel = [max(abs(e - f) / abs(f), ERR_FLOOR) if f else None
                    for e, f in zip(r["losses_engine"], r["losses_ref"])]
+            if vis is True and (drawn := [v for v in rel if v is not None]):
+                decades = max(decades, math.log10(max(drawn) / min(drawn)))
             fig.add_trace(go.Scatter(x=steps, y=rel, mode="lines", name=f"{r['label']} |engine - ref| / ref",
                                      line=dict(color=c, width=1), legendgroup=r["label"], showlegend=False,
                                      visible=vis),
                           row=2, col=i)
         fig.update_xaxes(title_text="step", row=2, col=i)
-        fig.update_yaxes(type="log", dtick=1, tickformat=".0e", row=2, col=i)
+        fig.update_yaxes(type="log", dtick=1 if decades <= 5 else 2, tickformat=".0e", row=2, col=i)
     for dash, what in (("solid", "engine"), ("dot", "reference (train_step + torch.optim.AdamW)")):
         fig.add_trace(go.Scatter(x=[None], y=[None], mode="lines", name=what, line=dict(color="#555", dash=dash),
                                  legendgroup="style", legendgrouptitle_text="line"))
     fig.update_yaxes(title_text="training loss", row=1, col=1)
     fig.update_yaxes(title_text="|engine − ref| / ref<br>(floor 10⁻⁹: 0 drawn there)", row=2, col=1)
-    fig.update_layout(height=620, title=f"Engine vs reference training, {device}: loss per step")
+    # The legend below the panels holds every case (about three to a line) and the line styles: the figure grows
+    # with it, so that none is cut off.
+    fig.update_layout(height=420 + 30 * math.ceil((len(labels) + 3) / 3),
+                      title=f"Engine vs reference training, {device}: loss per step")
     return legend_below(fig)
 
 
