@@ -8,9 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from call_spy import record_attention_launches
+from on_trial import assert_on_trial
 from small_engines import FT, engine, train
-
-from ftlib.training.engine import EngineOptions
 
 pytest.importorskip("triton")
 
@@ -34,14 +33,4 @@ def test_on_the_heads_layout_a_note_says_why(kernel_device):
 
 
 def test_it_is_off_by_default_a_bool_and_on_trial_with_its_checks():
-    from ftlib.harness.engine_check import CHECKS
-    from ftlib.harness.suites import CANDIDATES, SUITES
-
-    assert EngineOptions().attention_heavy_first is False  # on trial: only a measured winner becomes a default
-    with pytest.raises(ValueError, match="attention_heavy_first"):
-        EngineOptions(attention_heavy_first=1)
-    assert [c[1] for c in CANDIDATES if "attention_heavy_first" in c[1]] == [{"attention_heavy_first": True}]
-    labels = [c.label for c in SUITES["engine_candidates"].cases()]
-    assert labels.count("fasttransformer heavy-first") == 2  # bf16 and tf32, each beside its default case
-    for prec in ("bf16", "tf32"):
-        assert (prec, "fasttransformer", {"attention_heavy_first": True}) in CHECKS
+    assert_on_trial("attention_heavy_first", "fasttransformer heavy-first", "fasttransformer")
