@@ -312,7 +312,7 @@ def drive(cc: int, extended: bool = False) -> None:
     """Every driver for every model and step precision of sm_``cc``, with the attention tiles a GPU of
     that capability gets (``FTLIB_CAPABILITY``, read by kernels.limits); on sm_90 and later the bf16 step of both
     headline models (with the engine's other options) once more with programmatic dependent launch (the engine option
-    ``programmatic_launch``, on trial: its kernels take ``PDL=True``), the device's answer the target's."""
+    ``programmatic_launch``, off by default: its kernels take ``PDL=True``), the device's answer the target's."""
     os.environ["FTLIB_CAPABILITY"] = f"{cc // 10}.{cc % 10}"
     for step in steps(cc, extended):
         for cfg in models().values():
