@@ -222,7 +222,8 @@ def baselines_run(run: str, machine: str, ms: dict[tuple[str, str, str], float],
                              "attention_kv_split": 2 if (c.config.attn_impl == "sdpa"
                                                          and (c.config.n_head // c.config.n_kv_head) % 2 == 0)
                              else None,
-                             "fuse_embedding": True, "relaxed_atomics": True, "fuse_head_loss": True}
+                             "fuse_embedding": True, "relaxed_atomics": True, "fuse_head_loss": True,
+                             "attention_heavy_first": True, "explicit_heavy_first": True}
         row.update((bad or {}).get(ident, {}))
         rows.append(row)
     return rows

@@ -1,4 +1,4 @@
-"""The engine's ``attention_heavy_first`` option (on trial): validated as a bool, off by default; on the packed
+"""The engine's ``attention_heavy_first`` option (a default: it won its trial): validated as a bool; on the packed
 layout the attention's launchers get heavy_first (each grid's heaviest causal block launched first) and the step
 trains exactly as in the default order, the same programs computing the same sums; on the heads layout a note
 says why it does not apply and the launchers keep the default order."""
@@ -8,8 +8,8 @@ from __future__ import annotations
 import pytest
 import torch
 from call_spy import record_attention_launches
-from on_trial import assert_on_trial
 from small_engines import FT, engine, train
+from won_trial import assert_won_trial
 
 pytest.importorskip("triton")
 
@@ -32,5 +32,21 @@ def test_on_the_heads_layout_a_note_says_why(kernel_device):
     assert "the heads layout" in eng.describe()["notes"]["attention_heavy_first"]
 
 
-def test_it_is_off_by_default_a_bool_and_on_trial_with_its_checks():
-    assert_on_trial("attention_heavy_first", "fasttransformer heavy-first", "fasttransformer")
+def test_it_won_its_trial_and_has_an_ablation_and_checks():
+    assert_won_trial("attention_heavy_first", "fasttransformer -heavy-first", "fasttransformer", ("bf16", "tf32"))
+
+
+def test_a_row_without_it_is_an_earlier_engines_only_where_it_could_apply():
+    from ftlib.views.engine_config import options_off
+
+    ran = {"kernels": ["attention"], "notes": {}, "attention_layout": "packed"}
+    row = {"mode": "engine", "config": {"n_head": 4, "n_kv_head": 1}, "extra": {}, "precision": "tf32",
+           "engine": {**ran, "attention_heavy_first": False}}
+    assert "attention_heavy_first" in options_off(row)
+    assert "attention_heavy_first" in options_off({**row, "engine": ran})  # stored before the option existed
+    assert "attention_heavy_first" not in options_off({**row, "engine": {**ran, "attention_heavy_first": True}})
+    assert "attention_heavy_first" not in options_off({**row, "extra": {"attention_heavy_first": False}})
+    heads = {**ran, "attention_layout": "heads", "attention_heavy_first": False}
+    assert "attention_heavy_first" not in options_off({**row, "engine": heads})
+    sdpa = {**ran, "kernels": [], "attention_heavy_first": False}  # SDPA kept: no flash kernel to order
+    assert "attention_heavy_first" not in options_off({**row, "engine": sdpa})

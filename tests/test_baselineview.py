@@ -167,7 +167,8 @@ def test_engine_ratios_never_pool_runs_of_another_engine():
     older = {"engine": {"grad_into_buffer": False, "fuse_kv_split_sum": False, "norm_dw_into_buffer": True,
                         "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True, "wgrad_side_stream": True,
                         "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True,
-                        "relaxed_atomics": True, "fuse_head_loss": True}}
+                        "relaxed_atomics": True, "fuse_head_loss": True,
+                        "attention_heavy_first": True, "explicit_heavy_first": True}}
     bad = {("fasttransformer", "engine", "default"): older}
     def ms(engine: float, compiled: float) -> dict:
         return fast(fasttransformer__engine__default=engine, fasttransformer__compile_ro__fused=compiled)

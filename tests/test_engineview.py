@@ -168,7 +168,8 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
                 "engine": {"grad_into_buffer": True, "fuse_kv_split_sum": True, "norm_dw_into_buffer": True,
                            "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True,
                            "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True,
-                           "relaxed_atomics": True, "fuse_head_loss": True, **ran}}
+                           "relaxed_atomics": True, "fuse_head_loss": True,
+                           "attention_heavy_first": True, "explicit_heavy_first": True, **ran}}
 
     rows = [row("a", mqa, grad_into_buffer=False, fuse_kv_split_sum=False),
             row("b", mha, grad_into_buffer=False, fuse_kv_split_sum=False),  # MHA: no split to sum
@@ -184,17 +185,19 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
             row("k", mqa, fuse_embedding=False),  # the embeddings unfused
             row("l", mqa, fuse_embedding=False, kernels=[])]  # no embedding kernel: nothing to fuse
     lines = ec.options_behind(rows).splitlines()
-    assert len(lines) == 8
-    # e; wgrad_side_stream in none: these rows name no precision, and it applies under bf16/fp16 only
+    assert len(lines) == 9
+    # e; wgrad_side_stream, fuse_head_loss and explicit_heavy_first in none: these rows name no precision, and they
+    # apply under bf16/fp16 only
     assert "1 of these runs ran with `attention_bwd_streams` off" in lines[0]
-    assert "2 of these runs ran with `attention_kv_split` off" in lines[1]  # e, i; not j
-    assert "1 of these runs ran with `first_norm_into_buffer` off" in lines[2]  # e; g had no fused norm for it
-    assert "2 of these runs ran with `fuse_embedding` off" in lines[3]  # e, k; not l
-    assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[4]  # a, e
-    assert "3 of these runs ran with `grad_into_buffer` off" in lines[5]  # a, b, e
+    assert "1 of these runs ran with `attention_heavy_first` off" in lines[1]  # e
+    assert "2 of these runs ran with `attention_kv_split` off" in lines[2]  # e, i; not j
+    assert "1 of these runs ran with `first_norm_into_buffer` off" in lines[3]  # e; g had no fused norm for it
+    assert "2 of these runs ran with `fuse_embedding` off" in lines[4]  # e, k; not l
+    assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[5]  # a, e
+    assert "3 of these runs ran with `grad_into_buffer` off" in lines[6]  # a, b, e
     # h only: e and g had no atomic adds for a grid to run (they count under norm_dw_into_buffer)
-    assert "1 of these runs ran with `norm_bwd_grid` off" in lines[6]
-    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[7]  # e, not g
+    assert "1 of these runs ran with `norm_bwd_grid` off" in lines[7]
+    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[8]  # e, not g
     assert "1 of these runs ran with `grad_into_buffer`" in ec.options_behind(rows, run_ids={"b", "c"})
     assert ec.options_behind(rows, run_ids={"c", "d"}) == ""
 
@@ -217,7 +220,8 @@ def test_probes_are_named_against_todays_defaults():
     ran = {"grad_into_buffer": True, "fuse_kv_split_sum": True, "fuse_residual_norm": True,
            "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True, "kernels": ["rmsnorm", "attention"],
            "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True,
-           "relaxed_atomics": True, "fuse_head_loss": True, "notes": {}}
+           "relaxed_atomics": True, "fuse_head_loss": True,
+           "attention_heavy_first": True, "explicit_heavy_first": True, "notes": {}}
 
     def probe(label, kw, **engine):
         return {"status": "ok", "device_slug": "h200", "commit": "c", "date": "d", "label": label, "config": mqa,
@@ -241,7 +245,8 @@ def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
                 "engine": {"kernels": kernels, "notes": notes or {}, "norm_dw_into_buffer": True,
                            "norm_bwd_grid": "8 rows 4/SM", "first_norm_into_buffer": True,
                            "attention_bwd_streams": True, "attention_kv_split": 2, "fuse_embedding": True,
-                           "relaxed_atomics": True, "fuse_head_loss": True, **ran}}
+                           "relaxed_atomics": True, "fuse_head_loss": True,
+                           "attention_heavy_first": True, "explicit_heavy_first": True, **ran}}
 
     # Strict fp32 keeps SDPA: no dK/dV split to sum, so the current engine runs without the fused split sum.
     sdpa = row([k for k in with_attention if k != "attention"], grad_into_buffer=True, fuse_kv_split_sum=False)
@@ -263,7 +268,8 @@ def test_the_bias_and_first_norm_defaults_count_only_where_they_could_apply():
     gpt2, ft = {"n_head": 12, "n_kv_head": 12, "bias": True}, {"n_head": 8, "n_kv_head": 1, "bias": False}
     base = {"grad_into_buffer": True, "norm_dw_into_buffer": True, "norm_bwd_grid": "8 rows 4/SM",
             "fuse_residual_norm": True, "bias_kernel": True, "bf16_weights": True, "kernels": [], "notes": {},
-            "wgrad_side_stream": True, "relaxed_atomics": True, "fuse_head_loss": True}
+            "wgrad_side_stream": True, "relaxed_atomics": True, "fuse_head_loss": True,
+            "attention_heavy_first": True, "explicit_heavy_first": True}
 
     def row(cfg, prec, extra=None, **ran):
         return {"mode": "engine", "device_slug": "h200", "run_id": "a", "config": cfg, "precision": prec,
@@ -299,6 +305,7 @@ def test_the_one_pass_dq_default_counts_only_where_its_kernel_could_run():
             "fuse_softmax_matmuls": True, "bias_into_buffer": True, "bf16_bias_weights": True,
             "branch_bias_into_norm": True, "first_norm_into_buffer": True, "fc_bias_into_gelu": True,
             "wgrad_side_stream": True, "relaxed_atomics": True, "fuse_head_loss": True,
+            "attention_heavy_first": True, "explicit_heavy_first": True,
             "notes": {"softmax": "scale + causal mask + softmax fused with the products around it"}}
 
     def row(cap="9.0", cfg=None, extra=None, **ran):

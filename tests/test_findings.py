@@ -22,7 +22,9 @@ OLDER = {("fasttransformer", "engine", "default"): {"engine": {"grad_into_buffer
                                                                 "wgrad_side_stream": True,
                                                                 "attention_bwd_streams": True,
                                                                 "attention_kv_split": 2, "fuse_embedding": True,
-                                                                "relaxed_atomics": True, "fuse_head_loss": True}}}
+                                                                "relaxed_atomics": True, "fuse_head_loss": True,
+                                                                "attention_heavy_first": True,
+                                                                "explicit_heavy_first": True}}}
 
 
 @pytest.fixture()

@@ -276,6 +276,8 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("attention_pack_heads=True", "heads packed in the attention tiles"),
                  ("attention_heavy_first=True", "heaviest attention blocks first"),
                  ("explicit_heavy_first=True", "heaviest explicit-attention blocks first"),
+                 ("attention_heavy_first=False", "attention blocks light first"),
+                 ("explicit_heavy_first=False", "explicit-attention blocks light first"),
                  ("programmatic_launch=True", "programmatic dependent launch"))
 
 

@@ -23,7 +23,7 @@ TRIAL_WINNERS = ("grad_into_buffer", "fuse_kv_split_sum", "norm_dw_into_buffer",
                  "fuse_softmax_matmuls", "bias_into_buffer", "bf16_bias_weights", "branch_bias_into_norm",
                  "first_norm_into_buffer", "explicit_dq_one_pass", "fc_bias_into_gelu", "wgrad_side_stream",
                  "attention_bwd_streams", "attention_kv_split", "fuse_embedding",
-                 "relaxed_atomics", "fuse_head_loss")
+                 "relaxed_atomics", "fuse_head_loss", "attention_heavy_first", "explicit_heavy_first")
 TODAY = "the current defaults"
 
 
@@ -102,6 +102,10 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
     if name == "relaxed_atomics":  # a gradient kernel that adds atomically ran (engine/atomics.py)
         return (ran.get("norm_dw_into_buffer") is True and _needs_met("norm_dw_into_buffer", row, ran)
                 or any(ran.get(n) is True for n in ("fuse_embedding", "fuse_head_loss", "wgrad_splitk")))
+    if name == "attention_heavy_first":  # the flash kernel's grids, on the packed layout (as its two-stream backward)
+        return _applies("attention_bwd_streams", row)
+    if name == "explicit_heavy_first":  # GPT-2's explicit-attention kernels, under bf16/fp16 (swaps.py)
+        return row.get("precision") in ("bf16", "fp16") and _explicit_kernel_fits(row, ran)
     if name == "attention_bwd_streams":  # the flash kernel's backward, on the packed layout
         kernels = ran.get("kernels")
         if kernels is None:  # not recorded: where the flash kernel takes the attention (not GPT-2's as written)

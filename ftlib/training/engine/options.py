@@ -112,9 +112,10 @@ class EngineOptions:
                "query heads of one K/V head in one tile (kernels.attention's pack_heads; where they are a power of "
                "two, at most 16), so each K/V block is loaded once for them all instead of once per head")
     attention_heavy_first: bool = _option(
-        False, "with the attention kernel (packed layout): each of its grids launches the causal block with the most "
-               "work first (kernels.attention's heavy_first: the forward's and dQ's last query block, the dK/dV "
-               "kernel's first key block), so the light blocks fill the tail; the same programs and sums")
+        True, "with the attention kernel (packed layout): each of its grids launches the causal block with the most "
+              "work first (kernels.attention's heavy_first: the forward's and dQ's last query block, the dK/dV "
+              "kernel's first key block), so the light blocks fill the tail; the same programs and sums",
+        keyless=False)
     fuse_kv_split_sum: bool = _option(
         True, "with the attention kernel on an MQA/GQA model: the dK/dV kernel's per-split fp32 partials summed, "
                "cast and written into dk/dv (the packed d(qkv) views) by one kernel per layer "
@@ -197,10 +198,11 @@ class EngineOptions:
               "passes over it once (kernels/explicit_attention.py, dq_one_pass), the forward staying on two "
               "passes; attention_tiles' 'bwd' tiles then go to the dK/dV kernel only", keyless=False)
     explicit_heavy_first: bool = _option(
-        False, "with fuse_softmax_matmuls (GPT-2): each grid of the explicit attention's kernels launches the causal "
-               "block with the most work first (kernels/explicit_attention.py, heavy_first: the forward's and dQ's "
-               "last query block, the dK/dV kernel's first key block), so the light blocks fill the tail; the same "
-               "programs and sums")
+        True, "with fuse_softmax_matmuls (GPT-2), under bf16/fp16: each grid of the explicit attention's kernels "
+              "launches the causal block with the most work first (kernels/explicit_attention.py, heavy_first: the "
+              "forward's and dQ's last query block, the dK/dV kernel's first key block), so the light blocks fill "
+              "the tail; the same programs and sums. Not in tf32 or fp32, where its trial was mixed (chapter 6)",
+        keyless=False)
     qkv_bias_into_attention: bool = _option(
         False, "with fuse_softmax_matmuls, grad_into_buffer and the bias kernel (GPT-2): the qkv projection's bias "
                "gradient, the column sums of d(qkv), added into the flat gradient by the explicit attention's "

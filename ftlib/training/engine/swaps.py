@@ -194,10 +194,14 @@ def _swap_attention(model: GPT, options: EngineOptions, prec: StepPrecision, inf
             unfit = _explicit_attention_unfit(cfg, options, prec, info) if options.fuse_softmax_matmuls else None
             if options.fuse_softmax_matmuls and unfit is None:
                 fwd_one_pass, dq_one_pass, one_pass_note = _explicit_one_pass(cfg, options, info)
+                # Heavy-first only under bf16/fp16 autocast: in tf32 its trial was mixed (chapter 6).
+                heavy = options.explicit_heavy_first and prec.base.autocast is not None
+                if options.explicit_heavy_first and not heavy:
+                    out.notes["explicit_heavy_first"] = ("not applied: bf16 and fp16 only (in tf32 its trial was "
+                                                         "mixed: chapter 6)")
                 for blk in model.blocks:
                     blk.attn = FusedExplicitSelfAttention(blk.attn, prec.low_dtype, prec.fp32_dot,
-                                                          options.attention_tiles, fwd_one_pass, dq_one_pass,
-                                                          options.explicit_heavy_first)
+                                                          options.attention_tiles, fwd_one_pass, dq_one_pass, heavy)
                 out.notes["softmax"] = ("scale + causal mask + softmax fused with the products around it "
                                         "(q k^T, P v), the probabilities still written (kernels/explicit_attention.py)"
                                         + one_pass_note)
