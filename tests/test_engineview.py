@@ -234,6 +234,14 @@ def test_probes_are_named_against_todays_defaults():
                   norm_dw_into_buffer=True)]
     assert [r["label"] for r in engineview.latest_probes(rows)] == [
         "fasttransformer norm_dw_into_buffer=False", "fasttransformer", "fasttransformer fuse_kv_split_sum=False"]
+    # A default the speedrun model's case ran without goes before its batch size, which case_name reads last.
+    speedrun = probe("speedrun 256x6 dropout 0.2 fuse_dropout=True dropout_rng4=False B=64", {"fuse_dropout": "True"},
+                     attention_heavy_first=False, norm_dw_into_buffer=True)
+    [r] = engineview.latest_probes([speedrun])
+    assert r["label"] == ("speedrun 256x6 dropout 0.2 fuse_dropout=True dropout_rng4=False attention_heavy_first=False"
+                          " B=64")
+    assert engineview.case_name(r) == ("speedrun model (256x6, B=64), fused dropout, one draw per element, attention "
+                                       "blocks light first")
 
 
 def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():

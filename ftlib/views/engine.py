@@ -221,7 +221,8 @@ def probe_label(r: dict[str, Any]) -> str:
             label = label.replace(f" {k}={v}", "")
     off = options_off({"mode": "engine", "engine": r.get("describe"), "extra": kw, "config": r.get("config"),
                        "precision": r.get("precision")})
-    return label + "".join(f" {k}={'False' if isinstance(now[k], bool) else None}" for k in off or [])
+    label, batch = re.fullmatch(r"(.*?)((?: B=\d+)?)", label).groups()  # a batch size stays last (case_name)
+    return label + "".join(f" {k}={'False' if isinstance(now[k], bool) else None}" for k in off or []) + batch
 
 
 @table_view
@@ -284,9 +285,11 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
 def case_name(r: dict[str, Any]) -> str:
     """A profiled case's short name without its precision: the speedrun's model as 'speedrun model (256x6,
     B=64)', the options in a few words (:data:`SHORT_OPTIONS`)."""
-    text = r["label"]
+    text, batch = re.fullmatch(r"(.*?)((?: B=\d+)?)", r["label"]).groups()
     for long, short in SHORT_OPTIONS:
-        text = text.replace(long, short)
+        text = text.replace(long, f"\0{short}\0")
+    parts = [p for p in (" ".join(p.split()) for p in text.split("\0")) if p] or [""]
+    text = " ".join([parts[0], ", ".join(parts[1:])]) + batch  # the case, then its options' phrases
     m = re.match(r"speedrun (\d+x\d+) dropout [\d.]+(.*?)(?: B=(\d+))?$", text)
     if m:
         opts = " ".join(m.group(2).split())
