@@ -466,7 +466,7 @@ display(Markdown(kernelview.kernel_math("causal_softmax")))
 # fp32 its products would be IEEE FMA, as cuBLAS's are there, and it was not measured faster, so the
 # engine keeps cuBLAS's products around the fused softmax unless a dot precision is set. Their causal programs are
 # unequal too: variants v5 and v7 of section 2's kernel table launch each grid's heaviest block first, as the fused
-# MQA attention's `heavy_first` below does.
+# MQA attention's `heavy_first` below does; the engine does so under bf16 (option `explicit_heavy_first`).
 
 # %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("explicit_attention")))
@@ -479,7 +479,8 @@ display(Markdown(kernelview.kernel_math("explicit_attention")))
 # Under the causal mask the programs are unequal: the last query block visits every key block, the first one
 # visits one. Variants v10 and v11 of section 2's kernel table launch each row's heaviest block first
 # (`heavy_first`; longest processing time first, the order of the `SingleTileLPTScheduler` in the FlashAttention
-# repository's tile schedulers), so the light ones fill the tail; the same programs, the same sums.
+# repository's tile schedulers), so the light ones fill the tail; the same programs, the same sums. The engine
+# launches them so (option `attention_heavy_first`).
 # Variants v12 and v13 balance the dK/dV kernel's programs instead (`pair_key_blocks`): program j takes key
 # blocks j and n − 1 − j, which visit n + 1 query blocks together, so no program is longer than the others (the
 # pairing of chunks i and 2N − 1 − i that balances causal attention over N ranks in Llama 3's context
@@ -584,8 +585,8 @@ if len(ktable):
 # `-norm-dw-into-buffer`, `-norm-bwd-grid`, `-fuse-softmax-matmuls`, `-bias-into-buffer`,
 # `-bf16-bias-weights`, `-branch-bias-into-norm`, `-first-norm-into-buffer`, `-bias-options` for the last
 # four at once, `-explicit-dq-one-pass`, `-fc-bias-into-gelu`, `-wgrad-stream`, `-attn-bwd-streams`,
-# `-kv-split-2`, `-fused-embedding`, `-relaxed-atomics` and `-fused-head`; the lines under the table of section
-# "What each kernel buys" say which of them have rows). A
+# `-kv-split-2`, `-fused-embedding`, `-relaxed-atomics`, `-fused-head`, `-heavy-first` and `-explicit-heavy-first`;
+# the lines under the table of section "What each kernel buys" say which of them have rows). A
 # winner becomes a default together with a run of the baselines suite that measures it: a default changes the
 # step that every headline ratio times, so until then it stays on trial.
 # The options the trials below concern:
@@ -741,18 +742,20 @@ if len(ktable):
 #   from L2 eight times was not what held these kernels back. At head size 32 each program does little work per
 #   block it loads, so their time goes to latency more than to traffic, which is also why the tile sweep found no
 #   larger tile faster. The ledger above shows how far above their floors the attention kernels run.
-# * `heavy-first` (`attention_heavy_first`; won its trial, not yet a default) changes the order in which the
-#   attention's programs start, not what they compute. Under the causal mask the forward's and dQ's last query block
-#   visits every key block and the first visits one; the dK/dV kernel's first key block is visited by every query
-#   block. By default the light blocks of each row launch first and the heavy ones last, so the kernel ends on a tail
-#   of its longest programs. The option swaps each grid's axes so the heaviest block of every row starts first and
+# * `heavy-first` (`attention_heavy_first`; won its trial in bf16 and tf32: a default, with its ablation
+#   `fasttransformer -heavy-first`) changes the order in which the attention's programs start, not what they
+#   compute. Under the causal mask the forward's and dQ's last query block visits every key block and the first
+#   visits one; the dK/dV kernel's first key block is visited by every query block. In the grid's natural order the
+#   light blocks of each row launch first and the heavy ones last, so the kernel ends on a tail of its longest
+#   programs. The option swaps each grid's axes so the heaviest block of every row starts first and
 #   the light ones fill in behind it: longest processing time first, the order of the `SingleTileLPTScheduler` among
 #   the FlashAttention repository's tile schedulers. Alone (section 2's kernel table, variants v10 and v11 against v6
 #   and v4) the attention's forward and backward got faster, and so did the step, with the other stream's kernels
 #   beside them (the table below). Pairing the dK/dV kernel's key blocks instead (v12 and v13), so every program has
 #   the same work, did not help as much.
-# * `explicit-heavy-first` (`explicit_heavy_first`; won its trial in bf16, mixed in tf32; not yet a default) is the
-#   same order for GPT-2's own attention kernels, which still write the probabilities it materializes: their forward
+# * `explicit-heavy-first` (`explicit_heavy_first`; won its trial in bf16, mixed in tf32: a default under bf16 and
+#   fp16 only, as the fused head and the weight-gradient stream, with its ablation `gpt2 -explicit-heavy-first`) is
+#   the same order for GPT-2's own attention kernels, which still write the probabilities it materializes: their forward
 #   and dQ kernels' query blocks and their dK/dV kernel's key blocks are unequal under the causal mask in the same
 #   way. Section 2's kernel table times them alone (`explicit_attention_dev`'s v5 and v7 against v4 and v6).
 # * `pdl` (`programmatic_launch`; lost its trial: an option, off) changes when each Triton kernel starts, not what it
