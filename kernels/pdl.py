@@ -33,19 +33,28 @@ import triton
 import triton.language as tl
 
 PDL_CAPABILITY = (9, 0)  # griddepcontrol needs sm_90 (PTX ISA, "griddepcontrol")
+# Where a kernel lets the next one start, and the value its ``PDL`` constexpr takes for it: 'start', right after its
+# own wait (True); 'exit', only as its programs end (2: it never signals, and the CUDA programming guide's
+# implicit trigger at each program's exit launches the next kernel).
+TRIGGERS = {"start": True, "exit": 2}
 _ON = False
+_TRIGGER = "start"
 
 
 @contextmanager
-def programmatic_launch(on: bool = True) -> Iterator[None]:
+def programmatic_launch(on: bool = True, trigger: str = "start") -> Iterator[None]:
     """Launch the kernels that take ``PDL`` with programmatic dependent launch while inside (where
-    :func:`pdl_args` allows it); restores the previous setting on leaving."""
-    global _ON
-    before, _ON = _ON, bool(on)
+    :func:`pdl_args` allows it), each letting the next start at ``trigger`` (one of :data:`TRIGGERS`); restores
+    the previous setting on leaving."""
+    global _ON, _TRIGGER
+    if trigger not in TRIGGERS:
+        raise ValueError(f"programmatic_launch: trigger {trigger!r}; expected one of {tuple(TRIGGERS)}")
+    before = _ON, _TRIGGER
+    _ON, _TRIGGER = bool(on), trigger
     try:
         yield
     finally:
-        _ON = before
+        _ON, _TRIGGER = before
 
 
 def pdl_supported(device: torch.device) -> bool:
@@ -55,17 +64,19 @@ def pdl_supported(device: torch.device) -> bool:
 
 def pdl_args(t: torch.Tensor) -> dict[str, Any]:
     """The launch arguments of a kernel that takes ``PDL``, for a launch whose tensors are on ``t``'s device:
-    ``PDL=True`` and ``launch_pdl=True`` inside :func:`programmatic_launch` where the device supports it, else none
-    (the kernel's ``PDL`` stays False and the launch is an ordinary one)."""
-    return {"PDL": True, "launch_pdl": True} if _ON and pdl_supported(t.device) else {}
+    ``PDL`` (the trigger's value, :data:`TRIGGERS`) and ``launch_pdl=True`` inside :func:`programmatic_launch` where
+    the device supports it, else none (the kernel's ``PDL`` stays False and the launch is an ordinary one)."""
+    return {"PDL": TRIGGERS[_TRIGGER], "launch_pdl": True} if _ON and pdl_supported(t.device) else {}
 
 
 @triton.jit
 def _grid_dependency(PDL: tl.constexpr):
     """With PDL: wait until the kernel before this one in the stream has ended and its writes are visible
-    (griddepcontrol.wait), then let the next kernel launched with PDL start once every program of this one has
-    come this far (griddepcontrol.launch_dependents), so its programs are on the SMs, waiting, when this one
-    ends. Called first, before any load or store. Without PDL: nothing."""
+    (griddepcontrol.wait); then, with the 'start' trigger (``PDL`` True), let the next kernel launched with PDL
+    start once every program of this one has come this far (griddepcontrol.launch_dependents), so its programs are
+    on the SMs, waiting, when this one ends; with the 'exit' trigger (``PDL`` 2) signal nothing, so the next kernel
+    starts as this one's programs end. Called first, before any load or store. Without PDL: nothing."""
     if PDL:
         tl.extra.cuda.gdc_wait()
-        tl.extra.cuda.gdc_launch_dependents()
+        if PDL != 2:  # TRIGGERS['exit']
+            tl.extra.cuda.gdc_launch_dependents()

@@ -81,6 +81,9 @@ CHECKS: tuple[tuple[str, str, dict[str, Any]], ...] = (
     ("bf16", "gpt2", {"explicit_heavy_first": True}),  # bf16 only: in tf32 the option does not apply
     # The kernels launched with programmatic dependent launch (the same kernels, each waiting on the GPU for the last).
     *((prec, name, {"programmatic_launch": True}) for prec in ("bf16", "tf32") for name in ("fasttransformer", "gpt2")),
+    # The same with no early signal (the next kernel let start only as each one's programs end).
+    *(("bf16", name, {"programmatic_launch": True, "programmatic_trigger": "exit"})
+      for name in ("fasttransformer", "gpt2")),
 )
 
 

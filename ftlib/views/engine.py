@@ -279,6 +279,7 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("explicit_heavy_first=True", "heaviest explicit-attention blocks first"),
                  ("attention_heavy_first=False", "attention blocks light first"),
                  ("explicit_heavy_first=False", "explicit-attention blocks light first"),
+                 ("programmatic_launch=True programmatic_trigger=exit", "programmatic dependent launch at exit"),
                  ("programmatic_launch=True", "programmatic dependent launch"))
 
 

@@ -253,7 +253,7 @@ class Engine:
 
     def _step_body(self) -> torch.Tensor:
         """zero grad (one memset) + forward + loss + backward + AdamW, on the static buffers."""
-        with step_launches(self.pdl):  # the kernels' launches, backward's included (option programmatic_launch)
+        with step_launches(self.pdl, self.options.programmatic_trigger):  # backward's too (programmatic_launch)
             self.flat_grad.zero_()
             if self.flat_param16 is not None:  # the step's bf16 weights (and biases), one copy
                 self.flat_param16.copy_(self.flat_param[: self.flat_param16.numel()])

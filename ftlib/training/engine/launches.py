@@ -32,14 +32,16 @@ def programmatic_launch_applies(options: EngineOptions, kernels_applied: dict[st
     elif not any(kernels_applied.values()):
         why = "not applied: no Triton kernel runs in this step"
     notes["programmatic_launch"] = why or ("the step's Triton kernels launched with programmatic dependent "
-                                           "launch, each waiting on the GPU for the kernel before it (kernels/pdl.py)")
+                                           "launch, each waiting on the GPU for the kernel before it (kernels/pdl.py)"
+                                           f", the next one let start at its {options.programmatic_trigger}")
     return why is None
 
 
-def step_launches(on: bool) -> AbstractContextManager:
-    """The context the step runs in: the kernels' programmatic launch switched on where ``on``, else nothing."""
+def step_launches(on: bool, trigger: str = "start") -> AbstractContextManager:
+    """The context the step runs in: the kernels' programmatic launch switched on where ``on``, each kernel letting
+    the next start at ``trigger`` (option ``programmatic_trigger``), else nothing."""
     if not on:
         return nullcontext()
     from kernels.pdl import programmatic_launch
 
-    return programmatic_launch(True)
+    return programmatic_launch(True, trigger)

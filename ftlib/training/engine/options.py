@@ -36,6 +36,10 @@ ATTENTION_LAYOUTS = ("heads", "packed")
 # tests/test_engine.py; not imported from there, which would import Triton): 'tile', one partial row per row
 # tile; 'persistent', a few programs per SM, each looping over its tiles into one partial row.
 NORM_DW_PARTIALS = ("tile", "persistent")
+# Where each kernel launched with programmatic dependent launch lets the next one start (kernels.pdl.TRIGGERS, kept
+# equal by tests/test_programmatic_launch_option.py): 'start', as soon as every program of it has waited for the
+# kernel before; 'exit', only as its programs end.
+PDL_TRIGGERS = ("start", "exit")
 
 _NO_VALUE = object()
 
@@ -151,6 +155,11 @@ class EngineOptions:
                "launch (kernels/pdl.py, engine/launches.py), so each may start while the kernel before it in its "
                "stream still runs and waits on the GPU for that kernel's writes, instead of starting only after "
                "it ends; the same results bit for bit")
+    programmatic_trigger: str = _option(
+        "start", "with programmatic_launch, one of PDL_TRIGGERS: where each kernel lets the next one start, 'start' "
+                 "(griddepcontrol.launch_dependents right after its own wait, so the next kernel's programs wait on "
+                 "the SMs while it runs) or 'exit' (no signal: the next kernel starts as this one's programs end, "
+                 "taking SMs only as they free)")
     relaxed_atomics: bool = _option(
         True, "the atomic adds of the engine's gradient kernels in relaxed memory order, as CUDA's atomicAdd and "
                "torch.compile's adds, instead of Triton's default acquire-release, whose fences make a loop's next "
@@ -259,6 +268,8 @@ class EngineOptions:
                 RowGrid.parse(self.norm_bwd_grid)
             except (ValueError, TypeError) as e:
                 bad.append(str(e))
+        if self.programmatic_trigger not in PDL_TRIGGERS:
+            bad.append(f"programmatic_trigger={self.programmatic_trigger!r}; expected one of {PDL_TRIGGERS}")
         if self.norm_dw_partials not in NORM_DW_PARTIALS:
             bad.append(f"norm_dw_partials={self.norm_dw_partials!r}; expected one of {NORM_DW_PARTIALS}")
         for f in dataclasses.fields(self):
