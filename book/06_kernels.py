@@ -770,6 +770,10 @@ if len(ktable):
 #   not measured apart: a kernel's programs launched early sit on the SMs waiting, and in this step those SMs are
 #   wanted by the weight-gradient GEMMs and the attention kernel of the other stream, which run beside the main
 #   stream's chain.
+# * `pdl-exit` (`programmatic_launch` with `programmatic_trigger='exit'`; on trial) tests that reading: the same
+#   launches, but no kernel of ours signals early (`griddepcontrol.launch_dependents`), so the next kernel is
+#   launched only as each one's programs end, by the implicit trigger at a program's exit, and takes SMs only as
+#   they free. What it can still win is the launch itself and the time its programs take to reach the SMs.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.
