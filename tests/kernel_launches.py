@@ -182,10 +182,11 @@ def attention(cfg: ModelConfig, step: Step) -> None:
     (kernels.explicit_attention, the default fuse_softmax_matmuls; in strict fp32 only when asked for).
     At B = 32 and at a DDP rank's batch: the dK/dV kernel is split over query heads (and kv_split_sum
     launched) only where the grid is small for the GPU, on a T4 only at the small batch. Options: a K/V head's
-    query heads packed into each forward and dQ tile (attention_pack_heads) on MQA/GQA; every grid's heaviest
-    causal block first (attention_heavy_first); the
-    'heads' layout, q, k, v as strided views of the qkv output (KernelCausalSelfAttention); on sm_75 only
-    when extended, the costliest compile here (FMA code) for strides the packed layout's already have."""
+    query heads packed into each forward and dQ tile (attention_pack_heads) on MQA/GQA; every grid's blocks in
+    causal order (attention_heavy_first off: by default the heaviest causal block first, and under bf16/fp16 in
+    the explicit kernels too); the 'heads' layout, q, k, v as strided views of the qkv output
+    (KernelCausalSelfAttention); on sm_75 only when extended, the costliest compile here (FMA code) for strides the
+    packed layout's already have."""
     from ftlib.training.engine.swaps import dq_one_pass_tiles
     from kernels.attention import flash_attention
     from kernels.attention_packed import packed_attention
@@ -205,7 +206,8 @@ def attention(cfg: ModelConfig, step: Step) -> None:
                                                     dq_one_pass=True))
             dq = {}
             if step.cc >= 80:  # explicit_dq_one_pass, a default (not below sm_80, the engine's rule)
-                dq = {"dq_one_pass": dq_one_pass_tiles(T)}  # the engine's tile
+                # the engine's tile, and explicit_heavy_first, a default under bf16/fp16 (swaps.py)
+                dq = {"dq_one_pass": dq_one_pass_tiles(T), "heavy_first": step.low is not None}
                 _backward(explicit_attention_packed(qkv, nh, nkv, hs, step.low, step.prec, **dq))
             if step.options:  # qkv_bias_into_attention: the backward kernels add the qkv bias's gradient (HAS_DB)
                 db = torch.zeros((nh + 2 * nkv) * hs)
@@ -213,18 +215,19 @@ def attention(cfg: ModelConfig, step: Step) -> None:
         return
     if cfg.attn_dropout_p > 0 or not step.triton_dot:
         return  # SDPA kept
-    for batch in (B, B_PER_RANK):  # the dK/dV kernel forming D itself (attention_bwd_streams, a default)
+    # The defaults: the dK/dV kernel forming D itself (attention_bwd_streams) and every grid's heaviest causal block
+    # first (attention_heavy_first, the grids' axes swapped).
+    defaults = {"fuse_kv_split_sum": True, "concurrent_bwd": True, "heavy_first": True}
+    for batch in (B, B_PER_RANK):
         qkv = _t(batch, T, (nh + 2 * nkv) * hs, dtype=step.dt, grad=True)
-        _backward(packed_attention(qkv, nh, nkv, hs, step.prec, fuse_kv_split_sum=True, concurrent_bwd=True))
+        _backward(packed_attention(qkv, nh, nkv, hs, step.prec, **defaults))
     if step.options:  # attention_bwd_streams off: the dK/dV kernel reads the dQ kernel's D
-        _backward(packed_attention(qkv, nh, nkv, hs, step.prec, fuse_kv_split_sum=True))
+        _backward(packed_attention(qkv, nh, nkv, hs, step.prec, **{**defaults, "concurrent_bwd": False}))
         group = nh // nkv
         if 1 < group <= 16 and group & (group - 1) == 0:  # attention_pack_heads: a K/V head's query heads a tile
-            _backward(packed_attention(qkv, nh, nkv, hs, step.prec, fuse_kv_split_sum=True, concurrent_bwd=True,
-                                       pack_heads=group))
-        # attention_heavy_first: every grid's heaviest causal block first (the grids' axes swapped)
-        _backward(packed_attention(qkv, nh, nkv, hs, step.prec, fuse_kv_split_sum=True, concurrent_bwd=True,
-                                   heavy_first=True))
+            _backward(packed_attention(qkv, nh, nkv, hs, step.prec, **defaults, pack_heads=group))
+        # attention_heavy_first off: every grid's blocks in causal order
+        _backward(packed_attention(qkv, nh, nkv, hs, step.prec, **{**defaults, "heavy_first": False}))
     if step.extended or (step.options and step.cc >= 80):
         q, k, v = qkv.split([nh * hs, nkv * hs, nkv * hs], dim=-1)
         q, k, v = (t.view(B_PER_RANK, T, -1, hs).transpose(1, 2) for t in (q, k, v))  # (B, heads, T, hs) views
