@@ -7,7 +7,8 @@ programming guide, "Programmatic Dependent Launch and Synchronization"; Triton's
 the one before it still runs:
 
 * the kernel before it lets it start as soon as each of its own programs has executed
-  ``griddepcontrol.launch_dependents`` (or ended), that is, once its last programs are on the SMs;
+  ``griddepcontrol.launch_dependents`` (or ended), that is, once its last programs are on the SMs; with the 'exit'
+  trigger (:data:`TRIGGERS`) our kernels never execute it, so the next one starts only as their programs end;
 * the new kernel's programs then wait in ``griddepcontrol.wait`` until the kernel before has ended and its writes
   are visible, so every load and store after the wait sees memory as it would without PDL.
 

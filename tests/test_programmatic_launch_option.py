@@ -64,6 +64,12 @@ def test_where_it_applies_and_the_note_that_says_so(kind, capability, kernels, a
     notes = {}
     on = programmatic_launch_applies(EngineOptions(programmatic_launch=True), kernels, _info(kind, capability), notes)
     assert on is applies and note in notes["programmatic_launch"]
+    if applies:  # the note says where each kernel lets the next one start
+        assert notes["programmatic_launch"].endswith("once every program of it has waited")
+        exit_notes = {}
+        programmatic_launch_applies(EngineOptions(programmatic_launch=True, programmatic_trigger="exit"), kernels,
+                                    _info(kind, capability), exit_notes)
+        assert exit_notes["programmatic_launch"].endswith("only as its programs end")
     off = {}
     assert programmatic_launch_applies(EngineOptions(), kernels, _info(kind, capability), off) is False and not off
 

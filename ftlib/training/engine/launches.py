@@ -31,9 +31,11 @@ def programmatic_launch_applies(options: EngineOptions, kernels_applied: dict[st
         why = f"not applicable: needs sm_90 or later, {info.name} is sm_{info.capability[0]}{info.capability[1]}"
     elif not any(kernels_applied.values()):
         why = "not applied: no Triton kernel runs in this step"
+    when = ("once every program of it has waited" if options.programmatic_trigger == "start"
+            else "only as its programs end")
     notes["programmatic_launch"] = why or ("the step's Triton kernels launched with programmatic dependent "
                                            "launch, each waiting on the GPU for the kernel before it (kernels/pdl.py)"
-                                           f", the next one let start at its {options.programmatic_trigger}")
+                                           f" and letting the next one start {when}")
     return why is None
 
 
