@@ -210,6 +210,10 @@ def latest_probes(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     return [{**r, "label": probe_label(r)} for r in rows if str(r.get("commit")) == newest[r.get("device_slug")][1]]
 
 
+# A profiled case's label and its trailing batch size (' B=64', the speedrun model's), apart.
+_LABEL_BATCH = re.compile(r"(.*?)((?: B=\d+)?)")
+
+
 def probe_label(r: dict[str, Any]) -> str:
     """A profiled case's name against the current engine defaults: an option the case set that is a default
     leaves the name, and a default the case ran without (an engine without that option) enters it as
@@ -221,7 +225,7 @@ def probe_label(r: dict[str, Any]) -> str:
             label = label.replace(f" {k}={v}", "")
     off = options_off({"mode": "engine", "engine": r.get("describe"), "extra": kw, "config": r.get("config"),
                        "precision": r.get("precision")})
-    label, batch = re.fullmatch(r"(.*?)((?: B=\d+)?)", label).groups()  # a batch size stays last (case_name)
+    label, batch = _LABEL_BATCH.fullmatch(label).groups()  # a batch size stays last (case_name)
     return label + "".join(f" {k}={'False' if isinstance(now[k], bool) else None}" for k in off or []) + batch
 
 
@@ -286,7 +290,7 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
 def case_name(r: dict[str, Any]) -> str:
     """A profiled case's short name without its precision: the speedrun's model as 'speedrun model (256x6,
     B=64)', the options in a few words (:data:`SHORT_OPTIONS`)."""
-    text, batch = re.fullmatch(r"(.*?)((?: B=\d+)?)", r["label"]).groups()
+    text, batch = _LABEL_BATCH.fullmatch(r["label"]).groups()
     for long, short in SHORT_OPTIONS:
         text = text.replace(long, f"\0{short}\0")
     parts = [p for p in (" ".join(p.split()) for p in text.split("\0")) if p] or [""]
