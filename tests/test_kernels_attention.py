@@ -1,11 +1,13 @@
 """Fused causal attention (FlashAttention-2 style) vs ftlib.model.reference.causal_attention_ref, on kernel_device
-(tests/conftest.py: the CPU interpreter, or compiled on CUDA with FTLIB_TEST_GPU=1); references in fp64 on the CPU."""
+(tests/conftest.py: the CPU interpreter, or compiled on CUDA with FTLIB_TEST_GPU=1); references in fp64 on the CPU.
+The launch orders (heaviest block first, paired key blocks) are tested in test_kernels_attention_order.py."""
 
 import pytest
 import torch
 
 pytest.importorskip("triton")
 
+from attention_inputs import BLK, inputs, reference, rel_err  # noqa: E402
 from kernel_tolerance import assert_within_lowp_error  # noqa: E402
 
 from ftlib.model.reference import causal_attention_ref  # noqa: E402
@@ -13,28 +15,6 @@ from kernels.attention import FlashAttentionFunction, TritonCausalAttention, fla
 from kernels.tiles import Tiles  # noqa: E402
 
 pytestmark = pytest.mark.kernels
-
-BLK = dict(block_m=16, block_n=16)  # small blocks: T=37 spans 3 blocks with a ragged last one
-
-
-def _inputs(B, nh, nkv, T, hs, dtype, device, seed=0):
-    # Drawn on the CPU (the same values on every device), then moved.
-    g = torch.Generator().manual_seed(seed)
-    mk = lambda *s: torch.randn(*s, generator=g, dtype=torch.float64).to(device, dtype).requires_grad_(True)
-    q, k, v = mk(B, nh, T, hs), mk(B, nkv, T, hs), mk(B, nkv, T, hs)
-    do = torch.randn(B, nh, T, hs, generator=g, dtype=torch.float64).to(device, dtype)
-    return q, k, v, do
-
-
-def _reference(q, k, v, do):
-    """fp64 reference output and gradients on the CPU from the same (rounded) inputs."""
-    qr, kr, vr = (t.detach().cpu().double().requires_grad_(True) for t in (q, k, v))
-    o = causal_attention_ref(qr, kr, vr)
-    return (o, *torch.autograd.grad(o, (qr, kr, vr), do.cpu().double()))
-
-
-def _rel_err(a: torch.Tensor, ref: torch.Tensor) -> float:
-    return ((a.detach().cpu().double() - ref).abs().max() / ref.abs().max()).item()
 
 
 # fp32 'ieee' is exact up to fp32 rounding; bf16 rounds P and the inputs to 8 mantissa bits.
@@ -54,14 +34,14 @@ GRID += [(64, nkv, *c) for nkv in (1, 4) for c in CASES if c[1] == "ieee"]
 
 @pytest.mark.parametrize("hs,nkv,dtype,prec,tol", GRID)
 def test_matches_reference(hs, nkv, dtype, prec, tol, kernel_device):
-    q, k, v, do = _inputs(2, 4, nkv, 37, hs, dtype, kernel_device)
+    q, k, v, do = inputs(2, 4, nkv, 37, hs, dtype, kernel_device)
     o = flash_attention(q, k, v, input_precision=prec, **BLK)
     grads = torch.autograd.grad(o, (q, k, v), do)
-    ref = _reference(q, k, v, do)
+    ref = reference(q, k, v, do)
     assert o.dtype == dtype and o.shape == q.shape and o.device == q.device
     for name, got, want in zip(("o", "dq", "dk", "dv"), (o, *grads), ref):
         assert got.shape == want.shape, name
-        assert _rel_err(got, want) < tol, f"{name}: relative error {_rel_err(got, want):.2e} >= {tol}"
+        assert rel_err(got, want) < tol, f"{name}: relative error {rel_err(got, want):.2e} >= {tol}"
     if dtype != torch.float32:
         # Also against the error of PyTorch's attention computed in bf16 from the same inputs
         # (tests/kernel_tolerance.py); it catches a systematic error the relative bound lets by.
@@ -76,15 +56,15 @@ def test_matches_reference(hs, nkv, dtype, prec, tol, kernel_device):
 
 def test_unequal_blocks_and_short_sequence(kernel_device):
     for T, blk in ((37, dict(block_m=32, block_n=16)), (37, dict(block_m=16, block_n=32)), (5, BLK)):
-        q, k, v, do = _inputs(1, 2, 1, T, 32, torch.float32, kernel_device, seed=T)
+        q, k, v, do = inputs(1, 2, 1, T, 32, torch.float32, kernel_device, seed=T)
         o = flash_attention(q, k, v, **blk)
         grads = torch.autograd.grad(o, (q, k, v), do)
-        for got, want in zip((o, *grads), _reference(q, k, v, do)):
-            assert _rel_err(got, want) < 1e-5
+        for got, want in zip((o, *grads), reference(q, k, v, do)):
+            assert rel_err(got, want) < 1e-5
 
 
 def test_gradcheck_fp64(kernel_device):
-    q, k, v, _ = _inputs(1, 2, 1, 18, 16, torch.float64, kernel_device, seed=1)
+    q, k, v, _ = inputs(1, 2, 1, 18, 16, torch.float64, kernel_device, seed=1)
     fn = lambda a, b, c: FlashAttentionFunction.apply(a, b, c, None, "ieee", 16, 16)
     assert torch.autograd.gradcheck(fn, (q, k, v), fast_mode=True)
 
@@ -109,13 +89,13 @@ def test_strided_views_from_the_model_layout(kernel_device):
 
 
 def test_wrong_inputs_raise(kernel_device):
-    q, k, v, _ = _inputs(1, 4, 1, 8, 32, torch.float32, kernel_device)
+    q, k, v, _ = inputs(1, 4, 1, 8, 32, torch.float32, kernel_device)
     with pytest.raises(ValueError, match="must divide"):
-        flash_attention(*_inputs(1, 4, 3, 8, 32, torch.float32, kernel_device)[:3])
+        flash_attention(*inputs(1, 4, 3, 8, 32, torch.float32, kernel_device)[:3])
     with pytest.raises(TypeError, match="dtypes differ"):
         flash_attention(q, k.double(), v)
     with pytest.raises(ValueError, match="head size"):
-        flash_attention(*_inputs(1, 2, 1, 8, 24, torch.float32, kernel_device)[:3])
+        flash_attention(*inputs(1, 2, 1, 8, 24, torch.float32, kernel_device)[:3])
     with pytest.raises(ValueError, match="head dim must be contiguous"):
         flash_attention(q.transpose(2, 3).contiguous().transpose(2, 3), k, v)
     with pytest.raises(ValueError, match="input_precision"):
@@ -126,11 +106,11 @@ def test_wrong_inputs_raise(kernel_device):
 
 def test_detects_non_causal_output(kernel_device):
     """The comparison can fail: full (non-causal) attention differs from the kernel."""
-    q, k, v, _ = _inputs(1, 2, 1, 20, 32, torch.float32, kernel_device)
+    q, k, v, _ = inputs(1, 2, 1, 20, 32, torch.float32, kernel_device)
     o = flash_attention(q, k, v, **BLK).detach()
     qc, kc, vc = (t.detach().cpu().double() for t in (q, k, v))
     full = torch.softmax(qc @ kc.transpose(-2, -1) / 32**0.5, dim=-1) @ vc
-    assert _rel_err(o, full) > 1e-2
+    assert rel_err(o, full) > 1e-2
 
 
 def _packed_reference(qkv: torch.Tensor, dy: torch.Tensor, nh: int, nkv: int, hs: int
@@ -187,20 +167,20 @@ def test_every_split_of_the_query_heads_gives_the_same_gradients(kv_split, kerne
     # The split given is the split run: the launcher's own choice is not asked for.
     monkeypatch.setattr(A, "_kv_split", lambda *a: pytest.fail("kv_split was given; _kv_split must not run"))
 
-    q, k, v, do = _inputs(2, 4, 1, 37, 32, torch.float32, kernel_device, seed=4)
-    _, *want = _reference(q, k, v, do)
+    q, k, v, do = inputs(2, 4, 1, 37, 32, torch.float32, kernel_device, seed=4)
+    _, *want = reference(q, k, v, do)
     o, lse = attention_fwd(q.detach(), k.detach(), v.detach(), **BLK)
     for fused in (False, True):
         dq, dk, dv = attention_bwd(do, q.detach(), k.detach(), v.detach(), o, lse, **BLK, kv_split=kv_split,
                                    fuse_kv_split_sum=fused)
         for got, ref in zip((dq, dk, dv), want):
-            assert _rel_err(got, ref) < 1e-5
+            assert rel_err(got, ref) < 1e-5
 
 
 def test_a_split_that_does_not_divide_the_query_heads_is_refused(kernel_device):
     from kernels.attention import attention_bwd, attention_fwd
 
-    q, k, v, do = _inputs(1, 4, 1, 16, 32, torch.float32, kernel_device)
+    q, k, v, do = inputs(1, 4, 1, 16, 32, torch.float32, kernel_device)
     o, lse = attention_fwd(q.detach(), k.detach(), v.detach(), **BLK)
     for bad in (3, 8, 0, True):
         with pytest.raises(ValueError, match="kv_split"):
@@ -216,8 +196,8 @@ def test_concurrent_backward_gives_the_reference_and_the_sequential_gradients(nk
                                                                               kernel_device):
     from kernels.attention import attention_bwd, attention_fwd
 
-    q, k, v, do = (t.detach() for t in _inputs(2, 4, nkv, 37, 32, torch.float32, kernel_device, seed=5))
-    _, *want = _reference(q, k, v, do)
+    q, k, v, do = (t.detach() for t in inputs(2, 4, nkv, 37, 32, torch.float32, kernel_device, seed=5))
+    _, *want = reference(q, k, v, do)
     o, lse = attention_fwd(q, k, v, **BLK)
     kw = dict(**BLK, kv_split=kv_split, fuse_kv_split_sum=fused)
     seq = attention_bwd(do, q, k, v, o, lse, **kw)
@@ -225,7 +205,7 @@ def test_concurrent_backward_gives_the_reference_and_the_sequential_gradients(nk
     if kernel_device.type == "cuda":
         torch.cuda.synchronize()
     for name, g, s, ref in zip("qkv", got, seq, want):
-        assert _rel_err(g, ref) < 1e-5, name
+        assert rel_err(g, ref) < 1e-5, name
         # The same sums in the same kernels; D formed by the same expression in both kernels.
         torch.testing.assert_close(g, s, rtol=1e-6, atol=1e-6, msg=f"d{name}")
 
@@ -234,12 +214,12 @@ def test_a_wrong_delta_in_the_concurrent_backward_would_show(kernel_device):
     """The comparison above can fail: an O scaled only for the dK/dV kernel's own D changes dk."""
     from kernels.attention import attention_bwd, attention_fwd
 
-    q, k, v, do = (t.detach() for t in _inputs(1, 4, 1, 37, 32, torch.float32, kernel_device, seed=6))
-    want_dk = _reference(q, k, v, do)[2]
+    q, k, v, do = (t.detach() for t in inputs(1, 4, 1, 37, 32, torch.float32, kernel_device, seed=6))
+    want_dk = reference(q, k, v, do)[2]
     o, lse = attention_fwd(q, k, v, **BLK)
     _, dk, _ = attention_bwd(do, q, k, v, o, lse, **BLK, concurrent=True)
     _, dk2, _ = attention_bwd(do, q, k, v, 2 * o, lse, **BLK, concurrent=True)  # D doubled in the dK/dV kernel
-    assert _rel_err(dk2, want_dk) > 1e-2 and _rel_err(dk, want_dk) < 1e-5
+    assert rel_err(dk2, want_dk) > 1e-2 and rel_err(dk, want_dk) < 1e-5
 
 
 @pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)])
@@ -260,7 +240,7 @@ def test_packed_layout_concurrent_backward(dtype, tol, kernel_device):
         (d,) = torch.autograd.grad(y, x, dy.to(kernel_device, dtype))
         grads.append(d.float().cpu())
     _, dr = _packed_reference(qkv, dy, nh, nkv, hs)
-    assert _rel_err(grads[1], dr) < tol
+    assert rel_err(grads[1], dr) < tol
     torch.testing.assert_close(grads[1], grads[0], rtol=1e-6 if dtype == torch.float32 else 1e-2,
                                atol=1e-6 if dtype == torch.float32 else 1e-2)
 
@@ -273,15 +253,15 @@ def test_packed_layout_concurrent_backward(dtype, tol, kernel_device):
 def test_packed_heads_give_the_reference_and_the_unpacked_results(nh, nkv, pack, dtype, tol, kernel_device):
     from kernels.attention import attention_bwd, attention_fwd
 
-    q, k, v, do = (t.detach() for t in _inputs(2, nh, nkv, 37, 32, dtype, kernel_device, seed=9))
-    want = _reference(q, k, v, do)
+    q, k, v, do = (t.detach() for t in inputs(2, nh, nkv, 37, 32, dtype, kernel_device, seed=9))
+    want = reference(q, k, v, do)
     blk = dict(block_m=32, block_n=16)  # 32 / pack positions a tile: T=37 ends in a ragged block
     o, lse = attention_fwd(q, k, v, **blk, pack_heads=pack)
     o1, lse1 = attention_fwd(q, k, v, **blk)
     grads = attention_bwd(do, q, k, v, o, lse, **blk, pack_heads=pack)
     grads1 = attention_bwd(do, q, k, v, o1, lse1, **blk)
     for name, got, one, ref in zip(("o", "dq", "dk", "dv"), (o, *grads), (o1, *grads1), want):
-        assert _rel_err(got, ref) < tol, f"{name}: relative error {_rel_err(got, ref):.2e} >= {tol}"
+        assert rel_err(got, ref) < tol, f"{name}: relative error {rel_err(got, ref):.2e} >= {tol}"
         # the same sums as one head a tile, rounded alike up to the order a matrix product adds in (a row's
         # place in the tile may change it by an ulp)
         close = dict(rtol=1e-5, atol=1e-6) if dtype == torch.float32 else dict(rtol=1e-2, atol=1e-2)
@@ -293,127 +273,19 @@ def test_a_packed_tile_that_mixed_up_heads_would_show(kernel_device):
     """The comparison above can fail: q's heads swapped pairwise give each packed row another head's output."""
     from kernels.attention import attention_fwd
 
-    q, k, v, _ = (t.detach() for t in _inputs(1, 4, 1, 37, 32, torch.float32, kernel_device, seed=10))
+    q, k, v, _ = (t.detach() for t in inputs(1, 4, 1, 37, 32, torch.float32, kernel_device, seed=10))
     o, _ = attention_fwd(q, k, v, block_m=32, block_n=16, pack_heads=4)
     o_swapped, _ = attention_fwd(q[:, [1, 0, 3, 2]], k, v, block_m=32, block_n=16, pack_heads=4)
-    assert _rel_err(o_swapped[:, [1, 0, 3, 2]], o.cpu().double()) < 1e-6 and _rel_err(o_swapped, o.cpu().double()) > 0.1
+    assert rel_err(o_swapped[:, [1, 0, 3, 2]], o.cpu().double()) < 1e-6 and rel_err(o_swapped, o.cpu().double()) > 0.1
 
 
 def test_a_pack_that_does_not_divide_the_group_is_refused(kernel_device):
     from kernels.attention import attention_bwd, attention_fwd
 
-    q, k, v, do = (t.detach() for t in _inputs(1, 4, 2, 16, 32, torch.float32, kernel_device))
+    q, k, v, do = (t.detach() for t in inputs(1, 4, 2, 16, 32, torch.float32, kernel_device))
     o, lse = attention_fwd(q, k, v, **BLK)
     for bad in (4, 3, 0, True, 32):  # 2 query heads per K/V head here
         with pytest.raises(ValueError, match="pack_heads"):
             attention_fwd(q, k, v, pack_heads=bad)
         with pytest.raises(ValueError, match="pack_heads"):
             attention_bwd(do, q, k, v, o, lse, pack_heads=bad)
-
-
-# heavy_first: each grid's axes swapped so every row's block with the most causal work launches first
-# (kernels/attention.py's _grid). The same programs compute the same sums: the default order's results bit for
-# bit; a grid the kernels do not read as launched would leave blocks unwritten, which that comparison sees (the
-# outputs allocated NaN-filled: tests/conftest.py's nan_empty).
-
-def _run_both_passes(q, k, v, do, **kw) -> tuple[torch.Tensor, ...]:
-    from kernels.attention import attention_bwd, attention_fwd
-
-    fwd = {n: kw[n] for n in ("pack_heads", "heavy_first") if n in kw}
-    o, lse = attention_fwd(q, k, v, **BLK, **fwd)
-    return (o, lse, *attention_bwd(do, q, k, v, o, lse, **BLK, **kw))
-
-
-@pytest.mark.parametrize("nh,nkv,options", [
-    (4, 4, {}),
-    (4, 1, {"kv_split": 2, "fuse_kv_split_sum": True}),
-    (4, 1, {"kv_split": 1, "concurrent": True}),
-    (8, 2, {"pack_heads": 4, "kv_split": 2}),
-], ids=["mha", "mqa-split", "mqa-concurrent", "gqa-packed"])
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
-def test_heavy_first_gives_the_default_orders_results_bit_for_bit(nh, nkv, options, dtype, tol, kernel_device,
-                                                                  nan_empty):
-    q, k, v, do = (t.detach() for t in _inputs(2, nh, nkv, 37, 32, dtype, kernel_device, seed=4))
-    default = _run_both_passes(q, k, v, do, **options)
-    heavy = _run_both_passes(q, k, v, do, heavy_first=True, **options)
-    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), heavy, default):
-        assert torch.equal(a, b), name
-    for name, got, want in zip(("o", "dq", "dk", "dv"), (heavy[0], *heavy[2:]), _reference(q, k, v, do)):
-        assert _rel_err(got, want) < tol, (name, _rel_err(got, want))
-
-
-def test_a_grid_the_kernels_do_not_read_as_launched_would_show(kernel_device, monkeypatch, nan_empty):
-    """The kernels told heavy_first on the default grid: blocks are read on the wrong axis, so some rows are
-    computed for the wrong positions or heads and others never written; the comparison above fails."""
-    import kernels.attention as flash
-
-    q, k, v, do = (t.detach() for t in _inputs(2, 4, 1, 37, 32, torch.float32, kernel_device, seed=4))
-    default = _run_both_passes(q, k, v, do)
-    monkeypatch.setattr(flash, "_grid", lambda blocks, rows, heavy_first: (blocks, rows))
-    wrong = _run_both_passes(q, k, v, do, heavy_first=True)
-    assert not all(torch.equal(a, b) for a, b in zip(wrong, default))
-
-
-def test_the_grid_swaps_only_when_asked_and_the_flag_is_a_bool(kernel_device):
-    from kernels.attention import _grid, attention_bwd, attention_fwd
-
-    assert _grid(3, 64, False) == (3, 64) and _grid(3, 64, True) == (64, 3)
-    q, k, v, do = (t.detach() for t in _inputs(2, 4, 1, 37, 32, torch.float32, kernel_device, seed=4))
-    o, lse = attention_fwd(q, k, v, **BLK)
-    with pytest.raises(TypeError, match="heavy_first must be a bool"):
-        attention_fwd(q, k, v, heavy_first=1)
-    with pytest.raises(TypeError, match="heavy_first must be a bool"):
-        attention_bwd(do, q, k, v, o, lse, heavy_first="yes")
-    with pytest.raises(TypeError, match="pair_key_blocks must be a bool"):
-        attention_bwd(do, q, k, v, o, lse, pair_key_blocks=1)
-
-
-# pair_key_blocks: the dK/dV kernel's program j takes key blocks j and n - 1 - j (the kernel's PAIRED). Each key
-# block's sums are the same operations in the same order, so with the same split of the query heads the results
-# equal the unpaired kernel's bit for bit; a block left to a partner that never computes it would not.
-
-@pytest.mark.parametrize("T", [16, 37, 64], ids=["one-block", "odd-blocks", "even-blocks"])
-@pytest.mark.parametrize("nh,nkv,options", [
-    (4, 4, {}),
-    (4, 1, {"kv_split": 2, "fuse_kv_split_sum": True}),
-    (4, 1, {"kv_split": 1, "concurrent": True, "heavy_first": True}),
-], ids=["mha", "mqa-split", "mqa-concurrent-heavy"])
-def test_paired_key_blocks_give_the_unpaired_results_bit_for_bit(T, nh, nkv, options, kernel_device, nan_empty):
-    q, k, v, do = (t.detach() for t in _inputs(2, nh, nkv, T, 32, torch.float32, kernel_device, seed=5))
-    default = _run_both_passes(q, k, v, do, **options)
-    paired = _run_both_passes(q, k, v, do, pair_key_blocks=True, **options)
-    for name, a, b in zip(("o", "lse", "dq", "dk", "dv"), paired, default):
-        assert torch.equal(a, b), name
-    for name, got, want in zip(("dk", "dv"), paired[3:], _reference(q, k, v, do)[2:]):
-        assert _rel_err(got, want) < 1e-5, (name, _rel_err(got, want))
-
-
-@pytest.mark.parametrize("dtype,tol", [(torch.float32, 1e-5), (torch.bfloat16, 3e-2)], ids=["fp32", "bf16"])
-def test_paired_key_blocks_with_the_launchers_split_match_the_reference(dtype, tol, kernel_device):
-    """Without a fixed split the launcher chooses one for the halved grid (on a GPU it may differ from the
-    unpaired one, and so the partial sums' order): the reference decides."""
-    q, k, v, do = _inputs(2, 8, 1, 37, 32, dtype, kernel_device, seed=6)
-    o = flash_attention(q, k, v, **BLK, pair_key_blocks=True)
-    grads = torch.autograd.grad(o, (q, k, v), do)
-    for name, got, want in zip(("dq", "dk", "dv"), grads, _reference(q, k, v, do)[1:]):
-        assert _rel_err(got, want) < tol, (name, _rel_err(got, want))
-
-
-def test_a_partner_block_never_computed_would_show(kernel_device, monkeypatch, nan_empty):
-    """The paired grid (half the key-block slots) launched on a kernel told not to pair: the second half of the
-    key blocks is never written (NaN from ``nan_empty``), and dK, dV differ there from the unpaired kernel's."""
-    import kernels.attention as flash
-
-    real = flash._attn_bwd_dkdv_kernel
-
-    class Unpaired:
-        def __getitem__(self, grid):
-            return lambda *a, **kw: real[grid](*a, **{**kw, "PAIRED": False})
-
-    q, k, v, do = (t.detach() for t in _inputs(2, 4, 1, 64, 32, torch.float32, kernel_device, seed=5))
-    default = _run_both_passes(q, k, v, do, kv_split=2)
-    monkeypatch.setattr(flash, "_attn_bwd_dkdv_kernel", Unpaired())
-    wrong = _run_both_passes(q, k, v, do, kv_split=2, pair_key_blocks=True)
-    for name, a, b in zip(("dk", "dv"), wrong[3:], default[3:]):
-        assert torch.equal(a[:, :, :32], b[:, :, :32]), name  # key blocks 0 and 1: computed in either grid
-        assert not torch.equal(a[:, :, 32:], b[:, :, 32:]), name  # blocks 2 and 3: left to partners

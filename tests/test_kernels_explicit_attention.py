@@ -245,7 +245,7 @@ def test_bad_arguments_say_what_is_wrong(kernel_device):
 
 
 # heavy_first: each grid's axes swapped so every row's block with the most causal work launches first (as the flash
-# kernels', tests/test_kernels_attention.py). The same programs compute the same sums, so the default order's
+# kernels', tests/test_kernels_attention_order.py). The same programs compute the same sums, so the default order's
 # results bit for bit, with the outputs allocated NaN-filled (tests/conftest.py's nan_empty) so that a block
 # left unwritten shows; and a grid the kernels read the other way round does show.
 
