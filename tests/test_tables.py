@@ -38,6 +38,8 @@ def test_html_table_deterministic_and_formatted_by_unit():
     ("largest share", 0.4, "40%"), ("efficiency", 0.005, "0.5%"), ("tokens/s", 1234567.8, "1,234,568"),
     ("GFLOP / step", 145.9, "146"), ("K/V heads", 8, "8"), ("FT (original (B,1,T,d) K/V) ms", 20.1, "20.1"),
     ("T", 4096, "4096"), ("steps", 4096, "4,096"), ("x", float("nan"), "–"), ("x", None, "–"), ("x", "text", "text"),
+    ("engine ms", 2.998, "3.00"), ("its ms", 0.09996, "0.100"), ("GFLOP", 99.96, "100"), ("lr", 6e-4, "0.0006"),
+    ("dropout", 0.5, "0.5"), ("ms", 32.0, "32"), ("x", 1.23456e-5, "1.23e-05"),
 ])
 def test_cells_by_unit(column, value, shown):
     assert tables.fmt(value, 3, column) == shown

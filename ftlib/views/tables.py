@@ -88,7 +88,12 @@ def fmt(v: Any, digits: int = 3, column: str = "", decimals: int | None = None) 
             return f"{v:,.{decimals}f}"
         if abs(v) >= 1000:
             return f"{v:,.0f}"
-        return f"{v:.{digits}g}"
+        shown = f"{v:.{digits}g}"
+        if float(shown) != v:
+            # Rounded: keep the trailing zeros of its significant figures (2.998 -> '3.00', not '3'), so a
+            # measured column reads digit by digit; an exact value (a setting such as 0.5 or 6e-4) stays short.
+            shown = f"{v:#.{digits}g}".rstrip(".")
+        return shown
     if isinstance(v, (list, tuple)):
         return ", ".join(fmt(x, digits) for x in v)
     return str(v)
