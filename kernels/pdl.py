@@ -37,7 +37,8 @@ PDL_CAPABILITY = (9, 0)  # griddepcontrol needs sm_90 (PTX ISA, "griddepcontrol"
 # Where a kernel lets the next one start, and the value its ``PDL`` constexpr takes for it: 'start', right after its
 # own wait (True); 'exit', only as its programs end (2: it never signals, and the CUDA programming guide's
 # implicit trigger at each program's exit launches the next kernel).
-TRIGGERS = {"start": True, "exit": 2}
+_EXIT = tl.constexpr(2)
+TRIGGERS = {"start": True, "exit": _EXIT.value}
 _ON = False
 _TRIGGER = "start"
 
@@ -79,5 +80,5 @@ def _grid_dependency(PDL: tl.constexpr):
     starts as this one's programs end. Called first, before any load or store. Without PDL: nothing."""
     if PDL:
         tl.extra.cuda.gdc_wait()
-        if PDL != 2:  # TRIGGERS['exit']
+        if PDL != _EXIT:
             tl.extra.cuda.gdc_launch_dependents()
