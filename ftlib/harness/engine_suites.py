@@ -136,12 +136,7 @@ def engine_variants() -> list[Case]:
 # trial; an option waiting for a trial goes here. Winners became defaults (ftlib.views.engine_config.TRIAL_WINNERS);
 # losers stay options (chapter 6 keeps every trial's rows). Labels must not extend one another: a label that
 # another extends is read as a default case.
-CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = (
-    # Programmatic dependent launch with no early signal: each kernel starts as the one before it ends its programs,
-    # so none waits on an SM that the other streams' kernels want (with the early signal it lost its trial).
-    (" pdl-exit", {"programmatic_launch": True, "programmatic_trigger": "exit"}, ("fasttransformer", "gpt2"),
-     ("bf16", "tf32")),
-)
+CANDIDATES: tuple[tuple[str, dict[str, Any], tuple[str, ...], tuple[str, ...]], ...] = ()
 
 
 def engine_candidates() -> list[Case]:
