@@ -72,6 +72,9 @@ def test_loss_table_and_figure(rows):
     # one legend entry per model, and each model one colour in every panel
     assert sorted(tr.name for tr in curves if tr.showlegend is not False) == ["fasttransformer", "gpt2"]
     assert len({tr.line.color for tr in curves if tr.legendgroup == "gpt2"}) == 1
+    # the figure grows with its legend: long option names take more rows than the models' names
+    long = [dict(r, label=f"{r['label']} {'an_engine_option=True ' * 3}".strip()) for r in rows["engine_check"]]
+    assert engine_check.loss_figure(long, "h200").layout.height > fig.layout.height
 
 
 def test_nothing_stored_gives_empty_tables():

@@ -40,3 +40,12 @@ def test_a_log_axis_labels_a_narrow_span_at_least_twice():
     narrow = log_axis([50.0, 62.8, 69.9])  # one 1-2-5 label (50) inside the span: every 1..9 x 10^k instead
     inside = [t for t in narrow["tickvals"] if 50.0 <= t <= 69.9]
     assert inside == [50.0, 60.0] and narrow["ticktext"][narrow["tickvals"].index(60.0)] == "60"
+
+
+def test_legend_rows_pack_names_by_their_length():
+    assert plots.legend_rows([]) == 0
+    assert plots.legend_rows(["gpt2", "fasttransformer", "gpt2 +flash-attn"]) == 1  # short names share a row
+    long = "fasttransformer fuse_head_loss=True relaxed_atomics=True"  # about 420 px: two to a 900 px row
+    assert plots.legend_rows([long] * 4) == 2
+    assert plots.legend_rows([long] * 4, width=600) == 4
+    assert plots.legend_rows(["x" * 200]) == 1  # a name wider than the figure still takes one row

@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ftlib.views.engine import MODELS, latest_run
-from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below
+from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below, legend_rows
 from ftlib.views.tables import table_view
 
 ERR_FLOOR = 1e-9  # the error panel's floor: a log axis has no 0, and an error of 0 is drawn here
@@ -82,10 +82,10 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
                                  legendgroup="style", legendgrouptitle_text="line"))
     fig.update_yaxes(title_text="training loss", row=1, col=1)
     fig.update_yaxes(title_text="|engine − ref| / ref<br>(floor 10⁻⁹: 0 drawn there)", row=2, col=1)
-    # The legend below the panels holds every case (about three to a line) and the line styles: the figure grows
-    # with it, so that none is cut off.
-    fig.update_layout(height=420 + 30 * math.ceil((len(labels) + 3) / 3),
-                      title=f"Engine vs reference training, {device}: loss per step")
+    # The legend below the panels holds every case and, under its title, the two line styles: the figure grows
+    # with it (about 30 px a row), so that none is cut off.
+    rows_of_legend = legend_rows(labels) + 3
+    fig.update_layout(height=420 + 30 * rows_of_legend, title=f"Engine vs reference training, {device}: loss per step")
     return legend_below(fig)
 
 

@@ -38,6 +38,24 @@ def legend_below(fig: go.Figure) -> go.Figure:
     return fig
 
 
+# A horizontal legend entry's width in the static image (900 px wide, plotly's 12 px font): the line sample and
+# its gap, then each character of the name.
+LEGEND_ENTRY_PX, LEGEND_CHAR_PX, STATIC_WIDTH = 46, 6.6, 900
+
+
+def legend_rows(names: Iterable[str], width: int = STATIC_WIDTH) -> int:
+    """How many rows a horizontal legend of ``names`` fills, its entries packed left to right as plotly packs
+    them, for a figure that grows with its legend: an estimate from the names' lengths, generous rather than
+    short, so that the last row is not cut off."""
+    rows, used = 0, width
+    for name in names:
+        w = LEGEND_ENTRY_PX + LEGEND_CHAR_PX * len(name)
+        if used + w > width:
+            rows, used = rows + 1, 0
+        used += w
+    return rows
+
+
 def log_ticks(values: Iterable[float]) -> dict:
     """Axis settings that label a log axis at the data's own values (e.g. T = 128 ... 4096), not at 2, 5, 10."""
     vals = sorted({v for v in values if v})
@@ -96,7 +114,7 @@ def static_png(fig: go.Figure) -> bytes | None:
     try:
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # "kopts is ignored if using a server"
-            return fig.to_image(format="png", width=900, height=fig.layout.height or 450, scale=1)
+            return fig.to_image(format="png", width=STATIC_WIDTH, height=fig.layout.height or 450, scale=1)
     except Exception:
         return None
 
