@@ -770,10 +770,14 @@ if len(ktable):
 #   not measured apart: a kernel's programs launched early sit on the SMs waiting, and in this step those SMs are
 #   wanted by the weight-gradient GEMMs and the attention kernel of the other stream, which run beside the main
 #   stream's chain.
-# * `pdl-exit` (`programmatic_launch` with `programmatic_trigger='exit'`; on trial) tests that reading: the same
-#   launches, but no kernel of ours signals early (`griddepcontrol.launch_dependents`), so the next kernel is
-#   launched only as each one's programs end, by the implicit trigger at a program's exit, and takes SMs only as
-#   they free. What it can still win is the launch itself and the time its programs take to reach the SMs.
+# * `pdl-exit` (`programmatic_launch` with `programmatic_trigger='exit'`; lost its trial too: an option, off) tested
+#   that reading: the same launches, but no kernel of ours signals early (`griddepcontrol.launch_dependents`), so the
+#   next kernel is launched only as each one's programs end, by the implicit trigger at a program's exit, and takes
+#   SMs only as they free. What it could still win was the launch itself and the time its programs take to reach the
+#   SMs. The FastTransformer step got slower, by as much as with the early signal or more (the table below), and
+#   GPT-2's was faster in some runs and slower in others, so the early signal was not what PDL cost here. What the table cannot say, and no
+#   profile here measured apart, is where that time goes instead: the graph's programmatic edges, or the `wait` each
+#   kernel now opens with.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.
