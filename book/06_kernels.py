@@ -775,9 +775,9 @@ if len(ktable):
 #   next kernel is launched only as each one's programs end, by the implicit trigger at a program's exit, and takes
 #   SMs only as they free. What it could still win was the launch itself and the time its programs take to reach the
 #   SMs. The FastTransformer step got slower, by as much as with the early signal or more (the table below), and
-#   GPT-2's was faster in some runs and slower in others, so the early signal was not what PDL cost here. What the table cannot say, and no
-#   profile here measured apart, is where that time goes instead: the graph's programmatic edges, or the `wait` each
-#   kernel now opens with.
+#   GPT-2's was faster in some runs and slower in others, so the early signal was not what PDL cost here. What the
+#   table cannot say, and no profile here measured apart, is where that time goes instead: the graph's programmatic
+#   edges, or the `wait` each kernel now opens with.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
 # check, and whether the engine's defaults set it.
