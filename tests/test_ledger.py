@@ -166,7 +166,7 @@ def test_rows_of_two_devices_are_never_pooled():
     assert totals["h200"]["kernel µs"] == pytest.approx(sum(us for _, _, us in KERNELS))
     assert totals["a100"]["captured step µs"] == 3000.0
     fig = L.ledger_figure([h200, a100], "h200")
-    measured = [t for t in fig.data if t.name == "measured"]
+    measured = [t for t in fig.data if t.name == "measured, FastTransformer"]
     assert len(measured) == 1 and max(measured[0].x) == 300.0
     assert L.devices_of([h200, a100]) == ["a100", "h200"]
 
@@ -215,3 +215,16 @@ def test_kernels_that_overlap_on_two_streams_give_no_gap_but_their_overlap():
     assert L.ledger_totals.rows([probe_row()])[0]["overlap µs"] == 0.0  # the default row: a step longer than its sum
     text = L.ledger_summary([row], "h200")
     assert "overlap: their sum exceeds the captured step by 50 µs" in text and "Between kernels" not in text
+
+
+def test_the_figure_keys_each_models_measured_bars_in_its_colour_once():
+    from ftlib.views.plots import MODEL_COLORS
+
+    ft, g2 = probe_row(), {**probe_row(), "label": "gpt2", "preset": "gpt2"}
+    fig = L.ledger_figure([ft, g2], "h200")
+    keyed = {t.name: t.marker.color for t in fig.data if t.showlegend is not False and t.name.startswith("measured")}
+    assert len(L.figure_rows([ft, g2], "h200")) == 2  # both cases drawn: each model keyed in its own colour
+    assert keyed == {"measured, FastTransformer": MODEL_COLORS["fasttransformer"],
+                     "measured, GPT-2": MODEL_COLORS["gpt2"]}
+    assert "under 1×" in fig.layout.title.text  # the subtitle says how a ratio under 1 comes about
+

@@ -38,6 +38,7 @@ from ftlib.analysis.accounting import rows as accounting_rows
 from ftlib.analysis.backends import EXPLICIT_FUSED, expected_backend
 from ftlib.analysis.peaks import DevicePeaks, compute_rate, lookup
 from ftlib.model.config import ModelConfig, preset
+from ftlib.views.baselines import MODEL_NAMES
 from ftlib.views.engine import PROBE_CATEGORIES, case_name, probe_category
 from ftlib.views.plots import MODEL_COLORS, legend_below
 from ftlib.views.tables import group_rows, table_view
@@ -284,21 +285,26 @@ def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go.Figur
                         vertical_spacing=min(0.3, gap_px / (height - top - 100)) if nrows > 1 else 0.0,
                         subplot_titles=titles)
     values: list[float] = []
+    keyed: set[str] = set()  # models with a "measured" legend entry: one per model colour
     for i, r in enumerate(cases, start=1):
         at = dict(row=(i - 1) // ncols + 1, col=(i - 1) % ncols + 1)
         lines = [x for x in _case_ledger(r) if x["measured µs"] or x["speed of light µs"]]
         y = [x["class"] for x in lines]
-        color = MODEL_COLORS.get(r.get("preset") or "", "#555")
-        fig.add_trace(go.Bar(y=y, x=[x["measured µs"] or None for x in lines], orientation="h", name="measured",
-                             marker_color=color, legendgroup="measured", showlegend=i == 1,
+        model = r.get("preset") or ""
+        color = MODEL_COLORS.get(model, "#555")
+        fig.add_trace(go.Bar(y=y, x=[x["measured µs"] or None for x in lines], orientation="h",
+                             name=f"measured, {MODEL_NAMES.get(model, model or 'other')}", marker_color=color,
+                             legendgroup=f"measured {model}", showlegend=model not in keyed,
+                             legendrank=1 + len(keyed),
                              text=[f"{x['measured / speed of light']:.1f}×" if x["measured / speed of light"]
                                    else "no floor" if x["measured µs"] else "" for x in lines],
                              textposition="outside", cliponaxis=False), **at)
+        keyed.add(model)
         fig.add_trace(go.Bar(y=y, x=[x["speed of light µs"] or None for x in lines], orientation="h",
                              hovertext=[f"bound by {x['bound']}" for x in lines],
                              name="speed of light: max of FLOP and byte floors",
                              marker_color="#c7c7c7",
-                             legendgroup="sol", showlegend=i == 1), **at)
+                             legendgroup="sol", showlegend=i == 1, legendrank=100), **at)
         values += [v for x in lines for v in (x["measured µs"], x["speed of light µs"]) if v]
     axis: dict[str, Any] = dict(type="log", tickangle=0)
     if values:  # decades as ticks; room on the right for the ratio labels
@@ -308,7 +314,9 @@ def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go.Figur
     fig.update_xaxes(title_text="µs per step", **axis)
     fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=list(CLASSES))
     fig.update_layout(barmode="group", bargap=0.25, height=height, margin=dict(l=140, t=top),
-                      title=f"The engine's step by kernel class, {device}: measured vs speed of light")
+                      title=f"The engine's step by kernel class, {device}: measured vs speed of light<br><sup>"
+                            "each bar's label: measured / speed of light; under 1×, the class's kernels skip "
+                            "intermediates the per-op floor counts or find them in L2 (see the text)</sup>")
     return legend_below(fig)
 
 
