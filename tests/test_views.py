@@ -68,6 +68,18 @@ def test_sweep_table_is_the_median_over_runs_not_the_latest_run():
         "the runs disagree at T = 512."]
 
 
+def test_the_speedup_figure_sets_each_series_of_one_T_apart_and_hovers_its_real_T():
+    write(*three_runs(sweep_pair, 512, 16.0, 10.0), *three_runs(sweep_pair, 512, 12.0, 10.0, mode="eager"),
+          *three_runs(sweep_pair, 512, 11.0, 10.0, prec="tf32"))
+    figs = dict(sweepview.sweep_figures(sweepview.sweep_rows(SLUG), SLUG))
+    series = {t.name: t for t in figs[f"fig5-speedup-{SLUG}"].data if t.name in ("fp32 compile-ro", "fp32 eager",
+                                                                                  "tf32 compile-ro")}
+    assert len(series) == 3 and all(list(t.customdata) == [512] for t in series.values())  # hover: the real T
+    xs = [t.x[0] for t in series.values()]
+    assert len(set(xs)) == 3 and all(abs(x / 512 - 1) < 0.05 for x in xs)  # apart, but each read at T = 512
+    assert series["fp32 compile-ro"].y[0] == pytest.approx(1.6)  # only x moves
+
+
 def test_slower_at_names_the_T_as_prose():
     for T in (128, 1024, 2048, 4096):
         write(*three_runs(sweep_pair, T, 10.0 if T > 128 else 16.0, 12.0, prec="tf32"))
