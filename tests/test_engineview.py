@@ -75,6 +75,11 @@ def test_loss_table_and_figure(rows):
     # the figure grows with its legend: long option names take more rows than the models' names
     long = [dict(r, label=f"{r['label']} {'an_engine_option=True ' * 3}".strip()) for r in rows["engine_check"]]
     assert engine_check.loss_figure(long, "h200").layout.height > fig.layout.height
+    assert "faded" not in fig.layout.title.text  # no option variant here, so no word about them
+    variant = [dict(r, label="fasttransformer some_option=True") for r in rows["engine_check"]
+               if r["label"] == "fasttransformer"]
+    assert "the faded entry is an option variant," in engine_check.loss_figure(
+        rows["engine_check"] + variant, "h200").layout.title.text
 
 
 def test_nothing_stored_gives_empty_tables():

@@ -85,7 +85,12 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
     # The legend below the panels holds every case and, under its title, the two line styles: the figure grows
     # with it (about 30 px a row), so that none is cut off.
     rows_of_legend = legend_rows(labels) + 3
-    fig.update_layout(height=420 + 30 * rows_of_legend, title=f"Engine vs reference training, {device}: loss per step")
+    variants = len([lab for lab in labels if lab not in MODELS])
+    faded = "faded entry is an option variant" if variants == 1 else f"{variants} faded entries are option variants"
+    sub = (f"<br><sup>the default engines drawn; the {faded}, drawn on a click in the interactive figure "
+           "(every case's largest error is in the table)</sup>" if variants else "")
+    fig.update_layout(height=420 + 30 * rows_of_legend,
+                      title=f"Engine vs reference training, {device}: loss per step{sub}")
     return legend_below(fig)
 
 
