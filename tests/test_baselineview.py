@@ -233,7 +233,7 @@ def test_the_step_time_figure_names_each_engine_bar_with_fewer_runs():
     df = bv.load(CASES, rows=rows)
     dev, prec = df["device_slug"].iloc[0], df["precision"].iloc[0]
     title = br.config_figure(df, dev, prec).layout.title.text
-    assert "median of 3 runs, GPT-2's engine 1; bars span" in title, title
+    assert "median of 3 runs (the engine bars over fewer: GPT-2's 1); bars span" in title, title
     assert "FastTransformer's engine" not in title
     assert "earlier" not in title and all("engine (an earlier one)" not in tr.y for tr in
                                           br.config_figure(df, dev, prec).data)

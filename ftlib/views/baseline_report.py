@@ -153,8 +153,9 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
     eng = tab[tab["config"] == config_name("engine", "default")]
     # Runs that measured an earlier engine count for the compiled bars, not for the current engine: each model's
     # engine bar whose run count differs says its own.
-    eng_runs = "".join(f", {MODEL_NAMES.get(label, label)}'s engine {int(n)}"
-                       for label, n in zip(eng["label"], eng["runs"]) if int(n) != runs)
+    own = [f"{MODEL_NAMES.get(label, label)}'s {int(n)}" for label, n in zip(eng["label"], eng["runs"])
+           if int(n) != runs]
+    eng_runs = f" (the engine bars over fewer: {', '.join(own)})" if own else ""
     if earlier:  # chapter 6's engine table names the defaults each earlier engine lacked
         owners = " and ".join(f"{MODEL_NAMES.get(x, x)}'s" for x in earlier)
         eng_runs += (f"; {owners} engine bar{'s' * (len(earlier) > 1)}: an earlier engine "
