@@ -313,9 +313,12 @@ def sweep_figures(rows: list[dict], device: str | None, b: int = B, t: int = T) 
         fig.add_trace(go.Scatter(x=xs, y=[step_summary(c, B, T)["flops"] / 1e9 for c in sweep.values()],
                                  name="GFLOP / step (accounting)", yaxis="y2",
                                  line=dict(dash="dot", color=ACCOUNTING_COLOR)))
+        # Both axes from zero: on a second axis cut to its data's span, a 20% rise in FLOPs would climb the whole
+        # height and read as steep as a doubling of the step time.
         fig.update_layout(title=f"{title} sweep on FastTransformer, {device}", xaxis=dict(title=title, tickvals=xs),
-                          yaxis_title="ms per step", yaxis2=dict(overlaying="y", side="right", title="GFLOP per step",
-                                                                 showgrid=False, tickmode="auto", nticks=6),
+                          yaxis=dict(title="ms per step", rangemode="tozero"),
+                          yaxis2=dict(overlaying="y", side="right", title="GFLOP per step", rangemode="tozero",
+                                      showgrid=False, tickmode="auto", nticks=6),
                           height=440)
         out.append((f"sweep-{title}", legend_below(fig)))
     return out
