@@ -328,6 +328,9 @@ def test_the_time_axis_leaves_out_each_runs_startup():
     (time_fig,) = [f for name, f in loss_figures(rows) if "steady_s" in name]
     assert list(time_fig.data[0].x) == pytest.approx([0.0, 0.99, 1.99])
     assert "excluding startup" in time_fig.layout.xaxis.title.text
+    # the axis is cut above the second evaluation, and the title says what runs off it
+    assert time_fig.layout.yaxis.range[1] == pytest.approx(1.95)
+    assert "the axis stops at 1.95: the first evaluation (up to 2.00) runs off the top" in time_fig.layout.title.text
 
 
 def test_suite_rows_keep_the_suites_own_size():

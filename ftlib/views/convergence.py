@@ -171,9 +171,13 @@ def loss_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
             # The first evaluations (loss ~4) squash the end, where the models differ.
             lows = [p["val_min"] for pts in agg.values() for p in pts]
             second = [pts[1]["val_max"] for pts in agg.values() if len(pts) > 1] or [max(lows)]
-            fig.update_layout(title=f"Validation loss vs {label}, {dev} (mean, min–max over seeds)",
+            top = max(second) + 0.05
+            highest = max(p["val_max"] for pts in agg.values() for p in pts)
+            cut = (f"<br><sup>the axis stops at {top:.2f}: the first evaluation (up to {highest:.2f}) runs off the "
+                   "top</sup>" if highest > top else "")
+            fig.update_layout(title=f"Validation loss vs {label}, {dev} (mean, min–max over seeds){cut}",
                               xaxis_title=label, yaxis_title="validation loss", height=440,
-                              yaxis_range=[min(lows) - 0.05, max(second) + 0.05])
+                              yaxis_range=[min(lows) - 0.05, top])
             out.append((f"convergence-val-{axis}-{dev}", fig))
     return out
 
