@@ -40,6 +40,8 @@ def test_a_log_axis_labels_a_narrow_span_at_least_twice():
     narrow = log_axis([50.0, 62.8, 69.9])  # one 1-2-5 label (50) inside the span: every 1..9 x 10^k instead
     inside = [t for t in narrow["tickvals"] if 50.0 <= t <= 69.9]
     assert inside == [50.0, 60.0] and narrow["ticktext"][narrow["tickvals"].index(60.0)] == "60"
+    few = log_axis([22.0, 35.0, 100.0])  # two 1-2-5 labels inside (50, 100): 30 joins them
+    assert [t for t in few["tickvals"] if 22.0 <= t <= 100.0] == [30.0, 50.0, 100.0]
 
 
 def test_legend_rows_pack_names_by_their_length():

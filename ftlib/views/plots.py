@@ -64,8 +64,9 @@ def log_ticks(values: Iterable[float]) -> dict:
 
 def log_axis(values: Iterable[float | None]) -> dict:
     """A log axis labelled at 1, 2, 5 x 10^k over the span of ``values`` (plain numbers, no minor-digit clutter);
-    where fewer than two of those fall inside the span (values within a factor of two or so), at every
-    1..9 x 10^k instead, so that a narrow span still reads off two labels or more."""
+    where fewer than three of those fall inside the span (values within a factor of five or so), at 1, 2, 3,
+    5 x 10^k, and where fewer than two even then, at every 1..9 x 10^k, so that a narrow span still reads
+    off two labels or more and a span of a few times off three."""
     vals = [v for v in values if v is not None and v > 0]
     if not vals:
         return dict(type="log")
@@ -75,8 +76,13 @@ def log_axis(values: Iterable[float | None]) -> dict:
         return [m * 10.0**k for k in range(lo, hi + 1) for m in mantissas
                 if min(vals) / 2 <= m * 10.0**k <= max(vals) * 2]
 
+    def inside(ts: list[float]) -> int:
+        return sum(min(vals) <= t <= max(vals) for t in ts)
+
     picked = ticks((1, 2, 5))
-    if sum(min(vals) <= t <= max(vals) for t in picked) < 2:
+    if inside(picked) < 3:
+        picked = ticks((1, 2, 3, 5))
+    if inside(picked) < 2:
         picked = ticks(tuple(range(1, 10)))
     return dict(type="log", tickvals=picked, ticktext=[f"{t:g}" for t in picked])
 
