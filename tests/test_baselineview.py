@@ -239,6 +239,10 @@ def test_the_step_time_figure_names_each_engine_bar_with_fewer_runs():
                                           br.config_figure(df, dev, prec).data)
     same = br.config_figure(bv.load(CASES, rows=run_rows("r4", "m3", {})), dev, prec).layout.title.text
     assert "median of 1 run; bars span" in same, same
+    assert "a missing bar" not in same  # every configuration has both models' rows here
+    fewer = [c for c in CASES if not (c.label == "gpt2" and c.mode == "eager")]  # a suite without GPT-2 eager
+    gap = br.config_figure(bv.load(fewer, rows=run_rows("r4", "m3", {}, cases=fewer)), dev, prec).layout.title.text
+    assert "a missing bar: no run here measured that model in that configuration" in gap, gap
     # Where no run measured GPT-2's current engine, its newest earlier engine gets a bar of its own, said so.
     fig = br.config_figure(bv.load(CASES, rows=rows[: 2 * len(rows) // 3]), dev, prec)
     assert "GPT-2's engine bar: an earlier engine (no run of the current one here)" in fig.layout.title.text

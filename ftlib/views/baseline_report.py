@@ -142,8 +142,10 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
         tab = pd.concat([tab, tab[(tab["label"] == label) & (tab["config"] == config)].assign(config=earlier_bar)])
     order = [c for c in [CONFIG_NAMES[k] for k in CONFIG_NAMES] + [earlier_bar] if c in set(tab["config"])]
     fig = go.Figure()
+    gaps = False  # a configuration some model has no row for: its bar is missing, and the subtitle says why
     for label in labels or [x for x in MODEL_NAMES if x in set(tab["label"])]:
         t = tab[tab["label"] == label].set_index("config").reindex(order)
+        gaps = gaps or bool(t["median_ms"].isna().any())
         fig.add_trace(go.Bar(
             name=MODEL_NAMES.get(label, label), y=list(t.index), x=t["median_ms"], orientation="h",
             marker_color=MODEL_COLORS.get(label),
@@ -163,7 +165,9 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
     # A bar pair per configuration drawn (those no run measured take no room).
     fig.update_layout(barmode="group", height=120 + 34 * len(order) * max(1, len(fig.data)) // 2,
                       title=f"Training step time per configuration, {device}, {precision}<br><sup>median of "
-                            f"{runs} run{'s' * (runs != 1)}{eng_runs}; bars span min–max</sup>",
+                            f"{runs} run{'s' * (runs != 1)}{eng_runs}; bars span min–max"
+                            + ("; a missing bar: no run here measured that model in that configuration"
+                               if gaps else "") + "</sup>",
                       xaxis_title="ms per step (lower is faster)", yaxis=dict(autorange="reversed"),
                       margin=dict(l=330))
     return legend_below(fig)
