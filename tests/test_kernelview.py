@@ -63,6 +63,17 @@ def test_figure_shows_the_condensed_view_one_row_per_case(krows):
     assert fig.layout.xaxis.type == "log"
     # row names: each case without the words every case of its op shares (those go to the panel title)
     assert kernelview._common_prefix(["(8192, 256) fp32", "(8192, 256) bf16"]) == ("(8192, 256)", ["fp32", "bf16"])
+    assert kernelview._common_prefix(["M=8192 C=256 bf16"]) == ("M=8192 C=256 bf16", ["as titled"])  # one case
+    # a case whose run timed no such implementation: no marker, and the subtitle says why
+    has_gap = any(t.get(c) is None for t in summary for c in ("PyTorch µs", "compile µs", "best Triton µs"))
+    assert ("no marker: that case's run timed no such implementation" in fig.layout.title.text) == has_gap
+    cols = ("PyTorch µs", "compile µs", "best Triton µs")
+    whole = {t["op"] for t in summary if all(t.get(c) is not None for c in cols)}  # ops with every marker
+    complete = [t for t in table if t["op"] in whole]
+    assert complete and "no marker" not in kernelview.kernel_figure(complete, "h200").layout.title.text
+    first = sorted(whole)[0]  # its compiled variants left out: their markers go, and the subtitle comes
+    gone = [t for t in complete if not (t["op"] == first and t.get("impl") == "compile")]
+    assert "no marker" in kernelview.kernel_figure(gone, "h200").layout.title.text
 
 
 def _bias_row(variant, impl, us, run=None, commit=None, date=None):

@@ -257,10 +257,11 @@ def fastest_variants(table: pd.DataFrame | Iterable[dict[str, Any]]) -> list[str
 
 
 def _common_prefix(cases: list[str]) -> tuple[str, list[str]]:
-    """The words every case label shares, and each label without them (a panel's title and its row names)."""
+    """The words every case label shares, and each label without them (a panel's title and its row names); a
+    label with no word of its own (a panel of one case) is named "as titled"."""
     words = [re.findall(r"\([^)]*\)|\S+", c) for c in cases]  # a shape "(8192, 256)" is one word
     common = [w for w in words[0] if all(w in ws for ws in words)] if words else []
-    short = [" ".join(w for w in ws if w not in common) or "-" for ws in words]
+    short = [" ".join(w for w in ws if w not in common) or "as titled" for ws in words]
     return " ".join(common), short
 
 
@@ -279,7 +280,9 @@ def kernel_figure(table: pd.DataFrame | Iterable[dict[str, Any]], device: str) -
     rows = [t for t in kernel_summary.rows(table) if t["device"] == device]
     ops = [op for op in KERNEL_TABLE_OPS if any(t["op"] == op for t in rows)]
     per_op = {op: [t for t in rows if t["op"] == op] for op in ops}
-    row_px, gap_px, top_px = 21, 54, 90
+    # A case whose run timed no such implementation has no marker for it (the table shows "–"): a subtitle says so.
+    missing = any(t.get(col) is None for t in rows for col, _, _ in SUMMARY_STYLES)
+    row_px, gap_px, top_px, legend_px = 21, 54, 90 + 16 * missing, 52 + 16 * missing
     heights = [max(2, len(per_op[op])) * row_px for op in ops] or [row_px]
     total = sum(heights) + gap_px * max(0, len(ops) - 1)
     titles = []
@@ -303,9 +306,12 @@ def kernel_figure(table: pd.DataFrame | Iterable[dict[str, Any]], device: str) -
     fig.update_annotations(font_size=12, xanchor="left", x=0)
     height = int(total + top_px + 70)
     fig.update_layout(height=height, margin=dict(t=top_px, l=10, b=60),
-                      legend=dict(orientation="h", yref="container", y=1 - 52 / height, yanchor="top", x=0),
+                      legend=dict(orientation="h", yref="container", y=1 - legend_px / height, yanchor="top", x=0),
                       title=dict(text=f"Each op and case: PyTorch, torch.compile and our fastest Triton kernel, "
-                                      f"one run each, {device}", yref="container", y=1 - 12 / height, yanchor="top"))
+                                      f"one run each, {device}"
+                                      + ("<br><sup>no marker: that case's run timed no such implementation</sup>"
+                                         if missing else ""),
+                                 yref="container", y=1 - (12 + 16 * missing) / height, yanchor="top"))
     return fig
 
 
