@@ -19,6 +19,11 @@ def test_bundle_is_deterministic_and_complete(monkeypatch):
     assert a == b and "image/png" not in a
     assert 'id="fig-my-fig"' in a["text/html"] and a["text/plain"] == "<Figure: t>"
     assert a["application/vnd.plotly.v1+json"]["data"][0]["y"] == [1.5, 2.0]
+    sub = plots.with_subtitle(fig(), "t", "a note " * 40)  # a long note: wrapped, and plain in the text output
+    assert sub.layout.title.text.count("<br>") >= 2 and sub.layout.margin.t > 100
+    lines = sub.layout.title.text.replace("<sup>", "").replace("</sup>", "").split("<br>")[1:]
+    assert all(len(line) <= plots.SUBTITLE_CHARS for line in lines)
+    assert plots.bundle(sub, "x")["text/plain"] == "<Figure: t " + " ".join(["a note"] * 40) + ">"
 
 
 def test_static_png_when_a_browser_is_there(monkeypatch):

@@ -129,7 +129,7 @@ def placement_effect(df: pd.DataFrame) -> pd.DataFrame:
 
 def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequence[str] | None = None) -> go.Figure:
     """Step time of every configuration, one bar per model: median over runs, min–max as error bars."""
-    from ftlib.views.plots import MODEL_COLORS, legend_below
+    from ftlib.views.plots import MODEL_COLORS, legend_below, with_subtitle
 
     tab = placement_table(df)
     tab = tab[(tab["device_slug"] == device) & (tab["precision"] == precision)]
@@ -164,12 +164,11 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
                      "(no run of the current one here)")
     # A bar pair per configuration drawn (those no run measured take no room).
     fig.update_layout(barmode="group", height=120 + 34 * len(order) * max(1, len(fig.data)) // 2,
-                      title=f"Training step time per configuration, {device}, {precision}<br><sup>median of "
-                            f"{runs} run{'s' * (runs != 1)}{eng_runs}; bars span min–max"
-                            + ("; a missing bar: no run here measured that model in that configuration"
-                               if gaps else "") + "</sup>",
                       xaxis_title="ms per step (lower is faster)", yaxis=dict(autorange="reversed"),
                       margin=dict(l=330))
+    with_subtitle(fig, f"Training step time per configuration, {device}, {precision}",
+                  f"median of {runs} run{'s' * (runs != 1)}{eng_runs}; bars span min–max"
+                  + ("; a missing bar: no run here measured that model in that configuration" if gaps else ""))
     return legend_below(fig)
 
 

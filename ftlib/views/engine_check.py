@@ -12,7 +12,7 @@ import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from ftlib.views.engine import MODELS, latest_run
-from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below, legend_rows
+from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below, legend_rows, with_subtitle
 from ftlib.views.tables import table_view
 
 ERR_FLOOR = 1e-9  # the error panel's floor: a log axis has no 0, and an error of 0 is drawn here
@@ -87,10 +87,10 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
     rows_of_legend = legend_rows(labels) + 3
     variants = len([lab for lab in labels if lab not in MODELS])
     faded = "faded entry is an option variant" if variants == 1 else f"{variants} faded entries are option variants"
-    sub = (f"<br><sup>the default engines drawn; the {faded}, drawn on a click in the interactive figure "
-           "(every case's largest error is in the table)</sup>" if variants else "")
-    fig.update_layout(height=420 + 30 * rows_of_legend,
-                      title=f"Engine vs reference training, {device}: loss per step{sub}")
+    sub = (f"the default engines drawn; the {faded}, drawn on a click in the interactive figure (every case's "
+           "largest error is in the table)" if variants else "")
+    fig.update_layout(height=420 + 30 * rows_of_legend)
+    with_subtitle(fig, f"Engine vs reference training, {device}: loss per step", sub)
     return legend_below(fig)
 
 

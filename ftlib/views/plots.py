@@ -16,6 +16,7 @@ import json
 import math
 import os
 import re
+import textwrap
 import warnings
 from collections.abc import Iterable
 
@@ -29,6 +30,18 @@ MODEL_COLORS = {"gpt2": "#d62728", "fasttransformer": "#1f77b4", "fasttransforme
 PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
            "#17becf", "#aec7e8", "#ffbb78", "#98df8a", "#ff9896", "#c5b0d5", "#c49c94", "#f7b6d2", "#c7c7c7",
            "#dbdb8d", "#9edae5"]
+
+
+SUBTITLE_CHARS = 125  # characters of a subtitle line (plotly's <sup> size) that fit the static image's width
+
+
+def with_subtitle(fig: go.Figure, title: str, note: str) -> go.Figure:
+    """``title`` with ``note`` under it in small type, wrapped to lines that fit the static image (a long one ran
+    off its right edge), the top margin grown by the lines beyond the first."""
+    lines = textwrap.wrap(note, SUBTITLE_CHARS) if note else []
+    text = title + ("<br><sup>" + "<br>".join(lines) + "</sup>" if lines else "")
+    fig.update_layout(title_text=text, margin_t=100 + 14 * max(0, len(lines) - 1))
+    return fig
 
 
 def legend_below(fig: go.Figure) -> go.Figure:
@@ -128,7 +141,8 @@ def static_png(fig: go.Figure) -> bytes | None:
 def bundle(fig: go.Figure, name: str, png: bool = True) -> dict:
     """The mime bundle :func:`show` displays."""
     fig.update_layout(template=TEMPLATE)
-    title = fig.layout.title.text or name
+    # The plain-text title without its markup (a subtitle's <br><sup>): what a terminal shows.
+    title = " ".join(re.sub(r"<[^>]+>", " ", fig.layout.title.text or name).split())
     data = {
         "application/vnd.plotly.v1+json": json.loads(fig.to_json()),
         "text/html": fig.to_html(include_plotlyjs="cdn", full_html=False, div_id=f"fig-{_slug(name)}"),
