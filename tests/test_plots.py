@@ -23,7 +23,7 @@ def test_bundle_is_deterministic_and_complete(monkeypatch):
     assert sub.layout.title.text.count("<br>") >= 2 and sub.layout.margin.t > 100
     lines = sub.layout.title.text.replace("<sup>", "").replace("</sup>", "").split("<br>")[1:]
     assert all(len(line) <= plots.SUBTITLE_CHARS for line in lines)
-    assert plots.bundle(sub, "x")["text/plain"] == "<Figure: t " + " ".join(["a note"] * 40) + ">"
+    assert plots.bundle(sub, "x")["text/plain"] == "<Figure: t — " + " ".join(["a note"] * 40) + ">"
 
 
 def test_static_png_when_a_browser_is_there(monkeypatch):

@@ -141,8 +141,9 @@ def static_png(fig: go.Figure) -> bytes | None:
 def bundle(fig: go.Figure, name: str, png: bool = True) -> dict:
     """The mime bundle :func:`show` displays."""
     fig.update_layout(template=TEMPLATE)
-    # The plain-text title without its markup (a subtitle's <br><sup>): what a terminal shows.
-    title = " ".join(re.sub(r"<[^>]+>", " ", fig.layout.title.text or name).split())
+    # The plain-text title without its markup, for a terminal and the figure list: "title — subtitle".
+    title = re.sub(r"\s*<br>\s*<sup>\s*", " — ", fig.layout.title.text or name, count=1)
+    title = " ".join(re.sub(r"<[^>]+>", " ", title).split())
     data = {
         "application/vnd.plotly.v1+json": json.loads(fig.to_json()),
         "text/html": fig.to_html(include_plotlyjs="cdn", full_html=False, div_id=f"fig-{_slug(name)}"),
