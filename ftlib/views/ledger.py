@@ -316,7 +316,7 @@ def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go.Figur
     fig.update_layout(barmode="group", bargap=0.25, height=height, margin=dict(l=140, t=top),
                       title=f"The engine's step by kernel class, {device}: measured vs speed of light<br><sup>"
                             "each bar's label: measured / speed of light; under 1×, the class's kernels skip "
-                            "intermediates the per-op<br>floor counts or find them in L2 (see the text)</sup>")
+                            "intermediates the per-op floor counts or find them in L2 (see the text)</sup>")
     return legend_below(fig)
 
 
