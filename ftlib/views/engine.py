@@ -284,7 +284,14 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("attention_heavy_first=False", "attention blocks light first"),
                  ("explicit_heavy_first=False", "explicit-attention blocks light first"),
                  ("programmatic_launch=True programmatic_trigger=exit", "programmatic dependent launch at exit"),
-                 ("programmatic_launch=True", "programmatic dependent launch"))
+                 ("programmatic_launch=True", "programmatic dependent launch"),
+                 ("first_norm_into_buffer=False", "first norm on its own kernel"),
+                 ("norm_dw_partials=persistent", "norm partials per program"),
+                 ("fuse_kv_split_sum=False", "dK/dV splits summed by torch"),
+                 ("norm_dw_into_buffer=False", "norm gradients summed by torch"),
+                 ("fuse_mlp_act=True", "GELU in the GEMM epilogues"),
+                 ("fuse_softmax_matmuls=False", "attention products on cuBLAS"),
+                 ("bias_into_buffer=False", "bias gradients summed by torch"))
 
 
 def case_name(r: dict[str, Any]) -> str:
