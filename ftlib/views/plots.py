@@ -36,8 +36,8 @@ SUBTITLE_CHARS = 125  # characters of a subtitle line (plotly's <sup> size) that
 
 
 def with_subtitle(fig: go.Figure, title: str, note: str) -> go.Figure:
-    """``title`` with ``note`` under it in small type, wrapped to lines that fit the static image (a long one ran
-    off its right edge), the top margin grown by the lines beyond the first."""
+    """``title`` with ``note`` under it in small type, wrapped to lines that fit the static image (so that a long
+    note does not run off its right edge), the top margin grown by the lines beyond the first."""
     lines = textwrap.wrap(note, SUBTITLE_CHARS) if note else []
     text = title + ("<br><sup>" + "<br>".join(lines) + "</sup>" if lines else "")
     fig.update_layout(title_text=text, margin_t=100 + 14 * max(0, len(lines) - 1))
