@@ -308,7 +308,7 @@ def eager_inversion(df: pd.DataFrame) -> pd.DataFrame:
 def throughput_figure(df: pd.DataFrame, device: str) -> go.Figure:
     """Tokens per second per precision (the post's Figure 3): the post's configuration, each model's
     fastest compiled configuration, and the engine; medians over runs, min–max whiskers."""
-    from ftlib.views.plots import MODEL_COLORS, legend_below
+    from ftlib.views.plots import MODEL_COLORS, legend_below, with_subtitle
 
     tab = placement_table(df)
     tab = tab[tab["device_slug"] == device]
@@ -339,9 +339,9 @@ def throughput_figure(df: pd.DataFrame, device: str) -> go.Figure:
                 down.append(tokens / med * 1e3 - tokens / hi * 1e3)
         fig.add_trace(go.Bar(name=MODEL_NAMES[label], x=xs, y=ys, marker_color=MODEL_COLORS.get(label),
                              error_y=dict(type="data", symmetric=False, array=up, arrayminus=down)))
-    fig.update_layout(barmode="group", height=480, yaxis_title="tokens / s (higher is faster)",
-                      title=f"Training throughput, {device}, {tokens:,} tokens per step<br><sup>post's setup: "
-                            f"{config_name(*POST_CONFIG)}; medians over runs, whiskers min–max</sup>")
+    fig.update_layout(barmode="group", height=480, yaxis_title="tokens / s (higher is faster)")
+    with_subtitle(fig, f"Training throughput, {device}, {tokens:,} tokens per step",
+                  f"post's setup: {config_name(*POST_CONFIG)}; medians over runs, whiskers min–max")
     fig.update_xaxes(tickangle=0)
     return legend_below(fig)
 

@@ -17,7 +17,7 @@ from ftlib.harness.convergence import steady_time_at, steady_time_to_target
 from ftlib.harness.results import load_rows
 from ftlib.harness.studies import is_smoke, suites
 from ftlib.training.trainer import Recipe
-from ftlib.views.plots import MODEL_COLORS, PALETTE
+from ftlib.views.plots import MODEL_COLORS, PALETTE, with_subtitle
 from ftlib.views.tables import group_rows, table_view
 
 
@@ -173,11 +173,11 @@ def loss_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
             second = [pts[1]["val_max"] for pts in agg.values() if len(pts) > 1] or [max(lows)]
             top = max(second) + 0.05
             highest = max(p["val_max"] for pts in agg.values() for p in pts)
-            cut = (f"<br><sup>the axis stops at {top:.2f}: the first evaluation (up to {highest:.2f}) runs off the "
-                   "top</sup>" if highest > top else "")
-            fig.update_layout(title=f"Validation loss vs {label}, {dev} (mean, min–max over seeds){cut}",
-                              xaxis_title=label, yaxis_title="validation loss", height=440,
+            cut = (f"the axis stops at {top:.2f}: the first evaluation (up to {highest:.2f}) runs off the top"
+                   if highest > top else "")
+            fig.update_layout(xaxis_title=label, yaxis_title="validation loss", height=440,
                               yaxis_range=[min(lows) - 0.05, top])
+            with_subtitle(fig, f"Validation loss vs {label}, {dev} (mean, min–max over seeds)", cut)
             out.append((f"convergence-val-{axis}-{dev}", fig))
     return out
 

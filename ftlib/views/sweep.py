@@ -22,7 +22,7 @@ from ftlib.analysis.claims import POST_CLAIMED, POST_GPU, POST_STEP_MS, roofline
 from ftlib.model.config import ModelConfig, preset
 from ftlib.views.bench import ok_rows, same_config
 from ftlib.views.per_run import and_list, pair_runs, run_values, summary
-from ftlib.views.plots import legend_below, log_ticks
+from ftlib.views.plots import legend_below, log_ticks, with_subtitle
 from ftlib.views.tables import records, table_view
 
 MODELS = ("gpt2", "fasttransformer")
@@ -240,9 +240,9 @@ def sweep_figures(rows: list[dict], device: str | None, tokens: int = TOKENS) ->
     speed.add_hline(y=1, line=dict(color="#999", width=1))
     where = device or "no GPU rows"
     ts = [p["T"] for p in proj]
-    speed.update_layout(title=f"FastTransformer speed-up over GPT-2 vs T, {tokens:,} tokens/step, {where}<br><sup>"
-                              "the four series of one T drawn a little apart, so that their bars do not overlap</sup>",
-                        xaxis=dict(title=f"T (B = {tokens} / T)", **log_ticks(ts)),
+    with_subtitle(speed, f"FastTransformer speed-up over GPT-2 vs T, {tokens:,} tokens/step, {where}",
+                  "the four series of one T drawn a little apart, so that their bars do not overlap")
+    speed.update_layout(xaxis=dict(title=f"T (B = {tokens} / T)", **log_ticks(ts)),
                         yaxis_title="speed-up (GPT-2 step / FastTransformer's):<br>median over runs, "
                                     "bars: slowest and fastest run", height=460)
     for i, m in enumerate(MODELS, start=1):
