@@ -11,7 +11,7 @@ from typing import Any
 import pandas as pd
 
 from ftlib.model.ablations import SWITCHES
-from ftlib.views.baselines import MIN_MACHINES, MIN_RUNS, TIE_BAND, range_text, runs_on_starts
+from ftlib.views.baselines import MIN_MACHINES, MIN_RUNS, MODEL_NAMES, TIE_BAND, range_text, runs_on_starts
 from ftlib.views.codesign import col
 from ftlib.views.tables import records
 
@@ -20,7 +20,6 @@ from ftlib.views.tables import records
 GRAPH_MODES = ("cudagraph fp32", "cudagraph tf32", "compile-ro fp32")
 HOST_MODES = ("eager fp32", "eager tf32")
 SWITCH_NAMES = {"MQA": "multi-query attention", "SDPA": "fused SDPA", "MLP2x": "the 2× MLP", "RMS": "RMSNorm"}
-MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer"}
 
 
 def _pct(ratio: float) -> str:

@@ -20,6 +20,7 @@ from plotly.subplots import make_subplots
 
 from ftlib.analysis.claims import POST_CLAIMED, POST_GPU, POST_STEP_MS, roofline_projection
 from ftlib.model.config import ModelConfig, preset
+from ftlib.views.baselines import MODEL_NAMES
 from ftlib.views.bench import ok_rows, same_config
 from ftlib.views.per_run import and_list, pair_runs, run_values, summary
 from ftlib.views.plots import legend_below, log_ticks, with_subtitle
@@ -191,7 +192,6 @@ def eager_inversion_table(device: str, include_cpu: bool = False, tokens: int = 
 # The columns a reader compares first; every column is in the collapsed table and its CSV.
 SWEEP_PREVIEW = ("T", "B", "gpt2 ms", "fasttransformer ms", "speed-up", "speed-up min", "speed-up max", "verdict")
 SHORT_PROJECTION, SHORT_CLAIM = f"{POST_GPU} roofline projection", f"post's claim ({POST_GPU})"
-MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer"}
 PREC_COLOR, MODE_DASH = {"fp32": "#1f77b4", "tf32": "#ff7f0e"}, {"compile-ro": "solid", "eager": "dash"}
 # The speed-up figure draws the four series of one T a little apart (a factor on the log T axis), so that their
 # min-max bars, which often overlap in value, stay apart and each reads as its own series'.
