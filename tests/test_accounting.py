@@ -343,3 +343,19 @@ def test_the_ledger_accounts_the_engines_explicit_attention_as_explicit_fused():
     assert attention_backend({"precision": "bf16", "describe": {"fuse_softmax_matmuls": False, "kernels": []}},
                              cfg, (9, 0)) == "explicit"
     assert attention_backend({"precision": "bf16", "describe": {"kernels": ["attention"]}}, cfg, (9, 0)) == "flash"
+
+
+def test_intensity_figure_names_the_markers_drawn_on_top_of_one_another():
+    """norm1 and norm2 have the same FLOPs and bytes, so one marker hides the other; the subtitle says so, and a
+    pair set apart by more than the threshold is not named."""
+    import pandas as pd
+
+    from ftlib.views import accounting as av
+
+    pts = {"a": pd.DataFrame({"flops": [1e9, 1e9, 1.05e9, 5e9], "bytes": [1e8, 1e8, 1e8, 1e8]},
+                             index=["norm1", "norm2", "gelu", "qkv"]),
+           "b": pd.DataFrame({"flops": [1e9, 1e9], "bytes": [1e8, 2e8]}, index=["norm1", "norm2"])}
+    assert av.coincident(pts) == [(["norm1", "norm2", "gelu"], ["a"])]
+    assert av.coincident(pts, decades=0.01) == [(["norm1", "norm2"], ["a"])]
+    title = av.intensity_figure().layout.title.text
+    assert "norm1 and norm2 (GPT-2 and FT, original K/V)" in title and "mlp_up and mlp_down (FT, original K/V)" in title

@@ -19,6 +19,7 @@ from ftlib.analysis.formulas import kaplan_flops, megatron_flops, palm_flops
 from ftlib.analysis.peaks import flops_floor, lookup, roofline, step_floor
 from ftlib.analysis.totals import attention_mlp_fractions, by_component, layer_forward_breakdown, step_summary
 from ftlib.model.config import preset
+from ftlib.views.plots import with_subtitle
 from ftlib.views.tables import table_view
 
 B, T = 32, 256
@@ -32,7 +33,7 @@ GPT2, FT_EXPANDED = "GPT-2", "FastTransformer (expanded K/V)"
 H200 = "NVIDIA H200"
 # One colour per component, in families, so the 16 components stay apart and related ones read together.
 COMPONENTS = {
-    "embedding and head": {"embeddings": "#4d4d4d", "head": "#8c8c8c", "loss": "#bdbdbd", "optimizer": "#8c564b"},
+    "embedding and head": {"embeddings": "#4d4d4d", "head": "#8c8c8c", "loss": "#bdbdbd", "optimizer": "#bcbd22"},
     "attention": {"qkv": "#08306b", "scores": "#2171b5", "softmax": "#6baed6", "attn_v": "#9ecae1",
                   "out_proj": "#6a51a3"},
     "MLP": {"mlp_up": "#d94801", "gelu": "#fdae6b", "mlp_down": "#a63603"},
@@ -199,6 +200,28 @@ def floors_table() -> list[dict[str, Any]]:
     return out
 
 
+# Markers closer than this on both log axes (in decades) are drawn on top of one another at the figure's size.
+COINCIDE_DECADES = 0.05
+
+
+def coincident(points: dict[str, pd.DataFrame], decades: float = COINCIDE_DECADES) -> list[tuple[list[str], list[str]]]:
+    """The components whose markers fall on one another: per model (``points[model]`` indexed by component, with
+    ``flops`` and ``bytes``), the groups closer than ``decades`` in FLOP per byte and in FLOPs, as
+    (components, models), a group shared by several models listed once with all of them."""
+    groups: dict[tuple[str, ...], list[str]] = {}
+    for model, f in points.items():
+        x, y = (f["flops"] / f["bytes"]).map(math.log10), f["flops"].map(math.log10)
+        seen: set[str] = set()
+        for c in f.index:
+            if c in seen:
+                continue
+            near = [o for o in f.index if o not in seen and abs(x[o] - x[c]) < decades and abs(y[o] - y[c]) < decades]
+            seen.update(near)
+            if len(near) > 1:
+                groups.setdefault(tuple(near), []).append(model)
+    return [(list(cs), ms) for cs, ms in groups.items()]
+
+
 def intensity_figure() -> go.Figure:
     """Each component's FLOPs per byte against the H200's TF32 ridge point, GPT-2 and the original FT."""
     d = lookup(H200)
@@ -227,8 +250,10 @@ def intensity_figure() -> go.Figure:
                        text=f"H200 TF32 ridge point: {ridge:.0f} FLOP/B")
     xs = [p["flops"] / p["bytes"] for f in per_comp.values() for _, p in f.iterrows()] + [ridge]
     ys = [p["flops"] / 1e9 for f in per_comp.values() for _, p in f.iterrows()]
-    fig.update_layout(title="Arithmetic intensity per component (one step, fp32 tensors, H200 TF32 peak)",
-                      xaxis=dict(type="log", title="FLOP per byte (log scale)", dtick=1,
+    hidden = "; ".join(f"{' and '.join(cs)} ({' and '.join(SHORT[m] for m in ms)})" for cs, ms in coincident(per_comp))
+    with_subtitle(fig, "Arithmetic intensity per component (one step, fp32 tensors, H200 TF32 peak)",
+                  f"Markers on top of one another (the same FLOPs and bytes, or nearly): {hidden}." if hidden else "")
+    fig.update_layout(xaxis=dict(type="log", title="FLOP per byte (log scale)", dtick=1,
                                  range=[math.log10(min(xs)) - 0.3, math.log10(max(xs)) + 0.3]),
                       yaxis=dict(type="log", title="GFLOP per step (log scale)", dtick=1,
                                  range=[math.log10(min(ys)) - 0.3, math.log10(max(ys)) + 0.3]),
