@@ -164,6 +164,11 @@ def test_what_is_not_measured_is_listed_until_its_rows_are_stored(store, tmp_pat
     (tmp_path / "results" / "h200" / "kernels.jsonl").write_text(json.dumps(ceiling) + "\n")
     assert not any("ceilings" in g for g in findings.unmeasured("h200"))
     assert any("attention kernel against SDPA" in g for g in findings.unmeasured("h200"))  # a ceiling is not one
+    assert any(g.endswith("chapter 1 (phases, kernel categories, the SDPA backend from a trace)") for g in gaps)
+    (tmp_path / "results" / "h100").mkdir()
+    (tmp_path / "results" / "h100" / "profile.jsonl").write_text(json.dumps({"status": "ok", "key": "p"}) + "\n")
+    assert any(g.endswith("chapter 1 (phases, kernel categories, the SDPA backend from a trace): measured on the H100 "
+                          "only, whose rows the chapter shows") for g in findings.unmeasured("h200"))
     (tmp_path / "results" / "t4").mkdir()
     (tmp_path / "results" / "t4" / "baselines.jsonl").write_text("")
     assert "Tesla T4" not in findings.unmeasured_markdown("h200")

@@ -303,14 +303,17 @@ EXPECTED_ROWS: tuple[tuple[str, str, Any], ...] = (
 
 
 def unmeasured(device: str = "h200") -> list[str]:
-    """What the chapters read that ``device`` has no stored rows of, one phrase each."""
-    from ftlib.harness.results import load_rows
+    """What the chapters read that ``device`` has no stored rows of, one phrase each, naming the other devices
+    whose rows the chapters show in its place."""
+    from ftlib.harness.results import device_folders, load_rows
 
     out = []
     for bench, what, keep in EXPECTED_ROWS:
-        rows = [r for r in load_rows(bench, devices=[device]) if r.get("status", "ok") == "ok"]
-        if not any(keep is None or keep(r) for r in rows):
-            out.append(what)
+        has = {d for d in device_folders() if any(
+            r.get("status", "ok") == "ok" and (keep is None or keep(r)) for r in load_rows(bench, devices=[d]))}
+        if device not in has:
+            others = " and ".join(f"the {ef.short_name(d)}" for d in sorted(has))
+            out.append(what + (f": measured on {others} only, whose rows the chapter shows" if others else ""))
     return out
 
 
@@ -320,8 +323,9 @@ def unmeasured_markdown(device: str = "h200") -> str:
 
     gaps, name = unmeasured(device), ef.short_name(device)
     text = "" if not gaps else (
-        f"**Not measured on the {name} in this edition**, so the chapters that read them say so where "
-        "their numbers would stand:\n\n" + "\n".join(f"- {g};" for g in gaps[:-1]) + f"\n- {gaps[-1]}.")
+        f"**Not measured on the {name} in this edition**, so the chapters that read them show another GPU's rows "
+        "where one measured them, and otherwise say so where their numbers would stand:\n\n"
+        + "\n".join(f"- {g};" for g in gaps[:-1]) + f"\n- {gaps[-1]}.")
     if "t4" not in device_folders():
         text += ("\n\n" if text else "") + ("No Tesla T4 rows are stored: a timing claim of the post, made on a T4, "
                                              f"can at most hold on the {name} only.")
