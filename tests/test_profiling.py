@@ -191,3 +191,23 @@ def test_profile_suite_stores_and_skips(tmp_path) -> None:
     assert len(rows) == 1 and rows[0]["status"] == "ok"
     assert (tmp_path / "cpu" / "profile.jsonl").exists()
     assert profile_suite(["fasttransformer"], ["eager"], ["fp32"], **kw) == []  # already measured
+
+
+def test_profile_figures_name_the_gpu_and_the_models_as_the_book_does() -> None:
+    """The figures' titles give the GPU as its rows name it (not the folder's slug) and their bars the models
+    as the book names them; a row without a device name falls back to its folder."""
+    from ftlib.views.profile import category_figures, findings, phase_figures
+
+    def row(model: str, prov: dict) -> dict:
+        return {"preset": model, "mode": "eager", "precision": "fp32", "B": 32, "T": 256, "device_slug": "h100",
+                "status": "ok", "phases": [{"phase": "forward", "total_us": 10.0}], "gaps_us": 1.0,
+                "kernels": [{"category": "matmul", "total_us": 5.0}], "provenance": prov, "step_ms": 0.02}
+
+    rows = [row("gpt2", {"device": "NVIDIA H100 80GB HBM3"}), row("fasttransformer", {})]
+    (_, phases), = phase_figures(rows)
+    assert phases.layout.title.text == "Phases of one training step, H100 80GB HBM3, fp32 (B=32, T=256)"
+    assert list(phases.data[0].x[0]) == ["GPT-2", "FastTransformer"]
+    (_, cats), = category_figures(rows[1:])
+    assert cats.layout.title.text == "GPU time by kernel category, h100, fp32"
+    assert list(cats.data[0].x[0]) == ["FastTransformer"]
+    assert findings(rows).startswith("**H100 80GB HBM3, fp32:** ")

@@ -14,6 +14,7 @@ from ftlib.harness.profiling import BENCH, PROFILE_MODES
 from ftlib.harness.results import load_rows
 from ftlib.harness.trace import CATEGORIES, OTHER_PHASE, PHASES, STEP_PHASE
 from ftlib.model.config import preset
+from ftlib.views.baselines import MODEL_NAMES
 from ftlib.views.tables import to_frame
 
 _ID_FIELDS = ("key", "preset", "config_hash", "B", "T", "precision", "mode", "device_slug")
@@ -92,6 +93,17 @@ def run_status(rows: list[dict[str, Any]]) -> pd.DataFrame:
                       "error": r.get("error", "")} for r in rows])
 
 
+def _device_name(rows: list[dict[str, Any]], slug: str) -> str:
+    """'H100 80GB HBM3': the GPU as its rows name it (without the vendor), else its folder name."""
+    names = [(r.get("provenance") or {}).get("device") for r in rows if r["device_slug"] == slug]
+    return next((n.removeprefix("NVIDIA ") for n in names if n), slug)
+
+
+def _x(rows: list[dict[str, Any]]) -> list[list[str]]:
+    """Two-level x labels of a figure's bars: the model as the book names it, and the mode."""
+    return [[MODEL_NAMES.get(r["preset"], r["preset"]) for r in rows], [r["mode"] for r in rows]]
+
+
 def phase_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
     """(name, figure) per device and precision: each model and mode's step as a stack of its phases'
     GPU time and the launch gaps (the post's Figure 2, measured)."""
@@ -104,10 +116,10 @@ def phase_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
             for ph in PHASE_ORDER:
                 pts = sorted((p for p in parts if p["phase"] == ph), key=_order)
                 if pts:
-                    fig.add_bar(name=ph, x=[[p["preset"] for p in pts], [p["mode"] for p in pts]],
+                    fig.add_bar(name=ph, x=_x(pts),
                                 y=[p["ms"] for p in pts], customdata=[[p["source"], p["sdpa_backend"]] for p in pts],
                                 hovertemplate="%{y:.3f} ms<br>%{customdata[0]}<br>SDPA: %{customdata[1]}")
-            fig.update_layout(barmode="stack", title=f"Phases of one training step, {dev}, {prec} "
+            fig.update_layout(barmode="stack", title=f"Phases of one training step, {_device_name(rows, dev)}, {prec} "
                               f"(B={sel[0]['B']}, T={sel[0]['T']})", yaxis_title="ms per step", legend_title="phase")
             out.append((f"profile-phases-{dev}-{prec}", fig))
     return out
@@ -120,14 +132,14 @@ def category_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
         sel = sorted((r for r in rows if r["device_slug"] == dev and r["precision"] == "fp32"), key=_order)
         if not sel:
             continue
-        x = [[r["preset"] for r in sel], [r["mode"] for r in sel]]
+        x = _x(sel)
         fig = go.Figure()
         for cat in CATEGORIES:
             ys = [sum(k["total_us"] for k in r["kernels"] if k["category"] == cat) / 1e3 for r in sel]
             if any(ys):
                 fig.add_bar(name=cat, x=x, y=ys)
         fig.add_bar(name="launch gaps", x=x, y=[(r.get("gaps_us") or 0.0) / 1e3 for r in sel])
-        fig.update_layout(barmode="stack", title=f"GPU time by kernel category, {dev}, fp32",
+        fig.update_layout(barmode="stack", title=f"GPU time by kernel category, {_device_name(rows, dev)}, fp32",
                           yaxis_title="ms per step", legend_title="category")
         out.append((f"profile-categories-{dev}", fig))
     return out
@@ -161,7 +173,7 @@ def heaviest_kernels(rows: list[dict[str, Any]], n: int = 10) -> list[tuple[str,
     for r in sorted((r for r in rows if r["mode"] == "eager" and r["precision"] == "fp32"),
                     key=lambda r: (r["device_slug"], *_order(r))):
         top = sorted(to_rows(r), key=lambda k: (-k["total_us"], k["name"]))[:n]
-        out.append((f"{r['device_slug']} · {r['preset']}", to_frame(
+        out.append((f"{_device_name(rows, r['device_slug'])} · {MODEL_NAMES.get(r['preset'], r['preset'])}", to_frame(
             [{"phase": k["phase"], "category": k["category"], "kernel": k["name"][:90], "per step": k["count"],
               "µs per step": k["total_us"]} for k in top])))
     return out
@@ -196,7 +208,7 @@ def findings(rows: list[dict[str, Any]]) -> str:
         if mm:
             lines.append(f"GEMMs are {min(mm):.0%}–{max(mm):.0%} of the kernel time")
         if lines:
-            out.append(f"**{dev}, {prec}:** " + "; ".join(lines) + ".")
+            out.append(f"**{_device_name(rows, dev)}, {prec}:** " + "; ".join(lines) + ".")
     out.append("The post's \"MLP phase\" is a component, not a phase: kernel names do not tell the MLP's GEMMs "
                "from the attention projections', so chapter 2 counts it by FLOPs and bytes instead.")
     return "\n\n".join(out)
