@@ -153,6 +153,7 @@ def test_the_speedrun_sentence_gives_the_same_call_race_where_stored(store, tmp_
         "".join(json.dumps(r) + "\n" for r in rows))
     text = findings._speedrun("h200")
     assert "in one call, the leader takes 2.00 s against 12.00 s: 6.00×" in text and "3/3 of its runs" in text
+    assert "(compilation and warm-up apart): raced against nanoGPT's recipe" in text  # no leaderboard before it
 
 
 def test_what_is_not_measured_is_listed_until_its_rows_are_stored(store, tmp_path):
@@ -173,6 +174,13 @@ def test_what_is_not_measured_is_listed_until_its_rows_are_stored(store, tmp_pat
     (tmp_path / "results" / "t4" / "baselines.jsonl").write_text("")
     assert "Tesla T4" not in findings.unmeasured_markdown("h200")
     assert findings.unmeasured_markdown("h200") in findings.markdown("h200")
+    for bench in ("kernels", "speedrun-head-to-head", "ddp"):  # every gap but one filled: a list of one item
+        with open(tmp_path / "results" / "h200" / f"{bench}.jsonl", "a") as f:
+            f.write(json.dumps({"status": "ok", "key": bench, "op": "attention"}) + "\n")
+    assert findings.unmeasured("h200") == [
+        "the measured profiles of chapter 1 (phases, kernel categories, the SDPA backend from a trace): measured on "
+        "the H100 only, whose rows the chapter shows"]
+    assert "stand:\n\n- the measured profiles" in findings.unmeasured_markdown("h200")
 
 
 def test_runs_without_a_configuration_that_won_elsewhere_are_said_to_be_left_out(store):

@@ -100,7 +100,11 @@ def _speedrun(device: str) -> str | None:
                    f"noise: {best['candidate s (mean)']:.1f} s against nanoGPT's {best['reference s (mean)']:.1f} s "
                    f"({best['reference runs']} and {best['candidate runs']} runs), "
                    f"{best['speed-up excl. startup (pooled)']:.2f}× (90% interval {lo:.2f}–{hi:.2f}×).")
-    return " ".join(out) if len(out) > 1 else None
+    if len(out) == 1:
+        return None
+    # The first sentence after the colon goes on in lower case, each later one starts a sentence.
+    body = [s[0].lower() + s[1:] if i == 0 else s[0].upper() + s[1:] for i, s in enumerate(out[1:])]
+    return " ".join([out[0], *body])
 
 
 def _leader(device: str) -> str | None:
@@ -322,10 +326,10 @@ def unmeasured_markdown(device: str = "h200") -> str:
     from ftlib.harness.results import device_folders
 
     gaps, name = unmeasured(device), ef.short_name(device)
+    items = [f"- {g};" for g in gaps[:-1]] + [f"- {g}." for g in gaps[-1:]]
     text = "" if not gaps else (
         f"**Not measured on the {name} in this edition**, so the chapters that read them show another GPU's rows "
-        "where one measured them, and otherwise say so where their numbers would stand:\n\n"
-        + "\n".join(f"- {g};" for g in gaps[:-1]) + f"\n- {gaps[-1]}.")
+        "where one measured them, and otherwise say so where their numbers would stand:\n\n" + "\n".join(items))
     if "t4" not in device_folders():
         text += ("\n\n" if text else "") + ("No Tesla T4 rows are stored: a timing claim of the post, made on a T4, "
                                              f"can at most hold on the {name} only.")
