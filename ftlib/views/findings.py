@@ -84,7 +84,7 @@ def _speedrun(device: str) -> str | None:
                           HEAD_TO_HEAD[1])
     if h2h:
         lo, hi = h2h["90% interval"]
-        out.append(f"Raced against nanoGPT's recipe on the same seeds in one call, the leader takes "
+        out.append(f"Raced against nanoGPT's recipe on the same seeds in one call, the speedrun's leader takes "
                    f"{h2h['candidate s (mean)']:.2f} s against {h2h['reference s (mean)']:.2f} s: "
                    f"{h2h['speed-up excl. startup (pooled)']:.2f}× (90% interval {lo:.2f}–{hi:.2f}×, "
                    f"{h2h['reached']} of its runs at the target).")
