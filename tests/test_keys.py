@@ -62,6 +62,10 @@ def recomputed_key(stem: str, r: dict) -> str | None:
         return hashlib.sha256(json.dumps(ident, sort_keys=True).encode()).hexdigest()[:16]
     if stem == "engine_probe":
         return f"engine_probe|{r['label']}|{r['precision']}|B{r['B']}|T256" if r.get("status") == "ok" else None
+    if stem == "profile":
+        cfg = ModelConfig(**r["config"])
+        assert cfg.config_hash() == r["config_hash"]
+        return profile_key(cfg, r["B"], r["T"], r["precision"], r["mode"], r["preset"])
     if stem.startswith(("speedrun", "convergence")):
         cfg = ModelConfig(**r["config"])
         assert cfg.config_hash() == r["config_hash"]
