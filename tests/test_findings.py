@@ -182,6 +182,11 @@ def test_what_is_not_measured_is_listed_until_its_rows_are_stored(store, tmp_pat
         "the measured profiles of chapter 1 (phases, kernel categories, the SDPA backend from a trace): measured on "
         "the H100 only, whose rows the chapter shows"]
     assert "stand:\n\n- the measured profiles" in findings.unmeasured_markdown("h200")
+    # A reader's own CPU rows count for the CPU's list (chapters run with MEASURE on a CPU), never for a GPU's.
+    (tmp_path / "results" / "cpu").mkdir()
+    (tmp_path / "results" / "cpu" / "profile.jsonl").write_text(json.dumps({"status": "ok", "key": "p"}) + "\n")
+    assert not any("profiles of chapter 1" in g for g in findings.unmeasured("cpu"))
+    assert "the CPU" not in " ".join(findings.unmeasured("h200"))
 
 
 def test_runs_without_a_configuration_that_won_elsewhere_are_said_to_be_left_out(store):

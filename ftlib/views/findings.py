@@ -312,9 +312,10 @@ def unmeasured(device: str = "h200") -> list[str]:
     from ftlib.harness.results import device_folders, load_rows
 
     out = []
+    devices = sorted({*device_folders(), device})  # the GPUs, and ``device`` itself even where it is the CPU
     for bench, what, keep in EXPECTED_ROWS:
-        has = {d for d in device_folders() if any(
-            r.get("status", "ok") == "ok" and (keep is None or keep(r)) for r in load_rows(bench, devices=[d]))}
+        has = {r["device_slug"] for r in load_rows(bench, devices=devices)
+               if r.get("status", "ok") == "ok" and (keep is None or keep(r))}
         if device not in has:
             others = " and ".join(f"the {ef.short_name(d)}" for d in sorted(has))
             out.append(what + (f": measured on {others} only, whose rows the chapter shows" if others else ""))
