@@ -195,7 +195,7 @@ def test_profile_suite_stores_and_skips(tmp_path) -> None:
 
 def test_profile_figures_name_the_gpu_and_the_models_as_the_book_does() -> None:
     """The figures' titles give the GPU as its rows name it (not the folder's slug) and their bars the models
-    as the book names them; a row without a device name falls back to its folder."""
+    as the book names them; a row without a device name falls back to its folder's name in capitals."""
     from ftlib.views.profile import category_figures, findings, phase_figures
 
     def row(model: str, prov: dict) -> dict:
@@ -208,6 +208,6 @@ def test_profile_figures_name_the_gpu_and_the_models_as_the_book_does() -> None:
     assert phases.layout.title.text == "Phases of one training step, H100 80GB HBM3, fp32 (B=32, T=256)"
     assert list(phases.data[0].x[0]) == ["GPT-2", "FastTransformer"]
     (_, cats), = category_figures(rows[1:])
-    assert cats.layout.title.text == "GPU time by kernel category, h100, fp32"
+    assert cats.layout.title.text == "GPU time by kernel category, H100, fp32"
     assert list(cats.data[0].x[0]) == ["FastTransformer"]
     assert findings(rows).startswith("**H100 80GB HBM3, fp32:** ")

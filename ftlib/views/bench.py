@@ -42,6 +42,12 @@ def devices(rows: Iterable[dict[str, Any]]) -> list[str]:
     return sorted({r["device_slug"] for r in rows})
 
 
+def gpu_name(name: str | None, slug: str) -> str:
+    """'H100 80GB HBM3': a GPU as CUDA names it, without the vendor; its folder name in capitals where no row
+    names it."""
+    return name.removeprefix("NVIDIA ") if name else slug.upper()
+
+
 def provenance_line(rows: Iterable[dict[str, Any]]) -> str:
     """'NVIDIA H200, torch 2.11.0, 2026-12-02, commit abc' for each distinct source of ``rows``."""
     keys = sorted({(r.get("device"), r.get("torch"), str(r.get("date", ""))[:10], r.get("commit")) for r in rows})

@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import pandas as pd
 
+from ftlib.views.bench import gpu_name
+
 # The engine's table: what a reader compares, in reading order.
 ENGINE_COLUMNS = ["model", "precision", "engine ms", "strongest baseline of the same run", "its ms",
                   "engine speed-up", "runs", "verdict", "engine"]
@@ -116,17 +118,19 @@ def other_devices(device: str = "h200") -> list[str]:
     return sorted(set(runs["device_slug"]))
 
 
+def _row_name(device: str, runs: pd.DataFrame) -> str | None:
+    names = sorted(set(runs.loc[runs["device_slug"] == device, "device"].dropna()))
+    return names[0] if names else None
+
+
 def device_title(device: str, runs: pd.DataFrame) -> str:
     """The device's name as its rows give it ('NVIDIA H100 80GB HBM3'), else its folder name."""
-    names = sorted(set(runs.loc[runs["device_slug"] == device, "device"].dropna()))
-    return names[0] if names else device
+    return _row_name(device, runs) or device
 
 
 def short_name(device: str) -> str:
-    """'H100 80GB HBM3': the device's name as its rows give it, without the vendor; the folder name in capitals
-    where no row names it."""
-    name = device_title(device, device_runs(device))
-    return name.removeprefix("NVIDIA ") if name != device else device.upper()
+    """'H100 80GB HBM3': the device's name as its rows give it, without the vendor (:func:`bench.gpu_name`)."""
+    return gpu_name(_row_name(device, device_runs(device)), device)
 
 
 def other_device_intro(device: str, headline: str, runs: pd.DataFrame) -> str:

@@ -15,6 +15,7 @@ from ftlib.harness.results import load_rows
 from ftlib.harness.trace import CATEGORIES, OTHER_PHASE, PHASES, STEP_PHASE
 from ftlib.model.config import preset
 from ftlib.views.baselines import MODEL_NAMES
+from ftlib.views.bench import gpu_name
 from ftlib.views.tables import to_frame
 
 _ID_FIELDS = ("key", "preset", "config_hash", "B", "T", "precision", "mode", "device_slug")
@@ -96,7 +97,7 @@ def run_status(rows: list[dict[str, Any]]) -> pd.DataFrame:
 def _device_name(rows: list[dict[str, Any]], slug: str) -> str:
     """'H100 80GB HBM3': the GPU as its rows name it (without the vendor), else its folder name."""
     names = [(r.get("provenance") or {}).get("device") for r in rows if r["device_slug"] == slug]
-    return next((n.removeprefix("NVIDIA ") for n in names if n), slug)
+    return gpu_name(next((n for n in names if n), None), slug)
 
 
 def _x(rows: list[dict[str, Any]]) -> list[list[str]]:
