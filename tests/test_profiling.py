@@ -196,12 +196,14 @@ def test_profile_suite_stores_and_skips(tmp_path) -> None:
 def test_profile_figures_name_the_gpu_and_the_models_as_the_book_does() -> None:
     """The figures' titles give the GPU as its rows name it (not the folder's slug) and their bars the models
     as the book names them; a row without a device name falls back to its folder's name in capitals."""
-    from ftlib.views.profile import category_figures, findings, phase_figures
+    from ftlib.views.profile import category_figures, findings, graph_split, phase_figures, what_ran
 
     def row(model: str, prov: dict) -> dict:
         return {"preset": model, "mode": "eager", "precision": "fp32", "B": 32, "T": 256, "device_slug": "h100",
                 "status": "ok", "phases": [{"phase": "forward", "total_us": 10.0}], "gaps_us": 1.0,
-                "kernels": [{"category": "matmul", "total_us": 5.0}], "provenance": prov, "step_ms": 0.02}
+                "kernels": [{"category": "matmul", "total_us": 5.0}], "provenance": prov, "step_ms": 0.02,
+                "step_ms_profiled": 0.03, "busy_us": 9.0, "kernels_per_step": 3, "launches_per_step": 3,
+                "sdpa_backend": "math", "phase_source": "trace", "graph_phases": None}
 
     rows = [row("gpt2", {"device": "NVIDIA H100 80GB HBM3"}), row("fasttransformer", {})]
     (_, phases), = phase_figures(rows)
@@ -211,3 +213,8 @@ def test_profile_figures_name_the_gpu_and_the_models_as_the_book_does() -> None:
     assert cats.layout.title.text == "GPU time by kernel category, H100, fp32"
     assert list(cats.data[0].x[0]) == ["FastTransformer"]
     assert findings(rows).startswith("**H100 80GB HBM3, fp32:** ")
+    # The tables name them the same way.
+    ran = what_ran(rows)
+    assert set(ran["device"]) == {"H100 80GB HBM3"} and list(ran["model"]) == ["GPT-2", "FastTransformer"]
+    split = graph_split([{**rows[0], "mode": "cudagraph"}])
+    assert set(split["device"]) == {"H100 80GB HBM3"} and set(split["model"]) == {"GPT-2"}

@@ -146,11 +146,16 @@ def category_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
     return out
 
 
+def _who(rows: list[dict[str, Any]], r: dict[str, Any]) -> dict[str, str]:
+    """The profile's GPU and model as the book names them."""
+    return {"device": _device_name(rows, r["device_slug"]), "model": MODEL_NAMES.get(r["preset"], r["preset"])}
+
+
 def what_ran(rows: list[dict[str, Any]]) -> pd.DataFrame:
     """Per profile: step times, busy time, launch gaps, kernels and launches per step, the SDPA backend."""
     return to_frame([{
-        "device": r["device_slug"], "model": r["preset"], "mode": r["mode"], "precision": r["precision"],
-        "step ms": r["step_ms"], "profiled step ms": r["step_ms_profiled"], "busy ms": (r["busy_us"] or 0) / 1e3,
+        **_who(rows, r), "mode": r["mode"], "precision": r["precision"], "step ms": r["step_ms"],
+        "profiled step ms": r["step_ms_profiled"], "busy ms": (r["busy_us"] or 0) / 1e3,
         "launch gaps ms": (r["gaps_us"] or 0) / 1e3, "kernels": r["kernels_per_step"],
         "launches": r["launches_per_step"], "SDPA backend": r["sdpa_backend"], "phase split": r["phase_source"],
     } for r in sorted(rows, key=lambda r: (r["device_slug"], r["precision"], *_order(r)))])
@@ -163,7 +168,7 @@ def graph_split(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
     graphs = sorted((r for r in rows if r["mode"] == "cudagraph"), key=lambda r: (r["device_slug"], r["precision"],
                                                                                   *_order(r)))
-    return to_frame([{"device": r["device_slug"], "model": r["preset"], "precision": r["precision"], "phase": ph,
+    return to_frame([{**_who(rows, r), "precision": r["precision"], "phase": ph,
                       "trace ms": ms(r["phases"], ph), "graph difference ms": ms(r["graph_phases"], ph)}
                      for r in graphs for ph in PHASES])
 
@@ -174,7 +179,7 @@ def heaviest_kernels(rows: list[dict[str, Any]], n: int = 10) -> list[tuple[str,
     for r in sorted((r for r in rows if r["mode"] == "eager" and r["precision"] == "fp32"),
                     key=lambda r: (r["device_slug"], *_order(r))):
         top = sorted(to_rows(r), key=lambda k: (-k["total_us"], k["name"]))[:n]
-        out.append((f"{_device_name(rows, r['device_slug'])} · {MODEL_NAMES.get(r['preset'], r['preset'])}", to_frame(
+        out.append((" · ".join(_who(rows, r).values()), to_frame(
             [{"phase": k["phase"], "category": k["category"], "kernel": k["name"][:90], "per step": k["count"],
               "µs per step": k["total_us"]} for k in top])))
     return out
