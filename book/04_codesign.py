@@ -86,7 +86,7 @@ from ftlib.harness.profiles import part, view_smoke
 from ftlib.model.ablations import ladder
 from ftlib.views import codesign as cv
 from ftlib.views import codesign_findings as cf
-from ftlib.views.bench import devices, not_measured, ok_rows, provenance_line
+from ftlib.views.bench import devices, gpu_label, not_measured, ok_rows, provenance_line
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
 
@@ -117,8 +117,9 @@ print("Measured on:", provenance_line(rows) or "nothing stored yet")
 table = cv.grid_table(rows, GRID, B, T)
 # Every table of this chapter holds the rows of one device, named in its caption.
 grid_runs = cv.grid_runs(rows, GRID, B, T)
-show_frame(table, preview=cv.GRID_PREVIEW, caption=f"measured on {dev}; the runs behind each column below")
-show_frame(grid_runs, caption=f"the runs behind the grid, {dev}")
+show_frame(table, preview=cv.GRID_PREVIEW,
+           caption=f"measured on the {gpu_label(dev)}; the runs behind each column below")
+show_frame(grid_runs, caption=f"the runs behind the grid, {gpu_label(dev)}")
 missing = cv.unmeasured(table, "compile-ro", "fp32")
 if missing:
     print(f"compile-ro, {len(missing)} of {len(table)} cells:", not_measured("grid_compile"))
@@ -135,8 +136,8 @@ if missing:
 # %%
 effects = cv.switch_effects(table)
 scatter = cv.run_scatter(rows, B, T)
-show_frame(effects, caption=f"measured on {dev}, {cv.runs_caption(grid_runs)}")
-show_frame(scatter, caption=f"one step from run to run, baselines suite, {dev}")
+show_frame(effects, caption=f"measured on the {gpu_label(dev)}, {cv.runs_caption(grid_runs)}")
+show_frame(scatter, caption=f"one step from run to run, baselines suite, {gpu_label(dev)}")
 display(Markdown(cf.effects_note(effects, grid_runs, scatter)))
 
 # %% [markdown]
@@ -152,7 +153,7 @@ steps = cv.ladder_table(rows, LADDER, B, T)
 ladder_runs = cv.grid_runs(rows, LADDER, B, T, cv.LADDER_SOURCES)
 show(cv.ladder_figure(steps, dev, B, T), "ladder")
 show_frame(steps, preview=cv.LADDER_PREVIEW if len(steps) else None,
-           caption=f"measured on {dev}, {cv.runs_caption(ladder_runs)}")
+           caption=f"measured on the {gpu_label(dev)}, {cv.runs_caption(ladder_runs)}")
 if len(cv.unmeasured(steps, "compile-ro", "fp32", "rung")) == len(steps):
     print("compile-ro rungs:", not_measured("ladder"))
 
@@ -177,7 +178,7 @@ for name, fig in cv.sweep_figures(rows, dev, B, T):
 
 # %%
 kernels = cv.backend_table(dev, include_cpu=MEASURE)
-show_frame(kernels, caption=f"profiled on {dev}")
+show_frame(kernels, caption=f"profiled on the {gpu_label(dev)}")
 if len(kernels) and (kernels["SDPA backend (from trace)"] == cv.NOT_PROFILED).any():
     print("SDPA backends from the profiler traces,", not_measured("profile"))
 
@@ -189,7 +190,7 @@ if len(kernels) and (kernels["SDPA backend (from trace)"] == cv.NOT_PROFILED).an
 
 # %%
 cost = cv.fallback_cost(rows, B, T)
-show_frame(cost, caption=f"measured on {dev}")
+show_frame(cost, caption=f"measured on the {gpu_label(dev)}")
 
 # %% [markdown]
 # ## What we found

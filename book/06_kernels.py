@@ -82,7 +82,7 @@ from ftlib.views import engine as engineview
 from ftlib.views import engine_check, engine_config, engine_goals, kernel_lessons, option_trials, steadiness, sweeps
 from ftlib.views import kernels as kernelview
 from ftlib.views import ledger as ledgerview
-from ftlib.views.bench import devices, ok_rows, provenance_line
+from ftlib.views.bench import devices, gpu_label, ok_rows, provenance_line
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
 
@@ -253,7 +253,8 @@ if len(ptable):
     show_frame(ptable, preview=["device", "case", "precision", "captured step µs", "kernel µs", "kernels per step",
                                 "matmul", "largest", "largest share"])
     for dev in sorted(set(ptable["device"])):
-        display(Markdown(f"Largest kernel classes per step, {dev}:\n\n" + ledgerview.class_order(prows, dev)))
+        display(Markdown(f"Largest kernel classes per step, {gpu_label(dev)}:\n\n"
+                         + ledgerview.class_order(prows, dev)))
         show(engineview.probe_launch_figure(prows, dev), f"engine-launches-{dev}")
 else:
     print("Not profiled yet: python -m benchmarks.kernels.engine_probe --out DIR on a GPU, then commit "

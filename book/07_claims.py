@@ -78,14 +78,15 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 # %% tags=["hide-input"]
 from ftlib.harness.results import device_folders
 from ftlib.views.audit import TOL, audit_table, verdict_counts
+from ftlib.views.bench import gpu_label
 from ftlib.views.tables import show_frame
 
 for device in device_folders(include_cpu=MEASURE):  # every GPU with stored results, each on its own rows
     table = audit_table(device)
-    print(f"{device}: a measured ratio agrees when every run is within {TOL:.0%} of the claim or beyond it "
+    print(f"{gpu_label(device)}: a measured ratio agrees when every run is within {TOL:.0%} of the claim or beyond it "
           "(the post reports one run per number, with no spread)")
-    show_frame(table, caption=f"The claims on {device}")
-    show_frame(verdict_counts(table), caption=f"Verdicts on {device}")
+    show_frame(table, caption=f"The claims on the {gpu_label(device)}")
+    show_frame(verdict_counts(table), caption=f"Verdicts on the {gpu_label(device)}")
 
 # %% [markdown]
 # ## What we found

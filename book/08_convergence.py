@@ -82,7 +82,7 @@ from ftlib.views import convergence as cv
 from ftlib.views import leaderboard as lb
 from ftlib.views import record as rec
 from ftlib.views import speedrun as sr
-from ftlib.views.bench import provenance_short
+from ftlib.views.bench import gpu_label, provenance_short
 from ftlib.views.plots import show
 from ftlib.views.tables import group_rows, show_frame, show_table
 
@@ -278,7 +278,7 @@ for dev, dev_rows in group_rows(speed + record).items():
         if lb.claims(dev_rows, dev, target):  # the ranked candidates, the unranked collapsed under them
             board = lb.leaderboard(dev_rows, dev, (target,), ids=ids)
             show_frame(board, digits=5, preview=lb.LEADERBOARD_PREVIEW, head=int(board["rank"].notna().sum()),
-                       caption=f"leaderboard to {target:.4f} on {dev}")
+                       caption=f"leaderboard to {target:.4f} on the {gpu_label(dev)}")
         else:
             print(rec.unclaimed(dev_rows, dev, target, ids=ids))
     # The reference and the leading candidates: every seed's curve, by rank and id.
@@ -288,8 +288,8 @@ for dev, dev_rows in group_rows(speed + record).items():
     runs = cv.ok_runs(dev_rows)
     show_frame(sr.runs_of(runs, dev, ids=ids, first=first), digits=5, preview=sr.RUNS_PREVIEW,
                head=sr.leading_runs(runs, first),
-               caption=f"every run on {dev}, the leader's and the reference's to 1.50 first")
-    show_frame(rec.goal_verdicts(dev_rows, dev, ids=ids), digits=4, caption=f"the record goals on {dev}")
+               caption=f"every run on the {gpu_label(dev)}, the leader's and the reference's to 1.50 first")
+    show_frame(rec.goal_verdicts(dev_rows, dev, ids=ids), digits=4, caption=f"the record goals on the {gpu_label(dev)}")
 
 # %% [markdown]
 # ### Grouped against per-matrix Muon, in one call
@@ -306,7 +306,7 @@ else:
 for dev in sorted(group_rows(trial)):
     trial_table, trial_text = rec.muon_trial(trial, dev)
     if len(trial_table):
-        show_frame(trial_table, digits=5, caption=f"the Muon trial on {dev}")
+        show_frame(trial_table, digits=5, caption=f"the Muon trial on the {gpu_label(dev)}")
     print(trial_text)
 
 # %% [markdown]
@@ -335,7 +335,7 @@ if not repeats:
 for dev, dev_repeats in group_rows(repeats).items():
     print("Measured on:", provenance_short(dev_repeats))
     show_frame(sr.noise_table(first_runs.get(dev, []), dev_repeats, ids=ids), digits=3,
-               caption=f"a second run of the same seed, against the first, on {dev}")
+               caption=f"a second run of the same seed, against the first, on the {gpu_label(dev)}")
     print(sr.noise_findings(first_runs.get(dev, []), dev_repeats, leaders.get(dev), ids=ids))
 
 # %% [markdown]
@@ -352,7 +352,7 @@ if not h2h:
 for dev in sorted(group_rows(h2h)):
     h2h_table, h2h_text = sr.head_to_head(h2h, dev)
     if h2h_table:
-        show_table(h2h_table, digits=4, caption=f"nanoGPT's recipe and the leader in one call, {dev}")
+        show_table(h2h_table, digits=4, caption=f"nanoGPT's recipe and the leader in one call, {gpu_label(dev)}")
     print(h2h_text)
 
 # %% [markdown]

@@ -143,7 +143,7 @@ def test_the_findings_are_computed_from_the_rows():
     assert br.chapter3_findings(bv.load(CASES, rows=[])).startswith("No complete run")
     # A device without runs in the chapter's precision says so, not "0 runs on 0 machine starts".
     other = br.chapter3_findings(bv.load(CASES, rows=rows), precision="fp32")
-    assert other.startswith("**h200** (no fp32 runs; what its runs in other precisions show):")
+    assert other.startswith("**H200** (no fp32 runs; what its runs in other precisions show):")
     assert "0 runs" not in other
 
 
@@ -259,5 +259,5 @@ def test_the_left_out_note_names_the_runs_and_what_they_lack():
     old = run_rows("old", "m1", {}) + run_rows("old2", "m2", {})
     new = run_rows("new", "m2", {("fasttransformer", "compile", "graphed"): 1.0}, cases=CASES + later)
     note = br.left_out_note(bv.load(CASES + later, rows=old + new))
-    assert note.endswith("- h200, FastTransformer bf16: 2 runs without *manual CUDA graph of the compiled step*")
+    assert note.endswith("- H200, FastTransformer bf16: 2 runs without *manual CUDA graph of the compiled step*")
     assert br.left_out_note(bv.load(CASES, rows=old)) == ""

@@ -34,7 +34,7 @@ def test_chapter_with_synthetic_rows(tmp_path):
     assert "fastest in a graph is v3 triton" in out
     # kernels, the configurations of the engine's runs, launches per step, the speed-of-light ledger, loss agreement
     assert out.count("<Figure:") == 5
-    assert "<Figure: The engine's step by kernel class, h200" in out
+    assert "<Figure: The engine's step by kernel class, H200" in out
     assert "| h200 | FastTransformer bf16 | bf16 | matmul | 900 | 24 |" in out  # the ledger, class by class
     # an option not yet a default, beside the default case of its run, and what it still needs
     assert "| h200 | bf16 | fasttransformer | +grad-into-buffer | 1.74 | 1.6 | -140 | 1.09× | yes | yes | c1 |" in out

@@ -88,7 +88,8 @@ def test_fair_findings_compare_fasttransformer_with_gpt2_per_device():
                                                                      for s in range(3)]
             + [_fair("fasttransformer", 0, 1.0, device="a100")])
     text = fair_findings(rows, "")
-    assert "On h200, the best validation loss of each model, lowest first: gpt2 1.5100 (1.5000–1.5200, 3 seeds)" in text
+    assert ("On the H200, the best validation loss of each model, lowest first: gpt2 1.5100 (1.5000–1.5200, "
+            "3 seeds)") in text
     assert "FastTransformer's mean is 0.0500 above GPT-2's; their seed ranges do not overlap; Welch's t-test" in text
     assert "over 3 and 3 seeds gives p = 0.0036: a difference the seeds can tell apart." in text
     close = [_fair("gpt2", s, 1.50 + s / 100) for s in range(3)] + [_fair("fasttransformer", s, 1.505 + s / 100)
@@ -96,7 +97,7 @@ def test_fair_findings_compare_fasttransformer_with_gpt2_per_device():
     assert "no difference the seeds can tell apart" in fair_findings(close, "")
     one = [_fair("gpt2", 0, 1.5), _fair("fasttransformer", 0, 1.6)]
     assert "Welch" not in fair_findings(one, "")  # one seed each: no test
-    assert "On a100" in text and text.count("FastTransformer's mean") == 1  # a100 has no GPT-2 to compare
+    assert "On the A100" in text and text.count("FastTransformer's mean") == 1  # a100 has no GPT-2 to compare
 
 
 def test_the_muon_trial_compares_the_two_executions_of_one_update():

@@ -123,7 +123,7 @@ def test_a_target_without_a_claimed_time_is_one_sentence():
     rows = ([_speed(REFERENCE, s, None, 0.0, target=1.47, stop=1.48 + s / 1000) for s in range(3)]
             + [_speed("a", 0, 800, 3.0, target=1.47, stop=1.469), _speed("a", 1, None, 0.0, target=1.47, stop=1.475)])
     text = unclaimed(rows, "h200", 1.47)
-    assert text.startswith("h200, target 1.4700: 2 candidates ran, 2 to 3 seeds each, and none has a claimed time.")
+    assert text.startswith("H200, target 1.4700: 2 candidates ran, 2 to 3 seeds each, and none has a claimed time.")
     assert "The most seeds at the target: C1, 1 of 2." in text
     assert "The lowest best loss, on average over the seeds: C1, 1.4720 over 2 seeds (lowest 1.4690)." in text
     assert "No seed reached it." in unclaimed(rows[:3], "h200", 1.47)

@@ -88,7 +88,7 @@ def test_the_summary_sorts_each_goal_by_its_state():
     met = _runs([(0.9, 1.5), (0.95, 1.6), (0.98, 1.5)])
     gpt2 = eg.EngineGoal("gpt2", "bf16", min_speedup=1.2)  # every run of the synthetic GPT-2: 10 ms against 10 ms
     text = eg.goal_summary(met, [BF16, gpt2])
-    assert text == ("**The engine's goals, h200:** met: FastTransformer bf16 (≤ 1.0 ms and ≥ 1.5×); "
+    assert text == ("**The engine's goals, H200:** met: FastTransformer bf16 (≤ 1.0 ms and ≥ 1.5×); "
                     "not met: GPT-2 bf16 (≥ 1.2×).")
 
 

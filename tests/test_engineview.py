@@ -371,8 +371,8 @@ def test_failed_checks_of_the_newest_run_are_named_with_their_cause():
     new = [row("r2", "2026-02-01", status="error", ok=False, error="AcceleratorError: CUDA error: operation failed",
                traceback=trace), row("r2", "2026-02-01", label="gpt2", ok=False)]
     text = engine_check.failures(old + new)
-    assert text == ("* On h100, 2 of the 2 checks of the newest run (commit cr2) did not pass: `fasttransformer` in "
-                    "tf32: dependency created on uncaptured work in another stream (it passed at commit cr1); `gpt2` "
-                    "in tf32: the losses disagreed (it passed at commit cr1).")
-    assert engine_check.failures(new[1:]) == ("* On h100, 1 of the 1 checks of the newest run (commit cr2) did not "
+    assert text == ("* On the H100, 2 of the 2 checks of the newest run (commit cr2) did not pass: "
+                    "`fasttransformer` in tf32: dependency created on uncaptured work in another stream (it passed at "
+                    "commit cr1); `gpt2` in tf32: the losses disagreed (it passed at commit cr1).")
+    assert engine_check.failures(new[1:]) == ("* On the H100, 1 of the 1 checks of the newest run (commit cr2) did not "
                                               "pass: `gpt2` in tf32: the losses disagreed.")

@@ -200,7 +200,7 @@ def test_without_a_default_engine_case_the_figure_gives_way_to_a_sentence():
     now = probe_row(commit="c", describe={**old["describe"], **today})
     assert latest_probes([old])[0]["label"] != "fasttransformer" and L.figure_rows(latest_probes([old]), "h200") == []
     assert [r["label"] for r in L.figure_rows(latest_probes([now]), "h200")] == ["fasttransformer"]
-    assert L.no_default_profile("h200").startswith("No profile of the current engine's default steps on h200")
+    assert L.no_default_profile("h200").startswith("No profile of the current engine's default steps on the H200")
 
 
 def test_kernels_that_overlap_on_two_streams_give_no_gap_but_their_overlap():

@@ -286,7 +286,7 @@ def test_chapter1_findings_are_computed_from_the_profiles():
             _profile("fasttransformer", "eager", 1000, 2500, 1500, 300, 700),
             _profile("gpt2", "cudagraph", 1000, 2000, 0, 900, 100)]
     text = pv.findings(rows)
-    assert "**h200, fp32:**" in text
+    assert "**H200, fp32:**" in text
     assert "the backward takes 2.0–2.5× the forward's GPU time over 3 profiles" in text
     # gaps: eager 1000/4000 and 1500/5000 of the step, the graph none
     assert "25%–30% of the step in eager" in text and "0% in cudagraph" in text

@@ -156,7 +156,7 @@ def test_leaderboard_per_device_ranks_only_candidates_that_always_reached():
     assert a100["fast"]["seeds reached"] == "4/4" and a100["fast"]["time to target s (mean)"] == 100.0
     assert a100["flaky"]["seeds reached"] == "0/1"
     assert leaderboard(rows, "t4").empty
-    assert "t4: no speedrun rows" in findings(rows, "t4")
+    assert "Tesla T4: no speedrun rows" in findings(rows, "t4")
     # The table for readers: short ids ("fast" ran first: C1), the target to four decimals.
     shown = leaderboard(rows, "h200", (1.5,))
     assert list(shown["id"]) == ["C1", "nanoGPT", "C2"] and set(shown["target"]) == {"1.5000"}

@@ -197,7 +197,7 @@ def test_audit_T128_claim_from_tsweep_rows(g_ms, verdict):
 def test_a_claim_that_holds_on_another_gpu_names_that_gpu():
     other = "h100-80gb-hbm3"
     write(*three_runs(sweep_pair, 128, 16.0, 10.0), slug=other)
-    assert _claim(audit.audit_table.rows(other), "speed-up at T=128")["verdict"] == f"holds on {other.upper()} only"
+    assert _claim(audit.audit_table.rows(other), "speed-up at T=128")["verdict"] == "holds on H100 80GB HBM3 only"
     assert _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")["verdict"] == "cannot test here"
 
 
@@ -205,7 +205,7 @@ def test_audit_T128_claim_from_one_run_shows_it_without_a_verdict():
     write(*sweep_pair(128, 16.0, 10.0), *sweep_pair(128, 12.0, 10.0, run="r1", machine="m0"))
     row = _claim(audit.audit_table.rows(SLUG), "speed-up at T=128")
     assert row["verdict"] == "too few runs"
-    assert "tok/s on h200 (2 runs, 1.20–1.60× on 1 machine start)" in row["book finds"]
+    assert "tok/s on the H200 (2 runs, 1.20–1.60× on 1 machine start)" in row["book finds"]
 
 
 def test_audit_T128_claim_without_rows_says_how_to_measure():
@@ -303,3 +303,17 @@ def test_chapter0_states_the_posts_figure_from_the_claims(monkeypatch):
     assert f"{POST_CLAIMED['speedup_compiled']:.3f}× as fast" in setup.claim_text()
     monkeypatch.setitem(POST_CLAIMED, "speedup_compiled", 1.5)
     assert "1.500× as fast" in setup.claim_text() and "+50.0%" in setup.claim_text()
+
+
+def test_gpu_of_names_the_gpu_as_its_rows_do_without_the_vendor():
+    """Prose says 'on the H200', not the folder's slug: the name comes from a row's ``device`` or its
+    provenance's, from rows of that folder only, else the folder's name in capitals."""
+    from ftlib.views.bench import gpu_of
+
+    rows = [{"device_slug": "h100-80gb-hbm3", "device": "NVIDIA H100 80GB HBM3"},
+            {"device_slug": "h200", "provenance": {"device": "NVIDIA H200"}}]
+    assert gpu_of(rows, "h100-80gb-hbm3") == "H100 80GB HBM3"
+    assert gpu_of(rows, "h200") == "H200"
+    assert gpu_of(rows[:1], "h200") == "H200"
+    assert gpu_of(rows, "l4") == "L4"
+    assert gpu_of([{"device_slug": "a100", "device": "NVIDIA A100-SXM4-80GB"}], "a100") == "A100-SXM4-80GB"

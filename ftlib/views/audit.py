@@ -23,7 +23,7 @@ from ftlib.analysis.claims import POST_CLAIMED, POST_STEP_MS, POST_TOKENS_PER_ST
 from ftlib.analysis.totals import attention_mlp_fractions
 from ftlib.model.config import preset
 from ftlib.model.gpt import GPT
-from ftlib.views.bench import not_measured, ok_rows, pick
+from ftlib.views.bench import gpu_of, not_measured, ok_rows, pick
 from ftlib.views.codesign import backend_table
 from ftlib.views.convergence import seed_table, suite_rows
 from ftlib.views.sweep import COMPILE_SOURCE, compile_time_runs, run_ratios, sweep_rows, sweep_table
@@ -98,6 +98,7 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
 
     runs = bv.load(baselines())
     runs = runs[runs["device_slug"] == device]
+    gpu = gpu_of(runs.to_dict("records"), device)
     if runs.empty:
         return [_row("step-time claims (Figure 1, +44.5%, eager inversion, compiler ceiling)", "see chapter 3",
                      not_measured("baselines"), "cannot test here", "baselines suite")]
@@ -114,9 +115,9 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
                  "hand-written CUDA": ("engine", "default")}
     for (model, mode), claimed in POST_STEP_MS.items():
         ms = times.get((model, bv.config_name(*book_mode[mode])))
-        book = f"{ms:.2f} ms on {device} ({bv.config_name(*book_mode[mode])})" if ms is not None else "not measured"
+        book = f"{ms:.2f} ms on the {gpu} ({bv.config_name(*book_mode[mode])})" if ms is not None else "not measured"
         out.append(_row(f"{model} {mode} step time (T4, fp32)", f"{claimed:.2f} ms", book, "cannot test here",
-                        "T4 timing; the H200's in chapters 3 and 5"))
+                        f"T4 timing; the {gpu}'s in chapters 3 and 5"))
     per_run = bv.spread(bv.model_speedups(runs), ["precision", "config"]).set_index(["precision", "config"])
     claimed = POST_CLAIMED["speedup_compiled"]
     for config, what in ((bv.config_name(*bv.POST_CONFIG), "the post's setup: reduce-overhead, AdamW run eagerly"),
@@ -124,7 +125,7 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
         if ("fp32", config) in per_run.index:
             r = per_run.loc[("fp32", config)]
             out.append(_row(f"FastTransformer over GPT-2, compiled, fp32 ({what})", f"{claimed:.3f}x (+44.5%)",
-                            f"{bv.range_text(r['median'], r['min'], r['max'])} on {device} "
+                            f"{bv.range_text(r['median'], r['min'], r['max'])} on the {gpu} "
                             f"({bv.runs_on_starts(int(r['runs']), int(r['machines']))})",
                             _range_verdict(r["min"], r["max"], claimed, int(r["runs"]), int(r["machines"])), src))
     # The +44.5% and its own numbers: 116,080 / 80,869 tok/s. Arithmetic on the post's numbers, not a
@@ -142,7 +143,7 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
         verdict = {"holds": ELSEWHERE, "does not hold": "does not hold"}.get(r["inversion"],
                                                                                        r["inversion"])
         out.append(_row("eager inversion: FastTransformer eager beats compiled GPT-2", "98 ms vs 102 ms (T4)",
-                        f"{r['FastTransformer eager ms']:.2f} ms vs {r['GPT-2 compiled ms']:.2f} ms on {device} "
+                        f"{r['FastTransformer eager ms']:.2f} ms vs {r['GPT-2 compiled ms']:.2f} ms on the {gpu} "
                         f"(GPT-2 compiled / FT eager {r['GPT-2 compiled / FT eager (median, min–max)']})",
                         verdict, src))
     # The post's premise (sec. 1, Figure 1): a hand-written GPT-2 engine (107.21 ms) could not beat
@@ -160,7 +161,7 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
         out.append(_row(f"compiler ceiling: a hand-written GPT-2 engine does not beat torch.compile ({prec})",
                         f"engine {hand:.2f} ms vs compile-ro {ro:.2f} ms (T4, fp32)",
                         f"the book's GPT-2 engine {e['engine_ms']:.2f} ms vs the strongest compiled step "
-                        f"{e['baseline_ms']:.2f} ms: {bv.range_text(e['median'], e['min'], e['max'])} on {device} "
+                        f"{e['baseline_ms']:.2f} ms: {bv.range_text(e['median'], e['min'], e['max'])} on the {gpu} "
                         f"({bv.runs_on_starts(int(e['runs']), int(e['machines']))})"
                         + bv.engine_note(e["engine_config"]),
                         verdict, f"baselines suite, the {bv.runs_on_starts(int(e['runs']), int(e['machines']))} "
@@ -179,6 +180,8 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
     times = bv.placement_table(runs[runs["device_slug"] == device])
     times = times[times["precision"] == "fp32"].set_index(["label", "config"])["median_ms"]
 
+    gpu = gpu_of(ok_rows(("tsweep", "compile_time")), device)
+
     def ms(label, mode, prec="fp32"):
         if prec != "fp32":
             return None
@@ -192,7 +195,7 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
     if at128 and len(per_run):
         out.append(_row("speed-up at T=128 (8,192 tokens/step, fp32, compiled reduce-overhead)",
                         f"{claimed}x ({POST_CLAIMED['tokens_per_s_T128']:,} tok/s)",
-                        _runs_text(per_run, between=f", {at128['fasttransformer tokens/s']:,.0f} tok/s on {device}"),
+                        _runs_text(per_run, between=f", {at128['fasttransformer tokens/s']:,.0f} tok/s on the {gpu}"),
                         _runs_verdict(per_run, claimed), "tsweep suite"))
     else:
         out.append(_row("speed-up at T=128 (8,192 tokens/step, fp32, compiled reduce-overhead)", f"{claimed}x",
@@ -206,7 +209,7 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
         g_s, f_s = ct_runs["gpt2"].median(), ct_runs["fasttransformer"].median()
         out.append(_row("first step (compile) time GPT-2 -> FastTransformer", f"{cs['gpt2']} s -> "
                         f"{cs['fasttransformer']} s ({r_post:.1f}x)",
-                        f"{g_s:.1f} s -> {f_s:.1f} s (medians over runs): {_runs_text(ct_runs, 1)} on {device}",
+                        f"{g_s:.1f} s -> {f_s:.1f} s (medians over runs): {_runs_text(ct_runs, 1)} on the {gpu}",
                         _runs_verdict(ct_runs, r_post), f"{COMPILE_SOURCE}, first_step_s"))
     else:
         out.append(_row("first step (compile) time GPT-2 -> FastTransformer", f"{cs['gpt2']} s -> "

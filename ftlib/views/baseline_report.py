@@ -35,6 +35,7 @@ from ftlib.views.baselines import (
     verdict,
     verdict_word,
 )
+from ftlib.views.bench import gpu_label
 from ftlib.views.engine_config import TODAY
 from ftlib.views.tables import table_view
 
@@ -82,7 +83,7 @@ def left_out_note(df: pd.DataFrame) -> str:
     out = runs_left_out(df)
     if out.empty:
         return ""
-    lines = [f"- {r['device_slug']}, {MODEL_NAMES.get(r['label'], r['label'])} {r['precision']}: "
+    lines = [f"- {gpu_label(r['device_slug'])}, {MODEL_NAMES.get(r['label'], r['label'])} {r['precision']}: "
              f"{r['runs left out']} run{'s' * (r['runs left out'] != 1)} without *{r['lacking']}*"
              for _, r in out.iterrows()]
     return ("Runs left out of these ratios: each lacks a configuration that was the strongest baseline in "
@@ -166,7 +167,7 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
     fig.update_layout(barmode="group", height=120 + 34 * len(order) * max(1, len(fig.data)) // 2,
                       xaxis_title="ms per step (lower is faster)", yaxis=dict(autorange="reversed"),
                       margin=dict(l=330))
-    with_subtitle(fig, f"Training step time per configuration, {device}, {precision}",
+    with_subtitle(fig, f"Training step time per configuration, {gpu_label(device)}, {precision}",
                   f"median of {runs} run{'s' * (runs != 1)}{eng_runs}; bars span min–max"
                   + ("; a missing bar: no run here measured that model in that configuration" if gaps else ""))
     return legend_below(fig)
@@ -184,8 +185,9 @@ def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
         best = lookup_row(tab, device_slug=dev, precision=precision, config="strongest baseline of each")
         runs = df[(df["device_slug"] == dev) & (df["precision"] == precision)]
         n_runs = runs["run_id"].nunique()
-        lines = [f"**{dev}** ({runs_on_starts(n_runs, runs['machine_id'].nunique())}, {precision}):" if n_runs
-                 else f"**{dev}** (no {precision} runs; what its runs in other precisions show):"]
+        lines = [f"**{gpu_label(dev)}** ({runs_on_starts(n_runs, runs['machine_id'].nunique())}, {precision}):"
+                 if n_runs
+                 else f"**{gpu_label(dev)}** (no {precision} runs; what its runs in other precisions show):"]
         if post is not None:
             lines.append(f"- Under the post's configuration ({config_name(*POST_CONFIG)}), FastTransformer steps "
                          f"{range_text(post['median'], post['min'], post['max'])} faster than GPT-2 "
@@ -246,7 +248,8 @@ def ceiling_findings(df: pd.DataFrame, device: str, precision: str = "fp32") -> 
         if eager is None or graph is None or not base:
             continue
         best = min(base, key=lambda c: t[c])
-        out.append(f"{MODEL_NAMES[label]} ({precision}, {device}): eager {eager:.2f} ms; one CUDA graph of the "
+        out.append(f"{MODEL_NAMES[label]} ({precision}, {gpu_label(device)}): eager {eager:.2f} ms; one CUDA graph "
+                   "of the "
                    f"whole step {graph:.2f} ms ({eager / graph:.2f}× faster, no compiler); the fastest compiled "
                    f"configuration, {best}, {t[best]:.2f} ms ({graph / t[best]:.2f}× faster again).")
     return out
@@ -340,7 +343,7 @@ def throughput_figure(df: pd.DataFrame, device: str) -> go.Figure:
         fig.add_trace(go.Bar(name=MODEL_NAMES[label], x=xs, y=ys, marker_color=MODEL_COLORS.get(label),
                              error_y=dict(type="data", symmetric=False, array=up, arrayminus=down)))
     fig.update_layout(barmode="group", height=480, yaxis_title="tokens / s (higher is faster)")
-    with_subtitle(fig, f"Training throughput, {device}, {tokens:,} tokens per step",
+    with_subtitle(fig, f"Training throughput, {gpu_label(device)}, {tokens:,} tokens per step",
                   f"post's setup: {config_name(*POST_CONFIG)}; medians over runs, whiskers min–max")
     fig.update_xaxes(tickangle=0)
     return legend_below(fig)

@@ -5,6 +5,8 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
+from ftlib.analysis.peaks import PEAKS
+from ftlib.core.device import slug_of_name
 from ftlib.harness.results import load_rows
 
 MODE_NAMES = {
@@ -42,10 +44,27 @@ def devices(rows: Iterable[dict[str, Any]]) -> list[str]:
     return sorted({r["device_slug"] for r in rows})
 
 
+def gpu_label(slug: str) -> str:
+    """'H200', 'H100 80GB HBM3': the GPU whose results folder is ``slug``, as CUDA names it without the vendor,
+    for the GPUs the book knows (:data:`~ftlib.analysis.peaks.PEAKS`); 'CPU'; else the folder in capitals. A
+    reader's own rows keep their tag: 'h200 (this run)' -> 'H200 (this run)'."""
+    base, sep, tag = slug.partition(" (")
+    known = {slug_of_name(name): name.removeprefix("NVIDIA ") for name in PEAKS}
+    return known.get(base, base.upper()) + sep + tag
+
+
 def gpu_name(name: str | None, slug: str) -> str:
-    """'H100 80GB HBM3': a GPU as CUDA names it, without the vendor; its folder name in capitals where no row
-    names it."""
-    return name.removeprefix("NVIDIA ") if name else slug.upper()
+    """'H100 80GB HBM3': a GPU as CUDA names it, without the vendor; :func:`gpu_label` of its folder where no
+    row names it."""
+    return name.removeprefix("NVIDIA ") if name else gpu_label(slug)
+
+
+def gpu_of(rows: Iterable[dict[str, Any]], slug: str) -> str:
+    """:func:`gpu_name` of the GPU whose folder ``slug`` holds ``rows`` (a row's ``device``, or its
+    provenance's)."""
+    names = (r.get("device") or (r.get("provenance") or {}).get("device") for r in rows
+             if r.get("device_slug") == slug)
+    return gpu_name(next((n for n in names if n), None), slug)
 
 
 def provenance_line(rows: Iterable[dict[str, Any]]) -> str:

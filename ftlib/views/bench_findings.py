@@ -26,6 +26,7 @@ from ftlib.views.baselines import (
     runs_on_starts,
     spread,
 )
+from ftlib.views.bench import gpu_label
 from ftlib.views.per_run import and_list
 from ftlib.views.sweep import TOKENS, sweep_table
 from ftlib.views.tables import records
@@ -147,7 +148,7 @@ def what_we_found(runs: pd.DataFrame, sweeps: Mapping[str, list[dict]] | None = 
         return NO_RUNS
     parts = []
     for dev in devs:
-        lines = [f"**{dev}.** FastTransformer over GPT-2 at B = 32, T = 256, each model at its fastest "
+        lines = [f"**{gpu_label(dev)}.** FastTransformer over GPT-2 at B = 32, T = 256, each model at its fastest "
                  "compiled configuration of the run (GPT-2's step time over FastTransformer's, the median "
                  "over runs with the slowest and fastest run):", ""]
         gain = precision_gain(runs, dev) if not runs.empty else []

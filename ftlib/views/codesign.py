@@ -22,7 +22,7 @@ from ftlib.analysis.totals import step_summary
 from ftlib.model.ablations import SWITCHES, grid, kv_head_sweep, ladder, mlp_ratio_sweep
 from ftlib.model.config import ModelConfig, preset
 from ftlib.views.baselines import runs_on_starts, verdict
-from ftlib.views.bench import ok_rows, same_config
+from ftlib.views.bench import gpu_label, ok_rows, same_config
 from ftlib.views.plots import legend_below
 from ftlib.views.tables import records, table_view
 
@@ -293,7 +293,8 @@ def ladder_figure(steps: pd.DataFrame, device: str | None, b: int = B, t: int = 
         fig.add_trace(go.Scatter(x=[r["rung"] for r in rows], y=[r[col(mode, prec)] for r in rows],
                                  mode="lines+markers", name=f"{mode} {prec}",
                                  line=dict(color=COLUMN_COLORS[(mode, prec)])))
-    fig.update_layout(title=f"Cumulative ladder, {device} (B={b}, T={t})", yaxis_title="ms per step", height=430)
+    fig.update_layout(title=f"Cumulative ladder, {gpu_label(device)} (B={b}, T={t})", yaxis_title="ms per step",
+                      height=430)
     return fig
 
 
@@ -315,7 +316,8 @@ def sweep_figures(rows: list[dict], device: str | None, b: int = B, t: int = T) 
                                  line=dict(dash="dot", color=ACCOUNTING_COLOR)))
         # Both axes from zero: on a second axis cut to its data's span, a 20% rise in FLOPs would climb the whole
         # height and read as steep as a doubling of the step time.
-        fig.update_layout(title=f"{title} sweep on FastTransformer, {device}", xaxis=dict(title=title, tickvals=xs),
+        fig.update_layout(title=f"{title} sweep on FastTransformer, {gpu_label(device)}",
+                          xaxis=dict(title=title, tickvals=xs),
                           yaxis=dict(title="ms per step", rangemode="tozero"),
                           yaxis2=dict(overlaying="y", side="right", title="GFLOP per step", rangemode="tozero",
                                       showgrid=False, tickmode="auto", nticks=6),

@@ -17,6 +17,7 @@ from ftlib.harness.convergence import steady_time_at, steady_time_to_target
 from ftlib.harness.results import load_rows
 from ftlib.harness.studies import is_smoke, suites
 from ftlib.training.trainer import Recipe
+from ftlib.views.bench import gpu_label, gpu_of
 from ftlib.views.plots import MODEL_COLORS, PALETTE, with_subtitle
 from ftlib.views.tables import group_rows, table_view
 
@@ -48,7 +49,7 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     names = [model for _, model, _ in groups]
     out: dict[str, list[dict[str, Any]]] = {}
     for (dev, model, _), rs in groups.items():
-        name = model if names.count(model) == 1 else f"{model} ({dev}, {rs[0].get('params', 0):,} params)"
+        name = model if names.count(model) == 1 else f"{model} ({gpu_label(dev)}, {rs[0].get('params', 0):,} params)"
         by_step: dict[int, list[dict]] = {}
         steady: dict[int, list[float]] = {}  # the clock without the run's startup, where every run recorded it
         timed = all(r.get("startup_s") is not None for r in rs)
@@ -177,7 +178,7 @@ def loss_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
                    if highest > top else "")
             fig.update_layout(xaxis_title=label, yaxis_title="validation loss", height=440,
                               yaxis_range=[min(lows) - 0.05, top])
-            with_subtitle(fig, f"Validation loss vs {label}, {dev} (mean, min–max over seeds)", cut)
+            with_subtitle(fig, f"Validation loss vs {label}, {gpu_label(dev)} (mean, min–max over seeds)", cut)
             out.append((f"convergence-val-{axis}-{dev}", fig))
     return out
 
@@ -207,7 +208,7 @@ def gap_figures(rows: list[dict[str, Any]], base: str = "gpt2") -> list[tuple[st
                                                                     for p in pts],
                                      mode="lines+markers", name=model, line=dict(color=colors[model])))
         fig.add_hline(y=0, line_color="#444", line_width=1)
-        fig.update_layout(title=f"Validation loss minus {base}'s at the same step, {dev} (means over seeds)",
+        fig.update_layout(title=f"Validation loss minus {base}'s at the same step, {gpu_label(dev)} (means over seeds)",
                           xaxis_title="optimizer step", yaxis_title=f"validation loss − {base}'s", height=440)
         out.append((f"convergence-val-gap-{dev}", fig))
     return out
@@ -223,7 +224,7 @@ def train_val_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]
                 go.Scatter(x=[p["step"] for p in pts], y=[p["train_mean"] for p in pts], name="train",
                            line=dict(dash="dash")),
             ])
-            fig.update_layout(title=f"{name}: train and validation loss, {dev} (mean over seeds)",
+            fig.update_layout(title=f"{name}: train and validation loss, {gpu_label(dev)} (mean over seeds)",
                               xaxis_title="step", yaxis_title="loss", height=400)
             out.append((f"convergence-nanogpt-{dev}", fig))
     return out
@@ -292,7 +293,8 @@ def original_findings(rows: list[dict[str, Any]], run_command: str) -> str:
         held = [[math.exp(last(r)["val_loss"]) for r in rs] for rs in (ft, g2)]
         lower = ("FastTransformer" if sum(held[0]) / len(ft) < sum(held[1]) / len(g2) else "GPT-2")
         lines.append(
-            f"On {dev}, the post's experiment after {'/'.join(map(str, steps))} steps (FastTransformer {_seeds(ft)}, "
+            f"On the {gpu_label(dev)}, the post's experiment after {'/'.join(map(str, steps))} steps "
+            f"(FastTransformer {_seeds(ft)}, "
             f"GPT-2 {_seeds(g2)}): the post's perplexity, exp(loss of the last training batch), is "
             f"{_spread(post[0])} for FastTransformer against {_spread(post[1])} for GPT-2; the held-out "
             f"perplexity, exp(validation loss), {_spread(held[0])} against {_spread(held[1])}, lower for {lower}"
@@ -337,7 +339,8 @@ def same_loss_times(rows: list[dict[str, Any]], device: str) -> str:
     steps = sorted({s for side in last for s, _ in side})
     (t_ft, t_g2), (s_ft, s_g2) = ([[a[k] for a in side] for side in at] for k in (1, 0))
     whole = [[r["train_time_s"] for r in rs] for rs in (ft, g2)]
-    return (f"Wall clock on {device}, startup excluded: the {'/'.join(map(str, steps))} steps of a run took "
+    return (f"Wall clock on the {gpu_of(rows, device)}, startup excluded: the {'/'.join(map(str, steps))} steps "
+            "of a run took "
             + versus(*([t for _, t in side] for side in last))
             + f". To validation loss {loss:.4f}, which every seed of both reaches: " + versus(t_ft, t_g2)
             + f" (at step {_spread(s_ft, 0)} against {_spread(s_g2, 0)}: near the loss floor, the step at which a "
@@ -358,7 +361,8 @@ def fair_findings(rows: list[dict[str, Any]], run_command: str) -> str:
         mine = sorted((x for x in table if x["device"] == dev), key=lambda x: x["best val loss (mean)"])
         parts = [f"{x['model']} {x['best val loss (mean)']:.4f} ({x['min']:.4f}–{x['max']:.4f}, {x['seeds']} seeds)"
                  for x in mine]
-        lines.append(f"On {dev}, the best validation loss of each model, lowest first: " + "; ".join(parts) + ".")
+        lines.append(f"On the {gpu_label(dev)}, the best validation loss of each model, lowest first: "
+                     + "; ".join(parts) + ".")
         by = {x["model"]: x for x in mine}
         if "fasttransformer" in by and "gpt2" in by:
             ft, g2 = by["fasttransformer"], by["gpt2"]

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from ftlib.analysis.allreduce import NVLINK_GBS, allreduce_volume, ring_floor_s
 from ftlib.model.config import preset
 from ftlib.views.baselines import MODEL_NAMES
-from ftlib.views.bench import select
+from ftlib.views.bench import gpu_label, select
 from ftlib.views.plots import MODEL_COLORS, log_ticks
 from ftlib.views.tables import table_view
 
@@ -108,7 +108,7 @@ def findings(step_rows: list[dict[str, Any]], ddp_rows: list[dict[str, Any]], de
     text = fewer_bytes_text(n)
     if shares:
         text += (f" At {n} GPUs the bandwidth floor of that all-reduce is a small share of one eager fp32 step "
-                 f"on the {device.upper()} ({'; '.join(shares)}): bandwidth does not limit data parallelism "
+                 f"on the {gpu_label(device)} ({'; '.join(shares)}): bandwidth does not limit data parallelism "
                  "at this size. What could is each all-reduce's fixed latency and how much backward is left to "
                  "hide it behind, which only a multi-GPU measurement shows.")
     mine = [r for r in scaling_table.rows(ddp_rows) if r.get("device_slug") == device and r.get("efficiency")]
@@ -118,7 +118,7 @@ def findings(step_rows: list[dict[str, Any]], ddp_rows: list[dict[str, Any]], de
                         if r["world_size"] == top)
         text += f" Measured weak-scaling efficiency at {top} GPUs: {eff}."
     else:
-        text += (f" No multi-GPU step is stored for the {device.upper()}, so what DDP costs in practice (the "
+        text += (f" No multi-GPU step is stored for the {gpu_label(device)}, so what DDP costs in practice (the "
                  "exposed part of the all-reduce) is not measured in this edition.")
     return text
 
@@ -151,7 +151,7 @@ def scaling_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
                        and r["precision"] == r0["precision"] and r["mode"] == r0["mode"]]
                 fig.add_trace(go.Scatter(name=f"{r0['label']} {r0['precision']} {r0['mode']}", mode="lines+markers",
                                          x=[r["world_size"] for r in pts], y=[r[field] for r in pts]))
-            fig.update_layout(title=f"DDP {title}, {dev}", yaxis_title=ytitle, height=400,
+            fig.update_layout(title=f"DDP {title}, {gpu_label(dev)}", yaxis_title=ytitle, height=400,
                               xaxis=dict(title="ranks (one GPU each)", **log_ticks(r["world_size"] for r in table)))
             out.append((f"ddp-{field}-{dev}", fig))
     return out

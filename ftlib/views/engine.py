@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 
 from ftlib.harness.suites import SUITES
 from ftlib.training.engine.options import EngineOptions
-from ftlib.views.bench import select
+from ftlib.views.bench import gpu_label, select
 from ftlib.views.engine_config import TRIAL_WINNERS, engine_config, options_off
 from ftlib.views.plots import PALETTE, legend_below
 from ftlib.views.tables import table_view
@@ -162,13 +162,13 @@ def deltas_note(engine_rows: Iterable[dict[str, Any]]) -> str:
                 by_run.setdefault(run_name(run), {}).setdefault(engine_config(full), []).append(f"{model} {prec}")
         for run, configs in by_run.items():
             engines = "; ".join(f"{', '.join(cases)}: {config}" for config, cases in configs.items())
-            lines.append(f"* {dev}: the rows come from the run of {run}. Its default engine against the current "
-                         f"defaults: {engines}.")
+            lines.append(f"* {gpu_label(dev)}: the rows come from the run of {run}. Its default engine against the "
+                         f"current defaults: {engines}.")
         shown = {variant_name(r) for run in runs.values() for r in run if r.get("device_slug") == dev}
         suite = SUITES["engine"].cases() if "engine" in SUITES else []
         names = {variant_name({"label": c.label, "preset": c.label.split()[0].rstrip(",")}) for c in suite}
         if missing := sorted(names - shown):
-            lines.append(f"* {dev}: not measured yet, so not in the table: "
+            lines.append(f"* {gpu_label(dev)}: not measured yet, so not in the table: "
                          + ", ".join(f"`{n}`" for n in missing) + ".")
     return "\n".join(lines)
 
@@ -328,6 +328,7 @@ def probe_launch_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go
         if any(counts):
             fig.add_trace(go.Bar(name=cat, y=labels, x=counts, orientation="h", marker_color=PALETTE[i % len(PALETTE)]))
     fig.update_layout(barmode="stack", height=max(340, 160 + max(44, 16 * lines + 12) * len(rows)), margin=dict(l=340),
-                      title=f"Kernels per training step, by category, {device} (engine step, profiled uncaptured)",
+                      title=f"Kernels per training step, by category, {gpu_label(device)} "
+                            "(engine step, profiled uncaptured)",
                       xaxis_title="kernels launched per step", yaxis=dict(autorange="reversed"))
     return legend_below(fig)

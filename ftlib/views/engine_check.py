@@ -11,6 +11,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
+from ftlib.views.bench import gpu_label
 from ftlib.views.engine import MODELS, latest_run
 from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below, legend_rows, with_subtitle
 from ftlib.views.tables import table_view
@@ -90,7 +91,7 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
     sub = (f"the default engines drawn; the {faded}, drawn on a click in the interactive figure (every case's "
            "largest error is in the table)" if variants else "")
     fig.update_layout(height=420 + 30 * rows_of_legend)
-    with_subtitle(fig, f"Engine vs reference training, {device}: loss per step", sub)
+    with_subtitle(fig, f"Engine vs reference training, {gpu_label(device)}: loss per step", sub)
     return legend_below(fig)
 
 
@@ -122,6 +123,6 @@ def failures(check_rows: Iterable[dict[str, Any]]) -> str:
                       r["precision"]) and p.get("status") == "ok" and p.get("check_ok", p.get("ok"))]
             items.append(f"`{r['label']}` in {r['precision']}: {_root_error(r)}"
                          + (f" (it passed at commit {passed[-1].get('commit')})" if passed else ""))
-        out.append(f"* On {dev}, {len(bad)} of the {len(newest)} checks of the newest run (commit "
+        out.append(f"* On the {gpu_label(dev)}, {len(bad)} of the {len(newest)} checks of the newest run (commit "
                    f"{newest[0].get('commit')}) did not pass: " + "; ".join(items) + ".")
     return "\n".join(out)

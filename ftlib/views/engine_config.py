@@ -15,6 +15,7 @@ from typing import Any
 from ftlib.training.engine.fused_mlp import APPROXIMATE
 from ftlib.training.engine.options import EngineOptions
 from ftlib.training.engine.swaps import ATTN_HEAD_SIZES
+from ftlib.views.bench import gpu_label
 
 # Options that are defaults because they were faster beyond the spread in their trial (suite
 # engine_candidates) and passed their 100-step check. Rows of an engine without them are another engine's:
@@ -63,9 +64,9 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
         for name in options_off(r, names) or []:
             seen.setdefault((r["device_slug"], name), set()).add(str(r.get("run_id")))
     return "\n".join(
-        f"* On {dev}, the engine rows of {len(ids)} of these runs ran with `{name}` off; it is on by default "
-        f"in the current engine (its trial is in the section on engine options below), so those runs' ratios are "
-        f"an earlier engine's, on lines of their own."
+        f"* On the {gpu_label(dev)}, the engine rows of {len(ids)} of these runs ran with `{name}` off; it is on by "
+        "default in the current engine (its trial is in the section on engine options below), so those runs' "
+        "ratios are an earlier engine's, on lines of their own."
         for (dev, name), ids in sorted(seen.items()))
 
 

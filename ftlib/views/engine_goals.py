@@ -16,6 +16,7 @@ import pandas as pd
 
 from ftlib.views import baselines as bv
 from ftlib.views import ledger as ledgerview
+from ftlib.views.bench import gpu_label
 from ftlib.views.tables import table_view
 
 
@@ -202,4 +203,4 @@ def goal_summary(runs: pd.DataFrame, goals: Iterable[EngineGoal] = GOALS) -> str
     """One sentence per device: which goals the current engine's runs meet, miss, or are too few to judge."""
     judged = _judged(runs, goals)
     devices = sorted({line["device"] for _, _, line in judged})
-    return "\n\n".join(f"**The engine's goals, {dev}:** {_states(judged, dev)}." for dev in devices)
+    return "\n\n".join(f"**The engine's goals, {gpu_label(dev)}:** {_states(judged, dev)}." for dev in devices)

@@ -188,12 +188,12 @@ def show_findings(device: str = "h200") -> None:
     from ftlib.views.tables import show_frame
 
     display(Markdown(preamble(device)))
-    show_frame(findings_table(device), caption=f"The post's headline claims on {device}")
+    show_frame(findings_table(device), caption=f"The post's headline claims on the {ef.short_name(device)}")
     runs = ef.device_runs(device)
     eng = ef.engine_results(device, runs)
     if not eng.empty:
         display(Markdown("Beyond the post: " + ef.ENGINE_INTRO))
-        show_frame(eng, caption=f"The book's engine against the strongest compiled step on {device}",
+        show_frame(eng, caption=f"The book's engine against the strongest compiled step on the {ef.short_name(device)}",
                    preview=[c for c in ef.ENGINE_COLUMNS if c != "its ms"])
     adds = additions_markdown(device, runs)
     if adds:

@@ -12,6 +12,7 @@ import pandas as pd
 
 from ftlib.views import engine as ev
 from ftlib.views import ledger as lv
+from ftlib.views.bench import gpu_label
 from ftlib.views.engine_findings import engine_results
 from ftlib.views.kernels import KERNEL_TABLE_OPS, OP_NAMES, case_label, row_impl, run_of
 from ftlib.views.tables import table_view
@@ -165,7 +166,7 @@ def closing(kernel_rows: Iterable[dict[str, Any]], engine_rows: Iterable[dict[st
     parts = []
     for dev in devices:
         table = [d for d in triton_vs_compile.rows(krows) if d["device"] == dev]
-        text = [f"**{dev}.**"]
+        text = [f"**{gpu_label(dev)}.**"]
         if table:
             wins = sum(d["outcome"] == "Triton faster" for d in table)
             text.append(f"Op for op, in isolation, our Triton kernels are faster than torch.compile's generated "

@@ -22,6 +22,7 @@ from plotly.subplots import make_subplots
 
 from ftlib.core.repo import repo_root
 from ftlib.harness.results import load_rows
+from ftlib.views.bench import gpu_label
 from ftlib.views.plots import log_axis
 from ftlib.views.tables import records, table_view
 
@@ -251,7 +252,7 @@ def fastest_variants(table: pd.DataFrame | Iterable[dict[str, Any]]) -> list[str
                        for impl, r in sorted(rest.items()))
         share = f"; {win['of ceiling']:.0%} of the measured ceiling" if win.get("of ceiling") else ""
         run = f" [run {win['run']}]" if win.get("run") else ""
-        lines.append(f"{dev} {OP_NAMES.get(op, op)} {case}{run}: fastest in a graph is {win['variant']} "
+        lines.append(f"{gpu_label(dev)} {OP_NAMES.get(op, op)} {case}{run}: fastest in a graph is {win['variant']} "
                      f"({win['graph µs']:.1f} µs{share})" + (f", {vs}" if vs else ""))
     return lines
 
@@ -308,7 +309,7 @@ def kernel_figure(table: pd.DataFrame | Iterable[dict[str, Any]], device: str) -
     fig.update_layout(height=height, margin=dict(t=top_px, l=10, b=60),
                       legend=dict(orientation="h", yref="container", y=1 - legend_px / height, yanchor="top", x=0),
                       title=dict(text=f"Each op and case: PyTorch, torch.compile and our fastest Triton kernel, "
-                                      f"one run each, {device}"
+                                      f"one run each, {gpu_label(device)}"
                                       + ("<br><sup>no marker: that case's run timed no such implementation</sup>"
                                          if missing else ""),
                                  yref="container", y=1 - (12 + 16 * missing) / height, yanchor="top"))

@@ -24,6 +24,7 @@ from scipy import stats
 
 from ftlib.harness.convergence import steady_time_at
 from ftlib.harness.studies import CLAIM_SEEDS, NANOGPT_BEST_LOSS, REFERENCE, SIGNIFICANCE, TARGET_LOSS
+from ftlib.views.bench import gpu_label
 from ftlib.views.candidates import id_of, in_words, short_ids
 from ftlib.views.plots import PALETTE, legend_below
 from ftlib.views.speedrun import speedrun_curves
@@ -290,7 +291,8 @@ def leaderboard_figure(rows: list[dict[str, Any]], device: str, target: float = 
     fig.update_xaxes(title_text="training time excluding startup (s)", type="log", row=1, col=1, **span)
     fig.update_xaxes(title_text="tokens", row=1, col=2)
     fig.update_yaxes(title_text="validation loss (sampled)", range=[target - 0.1, top_y], row=1, col=1)
-    fig.update_layout(title=f"Speedrun to {target:.4f}, {device}: the claimed candidates by rank", height=480)
+    fig.update_layout(title=f"Speedrun to {target:.4f}, {gpu_label(device)}: the claimed candidates by rank",
+                      height=480)
     return legend_below(fig)
 
 
@@ -312,7 +314,7 @@ def findings(rows: list[dict[str, Any]], device: str, targets: Sequence[float] =
     id, ``ids`` as in :func:`leaderboard`, and its model and recipe in words)."""
     mine = on_device(rows, device)
     if not mine:
-        return f"{device}: no speedrun rows stored for this device."
+        return f"{gpu_label(device)}: no speedrun rows stored for this device."
     ids = short_ids(rows) if ids is None else ids
     board = standings(mine, device, targets)
     own = sorted({r["target"] for r in mine if r.get("target") is not None})
@@ -321,12 +323,12 @@ def findings(rows: list[dict[str, Any]], device: str, targets: Sequence[float] =
     for target in targets:
         b = [x for x in board if x["target"] == target]
         if not b:
-            lines.append(f"{device}, target {target:.4f}: no run aimed at it (these runs stop at the first evaluation "
-                         f"at or below {', '.join(f'{t:.4f}' for t in own) or 'their target'}).")
+            lines.append(f"{gpu_label(device)}, target {target:.4f}: no run aimed at it (these runs stop at the "
+                         f"first evaluation at or below {', '.join(f'{t:.4f}' for t in own) or 'their target'}).")
             continue
         claimed = [x for x in b if x["rank"] is not None]
-        lines.append(f"{device}, target {target:.4f}: {len(b)} candidates ran, {len(claimed)} with a claimed time "
-                     f"(every seed reached, at least {CLAIM_SEEDS} seeds, {SIGNIFICANT}).")
+        lines.append(f"{gpu_label(device)}, target {target:.4f}: {len(b)} candidates ran, {len(claimed)} with a "
+                     f"claimed time (every seed reached, at least {CLAIM_SEEDS} seeds, {SIGNIFICANT}).")
         ref = next((x for x in b if x["candidate"] == REFERENCE), None)
         lines.append("  nanoGPT's recipe: " + (_entry(ref) if ref and ref["rank"] is not None else
                                                f"no claimed time ({ref[NOT_CLAIMED] if ref else 'not run'})") + ".")

@@ -39,7 +39,9 @@ from ftlib.analysis.backends import EXPLICIT_FUSED, expected_backend
 from ftlib.analysis.peaks import DevicePeaks, compute_rate, lookup
 from ftlib.model.config import ModelConfig, preset
 from ftlib.views.baselines import MODEL_NAMES
+from ftlib.views.bench import gpu_label
 from ftlib.views.engine import PROBE_CATEGORIES, case_name, probe_category
+from ftlib.views.engine_findings import short_name
 from ftlib.views.plots import MODEL_COLORS, legend_below
 from ftlib.views.tables import group_rows, table_view
 
@@ -261,9 +263,9 @@ def figure_rows(probe_rows: Iterable[dict[str, Any]], device: str) -> list[dict[
 
 def no_default_profile(device: str) -> str:
     """What stands in place of the ledger figure where ``device``'s newest profile has no default-engine case."""
-    return (f"No profile of the current engine's default steps on {device} yet: the cases profiled there ran an "
-            "earlier engine (their names say which of today's defaults they lacked), so the tables above stand "
-            "for them and the figure waits for a profile of today's engine.")
+    return (f"No profile of the current engine's default steps on the {short_name(device)} yet: the cases "
+            "profiled there ran an earlier engine (their names say which of today's defaults they lacked), so the "
+            "tables above stand for them and the figure waits for a profile of today's engine.")
 
 
 PANELS_PER_ROW = 3  # cases side by side in the ledger figure; more go on further rows
@@ -314,7 +316,8 @@ def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go.Figur
     fig.update_xaxes(title_text="µs per step", **axis)
     fig.update_yaxes(autorange="reversed", categoryorder="array", categoryarray=list(CLASSES))
     fig.update_layout(barmode="group", bargap=0.25, height=height, margin=dict(l=140, t=top),
-                      title=f"The engine's step by kernel class, {device}: measured vs speed of light<br><sup>"
+                      title=f"The engine's step by kernel class, {gpu_label(device)}: measured vs speed of light"
+                            "<br><sup>"
                             "each bar's label: measured / speed of light; under 1×, the class's kernels skip "
                             "intermediates the per-op floor counts or find them in L2 (see the text)</sup>")
     return legend_below(fig)

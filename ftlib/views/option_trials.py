@@ -12,6 +12,7 @@ from typing import Any
 
 from ftlib.harness.engine_suites import CANDIDATES
 from ftlib.training.engine.options import EngineOptions
+from ftlib.views.bench import gpu_of
 from ftlib.views.tables import table_view
 
 
@@ -51,6 +52,7 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
     by how much, whether a 100-step check of it is stored (rows of ``engine_check`` that set the option as
     its cases do, or whose engine ran with it as applied: a default's checks train with it) in each precision
     it was timed in and passed, and whether the engine's defaults set it so."""
+    candidate_rows = list(candidate_rows)
     table = candidate_table.rows(candidate_rows)
     checks = list(check_rows)
     defaults = EngineOptions()
@@ -72,8 +74,9 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
         default = ("the engine's defaults set it" if options and all(getattr(defaults, k, None) == v
                                                                       for k, v in options.items())
                    else "the engine's defaults do not set it")
-        lines.append(f"* **{option}** on {dev}: faster than the default engine of the same run beyond the "
-                     f"spread in {len(wins)} of {len(mine)} cases; the step changed by {lo:+.0f} to {hi:+.0f} µs "
+        lines.append(f"* **{option}** on the {gpu_of(candidate_rows, dev)}: faster than the default engine of the "
+                     f"same run beyond the spread in {len(wins)} of {len(mine)} cases; the step changed by "
+                     f"{lo:+.0f} to {hi:+.0f} µs "
                      f"({min(d['speed-up'] for d in mine):.3f}x to {max(d['speed-up'] for d in mine):.3f}x); {check}; "
                      f"{default}.")
     return "\n".join(lines) or "No engine option is waiting to be measured."

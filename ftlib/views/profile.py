@@ -15,7 +15,7 @@ from ftlib.harness.results import load_rows
 from ftlib.harness.trace import CATEGORIES, OTHER_PHASE, PHASES, STEP_PHASE
 from ftlib.model.config import preset
 from ftlib.views.baselines import MODEL_NAMES
-from ftlib.views.bench import gpu_name
+from ftlib.views.bench import gpu_of
 from ftlib.views.tables import to_frame
 
 _ID_FIELDS = ("key", "preset", "config_hash", "B", "T", "precision", "mode", "device_slug")
@@ -94,12 +94,6 @@ def run_status(rows: list[dict[str, Any]]) -> pd.DataFrame:
                       "error": r.get("error", "")} for r in rows])
 
 
-def _device_name(rows: list[dict[str, Any]], slug: str) -> str:
-    """'H100 80GB HBM3': the GPU as its rows name it (without the vendor), else its folder name."""
-    names = [(r.get("provenance") or {}).get("device") for r in rows if r["device_slug"] == slug]
-    return gpu_name(next((n for n in names if n), None), slug)
-
-
 def _x(rows: list[dict[str, Any]]) -> list[list[str]]:
     """Two-level x labels of a figure's bars: the model as the book names it, and the mode."""
     return [[MODEL_NAMES.get(r["preset"], r["preset"]) for r in rows], [r["mode"] for r in rows]]
@@ -120,7 +114,7 @@ def phase_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
                     fig.add_bar(name=ph, x=_x(pts),
                                 y=[p["ms"] for p in pts], customdata=[[p["source"], p["sdpa_backend"]] for p in pts],
                                 hovertemplate="%{y:.3f} ms<br>%{customdata[0]}<br>SDPA: %{customdata[1]}")
-            fig.update_layout(barmode="stack", title=f"Phases of one training step, {_device_name(rows, dev)}, {prec} "
+            fig.update_layout(barmode="stack", title=f"Phases of one training step, {gpu_of(rows, dev)}, {prec} "
                               f"(B={sel[0]['B']}, T={sel[0]['T']})", yaxis_title="ms per step", legend_title="phase")
             out.append((f"profile-phases-{dev}-{prec}", fig))
     return out
@@ -140,7 +134,7 @@ def category_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
             if any(ys):
                 fig.add_bar(name=cat, x=x, y=ys)
         fig.add_bar(name="launch gaps", x=x, y=[(r.get("gaps_us") or 0.0) / 1e3 for r in sel])
-        fig.update_layout(barmode="stack", title=f"GPU time by kernel category, {_device_name(rows, dev)}, fp32",
+        fig.update_layout(barmode="stack", title=f"GPU time by kernel category, {gpu_of(rows, dev)}, fp32",
                           yaxis_title="ms per step", legend_title="category")
         out.append((f"profile-categories-{dev}", fig))
     return out
@@ -148,7 +142,7 @@ def category_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
 
 def _who(rows: list[dict[str, Any]], r: dict[str, Any]) -> dict[str, str]:
     """The profile's GPU and model as the book names them."""
-    return {"device": _device_name(rows, r["device_slug"]), "model": MODEL_NAMES.get(r["preset"], r["preset"])}
+    return {"device": gpu_of(rows, r["device_slug"]), "model": MODEL_NAMES.get(r["preset"], r["preset"])}
 
 
 def what_ran(rows: list[dict[str, Any]]) -> pd.DataFrame:
@@ -214,7 +208,7 @@ def findings(rows: list[dict[str, Any]]) -> str:
         if mm:
             lines.append(f"GEMMs are {min(mm):.0%}–{max(mm):.0%} of the kernel time")
         if lines:
-            out.append(f"**{_device_name(rows, dev)}, {prec}:** " + "; ".join(lines) + ".")
+            out.append(f"**{gpu_of(rows, dev)}, {prec}:** " + "; ".join(lines) + ".")
     out.append("The post's \"MLP phase\" is a component, not a phase: kernel names do not tell the MLP's GEMMs "
                "from the attention projections', so chapter 2 counts it by FLOPs and bytes instead.")
     return "\n\n".join(out)

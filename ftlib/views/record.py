@@ -18,6 +18,7 @@ import pandas as pd
 from scipy import stats
 
 from ftlib.harness.studies import GOAL_SEEDS, RECORD_GOALS_S, REFERENCE, SIGNIFICANCE, TARGET_LOSS
+from ftlib.views.bench import gpu_label
 from ftlib.views.candidates import id_of, short_ids
 from ftlib.views.leaderboard import on_device, one_run_per_seed, standings, stop_of
 from ftlib.views.tables import table_view
@@ -64,11 +65,11 @@ def unclaimed(rows: list[dict[str, Any]], device: str, target: float, ids: Mappi
     ids = short_ids(rows) if ids is None else ids
     board = closest.rows(rows, device, target)
     if not board:
-        return f"{device}, target {target:.4f}: no run aimed at it."
+        return f"{gpu_label(device)}, target {target:.4f}: no run aimed at it."
     n = sorted({int(x["seeds"]) for x in board})
     most = max(board, key=lambda x: (x["reached"], -x["seeds"]))
     low = board[0]
-    return (f"{device}, target {target:.4f}: {len(board)} candidates ran, "
+    return (f"{gpu_label(device)}, target {target:.4f}: {len(board)} candidates ran, "
             + (f"{n[0]} seeds each" if len(n) == 1 else f"{n[0]} to {n[-1]} seeds each")
             + ", and none has a claimed time. "
             + (f"The most seeds at the target: {id_of(ids, most['candidate'])}, {int(most['reached'])} of "
@@ -132,7 +133,7 @@ def limits(rows: list[dict[str, Any]], device: str, goals: Mapping[float, float]
     lines = []
     for target, goal in goals.items():
         claimed = _claimed(mine, device, target)
-        head = f"{device}, {target:.4f} in at most {goal:g} s"
+        head = f"{gpu_label(device)}, {target:.4f} in at most {goal:g} s"
         if claimed:
             x = claimed[0]
             lines.append(f"{head}: fastest claimed time, {id_of(ids, x['candidate'])} over {x['seeds reached']} "
@@ -175,7 +176,7 @@ def muon_trial(rows: list[dict[str, Any]], device: str) -> tuple[pd.DataFrame, s
                     # the steps after the first: the startup (compilation, capture) is not a step's time
                     "ms per step": 1e3 * (r["train_time_s"] - r.get("startup_s", 0.0)) / steps if steps else None})
     if not out:
-        return pd.DataFrame(), (f"{device}: the Muon trial has no rows "
+        return pd.DataFrame(), (f"{gpu_label(device)}: the Muon trial has no rows "
                                 "(python ci/gpu_train.py --suites speedrun-muon-trial).")
     df = pd.DataFrame(out)
     g = df.groupby("variant")
@@ -186,9 +187,9 @@ def muon_trial(rows: list[dict[str, Any]], device: str) -> tuple[pd.DataFrame, s
                         "best loss (max)": g["best loss"].max()}).reset_index()
     losses = {v: d["best loss"].to_numpy() for v, d in g}
     if set(losses) != {"grouped", "per matrix"} or min(len(x) for x in losses.values()) < 2:
-        return tab, f"{device}: the Muon trial needs both variants with at least two seeds each."
+        return tab, f"{gpu_label(device)}: the Muon trial needs both variants with at least two seeds each."
     t = stats.ttest_ind(losses["grouped"], losses["per matrix"], equal_var=False)
     diff = losses["grouped"].mean() - losses["per matrix"].mean()
-    return tab, (f"{device}: grouped minus per-matrix mean best loss {diff:+.4f} over {len(losses['grouped'])} and "
-                 f"{len(losses['per matrix'])} seeds (Welch's t-test p = {t.pvalue:.2g}: "
+    return tab, (f"{gpu_label(device)}: grouped minus per-matrix mean best loss {diff:+.4f} over "
+                 f"{len(losses['grouped'])} and {len(losses['per matrix'])} seeds (Welch's t-test p = {t.pvalue:.2g}: "
                  + ("a difference beyond the seeds)." if t.pvalue < SIGNIFICANCE else "within the seeds' spread)."))

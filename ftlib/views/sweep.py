@@ -21,7 +21,7 @@ from plotly.subplots import make_subplots
 from ftlib.analysis.claims import POST_CLAIMED, POST_GPU, POST_STEP_MS, roofline_projection
 from ftlib.model.config import ModelConfig, preset
 from ftlib.views.baselines import MODEL_NAMES
-from ftlib.views.bench import ok_rows, same_config
+from ftlib.views.bench import gpu_label, ok_rows, same_config
 from ftlib.views.per_run import and_list, pair_runs, run_values, summary
 from ftlib.views.plots import legend_below, log_ticks, with_subtitle
 from ftlib.views.tables import records, table_view
@@ -238,7 +238,7 @@ def sweep_figures(rows: list[dict], device: str | None, tokens: int = TOKENS) ->
     speed.add_trace(go.Scatter(x=[c["T"] for c in claims], y=[c["speed-up"] for c in claims], name=SHORT_CLAIM,
                                mode="markers", marker=dict(symbol="star", size=14, color="#333")))
     speed.add_hline(y=1, line=dict(color="#999", width=1))
-    where = device or "no GPU rows"
+    where = gpu_label(device) if device else "no GPU rows"
     ts = [p["T"] for p in proj]
     with_subtitle(speed, f"FastTransformer speed-up over GPT-2 vs T, {tokens:,} tokens/step, {where}",
                   "the four series of one T drawn a little apart, so that their bars do not overlap")
