@@ -86,7 +86,7 @@ def test_wide_table_of_few_rows_is_transposed():
     wide = [{**r, "extra": 1} for r in rows(2)]  # 9 columns, 2 rows: one line per column
     html = tables.table_bundle(wide)["text/html"]
     head, body = html.split("<tbody>")
-    assert "h200 · m0" in head and "h200 · m1" in head and ">gpt2 ms<" in body
+    assert "H200 · m0" in head and "H200 · m1" in head and ">gpt2 ms<" in body
     # as few leading columns as tell the lines apart: here the first alone
     unique = [{**r, "device": f"dev{i}"} for i, r in enumerate(wide)]
     head = tables.table_bundle(unique)["text/html"].split("<tbody>")[0]
@@ -135,3 +135,15 @@ def test_a_column_of_long_texts_keeps_a_width():
     out = tables.styled(cells, nums, "ftabc")
     widths = dict(re.findall(r"#T_ftabc td\.col(\d) \{\s*min-width: (\d+)em;", out))
     assert widths == {"1": "22"}  # the long text column only: half its longest text, capped at 22em
+
+
+def test_a_device_column_names_the_gpu_not_its_results_folder():
+    """A reader sees 'H100 80GB HBM3' where the rows hold the folder 'h100-80gb-hbm3'; a name that is not a
+    known folder (the post's 'Tesla T4', a CPU) stays as written, and a reader's own rows keep their tag."""
+    assert tables.fmt("h100-80gb-hbm3", column="device") == "H100 80GB HBM3"
+    assert tables.fmt("h200 (this run)", column="device") == "H200 (this run)"
+    assert tables.fmt("Tesla T4", column="device") == "Tesla T4"
+    assert tables.fmt("cpu", column="device") == "cpu"
+    assert tables.fmt("h200", column="model") == "h200"  # only the device column
+    text = tables.table_bundle([{"device": "h200", "ms": 1.0}])["text/plain"]
+    assert "| H200 | 1.00 |" in text or "| H200 | 1 |" in text

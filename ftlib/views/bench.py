@@ -44,13 +44,17 @@ def devices(rows: Iterable[dict[str, Any]]) -> list[str]:
     return sorted({r["device_slug"] for r in rows})
 
 
+def known_gpu(slug: str) -> str | None:
+    """'H200' for the folder 'h200': the name CUDA reports, without the vendor, of a GPU the book knows
+    (:data:`~ftlib.analysis.peaks.PEAKS`); None for any other folder."""
+    return {slug_of_name(name): name.removeprefix("NVIDIA ") for name in PEAKS}.get(slug)
+
+
 def gpu_label(slug: str) -> str:
-    """'H200', 'H100 80GB HBM3': the GPU whose results folder is ``slug``, as CUDA names it without the vendor,
-    for the GPUs the book knows (:data:`~ftlib.analysis.peaks.PEAKS`); 'CPU'; else the folder in capitals. A
-    reader's own rows keep their tag: 'h200 (this run)' -> 'H200 (this run)'."""
+    """'H200', 'H100 80GB HBM3': :func:`known_gpu` of the folder ``slug``; 'CPU'; else the folder in capitals.
+    A reader's own rows keep their tag: 'h200 (this run)' -> 'H200 (this run)'."""
     base, sep, tag = slug.partition(" (")
-    known = {slug_of_name(name): name.removeprefix("NVIDIA ") for name in PEAKS}
-    return known.get(base, base.upper()) + sep + tag
+    return (known_gpu(base) or base.upper()) + sep + tag
 
 
 def gpu_name(name: str | None, slug: str) -> str:
