@@ -317,3 +317,7 @@ def test_gpu_of_names_the_gpu_as_its_rows_do_without_the_vendor():
     assert gpu_of(rows[:1], "h200") == "H200"
     assert gpu_of(rows, "l4") == "L4"
     assert gpu_of([{"device_slug": "a100", "device": "NVIDIA A100-SXM4-80GB"}], "a100") == "A100-SXM4-80GB"
+    from ftlib.views.bench import gpu_label
+
+    assert gpu_label("cpu") == "CPU" and gpu_label("h200 (this run)") == "H200 (this run)"
+    assert gpu_label("t4") == "Tesla T4" and gpu_label("h200-nvl") == "H200 NVL"

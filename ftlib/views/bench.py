@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterable
 from typing import Any
 
@@ -44,17 +45,23 @@ def devices(rows: Iterable[dict[str, Any]]) -> list[str]:
     return sorted({r["device_slug"] for r in rows})
 
 
+@functools.cache
+def _known_folders() -> dict[str, str]:
+    return {slug_of_name(name): name.removeprefix("NVIDIA ") for name in PEAKS}
+
+
 def known_gpu(slug: str) -> str | None:
     """'H200' for the folder 'h200': the name CUDA reports, without the vendor, of a GPU the book knows
     (:data:`~ftlib.analysis.peaks.PEAKS`); None for any other folder."""
-    return {slug_of_name(name): name.removeprefix("NVIDIA ") for name in PEAKS}.get(slug)
+    return _known_folders().get(slug)
 
 
-def gpu_label(slug: str) -> str:
-    """'H200', 'H100 80GB HBM3': :func:`known_gpu` of the folder ``slug``; 'CPU'; else the folder in capitals.
-    A reader's own rows keep their tag: 'h200 (this run)' -> 'H200 (this run)'."""
+def gpu_label(slug: str, keep_unknown: bool = False) -> str:
+    """'H200', 'H100 80GB HBM3': :func:`known_gpu` of the folder ``slug``; any other folder in capitals ('CPU'),
+    or as written with ``keep_unknown`` (a table's cell that may already be a name, such as 'Tesla T4'). A
+    reader's own rows keep their tag: 'h200 (this run)' -> 'H200 (this run)'."""
     base, sep, tag = slug.partition(" (")
-    return (known_gpu(base) or base.upper()) + sep + tag
+    return (known_gpu(base) or (base if keep_unknown else base.upper())) + sep + tag
 
 
 def gpu_name(name: str | None, slug: str) -> str:

@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-from ftlib.views.bench import known_gpu
+from ftlib.views.bench import gpu_label
 
 MISSING = "–"
 MAX_ROWS = 25  # longer tables are previewed, the whole table collapsed under the preview
@@ -99,9 +99,7 @@ def fmt(v: Any, digits: int = 3, column: str = "", decimals: int | None = None) 
     if isinstance(v, (list, tuple)):
         return ", ".join(fmt(x, digits) for x in v)
     if column == "device" and isinstance(v, str):
-        # A results folder ('h100-80gb-hbm3') reads as its GPU; a reader's tag ('h200 (this run)') stays.
-        base, sep, tag = v.partition(" (")
-        return (known_gpu(base) or base) + sep + tag
+        return gpu_label(v, keep_unknown=True)  # a results folder ('h100-80gb-hbm3') reads as its GPU
     return str(v)
 
 
