@@ -26,6 +26,7 @@ from ftlib.model.gpt import GPT
 from ftlib.views.bench import gpu_of, not_measured, ok_rows, pick
 from ftlib.views.codesign import backend_table
 from ftlib.views.convergence import seed_table, suite_rows
+from ftlib.views.engine_findings import short_name
 from ftlib.views.sweep import COMPILE_SOURCE, compile_time_runs, run_ratios, sweep_rows, sweep_table
 from ftlib.views.tables import table_view
 
@@ -50,8 +51,6 @@ ELSEWHERE = "holds on the measured GPU only"
 
 def holds_only_on(device: str) -> str:
     """The verdict of a T4 claim that holds on ``device``: 'holds on H100 80GB HBM3 only'."""
-    from ftlib.views.engine_findings import short_name
-
     return f"holds on {short_name(device)} only"
 
 
@@ -98,7 +97,7 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
 
     runs = bv.load(baselines())
     runs = runs[runs["device_slug"] == device]
-    gpu = gpu_of(runs.to_dict("records"), device)
+    gpu = short_name(device, runs)
     if runs.empty:
         return [_row("step-time claims (Figure 1, +44.5%, eager inversion, compiler ceiling)", "see chapter 3",
                      not_measured("baselines"), "cannot test here", "baselines suite")]

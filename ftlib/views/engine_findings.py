@@ -128,9 +128,10 @@ def device_title(device: str, runs: pd.DataFrame) -> str:
     return _row_name(device, runs) or device
 
 
-def short_name(device: str) -> str:
-    """'H100 80GB HBM3': the device's name as its rows give it, without the vendor (:func:`bench.gpu_name`)."""
-    return gpu_name(_row_name(device, device_runs(device)), device)
+def short_name(device: str, runs: pd.DataFrame | None = None) -> str:
+    """'H100 80GB HBM3': the device's name as its rows give it, without the vendor (:func:`bench.gpu_name`);
+    ``runs``: baselines runs already loaded (:func:`device_runs` or :func:`all_runs`), else read here."""
+    return gpu_name(_row_name(device, device_runs(device) if runs is None else runs), device)
 
 
 def other_device_intro(device: str, headline: str, runs: pd.DataFrame) -> str:

@@ -188,12 +188,13 @@ def show_findings(device: str = "h200") -> None:
     from ftlib.views.tables import show_frame
 
     display(Markdown(preamble(device)))
-    show_frame(findings_table(device), caption=f"The post's headline claims on the {ef.short_name(device)}")
     runs = ef.device_runs(device)
+    name = ef.short_name(device, runs)
+    show_frame(findings_table(device), caption=f"The post's headline claims on the {name}")
     eng = ef.engine_results(device, runs)
     if not eng.empty:
         display(Markdown("Beyond the post: " + ef.ENGINE_INTRO))
-        show_frame(eng, caption=f"The book's engine against the strongest compiled step on the {ef.short_name(device)}",
+        show_frame(eng, caption=f"The book's engine against the strongest compiled step on the {name}",
                    preview=[c for c in ef.ENGINE_COLUMNS if c != "its ms"])
     adds = additions_markdown(device, runs)
     if adds:
@@ -313,11 +314,14 @@ def unmeasured(device: str = "h200") -> list[str]:
 
     out = []
     devices = sorted({*device_folders(), device})  # the GPUs, and ``device`` itself even where it is the CPU
+    every = None  # the baselines runs that name the other GPUs, read once where a gap needs them
     for bench, what, keep in EXPECTED_ROWS:
         has = {r["device_slug"] for r in load_rows(bench, devices=devices)
                if r.get("status", "ok") == "ok" and (keep is None or keep(r))}
         if device not in has:
-            others = " and ".join(f"the {ef.short_name(d)}" for d in sorted(has))
+            if has and every is None:
+                every = ef.all_runs()
+            others = " and ".join(f"the {ef.short_name(d, every)}" for d in sorted(has))
             out.append(what + (f": measured on {others} only, whose rows the chapter shows" if others else ""))
     return out
 
