@@ -249,8 +249,7 @@ def ceiling_findings(df: pd.DataFrame, device: str, precision: str = "fp32") -> 
             continue
         best = min(base, key=lambda c: t[c])
         out.append(f"{MODEL_NAMES[label]} ({precision}, {gpu_label(device)}): eager {eager:.2f} ms; one CUDA graph "
-                   "of the "
-                   f"whole step {graph:.2f} ms ({eager / graph:.2f}× faster, no compiler); the fastest compiled "
+                   f"of the whole step {graph:.2f} ms ({eager / graph:.2f}× faster, no compiler); the fastest compiled "
                    f"configuration, {best}, {t[best]:.2f} ms ({graph / t[best]:.2f}× faster again).")
     return out
 
