@@ -78,7 +78,7 @@ from ftlib.harness.suites import baselines
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views import sweep as sv
-from ftlib.views.bench import devices, not_measured, ok_rows, provenance_line
+from ftlib.views.bench import devices, gpu_label, not_measured, ok_rows, provenance_line
 from ftlib.views.bench_findings import what_we_found
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
@@ -182,10 +182,10 @@ for dev in devices(ok_rows("tsweep", include_cpu=MEASURE)) or [None]:
     if sweep:
         print("Measured on:", provenance_line(sweep))
     else:
-        print(f"T sweep on {dev or 'a GPU'}:", not_measured("tsweep"))
+        print(f"T sweep on {gpu_label(dev) if dev else 'a GPU'}:", not_measured("tsweep"))
     for name, fig in sv.sweep_figures(sweep, dev, TOKENS):
         show(fig, name)
-    where = dev or "no GPU rows"
+    where = gpu_label(dev)
     show_frame(sv.sweep_with_claims(sweep, "fp32", "compile-ro"), preview=[*sv.SWEEP_PREVIEW, "source"],
                caption=f"fp32, compile-ro, {where}")
     show_frame(sv.sweep_table(sweep, "tf32", "compile-ro"), preview=sv.SWEEP_PREVIEW,

@@ -49,7 +49,7 @@ def test_samples_show_the_leader_not_the_fastest_seed_0():
             for m, s, t in (("quick", 300, 1.0), ("lead", 600, 2.0), (REFERENCE, 1200, 12.0))]
     text = samples([], rows, {"h200": "lead"}, ids={REFERENCE: "nanoGPT", "quick": "C1", "lead": "C2"})
     assert "text of lead" in text and "text of quick" not in text and f"text of {REFERENCE}" in text
-    assert "the leader: C2 (h200, seed 0, stopped at step 600" in text
+    assert "the leader: C2 (H200, seed 0, stopped at step 600" in text
     assert "text of quick" not in samples([], rows, {"h200": None})
 
 

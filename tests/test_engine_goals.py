@@ -66,7 +66,7 @@ def test_only_the_current_engine_is_judged():
 
 def test_a_missed_goal_says_what_takes_the_time_or_that_no_profile_is_stored():
     text = eg.goal_findings(_runs([(1.4, 2.0), (1.45, 2.1), (1.42, 2.0)]), [], [BF16])
-    assert "FastTransformer bf16, h200" in text and ": not met (step time missed, speed-up missed);" in text
+    assert "FastTransformer bf16, H200" in text and ": not met (step time missed, speed-up missed);" in text
     assert "No profile of this step is stored" in text
     met = eg.goal_findings(_runs([(0.9, 1.5), (0.95, 1.6), (0.98, 1.5)]), [], [BF16])
     assert ": met;" in met and "profile" not in met
@@ -115,4 +115,4 @@ def test_a_goal_without_a_run_of_the_current_engine_is_not_measured_where_others
     assert eg.goal_states(runs, "h200", [BF16, gpt2]) == (
         "met: FastTransformer bf16 (≤ 1.0 ms and ≥ 1.5×); not measured at the current engine: GPT-2 bf16 (≥ 1.2×)")
     text = eg.goal_findings(runs, [], [BF16, gpt2])
-    assert "**GPT-2 bf16, h200** (goal ≥ 1.2×): not measured yet" in text and "No profile" not in text
+    assert "**GPT-2 bf16, H200** (goal ≥ 1.2×): not measured yet" in text and "No profile" not in text

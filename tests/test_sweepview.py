@@ -51,7 +51,7 @@ def test_each_pass_has_its_own_default_and_the_newest_run_counts():
             _row("attention_tiles", "bwd 64x64 w4 s2", 45.0, pass_="bwd"),
             _row("attention_tiles", "bwd 128x64 w4 s2", 49.0, pass_="bwd")]
     text = sweeps.sweep_findings(rows)
-    assert text[0].startswith("h200, attention tiles (bwd), 2 variants: the default, bwd 64x64 w4 s2, is the fastest")
+    assert text[0].startswith("H200, attention tiles (bwd), 2 variants: the default, bwd 64x64 w4 s2, is the fastest")
     assert "(fwd), 1 variants: the default, fwd 64x64 w4 s2, is the fastest (18.0 µs" in text[1]
     assert sweeps.sweep_findings([]) == [] and sweeps.sweep_table.rows([]) == []
 

@@ -64,7 +64,7 @@ def test_sweep_table_is_the_median_over_runs_not_the_latest_run():
     assert (line["speed-up min"], line["speed-up max"]) == (pytest.approx(0.9), pytest.approx(1.6))
     assert (line["runs"], line["machine starts"]) == (3, 2) and line["verdict"] == "no verdict: the runs disagree"
     assert sweepview.slower_at(sweepview.sweep_rows(SLUG), SLUG) == [
-        "h200, fp32, compile-ro: at no T is FastTransformer slower than GPT-2 in every run; "
+        "H200, fp32, compile-ro: at no T is FastTransformer slower than GPT-2 in every run; "
         "the runs disagree at T = 512."]
 
 
@@ -84,7 +84,7 @@ def test_slower_at_names_the_T_as_prose():
     for T in (128, 1024, 2048, 4096):
         write(*three_runs(sweep_pair, T, 10.0 if T > 128 else 16.0, 12.0, prec="tf32"))
     (line,) = sweepview.slower_at(sweepview.sweep_rows(SLUG), SLUG)
-    assert line == ("h200, tf32, compile-ro: FastTransformer steps slower than GPT-2 in every run at "
+    assert line == ("H200, tf32, compile-ro: FastTransformer steps slower than GPT-2 in every run at "
                     "T = 1024, 2048 and 4096.")
     assert "[" not in line
 
@@ -321,3 +321,4 @@ def test_gpu_of_names_the_gpu_as_its_rows_do_without_the_vendor():
 
     assert gpu_label("cpu") == "CPU" and gpu_label("h200 (this run)") == "H200 (this run)"
     assert gpu_label("t4") == "Tesla T4" and gpu_label("h200-nvl") == "H200 NVL"
+    assert gpu_label(None) == "no GPU rows"  # a chapter with no stored rows at all

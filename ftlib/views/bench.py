@@ -45,6 +45,9 @@ def devices(rows: Iterable[dict[str, Any]]) -> list[str]:
     return sorted({r["device_slug"] for r in rows})
 
 
+NO_GPU = "no GPU rows"  # what a title or caption names where no device has rows
+
+
 @functools.cache
 def _known_folders() -> dict[str, str]:
     return {slug_of_name(name): name.removeprefix("NVIDIA ") for name in PEAKS}
@@ -56,10 +59,13 @@ def known_gpu(slug: str) -> str | None:
     return _known_folders().get(slug)
 
 
-def gpu_label(slug: str, keep_unknown: bool = False) -> str:
+def gpu_label(slug: str | None, keep_unknown: bool = False) -> str:
     """'H200', 'H100 80GB HBM3': :func:`known_gpu` of the folder ``slug``; any other folder in capitals ('CPU'),
     or as written with ``keep_unknown`` (a table's cell that may already be a name, such as 'Tesla T4'). A
-    reader's own rows keep their tag: 'h200 (this run)' -> 'H200 (this run)'."""
+    reader's own rows keep their tag: 'h200 (this run)' -> 'H200 (this run)'. No folder (a chapter with no
+    stored rows at all) reads 'no GPU rows'."""
+    if slug is None:
+        return NO_GPU
     base, sep, tag = slug.partition(" (")
     return (known_gpu(base) or (base if keep_unknown else base.upper())) + sep + tag
 

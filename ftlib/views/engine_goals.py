@@ -161,12 +161,11 @@ def goal_findings(runs: pd.DataFrame, probe_rows: Iterable[dict[str, Any]], goal
     items = []
     for g, n, line in _judged(runs, goals):
         state = goal_state(line)
+        head = f"* **{line['model']} {line['precision']}, {gpu_label(line['device'])}** (goal {line['goal']}): "
         if state == NOT_MEASURED:
-            items.append(f"* **{line['model']} {line['precision']}, {line['device']}** (goal {line['goal']}): not "
-                         "measured yet; the runs of this model and precision measured an earlier engine.")
+            items.append(head + "not measured yet; the runs of this model and precision measured an earlier engine.")
             continue
-        text = (f"* **{line['model']} {line['precision']}, {line['device']}** (goal {line['goal']}): "
-                f"{line['engine ms']}, {line['speed-up']} the strongest compiled step, {line['runs']}: "
+        text = (head + f"{line['engine ms']}, {line['speed-up']} the strongest compiled step, {line['runs']}: "
                 f"{state}" + (f" (step time {line['step-time goal']}, speed-up {line['speed-up goal']})"
                               if state == "not met" and g.max_ms is not None else "")
                 + (f"; the closest run reached {line['closest run']}." if n > 1 else "."))

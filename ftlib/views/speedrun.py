@@ -245,7 +245,7 @@ def samples(fair: list[dict[str, Any]], speed: list[dict[str, Any]], leaders: Ma
                 what = "the leader" if name == leader else "the reference"
                 stop = (f"stopped at step {r['steps_to_target']}" if r.get("steps_to_target") is not None
                         else "did not reach 1.50")
-                out += [f"--- speedrun, {what}: {id_of(ids, name)} ({dev}, seed 0, {stop}, "
+                out += [f"--- speedrun, {what}: {id_of(ids, name)} ({gpu_label(dev)}, seed 0, {stop}, "
                         f"best validation loss {r['best_val_loss']:.4f})", r["sample"]]
     return "\n".join(out)
 
@@ -256,7 +256,7 @@ def head_to_head(rows: list[dict[str, Any]], device: str) -> tuple[list[dict[str
     of the means with its bootstrap interval (:func:`speedrun_pooled`), in a sentence."""
     mine = [r for r in ok_runs_to_150(rows) if r.get("device_slug") == device]
     if not mine:
-        return [], (f"{device}: the head-to-head has no rows yet "
+        return [], (f"{gpu_label(device)}: the head-to-head has no rows yet "
                     "(python ci/gpu_train.py --suites speedrun-head-to-head on a GPU).")
     ids = short_ids(mine)
     table = []
@@ -270,9 +270,9 @@ def head_to_head(rows: list[dict[str, Any]], device: str) -> tuple[list[dict[str
     cand = next((n for n in dict.fromkeys(r["model"] for r in mine) if n != REFERENCE), None)
     p = speedrun_pooled(mine, [], cand) if cand else None
     if p is None:
-        return table, f"{device}: the head-to-head needs timed runs of both sides."
+        return table, f"{gpu_label(device)}: the head-to-head needs timed runs of both sides."
     lo, hi = p["90% interval"]
-    return table, (f"{device}, the same seeds alternating in one call: {id_of(ids, cand)} reaches 1.50 in "
+    return table, (f"{gpu_label(device)}, the same seeds alternating in one call: {id_of(ids, cand)} reaches 1.50 in "
                    f"{p['candidate s (mean)']:.2f} s of training steps against nanoGPT's "
                    f"{p['reference s (mean)']:.2f} s: {p['speed-up excl. startup (pooled)']:.2f}× (90% interval "
                    f"{lo:.2f}–{hi:.2f}×, {p['reached']} of its runs reached it).")

@@ -13,6 +13,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ftlib.views import baselines as bv
+from ftlib.views.bench import gpu_label
 
 _COLUMNS = ["device", "model", "precision", "runs", "strongest baseline ms (min–max)", "compiled spread %",
             "strongest configurations", "graph breaks", "host work each step", "hosts", "engine runs",
@@ -106,7 +107,7 @@ def steadiness_findings(df: pd.DataFrame, model: str = "fasttransformer", steady
                             "depend on the host the run got")
                 if isinstance(r.get("hosts"), str):  # NaN where another model's runs named their hosts
                     verdict += f" (hosts: {r['hosts']})"
-        lines.append(f"- **{r['device']}, {name}, {r['precision']}:** the strongest baseline took "
+        lines.append(f"- **{gpu_label(r['device'])}, {name}, {r['precision']}:** the strongest baseline took "
                      f"{r['strongest baseline ms (min–max)']} ms over {r['runs']} runs, {spread:.0f}% from fastest "
                      f"to slowest run: {verdict}{engine}.")
     return "\n".join(lines)

@@ -178,7 +178,7 @@ def eager_inversion_table(device: str, include_cpu: bool = False, tokens: int = 
                                 {"label": "fasttransformer", "mode": "eager"}, precision=prec, T=T)
             s = summary(per_run)
             if s:
-                out.append({"source": f"tsweep suite, {device}", "precision": prec, "T": T, "B": tokens // T,
+                out.append({"source": f"tsweep suite, {gpu_label(device)}", "precision": prec, "T": T, "B": tokens // T,
                             "FT eager ms": float(per_run["fast"].median()),
                             "GPT-2 compile-ro ms": float(per_run["slow"].median()),
                             "GPT-2 compile-ro / FT eager (median, min–max)": s["range"], "runs": s["runs text"],
@@ -238,7 +238,7 @@ def sweep_figures(rows: list[dict], device: str | None, tokens: int = TOKENS) ->
     speed.add_trace(go.Scatter(x=[c["T"] for c in claims], y=[c["speed-up"] for c in claims], name=SHORT_CLAIM,
                                mode="markers", marker=dict(symbol="star", size=14, color="#333")))
     speed.add_hline(y=1, line=dict(color="#999", width=1))
-    where = gpu_label(device) if device else "no GPU rows"
+    where = gpu_label(device)
     ts = [p["T"] for p in proj]
     with_subtitle(speed, f"FastTransformer speed-up over GPT-2 vs T, {tokens:,} tokens/step, {where}",
                   "the four series of one T drawn a little apart, so that their bars do not overlap")
@@ -274,9 +274,9 @@ def slower_at(rows: list[dict], device: str | None) -> list[str]:
             slower = [p["T"] for p in pts if p["verdict"] == "slower"]
             split = [p["T"] for p in pts if p["verdict"].startswith("no verdict")]
             few = [p["T"] for p in pts if p["verdict"].startswith("too few")]
-            text = (f"{device}, {prec}, {mode}: FastTransformer steps slower than GPT-2 in every run at T = "
+            text = (f"{gpu_label(device)}, {prec}, {mode}: FastTransformer steps slower than GPT-2 in every run at T = "
                     f"{and_list(slower)}" if slower else
-                    f"{device}, {prec}, {mode}: at no T is FastTransformer slower than GPT-2 in every run")
+                    f"{gpu_label(device)}, {prec}, {mode}: at no T is FastTransformer slower than GPT-2 in every run")
             if split:
                 text += f"; the runs disagree at T = {and_list(split)}"
             if few:

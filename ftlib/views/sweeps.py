@@ -16,6 +16,7 @@ from typing import Any
 
 import pandas as pd
 
+from ftlib.views.bench import gpu_label
 from ftlib.views.tables import table_view
 
 # The launchers' defaults, by op and pass, as the sweeps name their variants (tests/test_sweepview.py
@@ -79,7 +80,7 @@ def sweep_findings(rows: Iterable[dict[str, Any]]) -> list[str]:
     out = []
     for (dev, op, p), g in df.groupby(["device", "op", "pass"], sort=True):
         win, base = g.iloc[0], g[g["variant"] == DEFAULTS[op][p]].iloc[0]
-        name = f"{dev}, {SWEEP_NAMES[op]}" + (f" ({p})" if p else "") + f", {len(g)} variants"
+        name = f"{gpu_label(dev)}, {SWEEP_NAMES[op]}" + (f" ({p})" if p else "") + f", {len(g)} variants"
         if win["variant"] == base["variant"]:
             out.append(f"{name}: the default, {base['variant']}, is the fastest "
                        f"({base['graph µs']:.1f} µs in a graph).")
