@@ -88,8 +88,10 @@ def test_fair_findings_compare_fasttransformer_with_gpt2_per_device():
                                                                      for s in range(3)]
             + [_fair("fasttransformer", 0, 1.0, device="a100")])
     text = fair_findings(rows, "")
-    assert ("On the H200, the best validation loss of each model, lowest first: gpt2 1.5100 (1.5000–1.5200, "
+    # the models as the book names them, not by the rows' preset keys
+    assert ("On the H200, the best validation loss of each model, lowest first: GPT-2 1.5100 (1.5000–1.5200, "
             "3 seeds)") in text
+    assert "lowest first: FastTransformer 1.0000 (1 seed)." in text  # one seed: no range, no plural
     assert "FastTransformer's mean is 0.0500 above GPT-2's; their seed ranges do not overlap; Welch's t-test" in text
     assert "over 3 and 3 seeds gives p = 0.0036: a difference the seeds can tell apart." in text
     close = [_fair("gpt2", s, 1.50 + s / 100) for s in range(3)] + [_fair("fasttransformer", s, 1.505 + s / 100)

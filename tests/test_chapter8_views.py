@@ -70,7 +70,8 @@ def test_the_gap_figure_draws_each_model_minus_gpt2_per_step():
     ((name, fig),) = gap_figures(rows)
     assert name == "convergence-val-gap-h200"
     band, ft = fig.data
-    assert ft.name == "fasttransformer" and list(ft.x) == [100, 200]  # step 0 left out
+    assert ft.name == "FastTransformer" and list(ft.x) == [100, 200]  # step 0 left out; the book's name
+    assert band.name == "GPT-2's own seed range" and "minus GPT-2's" in fig.layout.title.text
     assert list(ft.y) == pytest.approx([2.1 - 2.005, 1.55 - 1.6])
     assert max(band.y) == pytest.approx(0.005) and min(band.y) == pytest.approx(-0.005)  # GPT-2's seed range
     assert gap_figures([r for r in rows if r["model"] != "gpt2"]) == []

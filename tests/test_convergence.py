@@ -322,7 +322,7 @@ def test_the_time_axis_leaves_out_each_runs_startup():
         return {**_run("h200", 1_000, "full", seed), "history": hist, "startup_s": startup}
 
     rows = [run(0, 10.0), run(1, 0.1), run(2, 0.1)]
-    pts = aggregate(rows)["gpt2"]
+    pts = aggregate(rows)["GPT-2"]  # named as the book names the model
     assert [p["steady_s"] for p in pts] == pytest.approx([0.0, 0.99, 1.99])
     assert pts[1]["time_s"] == pytest.approx(0.99 + 10.2 / 3)  # the clock with the startup: skewed by seed 0
     (time_fig,) = [f for name, f in loss_figures(rows) if "steady_s" in name]

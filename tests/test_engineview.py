@@ -70,7 +70,7 @@ def test_loss_table_and_figure(rows):
     assert all(len(tr.y) == 100 for tr in curves)
     assert len(fig.data) - len(curves) == 2  # the key to the line styles (engine, reference)
     # one legend entry per model, and each model one colour in every panel
-    assert sorted(tr.name for tr in curves if tr.showlegend is not False) == ["fasttransformer", "gpt2"]
+    assert sorted(tr.name for tr in curves if tr.showlegend is not False) == ["FastTransformer", "GPT-2"]
     assert len({tr.line.color for tr in curves if tr.legendgroup == "gpt2"}) == 1
     # the figure grows with its legend: long option names take more rows than the models' names
     long = [dict(r, label=f"{r['label']} {'an_engine_option=True ' * 3}".strip()) for r in rows["engine_check"]]

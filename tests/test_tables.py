@@ -147,3 +147,15 @@ def test_a_device_column_names_the_gpu_not_its_results_folder():
     assert tables.fmt("h200", column="model") == "h200"  # only the device column
     text = tables.table_bundle([{"device": "h200", "ms": 1.0}])["text/plain"]
     assert "| H200 | 1.00 |" in text or "| H200 | 1 |" in text
+
+
+def test_a_model_column_names_the_model_not_its_preset_key():
+    """A reader sees 'GPT-2 + MQA' where the rows hold 'gpt2 + MQA'; a name that only starts with the letters
+    of a key, or a candidate's own name, stays as written, and so does any other column."""
+    assert tables.fmt("gpt2 + MQA", column="model") == "GPT-2 + MQA"
+    assert tables.fmt("fasttransformer", column="model") == "FastTransformer"
+    assert tables.fmt("nanogpt-char (reference)", column="model") == "nanoGPT shakespeare_char (reference)"
+    assert tables.fmt("gpt2x", column="model") == "gpt2x"
+    assert tables.fmt("256x6 FT-style", column="model") == "256x6 FT-style"
+    assert tables.fmt("gpt2", column="label") == "gpt2"
+    assert "| GPT-2 + MQA |" in tables.table_bundle([{"model": "gpt2 + MQA", "ms": 1.0}])["text/plain"]

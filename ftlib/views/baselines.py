@@ -29,6 +29,7 @@ from ftlib.harness.bench.step import case_ident
 from ftlib.harness.provenance import is_clean_commit
 from ftlib.harness.results import load_rows
 from ftlib.harness.suites import LATER_STEP_CONFIGS
+from ftlib.views.bench import MODEL_NAMES
 from ftlib.views.engine_config import TODAY, engine_config
 
 SUITE = "baselines"
@@ -55,8 +56,6 @@ BASELINE_CONFIGS = tuple(k for k in CONFIG_NAMES if k[0] in ("cudagraph", "compi
 POST_CONFIG = ("compile-ro", "default")
 TIE_BAND = 0.02  # a range inside 1 +- 2% is a tie
 MIN_RUNS, MIN_MACHINES = 3, 2
-MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer",
-               "fasttransformer-broadcast": "FastTransformer, K/V as (B, 1, T, d)"}
 
 _COLUMNS = ["device_slug", "device", "run_id", "machine_id", "host_cpu", "commit", "date", "label", "precision", "mode",
             "optimizer_kind", "config", "B", "T", "median_ms", "p20_ms", "p80_ms", "status", "check_ok",

@@ -17,7 +17,7 @@ from ftlib.harness.convergence import steady_time_at, steady_time_to_target
 from ftlib.harness.results import load_rows
 from ftlib.harness.studies import is_smoke, suites
 from ftlib.training.trainer import Recipe
-from ftlib.views.bench import gpu_label, gpu_of
+from ftlib.views.bench import gpu_label, gpu_of, model_title
 from ftlib.views.plots import MODEL_COLORS, PALETTE, with_subtitle
 from ftlib.views.tables import group_rows, table_view
 
@@ -41,15 +41,17 @@ def _runs_of_one_config(rows: list[dict[str, Any]]) -> dict[tuple, list[dict[str
 def aggregate(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
     """Per model, per evaluated step: mean, min and max over seeds of val/train loss and time.
 
-    Seeds are pooled only within one device and one config; where a model name has runs on
-    several devices or at several sizes, each gets its own entry, named with its device and
-    parameter count.
+    Seeds are pooled only within one device and one config. Each entry is named as the book names the
+    model (:func:`~ftlib.views.bench.model_title`); where a model name has runs on several devices or at
+    several sizes, each gets its own entry, named with its device and parameter count too.
     """
     groups = _runs_of_one_config(rows)
     names = [model for _, model, _ in groups]
     out: dict[str, list[dict[str, Any]]] = {}
     for (dev, model, _), rs in groups.items():
-        name = model if names.count(model) == 1 else f"{model} ({gpu_label(dev)}, {rs[0].get('params', 0):,} params)"
+        name = model_title(model)
+        if names.count(model) > 1:
+            name += f" ({gpu_label(dev)}, {rs[0].get('params', 0):,} params)"
         by_step: dict[int, list[dict]] = {}
         steady: dict[int, list[float]] = {}  # the clock without the run's startup, where every run recorded it
         timed = all(r.get("startup_s") is not None for r in rs)
@@ -74,6 +76,12 @@ def aggregate(rows: list[dict[str, Any]]) -> dict[str, list[dict[str, Any]]]:
             })
         out[name] = pts
     return out
+
+
+def _colors(agg: dict[str, Any]) -> dict[str, str]:
+    """A colour per entry of :func:`aggregate`: the book's colour of its model where it has one."""
+    own = {model_title(k): v for k, v in MODEL_COLORS.items()}
+    return {m: own.get(m) or PALETTE[2 + i] for i, m in enumerate(agg)}
 
 
 @table_view
@@ -157,7 +165,7 @@ def loss_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
     out = []
     for dev, dev_rows in group_rows(rows).items():
         agg = aggregate(dev_rows)
-        colors = {m: MODEL_COLORS.get(m) or PALETTE[2 + i] for i, m in enumerate(agg)}
+        colors = _colors(agg)
         axes = [("step", "optimizer step"), ("tokens", "tokens seen"),
                 ("steady_s", "training time excluding startup (s)")]
         for axis, label in axes:
@@ -189,27 +197,27 @@ def gap_figures(rows: list[dict[str, Any]], base: str = "gpt2") -> list[tuple[st
     own min–max range over seeds drawn around zero as a grey band: a gap inside it is within the seeds' spread."""
     out = []
     for dev, dev_rows in group_rows(rows).items():
-        agg = aggregate(dev_rows)
-        if base not in agg:
+        agg, name = aggregate(dev_rows), model_title(base)
+        if name not in agg:
             continue
-        ref = {p["step"]: p for p in agg[base] if p["step"] > 0}
+        ref = {p["step"]: p for p in agg[name] if p["step"] > 0}
         steps = sorted(ref)
-        colors = {m: MODEL_COLORS.get(m) or PALETTE[2 + i] for i, m in enumerate(agg)}
+        colors = _colors(agg)
         fig = go.Figure()
         fig.add_trace(go.Scatter(x=steps + steps[::-1], y=[ref[s]["val_max"] - ref[s]["val_mean"] for s in steps]
                                  + [ref[s]["val_min"] - ref[s]["val_mean"] for s in steps[::-1]],
                                  fill="toself", fillcolor="rgba(128,128,128,0.2)", line=dict(width=0),
-                                 name=f"{base}'s own seed range", hoverinfo="skip"))
+                                 name=f"{name}'s own seed range", hoverinfo="skip"))
         for model, pts in agg.items():
-            if model == base:
+            if model == name:
                 continue
             pts = [p for p in pts if p["step"] in ref]
             fig.add_trace(go.Scatter(x=[p["step"] for p in pts], y=[p["val_mean"] - ref[p["step"]]["val_mean"]
                                                                     for p in pts],
                                      mode="lines+markers", name=model, line=dict(color=colors[model])))
         fig.add_hline(y=0, line_color="#444", line_width=1)
-        fig.update_layout(title=f"Validation loss minus {base}'s at the same step, {gpu_label(dev)} (means over seeds)",
-                          xaxis_title="optimizer step", yaxis_title=f"validation loss − {base}'s", height=440)
+        fig.update_layout(title=f"Validation loss minus {name}'s at the same step, {gpu_label(dev)} (means over seeds)",
+                          xaxis_title="optimizer step", yaxis_title=f"validation loss − {name}'s", height=440)
         out.append((f"convergence-val-gap-{dev}", fig))
     return out
 
@@ -359,7 +367,8 @@ def fair_findings(rows: list[dict[str, Any]], run_command: str) -> str:
     lines = []
     for dev in sorted({x["device"] for x in table}):
         mine = sorted((x for x in table if x["device"] == dev), key=lambda x: x["best val loss (mean)"])
-        parts = [f"{x['model']} {x['best val loss (mean)']:.4f} ({x['min']:.4f}–{x['max']:.4f}, {x['seeds']} seeds)"
+        parts = [f"{model_title(x['model'])} {x['best val loss (mean)']:.4f} ("
+                 + (f"{x['min']:.4f}–{x['max']:.4f}, {x['seeds']} seeds)" if x["seeds"] > 1 else "1 seed)")
                  for x in mine]
         lines.append(f"On the {gpu_label(dev)}, the best validation loss of each model, lowest first: "
                      + "; ".join(parts) + ".")

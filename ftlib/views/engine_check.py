@@ -11,7 +11,7 @@ from typing import Any
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from ftlib.views.bench import gpu_label
+from ftlib.views.bench import gpu_label, model_title
 from ftlib.views.engine import MODELS, latest_run
 from ftlib.views.plots import MODEL_COLORS, PALETTE, legend_below, legend_rows, with_subtitle
 from ftlib.views.tables import table_view
@@ -57,14 +57,14 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
     for i, p in enumerate(precs, start=1):
         decades = 0.0  # of the drawn relative errors: one tick a decade crowds a short panel beyond about five
         for r in (r for r in rows if r["precision"] == p):
-            c, first = colors[r["label"]], r["label"] not in shown
+            c, first, name = colors[r["label"]], r["label"] not in shown, model_title(r["label"])
             shown.add(r["label"])
             vis = True if r["label"] in MODELS else "legendonly"
             steps = list(range(1, len(r["losses_engine"]) + 1))
-            fig.add_trace(go.Scatter(x=steps, y=r["losses_engine"], mode="lines", name=r["label"],
+            fig.add_trace(go.Scatter(x=steps, y=r["losses_engine"], mode="lines", name=name,
                                      line=dict(color=c), legendgroup=r["label"], showlegend=first, visible=vis),
                           row=1, col=i)
-            fig.add_trace(go.Scatter(x=steps, y=r["losses_ref"], mode="lines", name=f"{r['label']} reference",
+            fig.add_trace(go.Scatter(x=steps, y=r["losses_ref"], mode="lines", name=f"{name} reference",
                                      line=dict(color=c, dash="dot"), legendgroup=r["label"], showlegend=False,
                                      visible=vis),
                           row=1, col=i)
@@ -72,7 +72,7 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
                    for e, f in zip(r["losses_engine"], r["losses_ref"])]
             if vis is True and (drawn := [v for v in rel if v is not None]):
                 decades = max(decades, math.log10(max(drawn) / min(drawn)))
-            fig.add_trace(go.Scatter(x=steps, y=rel, mode="lines", name=f"{r['label']} |engine - ref| / ref",
+            fig.add_trace(go.Scatter(x=steps, y=rel, mode="lines", name=f"{name} |engine - ref| / ref",
                                      line=dict(color=c, width=1), legendgroup=r["label"], showlegend=False,
                                      visible=vis),
                           row=2, col=i)
@@ -85,7 +85,7 @@ def loss_figure(check_rows: Iterable[dict[str, Any]], device: str) -> go.Figure:
     fig.update_yaxes(title_text="|engine − ref| / ref<br>(floor 10⁻⁹: 0 drawn there)", row=2, col=1)
     # The legend below the panels holds every case and, under its title, the two line styles: the figure grows
     # with it (about 30 px a row), so that none is cut off.
-    rows_of_legend = legend_rows(labels) + 3
+    rows_of_legend = legend_rows(map(model_title, labels)) + 3
     variants = len([lab for lab in labels if lab not in MODELS])
     faded = "faded entry is an option variant" if variants == 1 else f"{variants} faded entries are option variants"
     sub = (f"the default engines drawn; the {faded}, drawn on a click in the interactive figure (every case's "

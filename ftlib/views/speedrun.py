@@ -10,7 +10,7 @@ from typing import Any
 
 from ftlib.harness.convergence import steady_time_to_target
 from ftlib.harness.studies import REFERENCE, TARGET_LOSS
-from ftlib.views.bench import gpu_label
+from ftlib.views.bench import gpu_label, model_title
 from ftlib.views.candidates import id_of, short_ids
 from ftlib.views.convergence import ok_runs
 from ftlib.views.tables import table_view
@@ -234,7 +234,7 @@ def samples(fair: list[dict[str, Any]], speed: list[dict[str, Any]], leaders: Ma
     out = []
     for r in sorted(fair, key=lambda r: (r["device_slug"], r["model"])):
         if r["seed"] == 0:
-            out += [f"--- {r['model']} ({gpu_label(r['device_slug'])}, seed 0, best validation loss "
+            out += [f"--- {model_title(r['model'])} ({gpu_label(r['device_slug'])}, seed 0, best validation loss "
                     f"{r['best_val_loss']:.4f})",
                     r["sample"]]
     for dev, leader in leaders.items():

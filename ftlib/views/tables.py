@@ -32,7 +32,7 @@ import numpy as np
 import pandas as pd
 from pandas.io.formats.style import Styler
 
-from ftlib.views.bench import gpu_label
+from ftlib.views.bench import gpu_label, model_title
 
 MISSING = "–"
 MAX_ROWS = 25  # longer tables are previewed, the whole table collapsed under the preview
@@ -100,6 +100,8 @@ def fmt(v: Any, digits: int = 3, column: str = "", decimals: int | None = None) 
         return ", ".join(fmt(x, digits) for x in v)
     if column == "device" and isinstance(v, str):
         return gpu_label(v, keep_unknown=True)  # a results folder ('h100-80gb-hbm3') reads as its GPU
+    if column == "model" and isinstance(v, str):
+        return model_title(v)  # a preset key ('gpt2 + MQA') reads as the model's name
     return str(v)
 
 
