@@ -73,6 +73,10 @@ def test_ladder_takes_its_own_rows_first_and_the_last_rung_from_the_baselines():
     last = table["+no bias = fasttransformer"]
     assert last["eager fp32 ms"] == 4.5 and last["eager fp32 from"] == "baselines"
     assert table["+MQA"]["eager fp32 from"] == "grid" and table["+MQA"]["eager fp32 ms"] == pytest.approx(9.0)
+    # the figure names the rungs as the book names the models
+    fig = codesignview.ladder_figure(codesignview.ladder_table(codesignview.measured(SLUG)), SLUG)
+    rung_names = list(fig.data[0].x)
+    assert rung_names[0] == "GPT-2" and rung_names[-1] == "+no bias = FastTransformer"
     # The grid view prefers the grid's compiled run where both measured a cell.
     grid_view = {r["cell"]: r for r in codesignview.grid_table.rows(codesignview.measured(SLUG))}
     assert grid_view["gpt2"]["compile-ro fp32 ms"] == pytest.approx(10.0)

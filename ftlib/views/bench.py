@@ -24,14 +24,14 @@ MODE_NAMES = {
 MODEL_NAMES = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer",
                "fasttransformer-broadcast": "FastTransformer, K/V as (B, 1, T, d)"}
 _TITLES = {**MODEL_NAMES, "nanogpt-char": "nanoGPT shakespeare_char"}
-# A stored name that starts with a preset key, whole word: 'gpt2 + MQA', 'gpt2 fuse_mlp_act=True'.
-_HEAD = re.compile("^(" + "|".join(map(re.escape, sorted(_TITLES, key=len, reverse=True))) + r")(?=\s|$)")
+# A preset key as a whole word of a stored name: 'gpt2 + MQA', 'gpt2 fuse_mlp_act=True', '+no bias = fasttransformer'.
+_KEY = re.compile(r"(?<!\S)(" + "|".join(map(re.escape, sorted(_TITLES, key=len, reverse=True))) + r")(?=\s|$)")
 
 
 def model_title(name: Any) -> Any:
-    """'GPT-2 + MQA' for the rows' 'gpt2 + MQA': a stored model name with its preset key as the book names
-    it; any other value (a candidate's own name, a number) unchanged."""
-    return _HEAD.sub(lambda m: _TITLES[m.group(1)], name) if isinstance(name, str) else name
+    """'GPT-2 + MQA' for the rows' 'gpt2 + MQA': a stored model name with each preset key in it as the book
+    names the model; any other value (a candidate's own name, a number) unchanged."""
+    return _KEY.sub(lambda m: _TITLES[m.group(1)], name) if isinstance(name, str) else name
 
 
 def ok_rows(bench: str | Iterable[str], include_cpu: bool = False) -> list[dict[str, Any]]:

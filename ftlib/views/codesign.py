@@ -22,7 +22,7 @@ from ftlib.analysis.totals import step_summary
 from ftlib.model.ablations import SWITCHES, grid, kv_head_sweep, ladder, mlp_ratio_sweep
 from ftlib.model.config import ModelConfig, preset
 from ftlib.views.baselines import runs_on_starts, verdict
-from ftlib.views.bench import gpu_label, ok_rows, same_config
+from ftlib.views.bench import gpu_label, model_title, ok_rows, same_config
 from ftlib.views.plots import legend_below
 from ftlib.views.tables import records, table_view
 
@@ -290,7 +290,7 @@ def ladder_figure(steps: pd.DataFrame, device: str | None, b: int = B, t: int = 
     rows = records(steps)
     fig = go.Figure()
     for mode, prec in COLUMNS:
-        fig.add_trace(go.Scatter(x=[r["rung"] for r in rows], y=[r[col(mode, prec)] for r in rows],
+        fig.add_trace(go.Scatter(x=[model_title(r["rung"]) for r in rows], y=[r[col(mode, prec)] for r in rows],
                                  mode="lines+markers", name=f"{mode} {prec}",
                                  line=dict(color=COLUMN_COLORS[(mode, prec)])))
     fig.update_layout(title=f"Cumulative ladder, {gpu_label(device)} (B={b}, T={t})", yaxis_title="ms per step",
