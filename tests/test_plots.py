@@ -53,6 +53,8 @@ def test_legend_rows_pack_names_by_their_length():
     assert plots.legend_rows([]) == 0
     assert plots.legend_rows(["gpt2", "fasttransformer", "gpt2 +flash-attn"]) == 1  # short names share a row
     long = "fasttransformer fuse_head_loss=True relaxed_atomics=True"  # about 420 px: two to a 900 px row
-    assert plots.legend_rows([long] * 4) == 2
+    assert plots.legend_rows([long] * 4, width=900) == 2
     assert plots.legend_rows([long] * 4, width=600) == 4
+    # by default the width the legend wraps at: the static image's less plotly's margins (80 px each side)
+    assert plots.legend_rows(["x" * 50] * 4) == plots.legend_rows(["x" * 50] * 4, width=740) == 4
     assert plots.legend_rows(["x" * 200]) == 1  # a name wider than the figure still takes one row

@@ -52,11 +52,12 @@ def legend_below(fig: go.Figure) -> go.Figure:
 
 
 # A horizontal legend entry's width in the static image (900 px wide, plotly's 12 px font): the line sample and
-# its gap, then each character of the name.
-LEGEND_ENTRY_PX, LEGEND_CHAR_PX, STATIC_WIDTH = 46, 6.6, 900
+# its gap, then each character of the name. The legend wraps at the plot area's width: the image's less plotly's
+# default margins of 80 px left and right.
+LEGEND_ENTRY_PX, LEGEND_CHAR_PX, STATIC_WIDTH, MARGIN_PX = 46, 6.6, 900, 80
 
 
-def legend_rows(names: Iterable[str], width: int = STATIC_WIDTH) -> int:
+def legend_rows(names: Iterable[str], width: int = STATIC_WIDTH - 2 * MARGIN_PX) -> int:
     """How many rows a horizontal legend of ``names`` fills, its entries packed left to right as plotly packs
     them, for a figure that grows with its legend: an estimate from the names' lengths, generous rather than
     short, so that the last row is not cut off."""
