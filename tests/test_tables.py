@@ -27,9 +27,9 @@ def test_html_table_deterministic_and_formatted_by_unit():
     # another table, another id
     other = tables.table_bundle(rows(2))["text/html"]
     assert re.search(r'id="(T_ft[0-9a-f]+)"', other).group(1) != re.search(r'id="(T_ft[0-9a-f]+)"', html).group(1)
-    # the plain-text twin is a pipe table with the same cells
+    # the plain-text twin is a pipe table with the same cells, its header naming the model as the book does
     plain = a["text/plain"].splitlines()
-    assert plain[0].startswith("| device | mode | gpt2 ms |") and plain[1].startswith("|---|")
+    assert plain[0].startswith("| device | mode | GPT-2 ms |") and plain[1].startswith("|---|")
     assert "1.45×" in plain[2] and "–" in plain[2]
 
 
@@ -58,7 +58,7 @@ def test_long_table_previews_and_collapses_with_a_csv():
     assert preview.count("<tr>") == 1 + tables.PREVIEW_ROWS and full.count("<tr>") == 1 + 40
     csv = re.search(r'href="data:text/csv;charset=utf-8;base64,([^"]+)"', html).group(1)
     frame = pd.read_csv(pd.io.common.StringIO(base64.b64decode(csv).decode()))
-    assert len(frame) == 40 and frame["gpt2 ms"].iloc[3] == 13.0  # raw values, not formatted ones
+    assert len(frame) == 40 and frame["gpt2 ms"].iloc[3] == 13.0  # raw values and headers, not formatted ones
     assert 'download="runs.csv"' in html
     preview = tables.table_bundle(rows(40), head=3)["text/html"].split("<details")[0]
     assert preview.count("<tr>") == 1 + 3 and "the first 3 of 40 rows" in preview  # a chosen preview length
@@ -82,11 +82,11 @@ def test_wide_table_shows_chosen_columns_then_all():
 
 def test_wide_table_of_few_rows_is_transposed():
     html = tables.table_bundle(rows(2))["text/html"]  # 8 columns: as is
-    assert ">gpt2 ms<" in html.split("<tbody>")[0]
+    assert ">GPT-2 ms<" in html.split("<tbody>")[0]
     wide = [{**r, "extra": 1} for r in rows(2)]  # 9 columns, 2 rows: one line per column
     html = tables.table_bundle(wide)["text/html"]
     head, body = html.split("<tbody>")
-    assert "H200 · m0" in head and "H200 · m1" in head and ">gpt2 ms<" in body
+    assert "H200 · m0" in head and "H200 · m1" in head and ">GPT-2 ms<" in body
     # as few leading columns as tell the lines apart: here the first alone
     unique = [{**r, "device": f"dev{i}"} for i, r in enumerate(wide)]
     head = tables.table_bundle(unique)["text/html"].split("<tbody>")[0]

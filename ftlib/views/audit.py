@@ -23,7 +23,7 @@ from ftlib.analysis.claims import POST_CLAIMED, POST_STEP_MS, POST_TOKENS_PER_ST
 from ftlib.analysis.totals import attention_mlp_fractions
 from ftlib.model.config import preset
 from ftlib.model.gpt import GPT
-from ftlib.views.bench import gpu_of, not_measured, ok_rows, pick
+from ftlib.views.bench import gpu_of, model_title, not_measured, ok_rows, pick
 from ftlib.views.codesign import backend_table
 from ftlib.views.convergence import seed_table, suite_rows
 from ftlib.views.engine_findings import short_name
@@ -115,8 +115,8 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
     for (model, mode), claimed in POST_STEP_MS.items():
         ms = times.get((model, bv.config_name(*book_mode[mode])))
         book = f"{ms:.2f} ms on the {gpu} ({bv.config_name(*book_mode[mode])})" if ms is not None else "not measured"
-        out.append(_row(f"{model} {mode} step time (T4, fp32)", f"{claimed:.2f} ms", book, "cannot test here",
-                        f"T4 timing; the {gpu}'s in chapters 3 and 5"))
+        out.append(_row(f"{model_title(model)} {mode} step time (T4, fp32)", f"{claimed:.2f} ms", book,
+                        "cannot test here", f"T4 timing; the {gpu}'s in chapters 3 and 5"))
     per_run = bv.spread(bv.model_speedups(runs), ["precision", "config"]).set_index(["precision", "config"])
     claimed = POST_CLAIMED["speedup_compiled"]
     for config, what in ((bv.config_name(*bv.POST_CONFIG), "the post's setup: reduce-overhead, AdamW run eagerly"),

@@ -12,6 +12,7 @@ from ftlib.analysis.params import param_rows
 from ftlib.harness.provenance import provenance
 from ftlib.model.gpt import GPT
 from ftlib.training.data import SHA256, CharDataset
+from ftlib.views.bench import model_title
 from ftlib.views.tables import table_view
 
 
@@ -57,7 +58,7 @@ def claim_text() -> str:
 def summary_text(models: dict[str, GPT], ds: CharDataset) -> str:
     """What chapter 0 set up, in words, with the counts computed from the models and the data built here."""
     n = {name: sum(t.numel() for t in m.parameters()) for name, m in models.items()}
-    names = ", ".join(f"{name} ({count:,} parameters)" for name, count in n.items())
+    names = ", ".join(f"{model_title(name)} ({count:,} parameters)" for name, count in n.items())
     return "\n".join([
         "- **The parameters** `DEVICE`, `SMOKE` and `MEASURE` that every chapter takes: stored results by "
         "default, or a measurement on this machine at small or full size.",

@@ -160,7 +160,7 @@ def _numbers(frame: pd.DataFrame) -> pd.DataFrame:
 
 def text_table(cells: pd.DataFrame) -> str:
     """A pipe table of already formatted cells (the text/plain representation)."""
-    cols = [str(c) for c in cells.columns]
+    cols = [model_title(str(c)) for c in cells.columns]
     head = "| " + " | ".join(cols) + " |"
     sep = "|" + "|".join("---" for _ in cols) + "|"
     body = ["| " + " | ".join(str(v) for v in row) + " |" for row in cells.itertuples(index=False)]
@@ -193,6 +193,8 @@ def styled(cells: pd.DataFrame, nums: pd.DataFrame, uid: str, caption: str | Non
     gives the same HTML."""
     st = Styler(cells, uuid=uid, cell_ids=False)
     st = st.hide(axis="index").set_table_attributes('class="dataframe ftlib-table"')
+    # A header that holds a preset key ('gpt2 ms') names the model as the book does ('GPT-2 ms').
+    st = st.format_index(lambda c: model_title(str(c)), axis="columns")
     nums = nums.loc[:, cells.columns].reset_index(drop=True).set_axis(cells.index)
     # A column of numbers (and gaps) is aligned as a whole; in a mixed column only its numbers are.
     whole = [c for c in cells.columns if nums[c].any() and (nums[c] | (cells[c] == MISSING)).all()]
@@ -263,7 +265,7 @@ def table_bundle(rows: Iterable[dict[str, Any]], columns: Sequence[str] | None =
         heads = [h if heads.count(h) == 1 else f"{h} ({i + 1})" for i, h in enumerate(heads)]
         label = " · ".join(map(str, ids))
         rest = [c for c in cells.columns if c not in ids]
-        t = pd.DataFrame([[c, *cells[c].tolist()] for c in rest], columns=[label, *heads])
+        t = pd.DataFrame([[model_title(c), *cells[c].tolist()] for c in rest], columns=[label, *heads])
         t_nums = pd.DataFrame([[False, *nums[c].tolist()] for c in rest], columns=[label, *heads])
         body = styled(t, t_nums, uid, caption)
         return {"text/html": body, "text/plain": plain}
