@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -56,3 +57,13 @@ def test_committed_notebooks_carry_no_path_of_the_machine_that_ran_them():
         pm = json.loads(nb.read_text(encoding="utf-8"))["metadata"].get("papermill", {})
         for k in ("input_path", "output_path"):
             assert not Path(pm.get(k) or "").is_absolute(), f"{nb.name}: papermill {k} {pm.get(k)}"
+        # where the notebook lands, never the scratch file papermill wrote while the chapter ran
+        assert pm.get("output_path") in (None, f"book/{nb.name}"), f"{nb.name}: papermill output_path"
+
+
+def test_chapter_0_records_the_clean_commit_it_ran_from():
+    """run-book --inplace writes each notebook beside the tree and moves it into place once run, so that the
+    chapter's provenance reads the commit itself, not '+dirty' from its own half-written notebook."""
+    text = (ROOT / "book" / "00_setup.ipynb").read_text(encoding="utf-8")
+    commits = re.findall(r"\| commit \| ([^ |]+) \|", text)
+    assert commits and all(re.fullmatch(r"[0-9a-f]{12}", c) for c in commits), commits
