@@ -35,3 +35,7 @@ def test_findings_say_what_is_measured():
     measured = ddp.findings(steps, [_ddp("gpt2", 1, 100.0), _ddp("gpt2", 8, 600.0)])
     assert "Measured weak-scaling efficiency at 8 GPUs: GPT-2 fp32 75%." in measured
     assert "No multi-GPU step" not in measured
+
+
+def test_the_all_reduce_figure_names_the_models_as_the_book_does():
+    assert [tr.name for tr in ddp.allreduce_figure().data] == ["GPT-2", "FastTransformer"]

@@ -252,8 +252,8 @@ def test_probes_are_named_against_todays_defaults():
                                        "blocks light first")
     # every option a probe case names is said in words, none left as a key=value pair
     words = [engineview.case_name({"label": x["label"]}) for x in engineview.latest_probes(rows)]
-    assert words == ["fasttransformer norm gradients summed by torch", "fasttransformer",
-                     "fasttransformer dK/dV splits summed by torch"]
+    assert words == ["FastTransformer norm gradients summed by torch", "FastTransformer",
+                     "FastTransformer dK/dV splits summed by torch"]  # and the model as the book names it
 
 
 def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():

@@ -11,7 +11,7 @@ import plotly.graph_objects as go
 from ftlib.analysis.allreduce import NVLINK_GBS, allreduce_volume, ring_floor_s
 from ftlib.model.config import preset
 from ftlib.views.baselines import MODEL_NAMES
-from ftlib.views.bench import gpu_label, select
+from ftlib.views.bench import gpu_label, model_title, select
 from ftlib.views.plots import MODEL_COLORS, log_ticks
 from ftlib.views.tables import table_view
 
@@ -63,7 +63,8 @@ def allreduce_figure() -> go.Figure:
     """Gradient bytes each GPU sends per step against the GPU count, per model."""
     fig = go.Figure()
     for name, cfg in MODELS.items():
-        fig.add_trace(go.Scatter(name=name, x=list(WORLD_SIZES), mode="lines+markers", line_color=MODEL_COLORS[name],
+        fig.add_trace(go.Scatter(name=model_title(name), x=list(WORLD_SIZES), mode="lines+markers",
+                                 line_color=MODEL_COLORS[name],
                                  y=[allreduce_volume(cfg, n)["ring_bytes_per_rank"] / 1e6 for n in WORLD_SIZES]))
     fig.update_layout(title="Gradient bytes each GPU sends per step (ring all-reduce, fp32 gradients)",
                       xaxis=dict(title="GPUs", **log_ticks(WORLD_SIZES)), yaxis_title="MB per GPU per step",
@@ -149,8 +150,9 @@ def scaling_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
             for r0 in [r for r in table if r["device_slug"] == dev and r["world_size"] == 1]:
                 pts = [r for r in table if r["device_slug"] == dev and r["label"] == r0["label"]
                        and r["precision"] == r0["precision"] and r["mode"] == r0["mode"]]
-                fig.add_trace(go.Scatter(name=f"{r0['label']} {r0['precision']} {r0['mode']}", mode="lines+markers",
-                                         x=[r["world_size"] for r in pts], y=[r[field] for r in pts]))
+                fig.add_trace(go.Scatter(name=f"{model_title(r0['label'])} {r0['precision']} {r0['mode']}",
+                                         mode="lines+markers", x=[r["world_size"] for r in pts],
+                                         y=[r[field] for r in pts]))
             fig.update_layout(title=f"DDP {title}, {gpu_label(dev)}", yaxis_title=ytitle, height=400,
                               xaxis=dict(title="ranks (one GPU each)", **log_ticks(r["world_size"] for r in table)))
             out.append((f"ddp-{field}-{dev}", fig))

@@ -24,7 +24,7 @@ import plotly.graph_objects as go
 
 from ftlib.harness.suites import SUITES
 from ftlib.training.engine.options import EngineOptions
-from ftlib.views.bench import gpu_label, select
+from ftlib.views.bench import gpu_label, model_title, select
 from ftlib.views.engine_config import TRIAL_WINNERS, engine_config, options_off
 from ftlib.views.plots import PALETTE, legend_below
 from ftlib.views.tables import table_view
@@ -295,8 +295,8 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
 
 
 def case_name(r: dict[str, Any]) -> str:
-    """A profiled case's short name without its precision: the speedrun's model as 'speedrun model (256x6,
-    B=64)', the options in a few words (:data:`SHORT_OPTIONS`)."""
+    """A profiled case's short name without its precision: the model as the book names it ('GPT-2'), the
+    speedrun's as 'speedrun model (256x6, B=64)', the options in a few words (:data:`SHORT_OPTIONS`)."""
     text, batch = _LABEL_BATCH.fullmatch(r["label"]).groups()
     for long, short in SHORT_OPTIONS:
         text = text.replace(long, f"\0{short}\0")
@@ -306,7 +306,7 @@ def case_name(r: dict[str, Any]) -> str:
     if m:
         opts = " ".join(m.group(2).split())
         text = f"speedrun model ({m.group(1)}, B={m.group(3) or r.get('B')})" + (f", {opts}" if opts else "")
-    return " ".join(text.split())
+    return model_title(" ".join(text.split()))
 
 
 def _case_label(r: dict[str, Any]) -> str:

@@ -39,7 +39,7 @@ from ftlib.analysis.backends import EXPLICIT_FUSED, expected_backend
 from ftlib.analysis.peaks import DevicePeaks, compute_rate, lookup
 from ftlib.model.config import ModelConfig, preset
 from ftlib.views.baselines import MODEL_NAMES
-from ftlib.views.bench import gpu_label
+from ftlib.views.bench import gpu_label, model_title
 from ftlib.views.engine import PROBE_CATEGORIES, case_name, probe_category
 from ftlib.views.engine_findings import short_name
 from ftlib.views.plots import MODEL_COLORS, legend_below
@@ -135,7 +135,6 @@ def attention_backend(r: dict[str, Any], cfg: ModelConfig, capability: tuple[int
 
 def short_case(r: dict[str, Any]) -> str:
     """'FastTransformer bf16', 'GPT-2 tf32, fused attention': a case's name for an axis or a panel."""
-    names = {"gpt2": "GPT-2", "fasttransformer": "FastTransformer"}
     if r["label"].startswith("speedrun"):
         name = case_name(r)
         return name.replace(")", f") {r['precision']}", 1) if ")" in name else f"{name} {r['precision']}"
@@ -145,7 +144,7 @@ def short_case(r: dict[str, Any]) -> str:
                         ("linear_precision=tf32x3 attention_precision=tf32x3", "3xTF32"),
                         ("bf16_norm_out=True bf16_weights=True", "bf16 weights and norms")):
         extra = extra.replace(long, short)
-    return f"{names.get(model, model)} {r['precision']}" + (f", {extra}" if extra else "")
+    return f"{model_title(model)} {r['precision']}" + (f", {extra}" if extra else "")
 
 
 def _peaks(r: dict[str, Any]) -> DevicePeaks | None:
