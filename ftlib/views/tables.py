@@ -100,7 +100,7 @@ def fmt(v: Any, digits: int = 3, column: str = "", decimals: int | None = None) 
         return ", ".join(fmt(x, digits) for x in v)
     if column == "device" and isinstance(v, str):
         return gpu_label(v, keep_unknown=True)  # a results folder ('h100-80gb-hbm3') reads as its GPU
-    if column in ("model", "rung", "case") and isinstance(v, str):
+    if column in ("model", "rung", "case", "cell") and isinstance(v, str):
         return model_title(v)  # a preset key ('gpt2 + MQA') reads as the model's name
     return str(v)
 
