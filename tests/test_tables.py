@@ -161,4 +161,5 @@ def test_a_model_column_names_the_model_not_its_preset_key():
     assert tables.fmt("+no bias = fasttransformer", column="rung") == "+no bias = FastTransformer"  # the ladder's
     assert tables.fmt("gpt2 fuse_mlp_act=True", column="case") == "GPT-2 fuse_mlp_act=True"  # an engine case
     assert tables.fmt("gpt2", column="cell") == "GPT-2"  # the co-design grid's cell without a change
+    assert tables.fmt("fasttransformer", column="engine") == "FastTransformer"  # the engine an option extends
     assert "| GPT-2 + MQA |" in tables.table_bundle([{"model": "gpt2 + MQA", "ms": 1.0}])["text/plain"]

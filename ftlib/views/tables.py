@@ -67,6 +67,11 @@ def unit_kind(column: str) -> str:
     return "number"
 
 
+# Columns whose values name a model, a case or an engine by the rows' preset keys ('gpt2 fuse_mlp_act=True'): each
+# key in them is shown as the book names the model.
+_MODEL_COLUMNS = ("model", "rung", "case", "cell", "engine")
+
+
 def fmt(v: Any, digits: int = 3, column: str = "", decimals: int | None = None) -> str:
     """One cell: '–' when missing, yes/no, thousands separators, ``digits`` significant figures (or
     ``decimals`` places, for a column of figures compared digit by digit); ratios and fractions by the
@@ -100,7 +105,7 @@ def fmt(v: Any, digits: int = 3, column: str = "", decimals: int | None = None) 
         return ", ".join(fmt(x, digits) for x in v)
     if column == "device" and isinstance(v, str):
         return gpu_label(v, keep_unknown=True)  # a results folder ('h100-80gb-hbm3') reads as its GPU
-    if column in ("model", "rung", "case", "cell") and isinstance(v, str):
+    if column in _MODEL_COLUMNS and isinstance(v, str):
         return model_title(v)  # a preset key ('gpt2 + MQA') reads as the model's name
     return str(v)
 
