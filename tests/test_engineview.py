@@ -136,6 +136,25 @@ def test_variant_names_of_new_and_older_labels(label, name):
     assert engineview.variant_name({"label": label, "preset": preset}) == name
 
 
+def test_a_default_that_lost_its_own_trial_names_the_trial_that_set_it():
+    def row(label, ms, extra, dev="h200"):
+        return {"device_slug": dev, "run_id": "r1", "precision": "bf16", "mode": "engine", "label": label,
+                "median_ms": ms, "p20_ms": ms - 0.001, "p80_ms": ms + 0.001, "check_ok": True, "extra": extra}
+
+    head, both = {"fuse_head_loss": True}, {"fuse_head_loss": True, "relaxed_atomics": True}
+    rows = [row("ft", 2.0, {}), row("ft +head", 2.0, head), row("ft +both", 1.9, both)]
+    text = option_trials.candidate_summary(rows, [])
+    line = next(x for x in text.splitlines() if "**+head**" in x)
+    assert "in 0 of 1 cases" in line
+    assert "since **+both**, which holds it, won (faster beyond the spread in 1 of 1 cases)" in line
+    assert "since" not in next(x for x in text.splitlines() if "**+both**" in x)  # it won on its own
+    # the same options won on another GPU: that trial is named with its GPU
+    other = [row("ft", 2.0, {}, "h100-80gb-hbm3"), row("ft +split", 1.9, {"attention_kv_split": 2}, "h100-80gb-hbm3"),
+             row("ft", 2.0, {}), row("ft +kv", 2.01, {"attention_kv_split": 2})]
+    line = next(x for x in option_trials.candidate_summary(other, []).splitlines() if "**+kv**" in x)
+    assert "since its trial **+split** on the H100 80GB HBM3 won" in line
+
+
 def test_candidates_pair_with_the_default_of_their_own_run():
     def row(label, ms, run="r1", prec="bf16", spread=0.01):
         extra = {"run": run, **({"opt": True} if label.endswith("+opt") else {}),

@@ -51,15 +51,38 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
     """One line per device and option of :func:`candidate_table`: how often it was faster beyond the spread,
     by how much, whether a 100-step check of it is stored (rows of ``engine_check`` that set the option as
     its cases do, or whose engine ran with it as applied: a default's checks train with it) in each precision
-    it was timed in and passed, and whether the engine's defaults set it so."""
+    it was timed in and passed, and whether the engine's defaults set it so. A default that did not win most of its
+    own cases names the winning trial that set it (:func:`won_by`)."""
     candidate_rows = list(candidate_rows)
     table = candidate_table.rows(candidate_rows)
     checks = list(check_rows)
     defaults = EngineOptions()
+
+    def is_default(options: dict[str, Any]) -> bool:
+        return bool(options) and all(getattr(defaults, k, None) == v for k, v in options.items())
+
+    trials = {}  # (device, option) -> (its cases, the cases it won beyond the spread)
+    for key in dict.fromkeys((d["device"], d["option"]) for d in table):
+        mine = [d for d in table if (d["device"], d["option"]) == key]
+        trials[key] = mine, [d for d in mine if d["beyond spread"] and d["delta us"] < 0]
+
+    def won_by(dev: str, option: str, options: dict[str, Any]) -> str:
+        """Where a default lost its own trial: the winning trial (most of its cases) that set it, the same
+        options on another GPU or more options that hold these, on ``dev`` first; '' where none did."""
+        part = [(d == dev, len(w) / len(m), opt, d, len(w), len(m), len(m[0]["options"]) > len(options))
+                for (d, opt), (m, w) in trials.items()
+                if (d, opt) != (dev, option) and 2 * len(w) > len(m) and is_default(m[0]["options"])
+                and (d != dev or len(m[0]["options"]) > len(options))
+                and all(k in m[0]["options"] and m[0]["options"][k] == v for k, v in options.items())]
+        if not part:
+            return ""
+        _, _, opt, d, w, n, more = max(part)
+        where = "" if d == dev else f" on the {gpu_of(candidate_rows, d)}"
+        return (f", since **{opt}**{where}, which holds it, won" if more else f", since its trial **{opt}**{where} won"
+                ) + f" (faster beyond the spread in {w} of {n} cases)"
+
     lines = []
-    for (dev, option) in dict.fromkeys((d["device"], d["option"]) for d in table):
-        mine = [d for d in table if (d["device"], d["option"]) == (dev, option)]
-        wins = [d for d in mine if d["beyond spread"] and d["delta us"] < 0]
+    for (dev, option), (mine, wins) in trials.items():
         options = mine[0]["options"]
         checked = [c for c in checks if c.get("device_slug") == dev and options
                    and all((c.get("extra") or {}).get(k, c.get(k)) == v for k, v in options.items())]
@@ -71,9 +94,8 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
                  f"its 100-step check passed in {', '.join(p for p in precs if p not in unchecked)}; none is stored "
                  f"in {', '.join(unchecked)}")
         lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
-        default = ("the engine's defaults set it" if options and all(getattr(defaults, k, None) == v
-                                                                      for k, v in options.items())
-                   else "the engine's defaults do not set it")
+        default = ("the engine's defaults do not set it" if not is_default(options) else "the engine's defaults set it"
+                   + (won_by(dev, option, options) if 2 * len(wins) <= len(mine) else ""))
         lines.append(f"* **{option}** on the {gpu_of(candidate_rows, dev)}: faster than the default engine of the "
                      f"same run beyond the spread in {len(wins)} of {len(mine)} cases; the step changed by "
                      f"{lo:+.0f} to {hi:+.0f} µs "
