@@ -49,6 +49,7 @@ def test_kernel_deltas_read_each_model_and_precision_from_its_newest_run_with_ab
     assert [d["engine ms"] for d in table if d["precision"] == "fp32"] == [9.0]  # fp32's newest is r1
     note = engineview.deltas_note(old + new + alone)
     assert "run of 2026-02-01, commit c-r2 (run r2)" in note and "not measured yet" in note
+    assert "current defaults: GPT-2 bf16" in note  # the model as the book names it
 
 
 def test_kernel_deltas_are_variant_minus_full_engine(rows):

@@ -159,7 +159,8 @@ def deltas_note(engine_rows: Iterable[dict[str, Any]]) -> str:
         for (d, model, prec), run in sorted(runs.items()):
             if d == dev:
                 full = next(r for r in run if r["label"] == model)
-                by_run.setdefault(run_name(run), {}).setdefault(engine_config(full), []).append(f"{model} {prec}")
+                case = f"{model_title(model)} {prec}"
+                by_run.setdefault(run_name(run), {}).setdefault(engine_config(full), []).append(case)
         for run, configs in by_run.items():
             engines = "; ".join(f"{', '.join(cases)}: {config}" for config, cases in configs.items())
             lines.append(f"* {gpu_label(dev)}: the rows come from the run of {run}. Its default engine against the "
