@@ -47,7 +47,7 @@ def test_the_closing_names_the_baseline_and_runs_beside_every_engine_ratio(tmp_p
     assert "Op for op, in isolation, our Triton kernels are faster than torch.compile's" in text
     engine_lines = [line for line in text.splitlines() if line.startswith("- FastTransformer bf16 (")]
     assert engine_lines and all(" against compile " in line and " machine start" in line for line in engine_lines)
-    assert "switching off all of our kernels together (no-kernels) changes the step by fasttransformer fp32" in text
+    assert "switching off all of our kernels together (no-kernels) changes the step by FastTransformer fp32" in text
 
 
 def test_the_engine_sentence_keeps_cases_without_a_verdict_apart():

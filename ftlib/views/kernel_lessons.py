@@ -12,7 +12,7 @@ import pandas as pd
 
 from ftlib.views import engine as ev
 from ftlib.views import ledger as lv
-from ftlib.views.bench import gpu_label
+from ftlib.views.bench import gpu_label, model_title
 from ftlib.views.engine_findings import engine_results
 from ftlib.views.kernels import KERNEL_TABLE_OPS, OP_NAMES, case_label, row_impl, run_of
 from ftlib.views.tables import table_view
@@ -109,8 +109,8 @@ def _ablation_lines(engine_rows: list[dict[str, Any]], device: str) -> list[str]
     for variant, text in what.items():
         mine = [d for d in deltas if d["variant"] == variant]
         if mine:
-            cases = ", ".join(f"{d['model']} {d['precision']} {d['delta ms']:+.2f} ms ({d['delta %']:+.0f}%)"
-                              for d in mine)
+            cases = ", ".join(f"{model_title(d['model'])} {d['precision']} {d['delta ms']:+.2f} ms "
+                              f"({d['delta %']:+.0f}%)" for d in mine)
             lines.append(f"switching off {text} ({variant}) changes the step by {cases}")
     if lines:
         lines[0] += (f" (the engine's ablations, from the run of {deltas[0]['run']}, each against the default "
