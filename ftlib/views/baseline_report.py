@@ -14,7 +14,6 @@ from ftlib.model.config import preset
 from ftlib.views.baselines import (
     BASELINE_CONFIGS,
     CONFIG_NAMES,
-    MODEL_NAMES,
     POST_CONFIG,
     config_name,
     engine_note,
@@ -35,7 +34,7 @@ from ftlib.views.baselines import (
     verdict,
     verdict_word,
 )
-from ftlib.views.bench import gpu_label
+from ftlib.views.bench import MODEL_NAMES, gpu_label, model_title
 from ftlib.views.engine_config import TODAY
 from ftlib.views.tables import table_view
 
@@ -83,7 +82,7 @@ def left_out_note(df: pd.DataFrame) -> str:
     out = runs_left_out(df)
     if out.empty:
         return ""
-    lines = [f"- {gpu_label(r['device_slug'])}, {MODEL_NAMES.get(r['label'], r['label'])} {r['precision']}: "
+    lines = [f"- {gpu_label(r['device_slug'])}, {model_title(r['label'])} {r['precision']}: "
              f"{r['runs left out']} run{'s' * (r['runs left out'] != 1)} without *{r['lacking']}*"
              for _, r in out.iterrows()]
     return ("Runs left out of these ratios: each lacks a configuration that was the strongest baseline in "
@@ -148,7 +147,7 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
         t = tab[tab["label"] == label].set_index("config").reindex(order)
         gaps = gaps or bool(t["median_ms"].isna().any())
         fig.add_trace(go.Bar(
-            name=MODEL_NAMES.get(label, label), y=list(t.index), x=t["median_ms"], orientation="h",
+            name=model_title(label), y=list(t.index), x=t["median_ms"], orientation="h",
             marker_color=MODEL_COLORS.get(label),
             error_x=dict(type="data", symmetric=False, array=t["max_ms"] - t["median_ms"],
                          arrayminus=t["median_ms"] - t["min_ms"])))
@@ -156,11 +155,11 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
     eng = tab[tab["config"] == config_name("engine", "default")]
     # Runs that measured an earlier engine count for the compiled bars, not for the current engine: each model's
     # engine bar whose run count differs says its own.
-    own = [f"{MODEL_NAMES.get(label, label)}'s {int(n)}" for label, n in zip(eng["label"], eng["runs"])
+    own = [f"{model_title(label)}'s {int(n)}" for label, n in zip(eng["label"], eng["runs"])
            if int(n) != runs]
     eng_runs = f" (the engine bars over fewer: {', '.join(own)})" if own else ""
     if earlier:  # chapter 6's engine table names the defaults each earlier engine lacked
-        owners = " and ".join(f"{MODEL_NAMES.get(x, x)}'s" for x in earlier)
+        owners = " and ".join(f"{model_title(x)}'s" for x in earlier)
         eng_runs += (f"; {owners} engine bar{'s' * (len(earlier) > 1)}: an earlier engine "
                      "(no run of the current one here)")
     # A bar pair per configuration drawn (those no run measured take no room).

@@ -11,7 +11,8 @@ from typing import Any
 import pandas as pd
 
 from ftlib.model.ablations import SWITCHES
-from ftlib.views.baselines import MIN_MACHINES, MIN_RUNS, MODEL_NAMES, TIE_BAND, range_text, runs_on_starts
+from ftlib.views.baselines import MIN_MACHINES, MIN_RUNS, TIE_BAND, range_text, runs_on_starts
+from ftlib.views.bench import MODEL_NAMES
 from ftlib.views.codesign import col
 from ftlib.views.tables import records
 

@@ -10,8 +10,7 @@ import plotly.graph_objects as go
 
 from ftlib.analysis.allreduce import NVLINK_GBS, allreduce_volume, ring_floor_s
 from ftlib.model.config import preset
-from ftlib.views.baselines import MODEL_NAMES
-from ftlib.views.bench import gpu_label, model_title, select
+from ftlib.views.bench import MODEL_NAMES, gpu_label, model_title, select
 from ftlib.views.plots import MODEL_COLORS, log_ticks
 from ftlib.views.tables import table_view
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from ftlib.views.bench import gpu_name
+from ftlib.views.bench import gpu_name, model_title
 
 # The engine's table: what a reader compares, in reading order.
 ENGINE_COLUMNS = ["model", "precision", "engine ms", "strongest baseline of the same run", "its ms",
@@ -88,9 +88,9 @@ def moving_baseline(device: str = "h200", runs: pd.DataFrame | None = None) -> s
 
 def left_out_sentence(runs: pd.DataFrame) -> str | None:
     """Runs without a configuration that was the strongest baseline elsewhere, left out of the ratios."""
-    from ftlib.views.baselines import MODEL_NAMES, runs_left_out
+    from ftlib.views.baselines import runs_left_out
 
-    out = [f"{MODEL_NAMES.get(r['label'], r['label'])} {r['precision']}, {r['runs left out']} without {r['lacking']}"
+    out = [f"{model_title(r['label'])} {r['precision']}, {r['runs left out']} without {r['lacking']}"
            for _, r in runs_left_out(runs).iterrows()]
     return ("Left out of the engine's ratios, for lacking a configuration that was the strongest baseline in other "
             "runs: " + "; ".join(out) + ".") if out else None

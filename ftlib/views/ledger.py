@@ -38,7 +38,6 @@ from ftlib.analysis.accounting import rows as accounting_rows
 from ftlib.analysis.backends import EXPLICIT_FUSED, expected_backend
 from ftlib.analysis.peaks import DevicePeaks, compute_rate, lookup
 from ftlib.model.config import ModelConfig, preset
-from ftlib.views.baselines import MODEL_NAMES
 from ftlib.views.bench import gpu_label, model_title
 from ftlib.views.engine import PROBE_CATEGORIES, case_name, probe_category
 from ftlib.views.engine_findings import short_name
@@ -294,7 +293,7 @@ def ledger_figure(probe_rows: Iterable[dict[str, Any]], device: str) -> go.Figur
         model = r.get("preset") or ""
         color = MODEL_COLORS.get(model, "#555")
         fig.add_trace(go.Bar(y=y, x=[x["measured µs"] or None for x in lines], orientation="h",
-                             name=f"measured, {MODEL_NAMES.get(model, model or 'other')}", marker_color=color,
+                             name=f"measured, {model_title(model or 'other')}", marker_color=color,
                              legendgroup=f"measured {model}", showlegend=model not in keyed,
                              legendrank=1 + len(keyed),
                              text=[f"{x['measured / speed of light']:.1f}×" if x["measured / speed of light"]

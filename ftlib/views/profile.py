@@ -14,8 +14,7 @@ from ftlib.harness.profiling import BENCH, PROFILE_MODES
 from ftlib.harness.results import load_rows
 from ftlib.harness.trace import CATEGORIES, OTHER_PHASE, PHASES, STEP_PHASE
 from ftlib.model.config import preset
-from ftlib.views.baselines import MODEL_NAMES
-from ftlib.views.bench import gpu_of
+from ftlib.views.bench import gpu_of, model_title
 from ftlib.views.tables import to_frame
 
 _ID_FIELDS = ("key", "preset", "config_hash", "B", "T", "precision", "mode", "device_slug")
@@ -96,7 +95,7 @@ def run_status(rows: list[dict[str, Any]]) -> pd.DataFrame:
 
 def _x(rows: list[dict[str, Any]]) -> list[list[str]]:
     """Two-level x labels of a figure's bars: the model as the book names it, and the mode."""
-    return [[MODEL_NAMES.get(r["preset"], r["preset"]) for r in rows], [r["mode"] for r in rows]]
+    return [[model_title(r["preset"]) for r in rows], [r["mode"] for r in rows]]
 
 
 def phase_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
@@ -142,7 +141,7 @@ def category_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
 
 def _who(rows: list[dict[str, Any]], r: dict[str, Any]) -> dict[str, str]:
     """The profile's GPU and model as the book names them."""
-    return {"device": gpu_of(rows, r["device_slug"]), "model": MODEL_NAMES.get(r["preset"], r["preset"])}
+    return {"device": gpu_of(rows, r["device_slug"]), "model": model_title(r["preset"])}
 
 
 def what_ran(rows: list[dict[str, Any]]) -> pd.DataFrame:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ftlib.views import baselines as bv
-from ftlib.views.bench import gpu_label
+from ftlib.views.bench import gpu_label, model_title
 
 _COLUMNS = ["device", "model", "precision", "runs", "strongest baseline ms (min–max)", "compiled spread %",
             "strongest configurations", "graph breaks", "host work each step", "hosts", "engine runs",
@@ -65,7 +65,7 @@ def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:
         text, spread = _span(g["baseline_ms"])
         breaks = None if g["graph_breaks"].isna().all() else int(g["graph_breaks"].max())
         work = sorted({w for c in g["baseline"].unique() if (w := host_work(c, breaks))})
-        line = {"device": dev, "model": bv.MODEL_NAMES.get(label, label), "precision": prec,
+        line = {"device": dev, "model": model_title(label), "precision": prec,
                 "runs": g["run_id"].nunique(), "strongest baseline ms (min–max)": text,
                 "compiled spread %": round(spread, 1) if g["run_id"].nunique() > 1 else None,  # one run: no spread
                 "strongest configurations": "; ".join(f"{c} ({n})" for c, n in g["baseline"].value_counts().items()),
@@ -88,7 +88,7 @@ def steadiness_findings(df: pd.DataFrame, model: str = "fasttransformer", steady
     of its runs lies, and whether that is more than ``steady_pct`` %: then the same-run ratio also measures
     the host of each machine start, and the spread of the ratio over runs says how much."""
     tab = steadiness_table(df)
-    name = bv.MODEL_NAMES.get(model, model)
+    name = model_title(model)
     tab = tab[(tab["model"] == name) & (tab["runs"] > 1)]
     if precisions is not None:
         tab = tab[tab["precision"].isin(precisions)]

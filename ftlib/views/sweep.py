@@ -20,8 +20,7 @@ from plotly.subplots import make_subplots
 
 from ftlib.analysis.claims import POST_CLAIMED, POST_GPU, POST_STEP_MS, roofline_projection
 from ftlib.model.config import ModelConfig, preset
-from ftlib.views.baselines import MODEL_NAMES
-from ftlib.views.bench import gpu_label, ok_rows, same_config
+from ftlib.views.bench import MODEL_NAMES, gpu_label, ok_rows, same_config
 from ftlib.views.per_run import and_list, pair_runs, run_values, summary
 from ftlib.views.plots import legend_below, log_ticks, with_subtitle
 from ftlib.views.tables import records, table_view
