@@ -179,8 +179,6 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
     times = bv.placement_table(runs[runs["device_slug"] == device])
     times = times[times["precision"] == "fp32"].set_index(["label", "config"])["median_ms"]
 
-    gpu = gpu_of(ok_rows(("tsweep", "compile_time")), device)
-
     def ms(label, mode, prec="fp32"):
         if prec != "fp32":
             return None
@@ -189,6 +187,7 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
     # Figure 5's caption: the T=128 point of the sweep at 8,192 tokens per step, fp32, reduce-overhead.
     claimed = POST_CLAIMED["speedup_T128"]
     sweep = sweep_rows(device)
+    gpu = gpu_of(sweep, device)
     at128 = next((r for r in sweep_table.rows(sweep) if r["T"] == 128 and r["speed-up"]), None)
     per_run = run_ratios(sweep, "median_ms", T=128, precision="fp32", mode="compile-ro")
     if at128 and len(per_run):
