@@ -350,7 +350,7 @@ h2h = stored("speedrun-head-to-head")
 if not h2h:
     print("The head-to-head has no stored rows yet: python ci/gpu_train.py --suites speedrun-head-to-head on a GPU.")
 for dev in sorted(group_rows(h2h)):
-    h2h_table, h2h_text = sr.head_to_head(h2h, dev)
+    h2h_table, h2h_text = sr.head_to_head(h2h, dev, ids=ids)
     if h2h_table:
         show_table(h2h_table, digits=4, caption=f"nanoGPT's recipe and the leader in one call, {gpu_label(dev)}")
     print(h2h_text)

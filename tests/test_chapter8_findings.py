@@ -53,9 +53,14 @@ def test_limits_names_the_closest_where_no_candidate_reached():
             + [_run(REFERENCE, 0, [4.0, 1.46], 1.47)] + [_run(REFERENCE, s, [4.0, 1.475, 1.6], 1.47) for s in (1, 2)])
     text = limits(rows, "h200", goals={1.47: 3.0}, train_tokens=B * T * 50)
     # Candidates by short id: "a" ran first, so it is C1.
-    assert "no candidate has a claimed time" in text and "Closest by the best validation loss: C1, 1.4800" in text
+    assert "no candidate has a claimed time" in text
+    assert "Of the candidates, the closest by the best validation loss: C1, 1.4800" in text
     assert "at step 100 on average, 2.0 epochs" in text and "risen 0.0200 above that best" in text
-    assert "nanoGPT's own recipe reached 1.4700 on 1 of 3 seeds" in text
+    # nanoGPT's recipe, the reference, is no candidate: its lower mean best loss is said as such.
+    assert "nanoGPT's own recipe came closer: it reached 1.4700 on 1 of 3 seeds (best loss 1.4700 on average" in text
+    worse_ref = rows[:3] + [_run(REFERENCE, s, [4.0, 1.49], 1.47) for s in range(2)]
+    assert "nanoGPT's own recipe reached 1.4700 on 0 of 2 seeds (best loss 1.4900" in limits(
+        worse_ref, "h200", goals={1.47: 3.0})
     # Runs that stop at 1.47 say nothing about 1.40.
     assert limits(rows, "h200", goals={1.40: 3.0}).endswith("no run aimed at it.")
     assert limits(rows, "a100", goals={1.47: 3.0}).endswith("no run aimed at it.")

@@ -152,7 +152,7 @@ def test_the_repeats_say_how_far_a_second_run_of_a_seed_lands():
     assert text.startswith("4 runs of 2 candidates were run a second time with the same seed; 3 reached 1.50 both")
     assert "1.20× to 1.20× the first's (median 1.20×), and 1 of the 3 reached it at another step, by up to 100" in text
     assert "C1 " in text.split("faster than the recipe by:")[1]  # repeated on as many seeds as the reference
-    assert text.endswith("The leader, lead, was not repeated.")
+    assert text.endswith("The leader, lead, has no second run of a seed here.")
     assert "No run has been repeated" in noise_findings(first, [], None)
 
 

@@ -273,3 +273,6 @@ def test_head_to_head_view_sets_the_two_sides_of_one_call_against_each_other():
     assert cand["time to 1.50 s (mean)"] == 2.5 and cand["whole-split loss at the stop (mean)"] == 1.485
     assert "2.50 s of training steps against nanoGPT's 12.00 s: 4.80×" in text
     assert "no rows yet" in head_to_head(rows, "t4")[1]
+    # The leaderboard's ids carry over: the leader keeps its own id, not the race's first free one.
+    table, text = head_to_head(rows, "h200", ids={"an earlier candidate": "C1", lead: "C28"})
+    assert table[1]["id"] == "C28" and text.split(": ", 1)[1].startswith("C28 reaches 1.50")

@@ -147,14 +147,16 @@ def limits(rows: list[dict[str, Any]], device: str, goals: Mapping[float, float]
         c = cands[0]
         epochs = (f", {c['tokens at best (mean)'] / train_tokens:.1f} epochs of the training split"
                   if train_tokens else "")
-        line = (f"{head}: no candidate has a claimed time. Closest by the best validation loss: "
-                f"{id_of(ids, c['candidate'])}, {c['best loss (mean)']:.4f} on average over "
+        line = (f"{head}: no candidate has a claimed time. Of the candidates, the closest by the best validation "
+                f"loss: {id_of(ids, c['candidate'])}, {c['best loss (mean)']:.4f} on average over "
                 f"{c['seeds']} seeds (lowest {c['best loss (min)']:.4f}; {c['reached']} of {c['seeds']} reached "
                 f"{target:.4f}), at step {c['best step (mean)']:.0f} on average{epochs}; by its last evaluation the "
                 f"loss had risen {c['rise after best (mean)']:.4f} above that best.")
         ref = next((x for x in near if x["candidate"] == REFERENCE), None)
         if ref is not None:
-            line += (f" nanoGPT's own recipe reached {target:.4f} on {ref['reached']} of {ref['seeds']} seeds "
+            closer = ref["best loss (mean)"] < c["best loss (mean)"]
+            line += (f" nanoGPT's own recipe{' came closer: it' if closer else ''} reached {target:.4f} on "
+                     f"{ref['reached']} of {ref['seeds']} seeds "
                      f"(best loss {ref['best loss (mean)']:.4f} on average, lowest {ref['best loss (min)']:.4f}).")
         lines.append(line)
     return "\n".join(lines)

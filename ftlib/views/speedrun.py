@@ -183,7 +183,7 @@ def noise_findings(rows: list[dict[str, Any]], repeats: list[dict[str, Any]], le
     repeated = {r["model"] for r in repeats}
     if leader:
         text += (f" The leader, {id_of(ids, leader)}, is among the repeated candidates." if leader in repeated else
-                 f" The leader, {id_of(ids, leader)}, was not repeated.")
+                 f" The leader, {id_of(ids, leader)}, has no second run of a seed here.")
     return text
 
 
@@ -250,15 +250,18 @@ def samples(fair: list[dict[str, Any]], speed: list[dict[str, Any]], leaders: Ma
     return "\n".join(out)
 
 
-def head_to_head(rows: list[dict[str, Any]], device: str) -> tuple[list[dict[str, Any]], str]:
+def head_to_head(rows: list[dict[str, Any]], device: str,
+                 ids: Mapping[str, str] | None = None) -> tuple[list[dict[str, Any]], str]:
     """The same-call race of nanoGPT's recipe and the leader (suite ``speedrun-head-to-head``) on ``device``:
     one line per side (seeds, seeds at 1.50, mean time to it, whole-split loss at the stop), then the speed-up
-    of the means with its bootstrap interval (:func:`speedrun_pooled`), in a sentence."""
+    of the means with its bootstrap interval (:func:`speedrun_pooled`), in a sentence. ``ids``: the short ids
+    of the leaderboard's candidates (:func:`short_ids` of its rows), so that a candidate keeps its id here;
+    without them the race numbers its own."""
     mine = [r for r in ok_runs_to_150(rows) if r.get("device_slug") == device]
     if not mine:
         return [], (f"{gpu_label(device)}: the head-to-head has no rows yet "
                     "(python ci/gpu_train.py --suites speedrun-head-to-head on a GPU).")
-    ids = short_ids(mine)
+    ids = short_ids(mine) if ids is None else ids
     table = []
     for name in dict.fromkeys(r["model"] for r in mine):
         runs = [r for r in mine if r["model"] == name]
