@@ -261,3 +261,21 @@ def test_the_left_out_note_names_the_runs_and_what_they_lack():
     note = br.left_out_note(bv.load(CASES + later, rows=old + new))
     assert note.endswith("- H200, FastTransformer bf16: 2 runs without *manual CUDA graph of the compiled step*")
     assert br.left_out_note(bv.load(CASES, rows=old)) == ""
+
+
+def test_the_headroom_floor_is_chapter_2s_eager_step_floor_and_named_so():
+    """Chapter 6's headroom sets the compiled step against the floor of chapter 2's accounting, which
+    counts the bytes an eager step moves; a fused step (GPT-2's engine) can run under it, so the column says
+    whose floor it is, under the name chapter 2 gives it."""
+    from ftlib.analysis.peaks import lookup, step_floor
+    from ftlib.harness.suites import headline_models
+    from ftlib.views.accounting import floors_table
+
+    rows = run_rows("r1", "m1", fast(gpt2__compile_ro__whole_step=3.0))
+    head = bv.headroom(bv.load(CASES, rows=rows))
+    assert "eager-step floor ms" in floors_table.rows()[0]
+    line = head[head["model"] == "GPT-2"].iloc[0]
+    floor = step_floor(headline_models()["gpt2"], 32, 256, lookup("NVIDIA H200"), line["precision"])["floor_s"]
+    assert line["eager-step floor ms"] == pytest.approx(1e3 * floor)
+    ratio = line["fastest compiled ms"] / line["eager-step floor ms"]
+    assert line["compiled / eager-step floor"] == pytest.approx(ratio)

@@ -22,6 +22,7 @@ def test_probe_table_groups_kernel_time_by_category(tmp_path, monkeypatch, rows)
     table = engineview.probe_table.rows(ok_rows("engine_probe"))
     assert [t["precision"] for t in table] == ["tf32", "bf16"]
     t = table[0]
+    assert t["case"] == engineview.case_name(ok_rows("engine_probe")[0])  # in words, as the figures name it
     assert (t["matmul"], t["attention"], t["norms"], t["reductions (sums)"], t["optimizer"], t["other"]) == (
         900.0, 250.0, 100.0, 200.0, 20.0, 30.0)
     assert t["largest"] == "matmul" and t["largest share"] == pytest.approx(900 / 1500)
@@ -146,7 +147,7 @@ def test_a_default_that_lost_its_own_trial_names_the_trial_that_set_it():
     rows = [row("ft", 2.0, {}), row("ft +head", 2.0, head), row("ft +both", 1.9, both)]
     text = option_trials.candidate_summary(rows, [])
     line = next(x for x in text.splitlines() if "**+head**" in x)
-    assert "in 0 of 1 cases" in line
+    assert "in 0 of 1 case; the step changed by +0 µs (1.000x);" in line  # one case: no range of one value
     assert "since **+both**, which holds it, won (faster beyond the spread in 1 of 1 cases)" in line
     assert "since" not in next(x for x in text.splitlines() if "**+both**" in x)  # it won on its own
     # the same options won on another GPU: that trial is named with its GPU
@@ -173,7 +174,7 @@ def test_candidates_pair_with_the_default_of_their_own_run():
     assert got[("gpt2 +flash", "+opt")]["options"] == {"opt": True}  # the base's own options are not the option's
     checks = [{"device_slug": "h200", "precision": "bf16", "extra": {"opt": True}, "ok": False}]
     text = option_trials.candidate_summary([r for r in rows if "flash" not in r["label"]], checks)
-    assert "1 of 1 cases" in text and "check failed" in text
+    assert "1 of 1 case;" in text and "check failed" in text
     assert "no 100-step check" in option_trials.candidate_summary(rows, [])
     other = [{"device_slug": "h200", "precision": "bf16", "extra": {"other": True}, "ok": True}]  # another option
     assert "no 100-step check" in option_trials.candidate_summary(rows, other)

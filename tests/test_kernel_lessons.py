@@ -58,3 +58,22 @@ def test_the_engine_sentence_keeps_cases_without_a_verdict_apart():
         "has too few runs for a verdict; its median is faster for GPT-2 tf32:\n")
     assert kl._engine_sentence([], []).endswith("is faster for no case:\n")
     assert "(too few runs)" not in both
+
+
+def test_a_profiled_variant_is_set_against_the_default_engine_in_words():
+    """The closing's kernel counts: a variant of the default engine, named by what it changes in words (never
+    by option keys, and never called 'one option' where its name lists several), against the default case."""
+    from ftlib.model.config import preset
+
+    def probe(label, n, us):
+        return {"bench": "engine_probe", "status": "ok", "label": label, "preset": "gpt2", "precision": "bf16",
+                "B": 32, "T": 256, "config": preset("gpt2").to_dict(), "device": "NVIDIA H200", "device_slug": "h200",
+                "date": "2026-01-01T00:00:00Z", "step_median_us": us,
+                "kernels": [{"name": "nvjet_sm90_tst_128x128", "count": n, "us": us / 2}]}
+
+    lines = kl._kernel_count_lines([probe("gpt2", 100, 2000.0),
+                                    probe("gpt2 bias_into_buffer=False bf16_bias_weights=False "
+                                          "branch_bias_into_norm=False first_norm_into_buffer=False", 202, 2100.0)],
+                                   "h200")
+    assert lines[0] == ("profiled as a variant of the default engine, GPT-2 bf16, without the bias and first-norm "
+                        "options: +102 kernels per step, +100 µs per captured step")

@@ -201,6 +201,26 @@ def test_without_a_default_engine_case_the_figure_gives_way_to_a_sentence():
     assert latest_probes([old])[0]["label"] != "fasttransformer" and L.figure_rows(latest_probes([old]), "h200") == []
     assert [r["label"] for r in L.figure_rows(latest_probes([now]), "h200")] == ["fasttransformer"]
     assert L.no_default_profile("h200").startswith("No profile of the current engine's default steps on the H200")
+    # The list of each case's largest classes says so too, rather than stand empty under its heading.
+    assert L.class_order(latest_probes([old]), "h200").startswith("no profile of the current engine's default")
+    assert L.class_order(latest_probes([now]), "h200").startswith("* **FastTransformer bf16**: matmul (")
+    # An earlier engine's case is named by what it lacks, in words, never by option keys.
+    assert "=" not in L.short_case(latest_probes([old])[0]) and L.short_case(old) == "FastTransformer bf16"
+
+
+def test_every_default_a_case_ran_without_is_named_in_words():
+    """A profile of an earlier engine is named by the defaults it lacked (``<option>=False`` or ``=None`` in its
+    label, ftlib.views.engine.probe_label); each of those has its words, so no option key reaches a reader."""
+    import dataclasses
+
+    from ftlib.training.engine.options import EngineOptions
+    from ftlib.views.engine_config import TRIAL_WINNERS
+
+    now = dataclasses.asdict(EngineOptions())
+    for option in TRIAL_WINNERS:
+        off = "False" if isinstance(now[option], bool) else "None"  # as probe_label writes it
+        name = L.short_case(probe_row(label=f"fasttransformer {option}={off}"))
+        assert name.startswith("FastTransformer bf16, ") and option not in name, name
 
 
 def test_kernels_that_overlap_on_two_streams_give_no_gap_but_their_overlap():

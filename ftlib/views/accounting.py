@@ -188,7 +188,7 @@ def component_figures() -> list[tuple[str, go.Figure]]:
 @table_view
 def floors_table() -> list[dict[str, Any]]:
     """The step's two floors per device and precision: the PaLM FLOPs at the matmul peak, and the sum
-    of every component's roofline bound (datasheet peaks)."""
+    of every component's roofline bound with the bytes an eager step moves (datasheet peaks)."""
     out = []
     for dev, precs in (("Tesla T4", ("fp32", "fp16")), (H200, ("fp32", "tf32", "bf16"))):
         d = lookup(dev)
@@ -196,7 +196,7 @@ def floors_table() -> list[dict[str, Any]]:
             for m, c in MODELS.items():
                 out.append({"device": d.name, "precision": prec, "model": m, "peak TFLOP/s": d.rate(prec) / 1e12,
                             "GB/s": d.bandwidth_gbs, "FLOP floor ms": flops_floor(palm_flops(c, B, T), d, prec) * 1e3,
-                            "roofline floor ms": step_floor(c, B, T, d, prec)["floor_s"] * 1e3})
+                            "eager-step floor ms": step_floor(c, B, T, d, prec)["floor_s"] * 1e3})
     return out
 
 

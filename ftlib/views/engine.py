@@ -244,7 +244,7 @@ def probe_table(probe_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             cat = probe_category(k["name"])
             by[cat] = by.get(cat, 0.0) + k["us"]
         total = r.get("kernel_us") or sum(by.values())
-        line = {"device": r.get("device_slug"), "case": r["label"], "precision": r["precision"],
+        line = {"device": r.get("device_slug"), "case": case_name(r), "precision": r["precision"],
                 "captured step µs": r.get("step_median_us"), "kernel µs": total,
                 "kernels per step": round(sum(k.get("count", 0) for k in r.get("kernels", [])))}
         for cat, _ in PROBE_CATEGORIES + (("other", ()),):
@@ -292,7 +292,11 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("norm_dw_into_buffer=False", "norm gradients summed by torch"),
                  ("fuse_mlp_act=True", "GELU in the GEMM epilogues"),
                  ("fuse_softmax_matmuls=False", "attention products on cuBLAS"),
-                 ("bias_into_buffer=False", "bias gradients summed by torch"))
+                 ("bias_into_buffer=False", "bias gradients summed by torch"),
+                 ("grad_into_buffer=False", "weight gradients added into the buffer by torch"),
+                 ("norm_bwd_grid=None", "launcher's norm-backward grid"),
+                 ("bf16_bias_weights=False", "biases cast by autocast"),
+                 ("branch_bias_into_norm=False", "branch biases summed apart"))
 
 
 def case_name(r: dict[str, Any]) -> str:

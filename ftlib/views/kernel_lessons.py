@@ -124,18 +124,20 @@ def _buffer_lines(candidate_rows: list[dict[str, Any]], device: str) -> list[str
 
     table = [d for d in candidate_table.rows(candidate_rows) if d["device"] == device]
     lines = []
-    for option in ("+grad-into-buffer", "+norm-dw-into-buffer"):
+    for option, what in (("+grad-into-buffer", "the Linears' weight gradients written straight into the flat buffer"),
+                         ("+norm-dw-into-buffer", "the norms' weight gradients added straight into the flat buffer")):
         mine = [d for d in table if d["option"] == option]
         if mine:
             lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
-            lines.append(f"{option} (gradients written straight into the flat buffer) changes the step by "
+            lines.append(f"{option} ({what}) changes the step by "
                          f"{lo:+.0f} to {hi:+.0f} µs against the default engine of the same run, {len(mine)} cases "
                          f"in {len({d['run'] for d in mine})} run{'s' * (len({d['run'] for d in mine}) != 1)}")
     return lines
 
 
 def _kernel_count_lines(probe_rows: list[dict[str, Any]], device: str) -> list[str]:
-    """Profiled cases that differ from the default engine by one option: kernels per step and captured step."""
+    """Profiled cases that differ from the default engine by options their names give: kernels per step and
+    captured step, against the default engine of the same device and precision."""
     table = [t for t in lv.ledger_totals.rows(probe_rows) if t["device"] == device]
     lines = []
     for t in table:
@@ -143,7 +145,7 @@ def _kernel_count_lines(probe_rows: list[dict[str, Any]], device: str) -> list[s
                      and b["precision"] == t["precision"]), None)
         if base is None or not (t["captured step µs"] and base["captured step µs"]):
             continue
-        lines.append(f"profiled with one option against the default engine, {t['case']}: "
+        lines.append(f"profiled as a variant of the default engine, {t['case']}: "
                      f"{round(t['kernels per step'] - base['kernels per step']):+d} kernels per step, "
                      f"{t['captured step µs'] - base['captured step µs']:+.0f} µs per captured step")
     for t in table:

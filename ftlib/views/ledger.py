@@ -133,17 +133,14 @@ def attention_backend(r: dict[str, Any], cfg: ModelConfig, capability: tuple[int
 
 
 def short_case(r: dict[str, Any]) -> str:
-    """'FastTransformer bf16', 'GPT-2 tf32, fused attention': a case's name for an axis or a panel."""
+    """'FastTransformer bf16', 'GPT-2 tf32, fused attention', 'speedrun model (256x6, B=64) bf16, fused
+    dropout': :func:`case_name` (the options in words) with the precision after the model."""
+    name = case_name(r)
     if r["label"].startswith("speedrun"):
-        name = case_name(r)
         return name.replace(")", f") {r['precision']}", 1) if ")" in name else f"{name} {r['precision']}"
-    model = r.get("preset") or r["label"]
-    extra = r["label"][len(model):].strip() if r["label"].startswith(model) else ""
-    for long, short in (("attention_for_explicit=True", "fused attention"),
-                        ("linear_precision=tf32x3 attention_precision=tf32x3", "3xTF32"),
-                        ("bf16_norm_out=True bf16_weights=True", "bf16 weights and norms")):
-        extra = extra.replace(long, short)
-    return f"{model_title(model)} {r['precision']}" + (f", {extra}" if extra else "")
+    model = model_title(r.get("preset") or r["label"].split()[0])
+    extra = name[len(model):].strip(" ,") if name.startswith(model) else name
+    return f"{model} {r['precision']}" + (f", {extra}" if extra else "")
 
 
 def _peaks(r: dict[str, Any]) -> DevicePeaks | None:
@@ -361,7 +358,8 @@ def devices_of(probe_rows: Iterable[dict[str, Any]]) -> list[str]:
 
 def class_order(probe_rows: Iterable[dict[str, Any]], device: str, top: int = 3) -> str:
     """Markdown, one item per case of :func:`figure_rows`: its ``top`` kernel classes by measured time per step,
-    largest first, with each one's share of the kernel time."""
+    largest first, with each one's share of the kernel time; where ``device`` has no such case, a sentence that
+    says so."""
     out = []
     for r in figure_rows(probe_rows, device):
         lines = sorted((x for x in _case_ledger(r) if x["measured µs"]), key=lambda x: -x["measured µs"])
@@ -369,4 +367,6 @@ def class_order(probe_rows: Iterable[dict[str, Any]], device: str, top: int = 3)
         if total:
             out.append(f"* **{short_case(r)}**: " + ", then ".join(
                 f"{x['class']} ({x['measured µs']:,.0f} µs, {x['measured µs'] / total:.0%})" for x in lines[:top]))
-    return "\n".join(out)
+    return "\n".join(out) or (f"no profile of the current engine's default steps on the {short_name(device)} "
+                              "yet; the cases profiled there ran an earlier engine, and the table above gives their "
+                              "classes.")

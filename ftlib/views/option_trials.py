@@ -94,13 +94,14 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
                  f"its 100-step check passed in {', '.join(p for p in precs if p not in unchecked)}; none is stored "
                  f"in {', '.join(unchecked)}")
         lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
+        s_lo, s_hi = min(d["speed-up"] for d in mine), max(d["speed-up"] for d in mine)
+        moved = (f"{lo:+.0f} µs ({s_lo:.3f}x)" if len(mine) == 1 else
+                 f"{lo:+.0f} to {hi:+.0f} µs ({s_lo:.3f}x to {s_hi:.3f}x)")
         default = ("the engine's defaults do not set it" if not is_default(options) else "the engine's defaults set it"
                    + (won_by(dev, option, options) if 2 * len(wins) <= len(mine) else ""))
         lines.append(f"* **{option}** on the {gpu_of(candidate_rows, dev)}: faster than the default engine of the "
-                     f"same run beyond the spread in {len(wins)} of {len(mine)} cases; the step changed by "
-                     f"{lo:+.0f} to {hi:+.0f} µs "
-                     f"({min(d['speed-up'] for d in mine):.3f}x to {max(d['speed-up'] for d in mine):.3f}x); {check}; "
-                     f"{default}.")
+                     f"same run beyond the spread in {len(wins)} of {len(mine)} case{'s' * (len(mine) != 1)}; the "
+                     f"step changed by {moved}; {check}; {default}.")
     return "\n".join(lines) or "No engine option is waiting to be measured."
 
 
