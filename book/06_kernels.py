@@ -221,7 +221,9 @@ for dev in sorted(set(runs["device_slug"])):
 # The same engine against three compiled configurations of the same run: the post's (AdamW run
 # eagerly after the compiled model), reduce-overhead with the fused AdamW kernel, and the whole
 # step compiled, then the strongest of the run. A speed-up measured against the post's setup
-# flatters the engine most where the step is shortest, in bf16.
+# flatters the engine most where the step is shortest, in bf16. Only the runs that measured the
+# current engine count here, so a baseline's time is the median of those runs: chapters 3 and 5
+# take every run of the baseline and may give another median for the same configuration.
 
 # %%
 show_frame(br.placement_effect(runs))

@@ -114,6 +114,7 @@ def test_the_placement_effect_shows_each_baseline_of_the_same_run():
     assert got["compile reduce-overhead, foreach AdamW outside"].startswith("2.00×")
     assert got["compile reduce-overhead, fused AdamW outside"].startswith("1.33×")
     assert got["strongest baseline of the run"].startswith("1.17×")
+    assert set(tab["runs"]) == {bv.runs_on_starts(1, 1)}  # the runs behind each median, said beside it
 
 
 def test_the_placement_effect_without_a_run_of_the_current_engine_keeps_its_columns():
@@ -143,8 +144,9 @@ def test_the_findings_are_computed_from_the_rows():
     assert br.chapter3_findings(bv.load(CASES, rows=[])).startswith("No complete run")
     # A device without runs in the chapter's precision says so, not "0 runs on 0 machine starts".
     other = br.chapter3_findings(bv.load(CASES, rows=rows), precision="fp32")
-    assert other.startswith("**H200** (no fp32 runs; what its runs in other precisions show):")
-    assert "0 runs" not in other
+    assert other.startswith("**H200** (no fp32 runs; 3 runs on 2 machine starts, bf16):")
+    assert "0 runs" not in other and "1.52× (1.50–1.53× over runs)" in other  # the precision it has, read instead
+    assert "the post claims" not in other  # the post's 1.445× is an fp32 claim
 
 
 def test_a_run_cut_short_keeps_the_precisions_it_completed():
@@ -220,6 +222,11 @@ def test_compiled_autograd_is_set_against_the_same_whole_step_in_each_run():
     (ft,) = [s for s in br.compiled_autograd_findings(bv.load(cases, rows=rows), "h200")
              if s.startswith("FastTransformer bf16")]
     assert "(3 runs on 2 machine starts; verdict: slower)" in ft
+    # In the chapter's closing, under a heading of its own, after the fp32 lines of the device.
+    text = br.chapter3_findings(bv.load(cases, rows=rows))
+    assert "\n\nCompiled autograd on the H200, each precision, in the runs that measured" in text
+    assert text.index("Compiled autograd on the H200") < text.index("- FastTransformer bf16: compile reduce-overhead")
+    assert br.verdict_phrase("no verdict: the runs disagree") == "no verdict: the runs disagree"
     assert br.compiled_autograd_findings(bv.load(cases, rows=rows), "t4") == []
 
 

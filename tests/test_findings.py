@@ -219,6 +219,8 @@ def test_another_device_gets_its_own_table_and_the_headline_device_is_said_to_la
                     "baseline in 3 of the 6 cases (a model and precision in one run) on the NVIDIA H100 80GB HBM3 "
                     "that measured it: its engine ratios above are against a weaker set of configurations.")
     assert lack in findings.additions("h200")
+    assert ef.weaker_set("h200", "its fastest is of a smaller set").endswith("that measured it: its fastest is of a "
+                                                                          "smaller set.")  # chapter 3's ending
     assert ef.weaker_set("h100-80gb-hbm3") is None  # the H100 measured every configuration the H200's runs did
     # A winner elsewhere that the headline device's runs did measure leaves nothing to say.
     store(_on("h200", "NVIDIA H200", [r for i in range(3) for r in _graphed_run(f"h{i}", f"m{i % 2}", 4.0, 4.5)]))

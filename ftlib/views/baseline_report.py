@@ -91,14 +91,15 @@ def left_out_note(df: pd.DataFrame) -> str:
 
 
 PLACEMENT_COLUMNS = ["device", "model", "precision", "engine measured against", "baseline ms",
-                     "engine speed-up (median, min–max)", "verdict"]
+                     "engine speed-up (median, min–max)", "runs", "verdict"]
 
 
 def placement_effect(df: pd.DataFrame) -> pd.DataFrame:
     """How the baseline's optimizer placement changes the engine's speed-up, per run then over runs.
 
     Against the post's compiled configuration (reduce-overhead, AdamW left eager), against
-    reduce-overhead with fused AdamW, and against the strongest baseline of the run.
+    reduce-overhead with fused AdamW, and against the strongest baseline of the run; over the runs that
+    measured the current engine only, so ``baseline ms`` is the median of those runs, with their count.
     """
     v = valid_rows(df)
     eng = todays_engine(df)[["device_slug", "run_id", "machine_id", "label", "precision", "median_ms"]]
@@ -124,7 +125,8 @@ def placement_effect(df: pd.DataFrame) -> pd.DataFrame:
     tab = tab.merge(ms.rename("baseline ms").reset_index(), on=["device_slug", "label", "precision", "against"])
     return pd.DataFrame(dict(zip(PLACEMENT_COLUMNS, (
         tab["device_slug"], tab["label"].map(MODEL_NAMES), tab["precision"], tab["against"], tab["baseline ms"],
-        [fmt_range(m, lo, hi) for m, lo, hi in zip(tab["median"], tab["min"], tab["max"])], tab["verdict"]))))
+        [fmt_range(m, lo, hi) for m, lo, hi in zip(tab["median"], tab["min"], tab["max"])],
+        [runs_on_starts(int(n), int(m)) for n, m in zip(tab["runs"], tab["machines"])], tab["verdict"]))))
 
 
 def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequence[str] | None = None) -> go.Figure:
@@ -172,39 +174,57 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
     return legend_below(fig)
 
 
+def ceiling_precision(df: pd.DataFrame, device: str, precision: str = "fp32") -> str | None:
+    """``precision`` where ``device``'s runs in ``df`` measured it, else the first of tf32, bf16 and fp16 they
+    did (None where they measured none): the precision chapter 3 reads a device's ceiling in."""
+    have = set(df.loc[df["device_slug"] == device, "precision"])
+    return next((p for p in (precision, "tf32", "bf16", "fp16") if p in have), None)
+
+
 def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
-    """Chapter 3's closing paragraph, per device, from the runs in ``df``."""
+    """Chapter 3's closing paragraph, per device, from the runs in ``df``: in ``precision`` (or, for a device
+    without runs in it, the precision :func:`ceiling_precision` picks) the two models' ratio, the ceiling and
+    the engine; then compiled autograd in each precision, under a heading of its own."""
     if df.empty:
         return NO_RUNS
     tab = spread(model_speedups(df), MODEL_KEYS)
     eng = newest_engine(engine_table(df))
     parts = []
     for dev in sorted(set(df["device_slug"])):
-        post = lookup_row(tab, device_slug=dev, precision=precision, config=config_name(*POST_CONFIG))
-        best = lookup_row(tab, device_slug=dev, precision=precision, config="strongest baseline of each")
-        runs = df[(df["device_slug"] == dev) & (df["precision"] == precision)]
-        n_runs = runs["run_id"].nunique()
-        lines = [f"**{gpu_label(dev)}** ({runs_on_starts(n_runs, runs['machine_id'].nunique())}, {precision}):"
-                 if n_runs
-                 else f"**{gpu_label(dev)}** (no {precision} runs; what its runs in other precisions show):"]
+        prec = ceiling_precision(df, dev, precision)
+        runs = df[(df["device_slug"] == dev) & (df["precision"] == prec)]
+        n = runs_on_starts(runs["run_id"].nunique(), runs["machine_id"].nunique())
+        lines = [f"**{gpu_label(dev)}** ({n}, {prec}):" if prec == precision
+                 else f"**{gpu_label(dev)}** (no {precision} runs; {n}, {prec}):"]
+        post = lookup_row(tab, device_slug=dev, precision=prec, config=config_name(*POST_CONFIG))
+        best = lookup_row(tab, device_slug=dev, precision=prec, config="strongest baseline of each")
         if post is not None:
+            claim = (f"; the post claims {POST_CLAIMED['speedup_compiled']:.4g}× on a T4, in fp32"
+                     if prec == "fp32" else "")
             lines.append(f"- Under the post's configuration ({config_name(*POST_CONFIG)}), FastTransformer steps "
                          f"{range_text(post['median'], post['min'], post['max'])} faster than GPT-2 "
-                         f"(verdict: {post['verdict']}); the post claims "
-                         f"{POST_CLAIMED['speedup_compiled']:.4g}× on a T4.")
+                         f"(verdict: {post['verdict']}){claim}.")
         if best is not None:
             lines.append(f"- With each model at its fastest compiled configuration the ratio is "
                          f"{range_text(best['median'], best['min'], best['max'])} ({best['verdict']}).")
-        lines += [f"- {s}" for s in ceiling_findings(df, dev, precision)]
-        lines += [f"- {s}" for s in compiled_autograd_findings(df, dev)]
+        lines += [f"- {s}" for s in ceiling_findings(df, dev, prec)]
         for label in ("gpt2", "fasttransformer"):
-            e = lookup_row(eng, device_slug=dev, label=label, precision=precision)
+            e = lookup_row(eng, device_slug=dev, label=label, precision=prec)
             if e is not None:
                 lines.append(f"- The book's engine for {MODEL_NAMES[label]} against that fastest compiled step: "
                              f"{range_text(e['median'], e['min'], e['max'])} ({e['verdict']})"
                              f"{engine_note(e['engine_config'])}.")
+        ca = compiled_autograd_findings(df, dev)
+        if ca:
+            lines += ["", f"Compiled autograd on the {gpu_label(dev)}, each precision, in the runs that measured "
+                      "the whole step compiled both with and without it:"] + [f"- {s}" for s in ca]
         parts.append("\n".join(lines))
     return "\n\n".join(parts)
+
+
+def verdict_phrase(word: str) -> str:
+    """'verdict: slower'; a verdict that is itself the lack of one ('no verdict: the runs disagree') as it is."""
+    return word if word.startswith("no verdict") else f"verdict: {word}"
 
 
 def compiled_autograd_findings(df: pd.DataFrame, device: str, mode: str = "compile-ro") -> list[str]:
@@ -230,8 +250,8 @@ def compiled_autograd_findings(df: pd.DataFrame, device: str, mode: str = "compi
                  f", with {counts['compiled_graphs']:.0f} graphs and {counts['graph_breaks']:.0f} graph breaks")
         out.append(f"{MODEL_NAMES[label]} {prec}: {config_name(mode, 'whole-step-ca')} "
                    f"{g['whole-step-ca'].median():.2f} ms against {g['whole-step'].median():.2f} ms without it: "
-                   f"{range_text(ratio.median(), ratio.min(), ratio.max())} as long ({runs_on_starts(n, m)}; verdict: "
-                   f"{verdict_word(verdict(1 / ratio.max(), 1 / ratio.min(), n, m))}){where}.")
+                   f"{range_text(ratio.median(), ratio.min(), ratio.max())} as long ({runs_on_starts(n, m)}; "
+                   f"{verdict_phrase(verdict_word(verdict(1 / ratio.max(), 1 / ratio.min(), n, m)))}){where}.")
     return out
 
 

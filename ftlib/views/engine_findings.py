@@ -140,10 +140,11 @@ def other_device_intro(device: str, headline: str, runs: pd.DataFrame) -> str:
             "the same comparison:")
 
 
-def weaker_set(device: str = "h200") -> str | None:
+def weaker_set(device: str = "h200",
+               consequence: str = "its engine ratios above are against a weaker set of configurations") -> str | None:
     """A sentence where no run of ``device`` measured a configuration that was the strongest baseline in runs of
     another device (None where its runs measured every such configuration): its ratios are then against a weaker
-    set of configurations than the other device's."""
+    set of configurations than the other device's, the ``consequence`` the sentence ends with."""
     from ftlib.views import baselines as bv
 
     every = bv.valid_rows(all_runs())
@@ -162,4 +163,4 @@ def weaker_set(device: str = "h200") -> str | None:
     if not out:
         return None
     return (f"No run on the {device_title(device, every)} measured the " + "; nor the ".join(out)
-            + ": its engine ratios above are against a weaker set of configurations.")
+            + f": {consequence}.")
