@@ -117,9 +117,13 @@ def test_summary_reads_old_and_new_rows_and_finalists():
     # Named candidates get the seeds too, once each, after the fastest.
     assert speedrun_finalists(rows, always=("c", "b")) == [REFERENCE, "b", "c"]
     assert all(n in speedrun_candidates() for n in ALL_SEEDS)
-    # A suite without a target has no timing columns beyond the old ones.
+    # A suite without a target trains a fixed number of steps: no target, so no time to it and no "reached";
+    # its startup stands beside the training time that includes it, where the rows record one.
     plain = seed_table.rows([{**_row("m", 0), "target": None}])[0]
-    assert "excl. startup s (mean)" not in plain and "time to target s (mean)" in plain
+    assert not {"excl. startup s (mean)", "time to target s (mean)", "reached"} & set(plain)
+    assert "startup s (mean)" not in plain  # this row records none
+    timed = seed_table.rows([{**_row("m", 0, startup=2.0), "target": None}])[0]
+    assert timed["train time s (mean)"] == 5.0 and timed["startup s (mean)"] == 2.0
 
 
 def test_failed_run_is_stored_and_retried(tmp_path, monkeypatch):

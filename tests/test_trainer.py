@@ -69,7 +69,7 @@ def test_study_is_resumable_and_aggregates(ds, tmp_path, monkeypatch):
     assert [p["step"] for p in agg] == [0, 5, 10] and all(p["n_seeds"] == 2 for p in agg)
     assert agg[-1]["val_min"] <= agg[-1]["val_mean"] <= agg[-1]["val_max"]
     (line,) = seed_table.rows(rows)
-    assert line["seeds"] == 2 and line["reached"] == "0/2"
+    assert line["seeds"] == 2 and "reached" not in line  # a fixed number of steps: no target to reach
 
 
 # The engine's kernels need a head size in (16, 32, 64, 128): 64 / 4 = 16, one layer, T = 16.

@@ -86,30 +86,31 @@ def _colors(agg: dict[str, Any]) -> dict[str, str]:
 
 @table_view
 def seed_table(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """One line per device, model and config: seeds, best validation loss (mean, min, max), time to target.
+    """One line per device, model and config: seeds, best validation loss (mean, min, max), training time.
 
-    Time to target twice: all training-step wall time (startup included), and without the
-    startup (first step: compilation, or the engine's JIT and capture). A row without a recorded
-    startup has no value for the second; its mean is over the seeds that have one.
+    For runs aimed at a target loss (a speedrun), the time to it twice: all training-step wall time (startup
+    included), and without the startup (first step: compilation, or the engine's JIT and capture); a row
+    without a recorded startup has no value for the second, and its mean is over the seeds that have one.
+    Runs without a target have no such columns: they train a fixed number of steps. The startup stands
+    beside the training time wherever the rows record it, since the training time includes it.
     Runs of different devices or sizes are separate lines (``device``, ``params``).
     """
     groups = _runs_of_one_config(rows)
-    speedrun = any(r.get("target") is not None for rs in groups.values() for r in rs)  # else no timing columns
+    speedrun = any(r.get("target") is not None for rs in groups.values() for r in rs)  # else no target columns
     table = []
     for (dev, model, _), rs in groups.items():
         best = [r["best_val_loss"] for r in rs]
-        ttt = [r["time_to_target_s"] for r in rs if r.get("time_to_target_s") is not None]
-        line = {
-            "device": dev, "model": model, "params": rs[0]["params"], "seeds": len(rs),
-            "best val loss (mean)": sum(best) / len(best), "min": min(best), "max": max(best),
-            "time to target s (mean)": sum(ttt) / len(ttt) if ttt else None,
-        }
+        line = {"device": dev, "model": model, "params": rs[0]["params"], "seeds": len(rs),
+                "best val loss (mean)": sum(best) / len(best), "min": min(best), "max": max(best)}
         if speedrun:
+            ttt = [r["time_to_target_s"] for r in rs if r.get("time_to_target_s") is not None]
+            line["time to target s (mean)"] = sum(ttt) / len(ttt) if ttt else None
             line["excl. startup s (mean)"] = mean_of([steady_time_to_target(r) for r in rs])
-            line["startup s (mean)"] = mean_of([r.get("startup_s") for r in rs])
             line["steps to target (mean)"] = mean_of([r.get("steps_to_target") for r in rs])
-        line["reached"] = f"{len(ttt)}/{len(rs)}"
+            line["reached"] = f"{len(ttt)}/{len(rs)}"
         line["train time s (mean)"] = sum(r["train_time_s"] for r in rs) / len(rs)
+        if speedrun or any(r.get("startup_s") is not None for r in rs):
+            line["startup s (mean)"] = mean_of([r.get("startup_s") for r in rs])
         table.append(line)
     return table
 
