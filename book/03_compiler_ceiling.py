@@ -89,6 +89,7 @@ from ftlib.harness.plans import plan_here, run_plan
 from ftlib.harness.suites import baselines
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
+from ftlib.views import ceiling
 from ftlib.views.engine_findings import weaker_set
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
@@ -133,8 +134,8 @@ show_frame(ft_vs_gpt2[ft_vs_gpt2["precision"] == "fp32"] if not ft_vs_gpt2.empty
 
 # %%
 for dev in sorted(set(runs["device_slug"])):
-    display(Markdown("\n".join(f"- {line}" for line in br.ceiling_findings(runs, dev,
-                                                                            br.ceiling_precision(runs, dev)))))
+    display(Markdown("\n".join(f"- {line}" for line in ceiling.ceiling_findings(runs, dev,
+                                                                            ceiling.ceiling_precision(runs, dev)))))
 
 # %% [markdown]
 # ## The post's T4 numbers, and what a T4 could do at best
@@ -154,7 +155,7 @@ show_frame(br.t4_floor_table())
 # ## What we found
 
 # %%
-display(Markdown(br.chapter3_findings(runs)))
+display(Markdown(ceiling.chapter3_findings(runs)))
 for dev in sorted(set(runs["device_slug"])):
     # A configuration that won on another GPU but never ran on this one: its fastest is of a smaller set.
     if lack := weaker_set(dev, "its fastest compiled configuration above is the fastest of a smaller set"):

@@ -11,6 +11,7 @@ from ftlib.harness.bench.cases import Case
 from ftlib.harness.suites import LATER_STEP_CONFIGS
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
+from ftlib.views import ceiling
 
 
 def test_the_strongest_baseline_is_the_fastest_correct_compiled_configuration():
@@ -139,11 +140,11 @@ def test_the_findings_are_computed_from_the_rows():
     for i in range(3):
         rows += run_rows(f"r{i}", f"m{i % 2}", fast(gpt2__compile_ro__default=9.0 + i / 10,
                                                       fasttransformer__compile_ro__default=6.0))
-    text = br.chapter3_findings(bv.load(CASES, rows=rows), precision="bf16")
+    text = ceiling.chapter3_findings(bv.load(CASES, rows=rows), precision="bf16")
     assert "1.52× (1.50–1.53× over runs)" in text and "3 runs on 2 machine starts" in text
-    assert br.chapter3_findings(bv.load(CASES, rows=[])).startswith("No complete run")
+    assert ceiling.chapter3_findings(bv.load(CASES, rows=[])).startswith("No complete run")
     # A device without runs in the chapter's precision says so, not "0 runs on 0 machine starts".
-    other = br.chapter3_findings(bv.load(CASES, rows=rows), precision="fp32")
+    other = ceiling.chapter3_findings(bv.load(CASES, rows=rows), precision="fp32")
     assert other.startswith("**H200** (no fp32 runs; 3 runs on 2 machine starts, bf16):")
     assert "0 runs" not in other and "1.52× (1.50–1.53× over runs)" in other  # the precision it has, read instead
     assert "the post claims" not in other  # the post's 1.445× is an fp32 claim
@@ -211,7 +212,7 @@ def test_compiled_autograd_is_set_against_the_same_whole_step_in_each_run():
         rows += run_rows(f"r{i}", f"m{i}", {("fasttransformer", "compile-ro", "whole-step"): whole, ca: with_ca},
                          cases=cases, bad={ca: graphs})
     rows += run_rows("old", "m3", fast(fasttransformer__compile_ro__whole_step=1.0))  # no compiled autograd: left out
-    lines = br.compiled_autograd_findings(bv.load(cases, rows=rows), "h200")
+    lines = ceiling.compiled_autograd_findings(bv.load(cases, rows=rows), "h200")
     ft = [s for s in lines if s.startswith("FastTransformer bf16")]
     # Two runs on two machine starts: slower in both, but too few for a verdict.
     assert len(ft) == 1 and ("1.90× (1.80–2.00× over runs) as long (2 runs on 2 machine starts; verdict: too few "
@@ -219,15 +220,15 @@ def test_compiled_autograd_is_set_against_the_same_whole_step_in_each_run():
     assert "4 graphs and 3 graph breaks" in ft[0]
     rows += run_rows("r2", "m0", {("fasttransformer", "compile-ro", "whole-step"): 2.0, ca: 3.0}, cases=cases,
                      bad={ca: graphs})
-    (ft,) = [s for s in br.compiled_autograd_findings(bv.load(cases, rows=rows), "h200")
+    (ft,) = [s for s in ceiling.compiled_autograd_findings(bv.load(cases, rows=rows), "h200")
              if s.startswith("FastTransformer bf16")]
     assert "(3 runs on 2 machine starts; verdict: slower)" in ft
     # In the chapter's closing, under a heading of its own, after the fp32 lines of the device.
-    text = br.chapter3_findings(bv.load(cases, rows=rows))
+    text = ceiling.chapter3_findings(bv.load(cases, rows=rows))
     assert "\n\nCompiled autograd on the H200, each precision, in the runs that measured" in text
     assert text.index("Compiled autograd on the H200") < text.index("- FastTransformer bf16: compile reduce-overhead")
-    assert br.verdict_phrase("no verdict: the runs disagree") == "no verdict: the runs disagree"
-    assert br.compiled_autograd_findings(bv.load(cases, rows=rows), "t4") == []
+    assert ceiling.verdict_phrase("no verdict: the runs disagree") == "no verdict: the runs disagree"
+    assert ceiling.compiled_autograd_findings(bv.load(cases, rows=rows), "t4") == []
 
 
 def test_the_step_time_figure_names_each_engine_bar_with_fewer_runs():
@@ -256,6 +257,12 @@ def test_the_step_time_figure_names_each_engine_bar_with_fewer_runs():
     bars = {tr.name: {y: x for y, x in zip(tr.y, tr.x) if x == x} for tr in fig.data}  # the bars drawn (x not NaN)
     assert "engine (an earlier one)" in bars["GPT-2"] and "engine" not in bars["GPT-2"]
     assert "engine" in bars["FastTransformer"] and "engine (an earlier one)" not in bars["FastTransformer"]
+    # The throughput figure likewise: GPT-2's earlier engine on a bar named so, FastTransformer's current one.
+    fig = br.throughput_figure(bv.load(CASES, rows=rows[: 2 * len(rows) // 3]), dev)
+    names = {tr.name: list(tr.x[1]) for tr in fig.data}
+    assert br.EARLIER in names["GPT-2"] and "engine" not in names["GPT-2"]
+    assert "engine" in names["FastTransformer"] and br.EARLIER not in names["FastTransformer"]
+    assert "earlier engine: no run of the current one here" in fig.layout.title.text.replace("<br>", " ")
 
 
 def test_the_left_out_note_names_the_runs_and_what_they_lack():
@@ -286,3 +293,15 @@ def test_the_headroom_floor_is_chapter_2s_eager_step_floor_and_named_so():
     assert line["eager-step floor ms"] == pytest.approx(1e3 * floor)
     ratio = line["fastest compiled ms"] / line["eager-step floor ms"]
     assert line["compiled / eager-step floor"] == pytest.approx(ratio)
+
+
+def test_the_precision_table_shows_the_configuration_behind_the_strongest_line():
+    """Chapter 5's table: where the manual CUDA graph of the compiled step is each model's fastest, its own line
+    stands beside 'strongest baseline of each', so that the reader sees where that line's times come from."""
+    later = [Case(label, cfg, 32, 256, mode, "bf16", optimizer=opt) for label, cfg in BASELINE_MODELS.items()
+             for mode, opt in LATER_STEP_CONFIGS]
+    rows = run_rows("r1", "m1", {("fasttransformer", "compile", "graphed"): 1.0, ("gpt2", "compile", "graphed"): 2.0},
+                    cases=CASES + later)
+    tab = br.precision_table(bv.load(CASES + later, rows=rows)).set_index("configuration")
+    graphed, best = tab.loc["manual CUDA graph of the compiled step"], tab.loc["strongest baseline of each"]
+    assert (graphed["FastTransformer ms"], graphed["GPT-2 ms"]) == (best["FastTransformer ms"], best["GPT-2 ms"])

@@ -1,5 +1,5 @@
-"""Chapters 3, 5 and 6 on the baselines suite: its tables with the spread written out, its figures
-and chapters 3 and 6's closing paragraphs, from :mod:`ftlib.views.baselines`' per-run computations."""
+"""Chapters 3, 5 and 6 on the baselines suite: its tables with the spread written out and its figures, from
+:mod:`ftlib.views.baselines`' per-run computations (chapter 3's closing, in words: :mod:`ftlib.views.ceiling`)."""
 
 from __future__ import annotations
 
@@ -9,21 +9,18 @@ from typing import Any
 import pandas as pd
 import plotly.graph_objects as go
 
-from ftlib.analysis.claims import POST_CLAIMED, POST_GPU, post_step_rows, roofline_projection
+from ftlib.analysis.claims import POST_GPU, post_step_rows, roofline_projection
 from ftlib.model.config import preset
 from ftlib.views.baselines import (
-    BASELINE_CONFIGS,
     CONFIG_NAMES,
     POST_CONFIG,
     config_name,
-    engine_note,
     engine_table,
     fmt_range,
     lookup_row,
     model_speedups,
     newest_engine,
     placement_table,
-    range_text,
     runs_left_out,
     runs_note,
     runs_on_starts,
@@ -31,8 +28,6 @@ from ftlib.views.baselines import (
     strongest,
     todays_engine,
     valid_rows,
-    verdict,
-    verdict_word,
 )
 from ftlib.views.bench import MODEL_NAMES, gpu_label, model_title
 from ftlib.views.engine_config import TODAY
@@ -174,109 +169,12 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
     return legend_below(fig)
 
 
-def ceiling_precision(df: pd.DataFrame, device: str, precision: str = "fp32") -> str | None:
-    """``precision`` where ``device``'s runs in ``df`` measured it, else the first of tf32, bf16 and fp16 they
-    did (None where they measured none): the precision chapter 3 reads a device's ceiling in."""
-    have = set(df.loc[df["device_slug"] == device, "precision"])
-    return next((p for p in (precision, "tf32", "bf16", "fp16") if p in have), None)
-
-
-def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
-    """Chapter 3's closing paragraph, per device, from the runs in ``df``: in ``precision`` (or, for a device
-    without runs in it, the precision :func:`ceiling_precision` picks) the two models' ratio, the ceiling and
-    the engine; then compiled autograd in each precision, under a heading of its own."""
-    if df.empty:
-        return NO_RUNS
-    tab = spread(model_speedups(df), MODEL_KEYS)
-    eng = newest_engine(engine_table(df))
-    parts = []
-    for dev in sorted(set(df["device_slug"])):
-        prec = ceiling_precision(df, dev, precision)
-        runs = df[(df["device_slug"] == dev) & (df["precision"] == prec)]
-        n = runs_on_starts(runs["run_id"].nunique(), runs["machine_id"].nunique())
-        lines = [f"**{gpu_label(dev)}** ({n}, {prec}):" if prec == precision
-                 else f"**{gpu_label(dev)}** (no {precision} runs; {n}, {prec}):"]
-        post = lookup_row(tab, device_slug=dev, precision=prec, config=config_name(*POST_CONFIG))
-        best = lookup_row(tab, device_slug=dev, precision=prec, config="strongest baseline of each")
-        if post is not None:
-            claim = (f"; the post claims {POST_CLAIMED['speedup_compiled']:.4g}× on a T4, in fp32"
-                     if prec == "fp32" else "")
-            lines.append(f"- Under the post's configuration ({config_name(*POST_CONFIG)}), FastTransformer steps "
-                         f"{range_text(post['median'], post['min'], post['max'])} faster than GPT-2 "
-                         f"(verdict: {post['verdict']}){claim}.")
-        if best is not None:
-            lines.append(f"- With each model at its fastest compiled configuration the ratio is "
-                         f"{range_text(best['median'], best['min'], best['max'])} ({best['verdict']}).")
-        lines += [f"- {s}" for s in ceiling_findings(df, dev, prec)]
-        for label in ("gpt2", "fasttransformer"):
-            e = lookup_row(eng, device_slug=dev, label=label, precision=prec)
-            if e is not None:
-                lines.append(f"- The book's engine for {MODEL_NAMES[label]} against that fastest compiled step: "
-                             f"{range_text(e['median'], e['min'], e['max'])} ({e['verdict']})"
-                             f"{engine_note(e['engine_config'])}.")
-        ca = compiled_autograd_findings(df, dev)
-        if ca:
-            lines += ["", f"Compiled autograd on the {gpu_label(dev)}, each precision, in the runs that measured "
-                      "the whole step compiled both with and without it:"] + [f"- {s}" for s in ca]
-        parts.append("\n".join(lines))
-    return "\n\n".join(parts)
-
-
-def verdict_phrase(word: str) -> str:
-    """'verdict: slower'; a verdict that is itself the lack of one ('no verdict: the runs disagree') as it is."""
-    return word if word.startswith("no verdict") else f"verdict: {word}"
-
-
-def compiled_autograd_findings(df: pd.DataFrame, device: str, mode: str = "compile-ro") -> list[str]:
-    """Compiled autograd against the same whole step without it, per model and precision, in the runs
-    that measured both (a ratio per run, then its median and range over runs)."""
-    v = valid_rows(df).query("device_slug == @device and mode == @mode")
-    v = v[v["optimizer_kind"].isin(["whole-step", "whole-step-ca"])]
-    if v.empty:
-        return []
-    wide = v.pivot_table(index=["label", "precision", "run_id"], columns="optimizer_kind", values="median_ms",
-                         aggfunc="first")
-    if not {"whole-step", "whole-step-ca"} <= set(wide.columns):
-        return []
-    wide = wide.dropna()
-    graphs, out = v[v["optimizer_kind"] == "whole-step-ca"].groupby(["label", "precision"]), []
-    for (label, prec), g in wide.groupby(level=["label", "precision"]):
-        if label not in MODEL_NAMES:
-            continue
-        ratio, rows = g["whole-step-ca"] / g["whole-step"], graphs.get_group((label, prec))
-        n, m = len(g), rows.loc[rows["run_id"].isin(g.index.get_level_values("run_id")), "machine_id"].nunique()
-        counts = rows[["compiled_graphs", "graph_breaks"]].max()
-        where = ("" if counts.isna().any() else
-                 f", with {counts['compiled_graphs']:.0f} graphs and {counts['graph_breaks']:.0f} graph breaks")
-        out.append(f"{MODEL_NAMES[label]} {prec}: {config_name(mode, 'whole-step-ca')} "
-                   f"{g['whole-step-ca'].median():.2f} ms against {g['whole-step'].median():.2f} ms without it: "
-                   f"{range_text(ratio.median(), ratio.min(), ratio.max())} as long ({runs_on_starts(n, m)}; "
-                   f"{verdict_phrase(verdict_word(verdict(1 / ratio.max(), 1 / ratio.min(), n, m)))}){where}.")
-    return out
-
-
-def ceiling_findings(df: pd.DataFrame, device: str, precision: str = "fp32") -> list[str]:
-    """Plain sentences for chapter 3: what each execution mode buys over eager, and the ceiling."""
-    tab = placement_table(df)
-    tab = tab[(tab["device_slug"] == device) & (tab["precision"] == precision)]
-    out = []
-    for label in ("gpt2", "fasttransformer"):
-        t = tab[tab["label"] == label].set_index("config")["median_ms"]
-        eager, graph = t.get(CONFIG_NAMES[("eager", "default")]), t.get(CONFIG_NAMES[("cudagraph", "fused")])
-        base = [c for c in t.index if (c in [CONFIG_NAMES[k] for k in BASELINE_CONFIGS])]
-        if eager is None or graph is None or not base:
-            continue
-        best = min(base, key=lambda c: t[c])
-        out.append(f"{MODEL_NAMES[label]} ({precision}, {gpu_label(device)}): eager {eager:.2f} ms; one CUDA graph "
-                   f"of the whole step {graph:.2f} ms ({eager / graph:.2f}× faster, no compiler); the fastest compiled "
-                   f"configuration, {best}, {t[best]:.2f} ms ({graph / t[best]:.2f}× faster again).")
-    return out
-
-
-# Configurations chapter 5 compares the two models in: the post's, the best placements, the
-# manual CUDA graph and the engine, and each model at its own fastest compiled configuration.
+# Configurations chapter 5 compares the two models in: the post's, the best placements, the manual CUDA graphs
+# (of the eager kernels, and of the compiled step: the strongest baseline in most runs that measured it), the
+# engine, and each model at its own fastest compiled configuration.
 KEY_CONFIGS = (config_name(*POST_CONFIG), config_name("compile-ro", "fused"), config_name("compile-ro", "whole-step"),
-               config_name("cudagraph", "fused"), "strongest baseline of each", config_name("engine", "default"))
+               config_name("cudagraph", "fused"), config_name("compile", "graphed"), "strongest baseline of each",
+               config_name("engine", "default"))
 
 
 def precision_table(df: pd.DataFrame) -> pd.DataFrame:
@@ -338,23 +236,32 @@ def throughput_figure(df: pd.DataFrame, device: str) -> go.Figure:
     best = strongest(df)
     best = best[best["device_slug"] == device].groupby(["label", "precision"])["baseline_ms"].agg(
         ["median", "min", "max"])
+    # Where no run here measured the current engine of a model and precision, its newest earlier engine stands
+    # in, on a bar named so (as in the step-time figure).
+    engine = config_name("engine", "default")
+    newest = newest_engine(engine_table(df)) if not tab.empty else pd.DataFrame(columns=["device_slug"])
+    earlier = {(r.label, r.precision): f"{engine}, {r.engine_config}" for r in newest.itertuples()
+               if r.device_slug == device and r.engine_config != TODAY}
     fig = go.Figure()
-    groups = (config_name(*POST_CONFIG), "fastest compiled", config_name("engine", "default"))
+    groups = (config_name(*POST_CONFIG), "fastest compiled", engine)
     for label in ("gpt2", "fasttransformer"):
         xs, ys, up, down = [[], []], [], [], []
         for prec in HEADLINE_ORDER:
             for g in groups:
+                name = SHORT_GROUPS[g]
                 if g == "fastest compiled":
                     if (label, prec) not in best.index:
                         continue
                     med, lo, hi = best.loc[(label, prec)]
                 else:
                     t = lookup_row(tab, label=label, precision=prec, config=g)
+                    if t is None and g == engine and (label, prec) in earlier:
+                        t, name = lookup_row(tab, label=label, precision=prec, config=earlier[label, prec]), EARLIER
                     if t is None:
                         continue
                     med, lo, hi = t["median_ms"], t["min_ms"], t["max_ms"]
                 xs[0].append(prec)
-                xs[1].append(SHORT_GROUPS[g])
+                xs[1].append(name)
                 ys.append(tokens / med * 1e3)
                 up.append(tokens / lo * 1e3 - tokens / med * 1e3)
                 down.append(tokens / med * 1e3 - tokens / hi * 1e3)
@@ -362,13 +269,16 @@ def throughput_figure(df: pd.DataFrame, device: str) -> go.Figure:
                              error_y=dict(type="data", symmetric=False, array=up, arrayminus=down)))
     fig.update_layout(barmode="group", height=480, yaxis_title="tokens / s (higher is faster)")
     with_subtitle(fig, f"Training throughput, {gpu_label(device)}, {tokens:,} tokens per step",
-                  f"post's setup: {config_name(*POST_CONFIG)}; medians over runs, whiskers min–max")
+                  f"post's setup: {config_name(*POST_CONFIG)}; medians over runs, whiskers min–max"
+                  + ("; earlier engine: no run of the current one here (chapter 6 names what it lacked)"
+                     if any(EARLIER in tr.x[1] for tr in fig.data) else ""))
     fig.update_xaxes(tickangle=0)
     return legend_below(fig)
 
 
 SHORT_GROUPS = {config_name(*POST_CONFIG): "post's setup", "fastest compiled": "fastest<br>compiled",
                 config_name("engine", "default"): "engine"}
+EARLIER = "earlier<br>engine"  # the throughput figure's bar for an earlier engine, where no current one ran
 
 
 HEADLINE_ORDER = ("fp32", "tf32", "bf16", "fp16")

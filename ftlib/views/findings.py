@@ -224,13 +224,14 @@ def lessons(device: str = "h200") -> str:
     """The closing chapter's lessons, each with the numbers behind it, from the stored rows of ``device``."""
     from ftlib.views import baseline_report as br
     from ftlib.views import baselines as bv
+    from ftlib.views import ceiling
     from ftlib.views import codesign as codesignview
 
     runs = ef.device_runs(device)
     out = []
     if not runs.empty:
         # fp32 first (the post's precision), else the first precision the device's runs measured.
-        ceiling = next((c for p in ("fp32", "tf32", "bf16") if (c := br.ceiling_findings(runs, device, p))), [])
+        ceiling = next((c for p in ("fp32", "tf32", "bf16") if (c := ceiling.ceiling_findings(runs, device, p))), [])
         out.append("**Launches and fusion, not arithmetic, set the step time at this size.** "
                    + " ".join(ceiling) + " Eager and default-mode steps launch every kernel from Python and "
                    "follow the host: their runs scatter, where a replayed graph repeats to the microsecond.")
