@@ -804,8 +804,10 @@ display(Markdown(option_trials.unmeasured_text(cand_rows)))
 # kernels' tiles (block sizes, warps and pipeline stages, forward and backward apart;
 # `benchmarks/kernels/attention_tiles_dev.py`), the same tiles for GPT-2's explicit-attention kernels in
 # bf16 and tf32 (`benchmarks/kernels/explicit_tiles_dev.py`: they also store and load the probabilities; its
-# 'one-pass' variants are the kernels of `explicit-one-pass`, at each query-tile height and warp count, and its
-# 'one-pass ... + dkdv' variants keep the engine's one-pass dQ kernel and try each tile on the dK/dV kernel), and
+# 'one-pass' variants are the kernels of `explicit-one-pass`, at each query-tile height and warp count: in the
+# backward that is the one-pass dQ kernel, which the engine runs by default through `explicit-dq-one-pass`,
+# while the one-pass forward is no default; its 'one-pass ... + dkdv' variants keep the engine's one-pass dQ
+# kernel and try each tile on the dK/dV kernel), and
 # the residual-norm backward's grid (rows per tile, programs per SM;
 # `benchmarks/kernels/norm_bwd_grid_dev.py`). Each variant is checked against the
 # fp64 reference, then timed in a CUDA graph; below, each sweep's fastest variants and the default,
