@@ -44,6 +44,13 @@
 # run, and the whole suite was run in several fresh processes on more than one machine start:
 # times are medians over runs, with the slowest and fastest run beside them. The post's T4
 # numbers are shown at the end, labelled as claims, beside a roofline *projection* for the T4.
+#
+# A third model appears beside the two: FastTransformer with its one K/V head passed to fused
+# attention as the original code passes it, a (B, 1, T, d) tensor broadcast across the query heads,
+# where the model as the book runs it expands it to (B, H, T, d) first. PyTorch's fused kernels turn
+# the broadcast shape down and fall back to the math backend, which builds the whole attention matrix;
+# chapter 4 measures the difference and chapter 7 sets it against the post's claim that fused
+# attention keeps that matrix out of DRAM.
 
 # %% [markdown]
 # [![Open In Colab](https://colab.research.google.com/assets/colab-badge.svg)](https://colab.research.google.com/github/fasttransformer-book/fasttransformer-book/blob/main/book/03_compiler_ceiling.ipynb)
