@@ -108,6 +108,8 @@ def steadiness_findings(df: pd.DataFrame, model: str = "fasttransformer", steady
                 if isinstance(r.get("hosts"), str):  # NaN where another model's runs named their hosts
                     verdict += f" (hosts: {r['hosts']})"
         lines.append(f"- **{gpu_label(r['device'])}, {name}, {r['precision']}:** the strongest baseline took "
-                     f"{r['strongest baseline ms (min–max)']} ms over {r['runs']} runs, {spread:.0f}% from fastest "
+                     f"{r['strongest baseline ms (min–max)']} ms over {r['runs']} runs, "
+                     # one decimal under 10%, so that a spread just past the threshold does not print as it
+                     f"{spread:.{1 if spread < 10 else 0}f}% from fastest "
                      f"to slowest run: {verdict}{engine}.")
     return "\n".join(lines)
