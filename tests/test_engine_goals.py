@@ -80,7 +80,10 @@ def test_a_missed_goal_names_the_classes_furthest_above_their_floors():
     probe = probe_row(commit="abcdef0123456789")
     text = eg.goal_findings(_runs([(1.4, 2.0), (1.45, 2.1), (1.42, 2.0)]), [probe], [BF16])
     lines = sorted((x for x in ledger.ledger.rows([probe]) if x["above floor µs"]), key=lambda x: -x["above floor µs"])
-    assert "Its profile (commit abcdef0)" in text
+    assert "Its profile (commit abcdef0) puts the captured step, timed one replay at a time" in text  # older rows
+    back = eg.goal_findings(_runs([(1.4, 2.0), (1.45, 2.1), (1.42, 2.0)]),
+                            [probe_row(commit="abcdef0123456789", step_timing="back to back")], [BF16])
+    assert "Its profile (commit abcdef0) puts the captured step at" in back
     assert f"most of the time above them is in {lines[0]['class']} ({lines[0]['above floor µs']:,.0f} µs above)" in text
 
 

@@ -135,7 +135,12 @@ def _limits(probe_rows: list[dict[str, Any]], device: str, goal: EngineGoal, top
     lines = [x for x in ledgerview.ledger.rows([case]) if x["above floor µs"]]
     far = sorted(lines, key=lambda x: -x["above floor µs"])[:top]
     total = ledgerview.ledger_totals.rows([case])[0]
-    text = (f" Its profile (commit {str(case.get('commit', '?'))[:7]}) puts the captured step at "
+    # A profile stored before the probe timed its replays back to back timed each one alone, the GPU waiting
+    # for the host to launch it: that step runs above the runs' time, and the reader is told why.
+    alone = ("" if case.get("step_timing") == "back to back" else
+             ", timed one replay at a time with the GPU waiting for each launch, so above the runs' back-to-back "
+             "time,")
+    text = (f" Its profile (commit {str(case.get('commit', '?'))[:7]}) puts the captured step{alone} at "
             f"{total['captured step µs']:,.0f} µs against {total['sum of floors µs']:,.0f} µs of FLOP and byte "
             "floors; most of the time above them is in " +
             " and ".join(f"{x['class']} ({x['above floor µs']:,.0f} µs above)" for x in far))
