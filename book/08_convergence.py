@@ -84,6 +84,7 @@ from ftlib.views import record as rec
 from ftlib.views import speedrun as sr
 from ftlib.views.bench import gpu_label, provenance_short
 from ftlib.views.plots import show
+from ftlib.views.recipe import recipe_table
 from ftlib.views.tables import group_rows, show_frame, show_table
 
 device = pick_device(DEVICE)
@@ -120,12 +121,12 @@ else:
 
 # %% [markdown]
 # ## 2. A fair comparison
-# Every model below uses the `gpt2` initialization (N(0, 0.02), residual projections scaled
-# by 1/√(2L)), decays only its matrices, and follows nanoGPT's optimizer recipe at the
+# Every model below uses GPT-2's initialization (`init="gpt2"`: N(0, 0.02), residual projections
+# scaled by 1/√(2L)), decays only its matrices, and follows nanoGPT's optimizer recipe at the
 # post's batch shape (B = 32, T = 256). The recipe:
 
 # %%
-show_frame(cv.recipe_table(FAIR))
+show_frame(recipe_table(FAIR))
 
 # %% [markdown]
 # The curves below show the mean over seeds with the min–max range as bars. Their loss axis runs
@@ -191,7 +192,7 @@ else:
 #
 # - **256x6**: the model's width × its number of blocks (256-wide embeddings, 6 transformer blocks).
 # - **FT-style**: FastTransformer's block: multi-query attention (one key/value head shared by the
-#   query heads), an MLP 2× the width instead of 4×, RMSNorm, no biases; `gpt2` initialization and
+#   query heads), an MLP 2× the width instead of 4×, RMSNorm, no biases; GPT-2's initialization and
 #   tied embeddings. **GPT-2 style**: nanoGPT's block (a key/value head per query head, 4× MLP, LayerNorm).
 #   ReLU², QK-norm and soft-cap are additions to the block (`ftlib.model.config.ModelConfig`).
 # - **optimizer (lr)**: AdamW at its peak learning rate, or Muon at its rate for the matrices inside

@@ -16,7 +16,6 @@ import plotly.graph_objects as go
 from ftlib.harness.convergence import steady_time_at, steady_time_to_target
 from ftlib.harness.results import load_rows
 from ftlib.harness.studies import is_smoke, suites
-from ftlib.training.trainer import Recipe
 from ftlib.views.bench import gpu_label, gpu_of, model_title
 from ftlib.views.plots import MODEL_COLORS, PALETTE, with_subtitle
 from ftlib.views.tables import group_rows, table_view
@@ -154,11 +153,6 @@ ORIGINAL_PREVIEW = ("device", "model", "seed", "post's perplexity exp(batch loss
 
 
 @table_view
-def recipe_table(rec: Recipe) -> list[dict[str, Any]]:
-    """A recipe's fields (the seed aside: each run has its own)."""
-    return [{"field": k, "value": str(v)} for k, v in rec.__dict__.items() if k != "seed"]
-
-
 def loss_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
     """(name, figure) per device and x axis (step, tokens, training time without the startup, as the
     speedrun's figures count it): validation loss, the mean over seeds with the min–max range as bars, the
