@@ -126,6 +126,12 @@ def test_floor_uses_the_rate_of_the_rows_precision():
     assert kernelview.floor_us({**row, "precision": "tf32x3"}, ceil) == pytest.approx(1e9 / (400e12 / 3) * 1e6)
     assert kernelview.floor_us({**row, "precision": "bf16"}, ceil) == pytest.approx(4e6 / 4000e9 * 1e6)  # no bf16
     assert kernelview.floor_us(row, {}) is None
+    # The weight-gradient driver's fp32 cases ran TF32 products (rows stored before it said so): TF32's rate,
+    # and a case name that says it; another op's fp32 row keeps the strict fp32 rate.
+    wgrad = {**row, "op": "wgrad", "dtype": "fp32", "shape": {"M": 8192, "N": 256, "K": 256}}
+    assert kernelview.floor_us(wgrad, ceil) == pytest.approx(1e9 / 400e12 * 1e6)
+    assert kernelview.case_label(wgrad) == "dW (256, 256) over M=8192 fp32 (TF32 products)"
+    assert kernelview.case_label({**wgrad, "dtype": "bf16", "precision": "bf16"}) == "dW (256, 256) over M=8192 bf16"
 
 
 def test_gemm_cases_are_named_by_their_roles():

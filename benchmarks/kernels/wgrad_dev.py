@@ -59,11 +59,14 @@ def main(argv: list[str] | None = None, recorder: Recorder | None = None) -> int
             return torch.mm(a.t(), b).float()
 
         compiled = torch.compile(low_then_cast) if cuda else low_then_cast
+        # fp32 operands run TF32 products, as in a tf32 step: the rows say so, so that their floor is TF32's.
+        mm = "tf32" if dtype == torch.float32 else ""
         variants = [
-            Variant("v1 cuBLAS into fp32" if fp32_out or dtype == torch.float32 else "v1 cuBLAS + cast", cublas, tol),
-            Variant("v2 triton split-K atomic", split_k, tol),
-            Variant("v3 torch.compile", lambda: compiled(dy, x), tol, gpu_only=True),
-            Variant("v4 triton split-K atomic, relaxed adds", lambda: split_k("relaxed"), tol),
+            Variant("v1 cuBLAS into fp32" if fp32_out or dtype == torch.float32 else "v1 cuBLAS + cast", cublas, tol,
+                    precision=mm),
+            Variant("v2 triton split-K atomic", split_k, tol, precision=mm),
+            Variant("v3 torch.compile", lambda: compiled(dy, x), tol, gpu_only=True, precision=mm),
+            Variant("v4 triton split-K atomic, relaxed adds", lambda: split_k("relaxed"), tol, precision=mm),
         ]
         return run(f"wgrad {name} ({M}, {N}) x ({M}, {K}) {dtype}", args, device, lambda: wgrad_ref(dy, x),
                    variants, work=2 * M * N * K, unit="TFLOP/s", op="wgrad", shape={"M": M, "N": N, "K": K},

@@ -119,8 +119,18 @@ def case_label(r: dict[str, Any]) -> str:
     if r.get("op") == "embedding_sum":  # idx (B, T) into the tables (V, C) and (T, C)
         return f"B={s.get('B')} T={s.get('T')} V={s.get('V')} C={s.get('C')} {dt}"
     if r.get("op") == "wgrad":  # dW (N, K) = dY^T X for dY (M, N), X (M, K)
-        return f"dW ({s.get('N')}, {s.get('K')}) over M={s.get('M')} {dt}"
+        products = " (TF32 products)" if dt == "fp32" and products_precision(r) == "tf32" else ""
+        return f"dW ({s.get('N')}, {s.get('K')}) over M={s.get('M')} {dt}{products}"
     return f"({', '.join(str(v) for v in s.values())}) {dt}"
+
+
+def products_precision(r: dict[str, Any]) -> str:
+    """The precision of a row's matrix products: its ``precision``, except for the weight-gradient rows of fp32
+    operands stored before the driver recorded it, which ran TF32 products (a tf32 step's; the driver sets
+    the matmul flags so) and would otherwise be read against the strict fp32 rate, several times too slow."""
+    if r.get("op") == "wgrad" and r.get("dtype") == "fp32" and r.get("precision") == "fp32":
+        return "tf32"
+    return r.get("precision", "")
 
 
 def floor_us(r: dict[str, Any], ceil: dict[str, float] | None) -> float | None:
@@ -130,7 +140,7 @@ def floor_us(r: dict[str, Any], ceil: dict[str, float] | None) -> float | None:
     parts = []
     if r.get("bytes") and ceil.get("bandwidth"):
         parts.append(r["bytes"] / (ceil["bandwidth"] * 1e9))
-    prec = r.get("precision", "")
+    prec = products_precision(r)
     # 3xTF32 issues three TF32 products per product: a third of the measured TF32 rate
     rate = ceil.get(prec) or (ceil["tf32"] / 3 if prec == "tf32x3" and ceil.get("tf32") else None)
     if r.get("flops") and rate:
