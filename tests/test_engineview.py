@@ -50,7 +50,7 @@ def test_kernel_deltas_read_each_model_and_precision_from_its_newest_run_with_ab
     assert [d["engine ms"] for d in table if d["precision"] == "fp32"] == [9.0]  # fp32's newest is r1
     note = engineview.deltas_note(old + new + alone)
     assert "run of 2026-02-01, commit c-r2 (run r2)" in note and "not measured yet" in note
-    assert "current defaults: GPT-2 bf16" in note  # the model as the book names it
+    assert "(run r2): GPT-2 bf16 ran an engine whose options were not recorded." in note  # the book's model name
 
 
 def test_kernel_deltas_are_variant_minus_full_engine(rows):
@@ -213,21 +213,22 @@ def test_options_behind_names_rows_that_ran_without_todays_defaults():
             row("j", mha, attention_kv_split=None),  # MHA: one query head per K/V head, nothing to split
             row("k", mqa, fuse_embedding=False),  # the embeddings unfused
             row("l", mqa, fuse_embedding=False, kernels=[])]  # no embedding kernel: nothing to fuse
-    lines = ec.options_behind(rows).splitlines()
-    assert len(lines) == 9
+    (line,) = ec.options_behind(rows).splitlines()  # one device: one line, every option in it
+    items = line.split("on lines of their own: ")[1].rstrip(".").split(", ")
+    assert len(items) == 9
     # e; wgrad_side_stream, fuse_head_loss and explicit_heavy_first in none: these rows name no precision, and they
     # apply under bf16/fp16 only
-    assert "1 of these runs ran with `attention_bwd_streams` off" in lines[0]
-    assert "1 of these runs ran with `attention_heavy_first` off" in lines[1]  # e
-    assert "2 of these runs ran with `attention_kv_split` off" in lines[2]  # e, i; not j
-    assert "1 of these runs ran with `first_norm_into_buffer` off" in lines[3]  # e; g had no fused norm for it
-    assert "2 of these runs ran with `fuse_embedding` off" in lines[4]  # e, k; not l
-    assert "2 of these runs ran with `fuse_kv_split_sum` off" in lines[5]  # a, e
-    assert "3 of these runs ran with `grad_into_buffer` off" in lines[6]  # a, b, e
+    assert items[0] == "`attention_bwd_streams` in 1 run"
+    assert items[1] == "`attention_heavy_first` in 1 run"  # e
+    assert items[2] == "`attention_kv_split` in 2 runs"  # e, i; not j
+    assert items[3] == "`first_norm_into_buffer` in 1 run"  # e; g had no fused norm for it
+    assert items[4] == "`fuse_embedding` in 2 runs"  # e, k; not l
+    assert items[5] == "`fuse_kv_split_sum` in 2 runs"  # a, e
+    assert items[6] == "`grad_into_buffer` in 3 runs"  # a, b, e
     # h only: e and g had no atomic adds for a grid to run (they count under norm_dw_into_buffer)
-    assert "1 of these runs ran with `norm_bwd_grid` off" in lines[7]
-    assert "1 of these runs ran with `norm_dw_into_buffer` off" in lines[8]  # e, not g
-    assert "1 of these runs ran with `grad_into_buffer`" in ec.options_behind(rows, run_ids={"b", "c"})
+    assert items[7] == "`norm_bwd_grid` in 1 run"
+    assert items[8] == "`norm_dw_into_buffer` in 1 run"  # e, not g
+    assert "`grad_into_buffer` in 1 run" in ec.options_behind(rows, run_ids={"b", "c"})
     assert ec.options_behind(rows, run_ids={"c", "d"}) == ""
 
 

@@ -54,7 +54,7 @@ def engine_config(row: dict[str, Any]) -> str:
 def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str] | None = None,
                    names: Iterable[str] = TRIAL_WINNERS) -> str:
     """Where stored engine rows (of ``run_ids``, if given) ran with one of ``names`` off that is on by
-    default now (:func:`options_off`): one line per device and option, with the number of runs, whose
+    default now (:func:`options_off`): one line per device naming each option with its number of runs, whose
     ratios the engine tables keep apart from the current engine (:func:`engine_config`). Empty when none did."""
     wanted = None if run_ids is None else set(run_ids)
     seen: dict[tuple[str, str], set[str]] = {}
@@ -63,11 +63,14 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
             continue
         for name in options_off(r, names) or []:
             seen.setdefault((r["device_slug"], name), set()).add(str(r.get("run_id")))
-    return "\n".join(
-        f"* On the {gpu_label(dev)}, the engine rows of {len(ids)} of these runs ran with `{name}` off; it is on by "
-        "default in the current engine (its trial is in the section on engine options below), so those runs' "
-        "ratios are an earlier engine's, on lines of their own."
-        for (dev, name), ids in sorted(seen.items()))
+    lines = []
+    for dev in sorted({d for d, _ in seen}):
+        each = [f"`{name}` in {len(ids)} run{'s' * (len(ids) != 1)}" for (d, name), ids in sorted(seen.items())
+                if d == dev]
+        lines.append(f"* On the {gpu_label(dev)}, engine rows of these runs ran with options off that are on by "
+                     "default in the current engine (each one's trial is in the section on engine options below), so those "
+                     "runs' ratios are an earlier engine's, on lines of their own: " + ", ".join(each) + ".")
+    return "\n".join(lines)
 
 
 def _applies(name: str, row: dict[str, Any]) -> bool:
