@@ -68,8 +68,8 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
         each = [f"`{name}` in {len(ids)} run{'s' * (len(ids) != 1)}" for (d, name), ids in sorted(seen.items())
                 if d == dev]
         lines.append(f"* On the {gpu_label(dev)}, engine rows of these runs ran with options off that are on by "
-                     "default in the current engine (each one's trial is in the section on engine options below), so those "
-                     "runs' ratios are an earlier engine's, on lines of their own: " + ", ".join(each) + ".")
+                     "default in the current engine (each one's trial is in the section on engine options below), so "
+                     "those runs' ratios are an earlier engine's, on lines of their own: " + ", ".join(each) + ".")
     return "\n".join(lines)
 
 
