@@ -77,3 +77,16 @@ def test_a_profiled_variant_is_set_against_the_default_engine_in_words():
                                    "h200")
     assert lines[0] == ("profiled as a variant of the default engine, GPT-2 bf16, without the bias and first-norm "
                         "options: +102 kernels per step, +100 µs per captured step")
+
+
+def test_the_attention_ablation_leaves_out_fp32_where_the_engine_runs_sdpa():
+    def row(label, ms, prec):
+        return {"device_slug": "h200", "label": label, "preset": "fasttransformer", "precision": prec,
+                "mode": "engine", "median_ms": ms, "p20_ms": ms - 0.01, "p80_ms": ms + 0.01, "B": 32, "T": 256,
+                "run_id": "r1", "date": "2026-01-01", "commit": "c1"}
+
+    rows = [row("fasttransformer", 5.0, "fp32"), row("fasttransformer -attention", 4.99, "fp32"),
+            row("fasttransformer", 2.0, "tf32"), row("fasttransformer -attention", 3.0, "tf32")]
+    (line,) = [x for x in kl._ablation_lines(rows, "h200") if "(-attention)" in x]
+    assert "changes the step by FastTransformer tf32 +1.00 ms (+50%) (in fp32 the engine runs PyTorch's SDPA: " \
+           "nothing to switch off)" in line  # and no fp32 delta of its own
