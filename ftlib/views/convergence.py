@@ -152,7 +152,6 @@ ORIGINAL_PREVIEW = ("device", "model", "seed", "post's perplexity exp(batch loss
                     "validation perplexity exp(val loss)")
 
 
-@table_view
 def loss_figures(rows: list[dict[str, Any]]) -> list[tuple[str, go.Figure]]:
     """(name, figure) per device and x axis (step, tokens, training time without the startup, as the
     speedrun's figures count it): validation loss, the mean over seeds with the min–max range as bars, the
