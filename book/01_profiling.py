@@ -25,8 +25,13 @@
 # a stacked bar of forward, backward and optimizer time, with the caption's verdict that
 # "backward and MLP phases dominate". The original repository does not measure that figure
 # for its CUDA-graph mode: it splits the graph's step time by fixed fractions. This chapter
-# measures every bar, on the step that every later chapter times (zero_grad, forward, loss,
-# backward, AdamW), with `torch.profiler`.
+# measures the bars with `torch.profiler`, on the step that every later chapter times (zero_grad,
+# forward, loss, backward, AdamW): eager and one CUDA graph of the whole step in each precision,
+# and `torch.compile` (reduce-overhead) in fp32, the post's precision. The hand-written engine's
+# step is profiled in chapter 6, kernel class by kernel class against its floors. The step times
+# here come from the profiling runs themselves (one process each); chapter 3's repeated runs are
+# the ones to compare configurations by, and an eager step, which follows the host's CPU, can
+# differ between the two by a factor of two.
 #
 # **How a profile is read** (`ftlib.harness.profiling`, whose docstring has the details):
 #
@@ -128,8 +133,8 @@ if not rows:
 # %% [markdown]
 # ## Figure 2, measured: phases of the step
 # One bar per model and mode: the GPU time of the forward, backward and optimizer phases,
-# plus "other" (work outside the three ranges, such as the bookkeeping of CUDA-graph
-# trees) and the launch gaps. The height of a bar is the step time. When the trace could not
+# plus "other" where there is any (work outside the three ranges, such as the bookkeeping of
+# CUDA-graph trees) and the launch gaps. The height of a bar is the step time. When the trace could not
 # split a whole-step graph, its bar shows the three-graph differences instead, and these
 # include the graph's internal gaps.
 
@@ -153,10 +158,13 @@ for name, fig in pv.category_figures(rows):
 # `busy` is the time during which some kernel was running (on CPU: some op). On a GPU the
 # launch gaps are the unprofiled step time minus `busy`. On a CPU the profiler slows the
 # ops themselves, so there the gaps are taken from the profiled step time.
-# `launches` counts the kernel and graph launches that the CPU issued during a step.
-# A whole-step CUDA graph needs one launch for the entire step, and eager mode needs one
-# per kernel. The SDPA backend column shows, from the trace, whether FastTransformer's
-# attention got a fused kernel or fell back to the math path.
+# `kernels` counts the GPU kernels a step ran, `launches` the kernel and graph launches that the
+# CPU issued during it: a whole-step CUDA graph needs one launch for the entire step, and eager
+# mode needs one per kernel. `phase split` says how the phases were divided: `trace` by the
+# profiler ranges that launched each kernel, `graph-prefix` (a whole-step graph) by matching the
+# step's kernel sequence against the forward-only and forward + backward graphs' (see above).
+# The SDPA backend column shows, from the trace, whether FastTransformer's attention got a fused
+# kernel or fell back to the math path.
 
 # %%
 if rows:

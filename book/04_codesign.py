@@ -184,9 +184,12 @@ if len(kernels) and (kernels["SDPA backend (from trace)"] == cv.NOT_PROFILED).an
 
 # %% [markdown]
 # What the layout costs per mode (fp32, Figure 1's suite, which times both layouts in the same
-# run): the original layout's step time over the expanded view's, per run, then the median with
-# the lowest and highest run over every run that measured both layouts; the step times are the
-# medians over the same runs.
+# run; `compile` is `torch.compile`'s default mode, `compile-ro` its reduce-overhead mode): the
+# original layout's step time over the expanded view's, per run, then the median with the lowest
+# and highest run over every run that measured both layouts. The step times are each layout's
+# median over the same runs, taken apart: where the runs scatter (eager and `compile` launch from
+# Python and follow the host), their quotient can differ from the median of the paired ratios,
+# which is the number to read.
 
 # %%
 cost = cv.fallback_cost(rows, B, T)

@@ -97,7 +97,8 @@ if MEASURE:
             cwd=Path.cwd().parent, capture_output=True, text=True)
         print("\n".join(ln for ln in proc.stdout.splitlines() if ln.startswith("[ddp]")) or proc.stderr[-2000:])
 rows = ok_rows("ddp", include_cpu=MEASURE)
-print("Measured on:", provenance_line(rows) or "nothing stored yet")
+print("Data-parallel steps measured on:", provenance_line(rows) or "no GPU yet (the single-GPU steps below are "
+      "chapter 3's stored rows)")
 
 # %% [markdown]
 # ## The accounting: how many bytes one step all-reduces

@@ -63,7 +63,8 @@ if "google.colab" in sys.modules:  # pragma: no cover - only on Colab
 from IPython.display import Markdown, display
 
 from ftlib.harness.results import device_folders
-from ftlib.views.findings import lessons, show_findings
+from ftlib.views.bench import gpu_label
+from ftlib.views.findings import WHAT_TO_TRY, lessons, show_findings
 
 # %% [markdown]
 # ## The verdicts
@@ -77,7 +78,8 @@ for device in device_folders(include_cpu=MEASURE):
 
 # %%
 for device in device_folders(include_cpu=MEASURE):
-    display(Markdown(lessons(device)))
+    display(Markdown(f"### On the {gpu_label(device)}\n\n" + lessons(device)))
+display(Markdown(WHAT_TO_TRY))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

@@ -115,6 +115,16 @@ def test_the_lessons_count_the_runs_of_todays_engine_behind_its_ratio(store):
             "machine start that measured the current engine)") in text
 
 
+def test_the_lessons_are_per_gpu_and_the_advice_comes_once(store):
+    """Chapter 10 prints each GPU's lessons under its name, then the advice once: the advice is no lesson of a
+    GPU, and the co-design line ends its sentence before pointing to chapter 5, not in a second bracket."""
+    store(_three_runs())
+    text = findings.lessons("h200")
+    assert "What to try" not in text and findings.WHAT_TO_TRY.startswith("**What to try on your own GPU:**")
+    assert ") (chapter 5" not in text and "Chapter 5 shows how the gain moves" in text
+    assert findings.RUNG_WORDS["+MLP2x"] == "the 2× MLP"
+
+
 def test_the_lessons_say_which_runs_the_strongest_baselines_ratio_leaves_out(store):
     old = [r for i in range(2) for r in baselines_run(f"o{i}", f"m{i}", fast(fasttransformer__engine__default=4.0,
                                                                               fasttransformer__compile_ro__fused=5.0))]
@@ -194,7 +204,7 @@ def test_runs_without_a_configuration_that_won_elsewhere_are_said_to_be_left_out
     new = _graphed_run("n0", "m2", engine=10.0, graphed=1.5)
     store(old + new)
     assert ("Left out of the engine's ratios, for lacking a configuration that was the strongest baseline in "
-            "other runs: FastTransformer bf16, 2 without manual CUDA graph of the compiled step.") \
+            "other runs: FastTransformer bf16, 2 runs without manual CUDA graph of the compiled step.") \
         in findings.additions("h200")
     store(old)
     assert not any(a.startswith("Left out") for a in findings.additions("h200"))

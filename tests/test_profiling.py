@@ -218,3 +218,12 @@ def test_profile_figures_name_the_gpu_and_the_models_as_the_book_does() -> None:
     assert set(ran["device"]) == {"H100 80GB HBM3"} and list(ran["model"]) == ["GPT-2", "FastTransformer"]
     split = graph_split([{**rows[0], "mode": "cudagraph"}])
     assert set(split["device"]) == {"H100 80GB HBM3"} and set(split["model"]) == {"GPT-2"}
+
+
+def test_heaviest_kernel_names_are_cut_in_the_middle_so_two_tilings_stay_apart():
+    from ftlib.views.profile import short_kernel
+
+    a = "void cutlass::Kernel2<cutlass_80_simt_sgemm_" + "x" * 80 + "_256x128_8x4_nn_align1>(Params)"
+    b = a.replace("_nn_", "_tn_")
+    assert short_kernel(a) != short_kernel(b) and len(short_kernel(a)) == 100 and "…" in short_kernel(a)
+    assert short_kernel("sgemm") == "sgemm"

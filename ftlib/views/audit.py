@@ -8,7 +8,9 @@ Verdicts:
 * ``does not hold``       - the book's number disagrees;
 * ``too few runs``        - measured, but in fewer runs than a verdict needs (``ftlib.views.baselines``:
                             ``MIN_RUNS`` runs on ``MIN_MACHINES`` machine starts);
-* ``cannot test here``    - no stored measurement can answer it (yet).
+* ``not measured yet``    - a measurement on this GPU would answer it, and none is stored (the book cell names
+                            the command);
+* ``cannot test here``    - no measurement on this GPU can answer it (a T4 timing, for one).
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ from ftlib.views.tables import table_view
 # post gives no spread, and the eager and default-compile steps of chapter 3 move by more than
 # that between runs of the same code.
 TOL = 0.10
+
+NOT_MEASURED = "not measured yet"  # the verdict where a measurement on this GPU is missing
 
 
 def _close(a: float, b: float, tol: float = TOL) -> bool:
@@ -100,7 +104,7 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
     gpu = short_name(device, runs)
     if runs.empty:
         return [_row("step-time claims (Figure 1, +44.5%, eager inversion, compiler ceiling)", "see chapter 3",
-                     not_measured("baselines"), "cannot test here", "baselines suite")]
+                     not_measured("baselines"), NOT_MEASURED, "baselines suite")]
     def source(prec: str) -> str:
         """The suite and how many runs of this precision stand behind a claim (runs are per precision)."""
         mine = runs[runs["precision"] == prec]
@@ -197,7 +201,7 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
                         _runs_verdict(per_run, claimed), "tsweep suite"))
     else:
         out.append(_row("speed-up at T=128 (8,192 tokens/step, fp32, compiled reduce-overhead)", f"{claimed}x",
-                        not_measured("tsweep"), "cannot test here", "tsweep suite"))
+                        not_measured("tsweep"), NOT_MEASURED, "tsweep suite"))
     # Compile time: first-step wall time under reduce-overhead, a cold process per case (compile_time
     # suite), read through the same function as chapter 5's table.
     cs = POST_CLAIMED["compile_s"]
@@ -207,12 +211,13 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
         g_s, f_s = ct_runs["gpt2"].median(), ct_runs["fasttransformer"].median()
         out.append(_row("first step (compile) time GPT-2 -> FastTransformer", f"{cs['gpt2']} s -> "
                         f"{cs['fasttransformer']} s ({r_post:.1f}x)",
-                        f"{g_s:.1f} s -> {f_s:.1f} s (medians over runs): {_runs_text(ct_runs, 1)} on the {gpu}",
+                        f"{g_s:.1f} s -> {f_s:.1f} s (medians over runs); GPT-2's over FastTransformer's in each "
+                        f"run, the median: {_runs_text(ct_runs, 1)} on the {gpu}",
                         _runs_verdict(ct_runs, r_post), f"{COMPILE_SOURCE}, first_step_s"))
     else:
         out.append(_row("first step (compile) time GPT-2 -> FastTransformer", f"{cs['gpt2']} s -> "
                         f"{cs['fasttransformer']} s ({r_post:.1f}x)", not_measured("compile_time"),
-                        "cannot test here", "compile_time suite"))
+                        NOT_MEASURED, "compile_time suite"))
     # -- derivations ----------------------------------------------------------------------
     p = _params()
     cut = 1 - p["fasttransformer"] / p["gpt2"]
@@ -258,7 +263,7 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
                     + f"; expanded (B,H,T,d) view -> {seen_x}"
                     + (f"; eager {fb:.1f} vs {fx:.1f} ms" if fb and fx else ""),
                     # Without a trace the backend is only the rules' expectation: no verdict from it.
-                    "not measured yet" if not traced else "does not hold" if "math" in seen.split("+") else "holds",
+                    NOT_MEASURED if not traced else "does not hold" if "math" in seen.split("+") else "holds",
                     "profile suite (trace)" if traced else "ftlib.analysis.accounting rules"))
     conv = [r for r in suite_rows("convergence-original", ok_rows("convergence-original"))
             if r["device_slug"] == device and r["seed"] == 42]
@@ -279,7 +284,7 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
     else:  # the claim stays in the table, unmeasured, rather than dropping out of it
         out.append(_row("perplexity at step 200, FastTransformer vs GPT-2", "11.98 vs 12.45 (training batch)",
                         "not measured yet: python ci/gpu_train.py --suites convergence-original,convergence",
-                        "not measured yet", "convergence-original suite"))
+                        NOT_MEASURED, "convergence-original suite"))
     here = holds_only_on(device)
     return [dict(r, verdict=here) if r["verdict"] == ELSEWHERE else r for r in out]
 

@@ -90,7 +90,8 @@ def left_out_sentence(runs: pd.DataFrame) -> str | None:
     """Runs without a configuration that was the strongest baseline elsewhere, left out of the ratios."""
     from ftlib.views.baselines import runs_left_out
 
-    out = [f"{model_title(r['label'])} {r['precision']}, {r['runs left out']} without {r['lacking']}"
+    out = [f"{model_title(r['label'])} {r['precision']}, {r['runs left out']} run{'s' * (r['runs left out'] != 1)} "
+           f"without {r['lacking']}"
            for _, r in runs_left_out(runs).iterrows()]
     return ("Left out of the engine's ratios, for lacking a configuration that was the strongest baseline in other "
             "runs: " + "; ".join(out) + ".") if out else None

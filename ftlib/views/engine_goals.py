@@ -190,7 +190,8 @@ def _states(judged: list[tuple[EngineGoal, int, dict[str, Any]]], device: str) -
                       if v not in ("met", "–")]
             # A two-part goal not met names the half that missed (the other may be met).
             named = state == "not met" and len(missed) == 1 and g.max_ms is not None
-            which = f"; not met: {missed[0]}" if named else ""
+            met = "speed-up" if missed and missed[0] == "step time" else "step time"
+            which = f"; its {met} met, its {missed[0]} not" if named else ""
             label = {"too few runs": "too few runs to judge", NOT_MEASURED: "not measured at the current engine"}
             states.setdefault(label.get(state, state), []).append(
                 f"{line['model']} {line['precision']} ({line['goal']}{which})")

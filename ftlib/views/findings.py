@@ -96,10 +96,11 @@ def _speedrun(device: str) -> str | None:
             best = p
     if best is not None:
         lo, hi = best["90% interval"]
+        n_ref, n_cand = best["reference runs"], best["candidate runs"]
+        runs = f"{n_ref} runs each" if n_ref == n_cand else f"{n_ref} and {n_cand} runs"
         out.append(f"An AdamW finalist, run again on fresh machine starts, keeps its lead through the run-to-run "
                    f"noise: {best['candidate s (mean)']:.1f} s against nanoGPT's {best['reference s (mean)']:.1f} s "
-                   f"({best['reference runs']} and {best['candidate runs']} runs), "
-                   f"{best['speed-up excl. startup (pooled)']:.2f}× (90% interval {lo:.2f}–{hi:.2f}×).")
+                   f"({runs}), {best['speed-up excl. startup (pooled)']:.2f}× (90% interval {lo:.2f}–{hi:.2f}×).")
     if len(out) == 1:
         return None
     # The first sentence after the colon goes on in lower case, each later one starts a sentence.
@@ -138,7 +139,8 @@ def preamble(device: str = "h200") -> str:
     return (f"Measured on an NVIDIA {name}; the post's numbers are from a Tesla T4. "
             f"\"holds on {name} only\": the claim holds on the {name}, the T4 itself is untested. "
             f"\"too few runs\": measured, but not yet in the {MIN_RUNS} runs on {MIN_MACHINES} machine "
-            "starts a verdict needs. \"not measured yet\": no stored rows; chapter 7 gives the command.")
+            "starts a verdict needs. \"not measured yet\": no stored rows; the chapter that reads them gives the "
+            "command.")
 
 
 def _md_table(tab: pd.DataFrame, digits: int = 3) -> list[str]:
@@ -220,6 +222,11 @@ def block_of(text: str) -> str:
     return text[i + len(START):j].strip("\n")
 
 
+# The ladder's rungs (chapter 4) as the lessons name them.
+RUNG_WORDS = {"+MQA": "multi-query attention", "+SDPA": "fused attention", "+MLP2x": "the 2× MLP",
+              "+RMS": "RMSNorm", "+no bias = fasttransformer": "dropping the biases"}
+
+
 def lessons(device: str = "h200") -> str:
     """The closing chapter's lessons, each with the numbers behind it, from the stored rows of ``device``."""
     from ftlib.views import baseline_report as br
@@ -266,19 +273,22 @@ def lessons(device: str = "h200") -> str:
                             f"({bv.verdict_word(best.loc[p, 'verdict'])})" for p in precs)
             pays = [p for p in precs if best.loc[p, "verdict"] == "faster"]
             head = (f"The co-design pays in {and_list(pays)}" if pays
-                    else "No precision shows the co-design paying")
-            rest = [p for p in precs if p not in pays]
-            head += (f"; in {and_list(rest)} the runs give no verdict yet or none in its favour." if rest and pays
-                     else ".")
-            out.append(f"**{head}** FastTransformer over GPT-2 at B = 32, T = 256, each at its fastest compiled "
-                       f"configuration: {per} (chapter 5 shows how the gain moves with the sequence length).")
+                    else "No precision shows the co-design paying yet")
+            open_ = [p for p in precs if p not in pays and not str(best.loc[p, "verdict"]).startswith("slower")]
+            slower = [p for p in precs if str(best.loc[p, "verdict"]).startswith("slower")]
+            if pays:
+                head += "".join((f"; in {and_list(open_)} the runs give no verdict yet" if open_ else "",
+                                 f"; in {and_list(slower)} it does not pay" if slower else ""))
+            out.append(f"**{head}.** FastTransformer over GPT-2 at B = 32, T = 256, each at its fastest compiled "
+                       f"configuration: {per}. Chapter 5 shows how the gain moves with the sequence length.")
     ladder = [r for r in codesignview.ladder_table.rows(codesignview.measured(device))
               if r.get("compile-ro fp32 ms") is not None]
     if len(ladder) > 1:
         steps = [(b["rung"], a["compile-ro fp32 ms"] - b["compile-ro fp32 ms"]) for a, b in zip(ladder, ladder[1:])]
         top = max(steps, key=lambda s: s[1])
         total = ladder[0]["compile-ro fp32 ms"] - ladder[-1]["compile-ro fp32 ms"]
-        out.append(f"**Under reduce-overhead, {top[0].lstrip('+')} buys the most step time of the four changes.** "
+        out.append(f"**Under reduce-overhead, {RUNG_WORDS.get(top[0], top[0].lstrip('+'))} buys the most step time "
+                   "of the four changes.** "
                    "Adding them one at a time (fp32, chapter 4's ladder, too few runs for a verdict), it saves "
                    f"{top[1]:.2f} of the {total:.2f} ms between GPT-2 and FastTransformer; chapter 4 gives the "
                    "largest change in each mode, and chapter 2's accounting where each change's FLOPs and bytes go.")
@@ -286,13 +296,16 @@ def lessons(device: str = "h200") -> str:
     if wrong:
         out.append("**Of the headline claims, these did not hold:** " + "; ".join(r[0].rstrip(".") for r in wrong)
                    + ". Chapter 7 gives the numbers beside each, and the rest of its audit.")
-    out.append("**What to try on your own GPU:** open chapter 3 on Colab or run `bash ci/gpu-run --warm --only "
+    return "\n\n".join(out)
+
+
+# The closing advice, the same for every GPU (the chapter shows it once, after each GPU's lessons).
+WHAT_TO_TRY = ("**What to try on your own GPU:** open chapter 3 on Colab or run `bash ci/gpu-run --warm --only "
                "baselines --repeats 3`: the suite measures your GPU's strongest compiled step beside every other "
                "configuration. Compile with reduce-overhead and either fused AdamW or the whole step compiled, or "
                "capture the compiled step with a fused, capturable AdamW in one CUDA graph of your own (chapter 3); "
                "pass multi-query K/V expanded, not broadcast, so fused attention takes its fast kernel (chapter 4); "
                "and compare only rows of the same run.")
-    return "\n\n".join(out)
 
 
 # What a chapter reads and this edition may not have stored: (bench, what it measures, a row filter).

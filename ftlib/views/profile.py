@@ -173,9 +173,15 @@ def heaviest_kernels(rows: list[dict[str, Any]], n: int = 10) -> list[tuple[str,
                     key=lambda r: (r["device_slug"], *_order(r))):
         top = sorted(to_rows(r), key=lambda k: (-k["total_us"], k["name"]))[:n]
         out.append((" · ".join(_who(rows, r).values()), to_frame(
-            [{"phase": k["phase"], "category": k["category"], "kernel": k["name"][:90], "per step": k["count"],
-              "µs per step": k["total_us"]} for k in top])))
+            [{"phase": k["phase"], "category": k["category"], "kernel": short_kernel(k["name"]),
+              "launches per step": k["count"], "µs per step": k["total_us"]} for k in top])))
     return out
+
+
+def short_kernel(name: str, width: int = 100) -> str:
+    """A kernel's name cut to ``width`` characters in the middle: its start names the library and kernel, its end
+    the template arguments that tell two tilings of one GEMM apart, so two kernels never read the same."""
+    return name if len(name) <= width else name[: width - 41] + "…" + name[-40:]
 
 
 def findings(rows: list[dict[str, Any]]) -> str:
