@@ -177,10 +177,13 @@ for name, fig in cv.sweep_figures(rows, dev, B, T):
 # "expected" is what the kernel rules in `ftlib.analysis.backends` predict; the trace is what ran.
 
 # %%
-kernels = cv.backend_table(dev, include_cpu=MEASURE)
-show_frame(kernels, caption=f"profiled on the {gpu_label(dev)}")
-if len(kernels) and (kernels["SDPA backend (from trace)"] == cv.NOT_PROFILED).any():
-    print("SDPA backends from the profiler traces,", not_measured("profile"))
+# This chapter's GPU first, then any other GPU whose profiles are stored: a backend is a fact of the GPU it ran on.
+other = [d for d in devices(ok_rows("profile", include_cpu=MEASURE)) if d != dev]
+for d in [dev, *other]:
+    kernels = cv.backend_table(d, include_cpu=MEASURE)
+    show_frame(kernels, caption=f"profiled on the {gpu_label(d)}")
+    if len(kernels) and (kernels["SDPA backend (from trace)"] == cv.NOT_PROFILED).any():
+        print(f"SDPA backends from the {gpu_label(d)}'s profiler traces,", not_measured("profile"))
 
 # %% [markdown]
 # What the layout costs per mode (fp32, Figure 1's suite, which times both layouts in the same

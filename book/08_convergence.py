@@ -293,10 +293,10 @@ for dev, dev_rows in group_rows(speed + record).items():
     show_frame(rec.goal_verdicts(dev_rows, dev, ids=ids), digits=4, caption=f"the record goals on the {gpu_label(dev)}")
 
 # %% [markdown]
-# ### Grouped against per-matrix Muon, in one call
+# ### Grouped against per-matrix Muon, in one process
 # The grouped update computes what the per-matrix one computes (`tests/test_muon.py` holds the two
 # equal to float rounding), so the two should differ in time per step only. The trial runs the leading
-# grouped candidate and its per-matrix twin on the same seeds, alternating, in one call; the test on
+# grouped candidate and its per-matrix twin on the same seeds, alternating, in one process; the test on
 # the seeds' best losses says whether they differ beyond the seeds.
 
 # %%
@@ -340,10 +340,10 @@ for dev, dev_repeats in group_rows(repeats).items():
     print(sr.noise_findings(first_runs.get(dev, []), dev_repeats, leaders.get(dev), ids=ids))
 
 # %% [markdown]
-# ### nanoGPT's recipe and the leader, in one call
+# ### nanoGPT's recipe and the leader, in one process
 # The leaderboard's speed-up sets runs of different machine starts against each other, and the
 # reference's compiled step, launched kernel by kernel from Python, moves with the host it gets far
-# more than a replayed graph does. Here the two race on the same seeds, alternating, in one call,
+# more than a replayed graph does. Here the two race on the same seeds, alternating, in one process,
 # each reporting the loss on the whole validation split at its stop.
 
 # %%
@@ -353,7 +353,7 @@ if not h2h:
 for dev in sorted(group_rows(h2h)):
     h2h_table, h2h_text = sr.head_to_head(h2h, dev, ids=ids)
     if h2h_table:
-        show_table(h2h_table, digits=4, caption=f"nanoGPT's recipe and the leader in one call, {gpu_label(dev)}")
+        show_table(h2h_table, digits=4, caption=f"nanoGPT's recipe and the leader in one process, {gpu_label(dev)}")
     print(h2h_text)
 
 # %% [markdown]

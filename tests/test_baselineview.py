@@ -30,7 +30,7 @@ def test_the_strongest_baseline_is_the_fastest_correct_compiled_configuration():
 def test_the_manual_cuda_graph_can_be_the_strongest_baseline():
     rows = run_rows("r1", "m1", fast(fasttransformer__cudagraph__fused=2.0))
     best = bv.strongest(bv.load(CASES, rows=rows)).set_index("label")
-    assert best.loc["fasttransformer", "baseline"] == "manual CUDA graph of the whole step"
+    assert best.loc["fasttransformer", "baseline"] == "manual CUDA graph of the eager step"
 
 
 def test_ratios_pair_rows_of_one_run_only():

@@ -162,9 +162,10 @@ def test_the_speedrun_sentence_gives_the_same_call_race_where_stored(store, tmp_
     (tmp_path / "results" / "h200" / "speedrun-head-to-head.jsonl").write_text(
         "".join(json.dumps(r) + "\n" for r in rows))
     text = findings._speedrun("h200")
-    assert "in one call, the speedrun's leader takes 2.00 s against 12.00 s: 6.00×" in text
+    assert "alternating, in one process, the speedrun's leader takes 2.00 s against 12.00 s: 6.00×" in text
+    assert text.endswith("follow the host's CPU from one machine to another (chapter 8).")
     assert "3/3 of its runs" in text
-    assert "(compilation and warm-up apart): raced against nanoGPT's recipe" in text  # no leaderboard before it
+    assert "(compilation and warm-up apart): run against nanoGPT's recipe" in text  # no leaderboard before it
 
 
 def test_what_is_not_measured_is_listed_until_its_rows_are_stored(store, tmp_path):
@@ -177,6 +178,9 @@ def test_what_is_not_measured_is_listed_until_its_rows_are_stored(store, tmp_pat
     assert not any("ceilings" in g for g in findings.unmeasured("h200"))
     assert any("attention kernel against SDPA" in g for g in findings.unmeasured("h200"))  # a ceiling is not one
     assert any(g.endswith("chapter 1 (phases, kernel categories, the SDPA backend from a trace)") for g in gaps)
+    # The post's precision and the chapters' own suites count too: a GPU without them is said to lack them.
+    assert any(g.startswith("the baselines suite in fp32, the post's precision") for g in gaps)
+    assert any(g.startswith("the sequence-length sweep (chapter 5)") for g in gaps)
     (tmp_path / "results" / "h100").mkdir()
     (tmp_path / "results" / "h100" / "profile.jsonl").write_text(json.dumps({"status": "ok", "key": "p"}) + "\n")
     assert any(g.endswith("chapter 1 (phases, kernel categories, the SDPA backend from a trace): measured on the H100 "
@@ -185,9 +189,11 @@ def test_what_is_not_measured_is_listed_until_its_rows_are_stored(store, tmp_pat
     (tmp_path / "results" / "t4" / "baselines.jsonl").write_text("")
     assert "Tesla T4" not in findings.unmeasured_markdown("h200")
     assert findings.unmeasured_markdown("h200") in findings.markdown("h200")
-    for bench in ("kernels", "speedrun-head-to-head", "ddp"):  # every gap but one filled: a list of one item
+    # every gap but one filled: a list of one item
+    for bench in ("kernels", "speedrun-head-to-head", "ddp", "baselines", "tsweep", "compile_time", "grid",
+                  "convergence", "speedrun"):
         with open(tmp_path / "results" / "h200" / f"{bench}.jsonl", "a") as f:
-            f.write(json.dumps({"status": "ok", "key": bench, "op": "attention"}) + "\n")
+            f.write(json.dumps({"status": "ok", "key": bench, "op": "attention", "precision": "fp32"}) + "\n")
     assert findings.unmeasured("h200") == [
         "the measured profiles of chapter 1 (phases, kernel categories, the SDPA backend from a trace): measured on "
         "the H100 only, whose rows the chapter shows"]
@@ -235,3 +241,11 @@ def test_another_device_gets_its_own_table_and_the_headline_device_is_said_to_la
     # A winner elsewhere that the headline device's runs did measure leaves nothing to say.
     store(_on("h200", "NVIDIA H200", [r for i in range(3) for r in _graphed_run(f"h{i}", f"m{i % 2}", 4.0, 4.5)]))
     assert ef.weaker_set("h200") is None
+
+
+def test_the_compiler_ceiling_claim_is_headlined_in_every_precision_measured(store):
+    """The post's premise (fp32 on a T4) is answered differently by precision: the headline shows each precision
+    the runs measured, fp32 first, not fp32 alone (a GPU without fp32 runs would otherwise show none)."""
+    store(_three_runs())  # bf16 runs only
+    claims = [c for c in findings.findings_table("h200")["the post's claim"] if "hand-written" in c]
+    assert claims == ["A hand-written GPT-2 engine cannot beat torch.compile (bf16)"]

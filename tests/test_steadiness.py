@@ -33,7 +33,7 @@ def test_a_steady_baseline_is_called_steady_and_a_manual_graph_leaves_nothing_to
     assert "0.6% from fastest to slowest run: steady" in st.steadiness_findings(_runs([1.60, 1.61, 1.60]))
     # Just past the threshold: one decimal, so that it does not read "5% ...: more than 5% apart".
     assert "5.4% from fastest to slowest run: more than 5% apart" in st.steadiness_findings(_runs([1.60, 1.6864, 1.62]))
-    assert st.host_work("manual CUDA graph of the whole step", 0) is None
+    assert st.host_work("manual CUDA graph of the eager step", 0) is None
     assert st.host_work(bv.config_name("compile", "graphed"), 0) is None  # the compiled step, one graph
     assert st.host_work("compile reduce-overhead, fused AdamW outside", 0) == "AdamW launched from Python"
     assert st.host_work("compile reduce-overhead, whole step compiled", 3) == "3 graph breaks"

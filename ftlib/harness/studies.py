@@ -223,13 +223,13 @@ def suites(smoke: bool) -> dict[str, dict]:
     record = {n: speed["runs"][n] for n in (REFERENCE, lead, *(name for name, *_ in EXPLORING_GROUPED))}
     table["speedrun-record"] = dict(runs=record, seeds=SEEDS[:1] if smoke else RECORD_SEEDS,
                                     target=NANOGPT_BEST_LOSS)
-    # The grouped Muon update against the per-matrix one it computes, in one call: the leading grouped
+    # The grouped Muon update against the per-matrix one it computes, in one process: the leading grouped
     # candidate and its per-matrix twin alternate over the same seeds, so machine, data order and
     # seeds are shared and only the execution of the update differs.
     table["speedrun-muon-trial"] = dict(runs=dict(muon_trial_runs(speed["runs"])),
                                         seeds=SEEDS[:1] if smoke else TRIAL_SEEDS, target=TARGET_LOSS)
     # The record's speed-up measured like for like: nanoGPT's recipe and the leaderboard's fastest claimed
-    # candidate alternate over the same seeds in one call, so both meet the same machine start and host
+    # candidate alternate over the same seeds in one process, so both meet the same machine start and host
     # (the reference's compiled step, launched from Python, moves with the host far more than a replayed
     # graph does) and both report the whole validation split at their stop.
     table["speedrun-head-to-head"] = dict(runs={n: speed["runs"][n] for n in HEAD_TO_HEAD},

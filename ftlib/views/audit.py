@@ -261,7 +261,8 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
     out.append(_row("SDPA keeps (B,H,T,T) out of DRAM ('zero bytes')", "zero bytes",
                     f"original (B,1,T,d) K/V in fp32 -> '{seen}' ({how})"
                     + f"; expanded (B,H,T,d) view -> {seen_x}"
-                    + (f"; eager {fb:.1f} vs {fx:.1f} ms" if fb and fx else ""),
+                    + (f"; the eager step {fb:.1f} ms with the original layout, {fx:.1f} ms with the expanded view"
+                       if fb and fx else ""),
                     # Without a trace the backend is only the rules' expectation: no verdict from it.
                     NOT_MEASURED if not traced else "does not hold" if "math" in seen.split("+") else "holds",
                     "profile suite (trace)" if traced else "ftlib.analysis.accounting rules"))

@@ -37,7 +37,7 @@ SUITE = "baselines"
 CONFIG_NAMES: dict[tuple[str, str], str] = {
     ("eager", "default"): "eager, foreach AdamW",
     ("eager", "fused"): "eager, fused AdamW",
-    ("cudagraph", "fused"): "manual CUDA graph of the whole step",
+    ("cudagraph", "fused"): "manual CUDA graph of the eager step",
     ("compile", "default"): "compile, foreach AdamW outside",
     ("compile", "fused"): "compile, fused AdamW outside",
     ("compile", "whole-step"): "compile, whole step compiled",
@@ -50,7 +50,7 @@ CONFIG_NAMES: dict[tuple[str, str], str] = {
     ("engine", "default"): "engine",
 }
 # What a speed-up over PyTorch is measured against: every compiled configuration, and the manual
-# CUDA graph of the whole step (eager kernels, one launch).
+# CUDA graph of the eager step (the whole step's eager kernels, one launch).
 BASELINE_CONFIGS = tuple(k for k in CONFIG_NAMES if k[0] in ("cudagraph", "compile", "compile-ro"))
 # The post's own compiled configuration: reduce-overhead with AdamW left eager (PyTorch's default).
 POST_CONFIG = ("compile-ro", "default")

@@ -275,7 +275,8 @@ def head_to_head(rows: list[dict[str, Any]], device: str,
     if p is None:
         return table, f"{gpu_label(device)}: the head-to-head needs timed runs of both sides."
     lo, hi = p["90% interval"]
-    return table, (f"{gpu_label(device)}, the same seeds alternating in one call: {id_of(ids, cand)} reaches 1.50 in "
+    return table, (f"{gpu_label(device)}, the same seeds alternating in one process: {id_of(ids, cand)} reaches "
+                   "1.50 in "
                    f"{p['candidate s (mean)']:.2f} s of training steps against nanoGPT's "
                    f"{p['reference s (mean)']:.2f} s: {p['speed-up excl. startup (pooled)']:.2f}× (90% interval "
                    f"{lo:.2f}–{hi:.2f}×, {p['reached']} of its runs reached it).")
