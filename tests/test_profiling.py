@@ -227,3 +227,25 @@ def test_heaviest_kernel_names_are_cut_in_the_middle_so_two_tilings_stay_apart()
     b = a.replace("_nn_", "_tn_")
     assert short_kernel(a) != short_kernel(b) and len(short_kernel(a)) == 100 and "…" in short_kernel(a)
     assert short_kernel("sgemm") == "sgemm"
+
+
+def test_the_closing_answers_the_posts_caption_from_the_phases():
+    """'backward and MLP phases dominate': the closing says whether the backward outlasts the forward in every
+    profile, and, where every eager step waits on its launches longer than on any phase, that it does."""
+    from ftlib.views.profile import findings
+
+    def row(model: str, mode: str, fwd: float, bwd: float, gaps: float) -> dict:
+        phases = [{"phase": "forward", "total_us": fwd}, {"phase": "backward", "total_us": bwd},
+                  {"phase": "optimizer", "total_us": 100.0}]
+        return {"preset": model, "mode": mode, "precision": "fp32", "B": 32, "T": 256, "device_slug": "h100",
+                "status": "ok", "phases": phases, "gaps_us": gaps, "kernels": [{"category": "matmul", "total_us": 5.0}],
+                "provenance": {}, "step_ms": (fwd + bwd + 100.0 + gaps) / 1e3, "step_ms_profiled": 0.03,
+                "busy_us": 9.0, "kernels_per_step": 3, "launches_per_step": 3, "sdpa_backend": "math",
+                "phase_source": "trace", "graph_phases": None}
+
+    text = findings([row("gpt2", "eager", 1000.0, 2000.0, 6900.0), row("gpt2", "cudagraph", 1000.0, 2500.0, 100.0)])
+    assert "holds for the backward: in every profile it takes more GPU time than the forward (2.0–2.5×)" in text
+    assert "waits on its launches for 69% of its time, longer than its longest phase" in text  # one value, once
+    short_gaps = findings([row("gpt2", "eager", 1000.0, 2000.0, 1500.0)])
+    assert "longer than its longest phase" not in short_gaps  # 1.5 ms of gaps against a 2 ms backward
+    assert "does not hold for every profile" in findings([row("gpt2", "eager", 2000.0, 1000.0, 100.0)])

@@ -192,17 +192,25 @@ def findings(rows: list[dict[str, Any]]) -> str:
                 "question here; `bash ci/gpu-run --out OUT --only profile` measures it on a GPU.")
     parts = pd.DataFrame(phase_breakdown(rows))
     out = []
+    # every profile's backward / forward; per eager profile, its launch gaps' share and whether they outlast each phase
+    ratios: list[float] = []
+    eager_gaps: list[tuple[float, bool]] = []
     for (dev, prec), g in parts.groupby(["device_slug", "precision"], sort=True):
         wide = g.pivot_table(index=["preset", "mode"], columns="phase", values="ms", aggfunc="first")
         steps = g.groupby(["preset", "mode"])["step_ms"].first()
         lines = []
         if {"forward", "backward"} <= set(wide.columns):
             fb = (wide["backward"] / wide["forward"]).dropna()
+            ratios += list(fb)
             if len(fb):
                 lines.append(f"the backward takes {fb.min():.1f}–{fb.max():.1f}× the forward's GPU time over "
                              f"{len(fb)} profiles")
         if "launch gaps" in wide.columns:
             share = (wide["launch gaps"] / steps).dropna()
+            eager = wide[wide.index.get_level_values("mode") == "eager"]
+            phases = [c for c in ("forward", "backward", "optimizer") if c in eager.columns]
+            eager_gaps += [(gap / steps[i], gap > eager.loc[i, phases].max())
+                           for i, gap in eager["launch gaps"].dropna().items()]
             by_mode = share.groupby(level="mode").agg(["min", "max"])
             lines.append("the launch gaps take " + "; ".join(
                 f"{lo:.0%}–{hi:.0%} of the step in {mode}" if f"{lo:.0%}" != f"{hi:.0%}" else f"{lo:.0%} in {mode}"
@@ -214,6 +222,23 @@ def findings(rows: list[dict[str, Any]]) -> str:
             lines.append(f"GEMMs are {min(mm):.0%}–{max(mm):.0%} of the kernel time")
         if lines:
             out.append(f"**{gpu_of(rows, dev)}, {prec}:** " + "; ".join(lines) + ".")
+    if ratios:
+        verdict = ("holds for the backward: in every profile it takes more GPU time than the forward"
+                   if min(ratios) > 1 else "does not hold for every profile: in some the backward takes no more "
+                   "GPU time than the forward")
+        shares = [x for x, _ in eager_gaps]
+        lo, hi = f"{min(shares):.0%}", f"{max(shares):.0%}"
+        gaps = (f"; but an eager step waits on its launches for {lo if lo == hi else f'{lo}–{hi}'} of its time, "
+                "longer than its longest phase in every eager profile, so at this size how the step is run "
+                "matters more than which phase dominates" if eager_gaps and all(m for _, m in eager_gaps) else "")
+        out.append(f"**The post's caption, \"backward and MLP phases dominate\",** {verdict} "
+                   f"({_span(min(ratios), max(ratios), '.1f')}×){gaps}.")
     out.append("The post's \"MLP phase\" is a component, not a phase: kernel names do not tell the MLP's GEMMs "
                "from the attention projections', so chapter 2 counts it by FLOPs and bytes instead.")
     return "\n\n".join(out)
+
+
+def _span(lo: float, hi: float, fmt: str) -> str:
+    """'1.4–2.8', or one value where both print the same."""
+    a, b = format(lo, fmt), format(hi, fmt)
+    return a if a == b else f"{a}–{b}"
