@@ -245,9 +245,9 @@ def lessons(device: str = "h200") -> str:
     out = []
     if not runs.empty:
         # fp32 first (the post's precision), else the first precision the device's runs measured.
-        ceiling = next((c for p in ("fp32", "tf32", "bf16") if (c := ceiling.ceiling_findings(runs, device, p))), [])
+        modes = next((c for p in ("fp32", "tf32", "bf16") if (c := ceiling.ceiling_findings(runs, device, p))), [])
         out.append("**Launches and fusion, not arithmetic, set the step time at this size.** "
-                   + " ".join(ceiling) + " Eager and default-mode steps launch every kernel from Python and "
+                   + " ".join(modes) + " Eager and default-mode steps launch every kernel from Python and "
                    "follow the host: their runs scatter, where a replayed graph repeats to the microsecond.")
         eff = br.placement_effect(runs)
         ft = eff[(eff["model"] == "FastTransformer") & (eff["precision"] == "bf16")].set_index(
