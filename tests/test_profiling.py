@@ -249,3 +249,4 @@ def test_the_closing_answers_the_posts_caption_from_the_phases():
     short_gaps = findings([row("gpt2", "eager", 1000.0, 2000.0, 1500.0)])
     assert "longer than its longest phase" not in short_gaps  # 1.5 ms of gaps against a 2 ms backward
     assert "does not hold for every profile" in findings([row("gpt2", "eager", 2000.0, 1000.0, 100.0)])
+    assert "waits on its launches" not in findings([row("gpt2", "cudagraph", 1000.0, 2000.0, 50.0)])  # no eager

@@ -227,9 +227,8 @@ def findings(rows: list[dict[str, Any]]) -> str:
                    if min(ratios) > 1 else "does not hold for every profile: in some the backward takes no more "
                    "GPU time than the forward")
         shares = [x for x, _ in eager_gaps]
-        lo, hi = f"{min(shares):.0%}", f"{max(shares):.0%}"
-        gaps = (f"; but an eager step waits on its launches for {lo if lo == hi else f'{lo}–{hi}'} of its time, "
-                "longer than its longest phase in every eager profile, so at this size how the step is run "
+        gaps = (f"; but an eager step waits on its launches for {_span(min(shares), max(shares), '.0%')} of its "
+                "time, longer than its longest phase in every eager profile, so at this size how the step is run "
                 "matters more than which phase dominates" if eager_gaps and all(m for _, m in eager_gaps) else "")
         out.append(f"**The post's caption, \"backward and MLP phases dominate\",** {verdict} "
                    f"({_span(min(ratios), max(ratios), '.1f')}×){gaps}.")
