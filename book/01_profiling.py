@@ -31,7 +31,7 @@
 # step is profiled in chapter 6, kernel class by kernel class against its floors. The step times
 # here come from the profiling runs themselves (one process each); chapter 3's repeated runs are
 # the ones to compare configurations by, and an eager step, which follows the host's CPU, can
-# differ between the two by a factor of two.
+# differ between the two by far more than a graph's.
 #
 # **How a profile is read** (`ftlib.harness.profiling`, whose docstring has the details):
 #
