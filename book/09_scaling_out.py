@@ -128,9 +128,10 @@ print(ddp.fewer_bytes_text())
 show_frame(ddp.floor_vs_step(ok_rows("baselines")))
 
 # %% [markdown]
-# Even at eight GPUs the bandwidth floor of the gradient all-reduce is a fraction of a percent
-# of one step (the last column): bandwidth is not what limits data parallelism for models this
-# small. What can limit it is latency (each bucket's all-reduce has a fixed cost of some
+# Even at eight GPUs the bandwidth floor of the gradient all-reduce is a small share of one eager
+# fp32 step, and a larger but still small share of the fastest single-GPU step stored (the last
+# columns; the closing below gives both): bandwidth is not what limits data parallelism for models
+# this small. What can limit it is latency (each bucket's all-reduce has a fixed cost of some
 # microseconds), the overlap DDP manages with backward, and launch overhead, which is why the
 # measurements below (none stored in this edition), not the floor, decide. FastTransformer's
 # fewer bytes shrink a cost that is already small; what weighs more is the step the all-reduce

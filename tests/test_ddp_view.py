@@ -39,3 +39,17 @@ def test_findings_say_what_is_measured():
 
 def test_the_all_reduce_figure_names_the_models_as_the_book_does():
     assert [tr.name for tr in ddp.allreduce_figure().data] == ["GPT-2", "FastTransformer"]
+
+
+def test_the_floor_is_also_set_against_the_fastest_step_stored():
+    """The eager fp32 step leaves the most time to hide an all-reduce behind; the fastest step stored (any
+    configuration and precision, each one's median over its runs) leaves the least, and the closing says both."""
+    fast = [{**_step("gpt2", ms, run), "mode": "compile-ro", "optimizer_kind": "fused", "precision": "bf16"}
+            for ms, run in ((1.0, "r1"), (1.2, "r2"), (9.0, "r3"))]
+    steps = [_step("gpt2", 12.0, "r1"), _step("fasttransformer", 11.0, "r1"), *fast]
+    (g, f) = ddp.floor_vs_step.rows(steps)
+    assert g["its ms"] == 1.2
+    assert g["fastest 1-GPU step stored"] == "compile reduce-overhead, fused AdamW outside in bf16"
+    assert g["floor, share of the fastest step"] == pytest.approx(g["8-GPU all-reduce floor ms"] / 1.2)
+    assert f["fastest 1-GPU step stored"] == "eager, foreach AdamW in fp32"  # its only configuration
+    assert "and of the fastest single-GPU step stored (GPT-2 " in ddp.findings(steps, [])
