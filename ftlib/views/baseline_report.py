@@ -124,6 +124,15 @@ def placement_effect(df: pd.DataFrame) -> pd.DataFrame:
         [runs_on_starts(int(n), int(m)) for n, m in zip(tab["runs"], tab["machines"])], tab["verdict"]))))
 
 
+def earlier_engines(df: pd.DataFrame, device: str) -> dict[tuple[str, str], str]:
+    """(model, precision) -> the configuration name of its newest earlier engine on ``device``, for each model
+    and precision whose newest engine run is not the current engine's: the bar that stands in for it."""
+    newest = newest_engine(engine_table(df)) if not df.empty else pd.DataFrame(columns=["device_slug"])
+    engine = config_name("engine", "default")
+    return {(r.label, r.precision): f"{engine}, {r.engine_config}" for r in newest.itertuples()
+            if r.device_slug == device and r.engine_config != TODAY}
+
+
 def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequence[str] | None = None) -> go.Figure:
     """Step time of every configuration, one bar per model: median over runs, min–max as error bars."""
     from ftlib.views.plots import MODEL_COLORS, legend_below, with_subtitle
@@ -131,10 +140,8 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
     tab = placement_table(df)
     tab = tab[(tab["device_slug"] == device) & (tab["precision"] == precision)]
     # A model whose current engine no run here measured shows its newest earlier engine, on a bar of its own.
-    engine, earlier_bar = config_name("engine", "default"), "engine (an earlier one)"
-    newest = newest_engine(engine_table(df)) if not tab.empty else pd.DataFrame(columns=["device_slug"])
-    newest = newest[(newest["device_slug"] == device) & (newest["precision"] == precision)]
-    earlier = {r.label: f"{engine}, {r.engine_config}" for r in newest.itertuples() if r.engine_config != TODAY}
+    earlier_bar = "engine (an earlier one)"
+    earlier = {label: config for (label, prec), config in earlier_engines(df, device).items() if prec == precision}
     for label, config in earlier.items():
         tab = pd.concat([tab, tab[(tab["label"] == label) & (tab["config"] == config)].assign(config=earlier_bar)])
     order = [c for c in [CONFIG_NAMES[k] for k in CONFIG_NAMES] + [earlier_bar] if c in set(tab["config"])]
@@ -239,9 +246,7 @@ def throughput_figure(df: pd.DataFrame, device: str) -> go.Figure:
     # Where no run here measured the current engine of a model and precision, its newest earlier engine stands
     # in, on a bar named so (as in the step-time figure).
     engine = config_name("engine", "default")
-    newest = newest_engine(engine_table(df)) if not tab.empty else pd.DataFrame(columns=["device_slug"])
-    earlier = {(r.label, r.precision): f"{engine}, {r.engine_config}" for r in newest.itertuples()
-               if r.device_slug == device and r.engine_config != TODAY}
+    earlier = earlier_engines(df, device)
     fig = go.Figure()
     groups = (config_name(*POST_CONFIG), "fastest compiled", engine)
     for label in ("gpt2", "fasttransformer"):

@@ -58,7 +58,7 @@ def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
                      if prec == "fp32" else "")
             lines.append(f"- Under the post's configuration ({config_name(*POST_CONFIG)}), FastTransformer steps "
                          f"{range_text(post['median'], post['min'], post['max'])} faster than GPT-2 "
-                         f"(verdict: {post['verdict']}){claim}.")
+                         f"({verdict_phrase(post['verdict'])}){claim}.")
         if best is not None:
             lines.append(f"- With each model at its fastest compiled configuration the ratio is "
                          f"{range_text(best['median'], best['min'], best['max'])} ({best['verdict']}).")
