@@ -30,7 +30,7 @@ from ftlib.harness.provenance import is_clean_commit
 from ftlib.harness.results import load_rows
 from ftlib.harness.suites import LATER_STEP_CONFIGS
 from ftlib.views.bench import MODEL_NAMES
-from ftlib.views.engine_config import TODAY, engine_config
+from ftlib.views.engine_config import TODAY, engine_config, engine_words
 
 SUITE = "baselines"
 # (mode, optimizer) -> how the book names the configuration.
@@ -267,8 +267,9 @@ def newest_engine(tab: pd.DataFrame) -> pd.DataFrame:
 
 
 def engine_note(config: str) -> str:
-    """'' for the current engine, else ' (an earlier engine, without ...)' to put beside its numbers."""
-    return "" if config == TODAY else f" (an earlier engine, {config})"
+    """'' for the current engine, else ' (an earlier engine, N of today's default options off ...)' to put beside
+    its numbers (:func:`ftlib.views.engine_config.engine_words`)."""
+    return "" if config == TODAY else f" ({engine_words(config)})"
 
 
 def model_speedups(df: pd.DataFrame, faster: str = "fasttransformer", slower: str = "gpt2") -> pd.DataFrame:

@@ -51,6 +51,18 @@ def engine_config(row: dict[str, Any]) -> str:
     return "options not recorded" if off is None else "without " + ", ".join(off) if off else TODAY
 
 
+def engine_words(config: str) -> str:
+    """An :func:`engine_config` value in words for pages that do not define each option (chapter 6 does):
+    'the current engine', or 'an earlier engine: N of today's default options off; chapter 6 names them'
+    (its engine tables list them by name)."""
+    if config == TODAY:
+        return "the current engine"
+    if not config.startswith("without "):
+        return f"an earlier engine: {config}"
+    n = len(config.removeprefix("without ").split(", "))
+    return f"an earlier engine: {n} of today's default option{'s' * (n != 1)} off; chapter 6 names them"
+
+
 def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str] | None = None,
                    names: Iterable[str] = TRIAL_WINNERS) -> str:
     """Where stored engine rows (of ``run_ids``, if given) ran with one of ``names`` off that is on by

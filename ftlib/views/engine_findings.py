@@ -12,6 +12,7 @@ from __future__ import annotations
 import pandas as pd
 
 from ftlib.views.bench import gpu_name, model_title
+from ftlib.views.engine_config import engine_words
 
 # The engine's table: what a reader compares, in reading order.
 ENGINE_COLUMNS = ["model", "precision", "engine ms", "strongest baseline of the same run", "its ms",
@@ -63,7 +64,7 @@ def engine_results(device: str = "h200", runs: pd.DataFrame | None = None) -> pd
                         "engine speed-up": bv.range_text(e["median"], e["min"], e["max"]).replace(" over runs", ""),
                         "runs": bv.runs_on_starts(int(e["runs"]), int(e["machines"])),
                         "verdict": bv.verdict_word(e["verdict"]),
-                        "engine": "current" if e["engine_config"] == bv.TODAY else f"earlier: {e['engine_config']}"})
+                        "engine": engine_words(e["engine_config"]).removeprefix("the ")})
     return pd.DataFrame(out, columns=ENGINE_COLUMNS)
 
 

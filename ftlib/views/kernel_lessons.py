@@ -78,8 +78,7 @@ def _engine_lines(device: str) -> tuple[list[str], list[str], list[str]]:
     tab = engine_results(device)
     lines, faster, tentative = [], [], []
     for _, e in tab.iterrows():
-        engine = ("the current engine" if e["engine"] == "current"
-                  else e["engine"].replace("earlier: ", "an earlier engine, "))
+        engine = "the " + e["engine"] if e["engine"] == "current engine" else e["engine"]
         lines.append(f"{e['model']} {e['precision']} ({engine}): {e['engine speed-up']} against "
                      f"{e['strongest baseline of the same run']}, {e['runs']}; {e['verdict']}.")
         if e["verdict"] == "faster":
