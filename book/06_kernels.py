@@ -316,13 +316,14 @@ if len(ptable):
 # engine's of the same run, with each row's p20–p80 range beside it: for `-op` and `no-kernels` a positive
 # delta is what the kernel buys and a negative one says the PyTorch op is faster inside the graph; for
 # `uncaptured` it is what the CUDA graph buys; for `+flash-attn` a negative delta says the fused attention
-# would pay.
+# would pay. `changes the step` is False where the variant's engine ran the same step as the default's
+# (switching off a kernel the default did not run): its delta is only noise.
 
 # %%
 deltas = engineview.kernel_deltas(erows)
 if len(deltas):
     show_frame(deltas, preview=["device", "model", "precision", "variant", "ms", "engine ms", "delta ms",
-                                "delta %", "beyond spread"])
+                                "delta %", "beyond spread", "changes the step"])
     display(Markdown(engineview.deltas_note(erows)))
 else:
     print(engineview.NOT_MEASURED)

@@ -47,8 +47,14 @@ def _step_row(bench: str, model: str, prec: str, mode: str, ms: float, label: st
             "bench": bench, "label": label, "preset": model, "config": cfg.to_dict(),
             "config_hash": cfg.config_hash(), "B": 32, "T": 256, "mode": mode, "precision": prec, "status": "ok",
             "median_ms": ms, "p20_ms": 0.97 * ms, "p80_ms": 1.04 * ms, "check_ok": True, "extra": extra or {},
-            "engine": {"kernels": ["rmsnorm", "attention", "cross_entropy", "adamw"]} if mode == "engine" else None,
-            **PROV}
+            "engine": {"kernels": _kernels(label)} if mode == "engine" else None, **PROV}
+
+
+def _kernels(label: str) -> list[str]:
+    """The kernels an engine variant reports: the default's, less what its label switched off."""
+    if label.endswith("no-kernels"):
+        return []
+    return [k for k in ("rmsnorm", "attention", "cross_entropy", "adamw") if not label.endswith(f" -{k}")]
 
 
 # The baselines suite: three runs on two machine starts; per (model, mode, optimizer) ms, every precision.

@@ -79,14 +79,24 @@ def test_a_profiled_variant_is_set_against_the_default_engine_in_words():
                         "options: +102 kernels per step, +100 µs per captured step")
 
 
-def test_the_attention_ablation_leaves_out_fp32_where_the_engine_runs_sdpa():
-    def row(label, ms, prec):
+def test_an_ablation_that_ran_the_default_step_is_left_out_said_so():
+    def row(label, ms, prec, kernels, off=()):
         return {"device_slug": "h200", "label": label, "preset": "fasttransformer", "precision": prec,
                 "mode": "engine", "median_ms": ms, "p20_ms": ms - 0.01, "p80_ms": ms + 0.01, "B": 32, "T": 256,
-                "run_id": "r1", "date": "2026-01-01", "commit": "c1"}
+                "run_id": "r1", "date": "2026-01-01", "commit": "c1",
+                "engine": {"kernels": list(kernels), "requested_off": list(off), "notes": {"x": str(off)}}}
 
-    rows = [row("fasttransformer", 5.0, "fp32"), row("fasttransformer -attention", 4.99, "fp32"),
-            row("fasttransformer", 2.0, "tf32"), row("fasttransformer -attention", 3.0, "tf32")]
+    # Strict fp32 keeps SDPA: switching the attention kernel off leaves the step as it was.
+    rows = [row("fasttransformer", 5.0, "fp32", ["rmsnorm"]),
+            row("fasttransformer -attention", 4.99, "fp32", ["rmsnorm"], ["attention"]),
+            row("fasttransformer", 2.0, "tf32", ["rmsnorm", "attention"]),
+            row("fasttransformer -attention", 3.0, "tf32", ["rmsnorm"], ["attention"])]
     (line,) = [x for x in kl._ablation_lines(rows, "h200") if "(-attention)" in x]
-    assert "changes the step by FastTransformer tf32 +1.00 ms (+50%) (in fp32 the engine runs PyTorch's SDPA: " \
-           "nothing to switch off)" in line  # and no fp32 delta of its own
+    assert line.startswith("switching off the fused attention kernel (-attention) changes the step by "
+                           "FastTransformer tf32 +1.00 ms (+50%) (left out: FastTransformer fp32, whose engine did "
+                           "not run it, so nothing was switched off)")
+    # A row that does not describe its engine is kept: nothing says it ran the default's step.
+    for r in rows:
+        r.pop("engine")
+    (line,) = [x for x in kl._ablation_lines(rows, "h200") if "(-attention)" in x]
+    assert "fp32 -0.01 ms" in line and "left out" not in line

@@ -118,6 +118,21 @@ def _spread(r: dict[str, Any]) -> str | None:
     return f"{r['p20_ms']:.2f}–{r['p80_ms']:.2f}" if r.get("p20_ms") and r.get("p80_ms") else None
 
 
+# Fields of an engine's ``describe()`` that say what was asked of it, not what its step ran.
+_NOT_THE_STEP = ("requested_off", "notes")
+
+
+def changes_the_step(default: dict[str, Any], variant: dict[str, Any]) -> bool | None:
+    """Whether a variant's engine ran another step than its run's default engine, by their stored
+    ``describe()``: False where the two differ only in what was asked (switching off a kernel the default
+    did not run, such as the attention kernel where strict fp32 keeps PyTorch's SDPA), so the variant's
+    delta measures only noise; None where either row does not describe its engine."""
+    a, b = default.get("engine"), variant.get("engine")
+    if not isinstance(a, dict) or not isinstance(b, dict):
+        return None
+    return any(a.get(k) != b.get(k) for k in set(a) | set(b) if k not in _NOT_THE_STEP)
+
+
 @table_view
 def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
     """What each kernel buys: every engine variant against the default engine of the same run, model and
@@ -126,7 +141,8 @@ def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
     ``delta ms`` = variant - default engine (positive: the variant is slower, i.e. what was switched off was
     worth that much per step); ``beyond spread``: the two rows' p20-p80 ranges do not overlap. Times are
     rounded to 10 µs, the order of their p20-p80 spread. ``engine`` says which engine the run's default was
-    against the current defaults (:func:`engine_config`).
+    against the current defaults (:func:`engine_config`); ``changes the step`` is False where the variant ran
+    the default's step (:func:`changes_the_step`): there was nothing to switch off.
     """
     out = []
     order = ("fp32", "tf32", "bf16", "fp16")
@@ -142,6 +158,7 @@ def kernel_deltas(engine_rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]
                         "delta %": round(100 * (r["median_ms"] / full["median_ms"] - 1), 1),
                         "beyond spread": bool(r["p80_ms"] < full["p20_ms"] or r["p20_ms"] > full["p80_ms"])
                         if both else None,
+                        "changes the step": changes_the_step(full, r),
                         "run": run_name(run), "engine": engine_config(full),
                         "kernels": ", ".join((r.get("engine") or {}).get("kernels", [])) or None,
                         "check ok": r.get("check_ok")})

@@ -107,15 +107,17 @@ def _ablation_lines(engine_rows: list[dict[str, Any]], device: str) -> list[str]
     lines = []
     for variant, text in what.items():
         mine = [d for d in deltas if d["variant"] == variant]
-        # In strict fp32 the engine keeps PyTorch's SDPA (faster there than the kernel's strict-fp32 path), so
-        # the ablation switches nothing off: its row measures only the noise, and is left out, said so.
-        kept = [d for d in mine if not (variant == "-attention" and d["precision"] == "fp32")]
+        # A variant whose engine ran the default's step (the attention kernel switched off where strict fp32
+        # keeps PyTorch's SDPA anyway) switched nothing off: its row measures only the noise, and is left
+        # out, said so.
+        kept = [d for d in mine if d["changes the step"] is not False]
+        same = [f"{model_title(d['model'])} {d['precision']}" for d in mine if d["changes the step"] is False]
         if kept:
             cases = ", ".join(f"{model_title(d['model'])} {d['precision']} {d['delta ms']:+.2f} ms "
                               f"({d['delta %']:+.0f}%)" for d in kept)
             lines.append(f"switching off {text} ({variant}) changes the step by {cases}"
-                         + (" (in fp32 the engine runs PyTorch's SDPA: nothing to switch off)"
-                            if len(kept) < len(mine) else ""))
+                         + (f" (left out: {', '.join(same)}, whose engine did not run it, so nothing was "
+                            "switched off)" if same else ""))
     if lines:
         lines[0] += (f" (the engine's ablations, from the run of {deltas[0]['run']}, each against the default "
                      "engine of that run)")
