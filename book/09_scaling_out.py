@@ -78,6 +78,8 @@ import torch
 from IPython.display import Markdown, display
 
 from ftlib.core.device import pick_device
+from ftlib.harness.suites import baselines
+from ftlib.views import baselines as bv
 from ftlib.views import ddp
 from ftlib.views.bench import ok_rows, provenance_line
 from ftlib.views.plots import show
@@ -125,7 +127,8 @@ show(ddp.allreduce_figure(), "ddp-allreduce-volume")
 
 # %%
 print(ddp.fewer_bytes_text())
-show_frame(ddp.floor_vs_step(ok_rows("baselines")))
+step_runs = bv.load(baselines())  # chapter 3's complete runs from committed code, every GPU folder
+show_frame(ddp.floor_vs_step(step_runs))
 
 # %% [markdown]
 # Even at eight GPUs the bandwidth floor of the gradient all-reduce is a small share of one eager
@@ -176,7 +179,7 @@ for name, fig in ddp.scaling_figures(rows):
 # ## What we found
 
 # %%
-display(Markdown(ddp.findings(ok_rows("baselines"), rows)))
+display(Markdown(ddp.findings(step_runs, rows)))
 
 # %% tags=["remove-cell"]
 # Colab: keep your rows: only on Colab. Zip the rows measured on this GPU, to download or keep;

@@ -5,12 +5,13 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-import numpy as np
+import pandas as pd
 import plotly.graph_objects as go
 
 from ftlib.analysis.allreduce import NVLINK_GBS, allreduce_volume, ring_floor_s
 from ftlib.model.config import preset
-from ftlib.views.bench import MODEL_NAMES, gpu_label, model_title, select
+from ftlib.views.baselines import config_name, placement_table
+from ftlib.views.bench import MODEL_NAMES, gpu_label, model_title
 from ftlib.views.plots import MODEL_COLORS, log_ticks
 from ftlib.views.tables import table_view
 
@@ -78,44 +79,44 @@ def fewer_bytes_text(n: int = 8) -> str:
             f"GPT-2 ({ft['grad_bytes'] / 1e6:.2f} MB vs {g2['grad_bytes'] / 1e6:.2f} MB), at every GPU count.")
 
 
-def _eager_step_ms(step_rows: list[dict[str, Any]], device: str, label: str) -> tuple[float | None, int]:
-    """The median over stored runs of one model's eager fp32 single-GPU step on ``device``, and how many runs."""
-    ms = [r["median_ms"] for r in select(step_rows, device_slug=device, label=label, mode="eager", precision="fp32",
-                                         optimizer_kind="default") if r.get("median_ms")]
-    return (float(np.median(ms)) if ms else None), len(ms)
+def _steps(runs: pd.DataFrame, device: str, label: str) -> pd.DataFrame:
+    """One model's configurations on ``device``, each one's step over the stored runs (median, min, max,
+    runs): :func:`ftlib.views.baselines.placement_table` of the complete clean runs, where the engine's
+    rows stand apart by the engine they ran (never pooled across versions)."""
+    tab = placement_table(runs)
+    return tab[(tab["device_slug"] == device) & (tab["label"] == label)]
 
 
-def _fastest_step_ms(step_rows: list[dict[str, Any]], device: str, label: str) -> tuple[float | None, str | None]:
-    """One model's fastest single-GPU step stored for ``device``, any configuration and precision (each one's
-    median over its runs), and which: the step that leaves the least time to hide an all-reduce behind."""
-    from ftlib.views.baselines import config_name
-    from ftlib.views.engine_config import TODAY, engine_config
+def _eager_step_ms(steps: pd.DataFrame) -> tuple[float | None, int]:
+    """The eager fp32 step of :func:`_steps` (median over its runs), and how many runs."""
+    eager = steps[(steps["config"] == config_name("eager", "default")) & (steps["precision"] == "fp32")]
+    return (None, 0) if eager.empty else (float(eager["median_ms"].iloc[0]), int(eager["runs"].iloc[0]))
 
-    # One configuration per key; the engine's rows apart by the engine they ran (never pooled across versions).
-    by: dict[tuple[str, str, str], list[float]] = {}
-    for r in select(step_rows, device_slug=device, label=label):
-        if r.get("median_ms") and r.get("mode") and r.get("optimizer_kind") and r.get("status", "ok") == "ok":
-            name = config_name(r["mode"], r["optimizer_kind"])
-            if r["mode"] == "engine":
-                name = "the engine" if engine_config(r) == TODAY else "an earlier engine"
-            key = (name, r["precision"], engine_config(r) if r["mode"] == "engine" else "")
-            by.setdefault(key, []).append(r["median_ms"])
-    if not by:
+
+def _fastest_step_ms(steps: pd.DataFrame) -> tuple[float | None, str | None]:
+    """The fastest configuration of :func:`_steps`, any precision (its median over its runs), and which: the
+    step that leaves the least time to hide an all-reduce behind."""
+    if steps.empty:
         return None, None
-    (name, prec, _), ms = min(by.items(), key=lambda kv: float(np.median(kv[1])))
-    return float(np.median(ms)), f"{name} in {prec}"
+    best = steps.loc[steps["median_ms"].idxmin()]
+    engine = config_name("engine", "default")
+    name = ("the engine" if best["config"] == engine else "an earlier engine"
+            if best["config"].startswith(engine + ", ") else best["config"])
+    return float(best["median_ms"]), f"{name} in {best['precision']}"
 
 
 @table_view
-def floor_vs_step(step_rows: list[dict[str, Any]], device: str = "h200", n: int = 8) -> list[dict[str, Any]]:
-    """The ``n``-GPU all-reduce floor beside the stored single-GPU eager fp32 step of ``device`` (its median
-    over the stored runs), and beside the fastest single-GPU step stored for it (:func:`_fastest_step_ms`)."""
+def floor_vs_step(runs: pd.DataFrame, device: str = "h200", n: int = 8) -> list[dict[str, Any]]:
+    """The ``n``-GPU all-reduce floor beside the single-GPU eager fp32 step of ``device`` (its median over the
+    stored runs), and beside the fastest single-GPU step stored for it (:func:`_fastest_step_ms`). ``runs``:
+    the baselines suite's complete runs (:func:`ftlib.views.baselines.load`)."""
     out = []
     for name, cfg in MODELS.items():
-        step, runs = _eager_step_ms(step_rows, device, name)
-        fast, which = _fastest_step_ms(step_rows, device, name)
+        steps = _steps(runs, device, name)
+        step, n_runs = _eager_step_ms(steps)
+        fast, which = _fastest_step_ms(steps)
         floor_ms = ring_floor_s(cfg, n, H200_LINK_GBS) * 1e3
-        out.append({"model": name, "H200 1-GPU eager step ms (median of stored runs)": step, "runs": runs,
+        out.append({"model": name, "H200 1-GPU eager step ms (median of stored runs)": step, "runs": n_runs,
                     f"{n}-GPU all-reduce floor ms": floor_ms,
                     "floor, share of the step": (floor_ms / step) if step else None,
                     "fastest 1-GPU step stored": which, "its ms": fast,
@@ -123,10 +124,11 @@ def floor_vs_step(step_rows: list[dict[str, Any]], device: str = "h200", n: int 
     return out
 
 
-def findings(step_rows: list[dict[str, Any]], ddp_rows: list[dict[str, Any]], device: str = "h200",
+def findings(runs: pd.DataFrame, ddp_rows: list[dict[str, Any]], device: str = "h200",
              n: int = max(WORLD_SIZES)) -> str:
-    """Chapter 9's closing paragraph: the accounting's answer, and what the stored DDP rows add."""
-    fl = floor_vs_step.rows(step_rows, device, n)
+    """Chapter 9's closing paragraph: the accounting's answer, and what the stored DDP rows add. ``runs``: the
+    baselines suite's complete runs (:func:`ftlib.views.baselines.load`)."""
+    fl = floor_vs_step.rows(runs, device, n)
     shares = [f"{MODEL_NAMES[r['model']]} {r['floor, share of the step']:.2%}" for r in fl
               if r["floor, share of the step"]]
     text = fewer_bytes_text(n)
