@@ -249,3 +249,14 @@ def test_the_compiler_ceiling_claim_is_headlined_in_every_precision_measured(sto
     store(_three_runs())  # bf16 runs only
     claims = [c for c in findings.findings_table("h200")["the post's claim"] if "hand-written" in c]
     assert claims == ["A hand-written GPT-2 engine cannot beat torch.compile (bf16)"]
+
+
+def test_the_launch_lesson_reads_a_gpu_in_the_precision_it_has(store):
+    """A GPU whose runs measured fp16 alone is read in fp16, the last of chapter 3's order, not left without
+    the lesson's numbers."""
+    import dataclasses
+
+    from synthetic_results import BASELINE_CASES
+
+    store(baselines_run("r1", "m1", {}, cases=[dataclasses.replace(c, precision="fp16") for c in BASELINE_CASES]))
+    assert "GPT-2 (fp16, H200): eager 10.00 ms; one CUDA graph of the whole step 10.00 ms" in findings.lessons("h200")

@@ -28,12 +28,15 @@ from ftlib.views.baselines import (
 )
 from ftlib.views.bench import MODEL_NAMES, gpu_label
 
+# The order chapter 3 and the closing chapter read a device's ceiling in: the post's precision (fp32) first.
+CEILING_ORDER = ("fp32", "tf32", "bf16", "fp16")
+
 
 def ceiling_precision(df: pd.DataFrame, device: str, precision: str = "fp32") -> str | None:
-    """``precision`` where ``device``'s runs in ``df`` measured it, else the first of tf32, bf16 and fp16 they
+    """``precision`` where ``device``'s runs in ``df`` measured it, else the first of :data:`CEILING_ORDER` they
     did (None where they measured none): the precision chapter 3 reads a device's ceiling in."""
     have = set(df.loc[df["device_slug"] == device, "precision"])
-    return next((p for p in (precision, "tf32", "bf16", "fp16") if p in have), None)
+    return next((p for p in (precision, *CEILING_ORDER) if p in have), None)
 
 
 def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:

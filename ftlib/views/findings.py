@@ -244,8 +244,9 @@ def lessons(device: str = "h200") -> str:
     runs = ef.device_runs(device)
     out = []
     if not runs.empty:
-        # fp32 first (the post's precision), else the first precision the device's runs measured.
-        modes = next((c for p in ("fp32", "tf32", "bf16") if (c := ceiling.ceiling_findings(runs, device, p))), [])
+        # In chapter 3's order (fp32, the post's precision, first): the first precision whose runs hold the
+        # eager step, the graph and a compiled configuration these sentences set side by side.
+        modes = next((c for p in ceiling.CEILING_ORDER if (c := ceiling.ceiling_findings(runs, device, p))), [])
         out.append("**Launches and fusion, not arithmetic, set the step time at this size.** "
                    + " ".join(modes) + " Eager and default-mode steps launch every kernel from Python and "
                    "follow the host: their runs scatter, where a replayed graph repeats to the microsecond.")
