@@ -24,6 +24,10 @@ def test_bundle_is_deterministic_and_complete(monkeypatch):
     lines = sub.layout.title.text.replace("<sup>", "").replace("</sup>", "").split("<br>")[1:]
     assert all(len(line) <= plots.SUBTITLE_CHARS for line in lines)
     assert plots.bundle(sub, "x")["text/plain"] == "<Figure: t — " + " ".join(["a note"] * 40) + ">"
+    # The title hangs from the image's top, and the margin grows by a whole line per line beyond the first, so
+    # that a long note stays above the subplots' titles (plotly's default centres the title in the margin).
+    assert (sub.layout.title.yref, sub.layout.title.y, sub.layout.title.yanchor) == ("container", 1, "top")
+    assert sub.layout.margin.t == 100 + plots.SUBTITLE_LINE_PX * (len(lines) - 1) and plots.SUBTITLE_LINE_PX >= 20
 
 
 def test_static_png_when_a_browser_is_there(monkeypatch):

@@ -33,14 +33,20 @@ PALETTE = ["#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e
 
 
 SUBTITLE_CHARS = 125  # characters of a subtitle line (plotly's <sup> size) that fit the static image's width
+# A subtitle line's height in the static image: plotly spaces <sup> lines about 22 px apart at the title's size.
+SUBTITLE_LINE_PX = 22
+TITLE_TOP_PX = 30  # from the image's top edge to the title's top
 
 
 def with_subtitle(fig: go.Figure, title: str, note: str) -> go.Figure:
     """``title`` with ``note`` under it in small type, wrapped to lines that fit the static image (so that a long
-    note does not run off its right edge), the top margin grown by the lines beyond the first."""
+    note does not run off its right edge), the top margin grown by the lines beyond the first. The title hangs
+    from the image's top edge: plotly's default centres it in the margin, which would carry a long note down onto
+    the subplots' titles."""
     lines = textwrap.wrap(note, SUBTITLE_CHARS) if note else []
     text = title + ("<br><sup>" + "<br>".join(lines) + "</sup>" if lines else "")
-    fig.update_layout(title_text=text, margin_t=100 + 14 * max(0, len(lines) - 1))
+    fig.update_layout(title=dict(text=text, yref="container", y=1, yanchor="top", pad_t=TITLE_TOP_PX),
+                      margin_t=100 + SUBTITLE_LINE_PX * max(0, len(lines) - 1))
     return fig
 
 
