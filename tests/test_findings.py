@@ -260,3 +260,20 @@ def test_the_launch_lesson_reads_a_gpu_in_the_precision_it_has(store):
 
     store(baselines_run("r1", "m1", {}, cases=[dataclasses.replace(c, precision="fp16") for c in BASELINE_CASES]))
     assert "GPT-2 (fp16, H200): eager 10.00 ms; one CUDA graph of the whole step 10.00 ms" in findings.lessons("h200")
+
+
+def test_a_slow_compiled_step_in_the_engines_runs_is_said_with_the_all_runs_median(store):
+    """The current engine ran in one run whose strongest compiled step (6 ms) was slower than that step's median
+    over every run here (4 ms): the same-run ratio (3×) also measures that run's host, and the notes say so,
+    with the engine against the all-runs median for scale (2×)."""
+    def ms(engine: float, compiled: float) -> dict:
+        return fast(fasttransformer__engine__default=engine, fasttransformer__compile_ro__fused=compiled)
+
+    store(baselines_run("r1", "m1", ms(2.0, 4.0), bad=OLDER) + baselines_run("r2", "m2", ms(2.0, 4.0), bad=OLDER)
+          + baselines_run("r3", "m3", ms(2.0, 6.0)))
+    (note,) = [n for n in ef.engine_notes("h200") if "slow compiled step" in n]
+    assert ("FastTransformer bf16: the 1 run behind its engine ratio had a strongest compiled step of 6.00 ms, "
+            "against 4.00 ms over all 3 runs here; against that, the engine's 2.00 ms is 2.00×") in note
+    # A run whose compiled step is typical adds nothing.
+    store(baselines_run("r1", "m1", ms(2.0, 4.0), bad=OLDER) + baselines_run("r3", "m3", ms(2.0, 4.1)))
+    assert not [n for n in ef.engine_notes("h200") if "slow compiled step" in n]

@@ -87,6 +87,33 @@ def moving_baseline(device: str = "h200", runs: pd.DataFrame | None = None) -> s
             "(chapter 6): " + "; ".join(moving) + ".")
 
 
+def slow_baseline_runs(device: str = "h200", runs: pd.DataFrame | None = None) -> str | None:
+    """A sentence naming each engine line whose runs had a strongest compiled step slower than that step's
+    median over every run of ``device`` by more than the steadiness threshold: its same-run ratio then also
+    measures those runs' hosts. Against the all-runs median (a ratio across runs, for scale only) the engine's
+    time reads lower. None where no line's runs stand apart; ``runs``: :func:`device_runs`."""
+    from ftlib.views import baselines as bv
+    from ftlib.views.steadiness import STEADY_PCT
+
+    runs = device_runs(device) if runs is None else runs
+    if runs.empty:
+        return None
+    best = bv.strongest(runs)
+    best = best[best["device_slug"] == device]
+    eng = bv.newest_engine(bv.engine_table(runs))
+    out = []
+    for _, e in eng[eng["device_slug"] == device].iterrows():
+        every = best[(best["label"] == e["label"]) & (best["precision"] == e["precision"])]["baseline_ms"]
+        typical = float(every.median()) if len(every) else None
+        if typical and e["baseline_ms"] > typical * (1 + STEADY_PCT / 100):
+            out.append(f"{bv.MODEL_NAMES[e['label']]} {e['precision']}: the {int(e['runs'])} run"
+                       f"{'s' * (e['runs'] != 1)} behind its engine ratio had a strongest compiled step of "
+                       f"{e['baseline_ms']:.2f} ms, against {typical:.2f} ms over all {len(every)} runs here; against "
+                       f"that, the engine's {e['engine_ms']:.2f} ms is {typical / e['engine_ms']:.2f}×")
+    return ("Where the runs that measured the engine had a slow compiled step, the same-run ratio is high: "
+            + "; ".join(out) + " (a ratio across runs, for scale only).") if out else None
+
+
 def left_out_sentence(runs: pd.DataFrame) -> str | None:
     """Runs without a configuration that was the strongest baseline elsewhere, left out of the ratios."""
     from ftlib.views.baselines import runs_left_out
@@ -110,7 +137,8 @@ def engine_notes(device: str = "h200", runs: pd.DataFrame | None = None) -> list
     """The sentences that go beside ``device``'s engine table: a strongest baseline that moves from run to run,
     runs left out of the ratios, the engine's goals; ``runs``: :func:`device_runs`."""
     runs = device_runs(device) if runs is None else runs
-    return [s for s in (moving_baseline(device, runs), left_out_sentence(runs), goals_sentence(device, runs)) if s]
+    return [s for s in (moving_baseline(device, runs), slow_baseline_runs(device, runs), left_out_sentence(runs),
+                        goals_sentence(device, runs)) if s]
 
 
 def other_devices(device: str = "h200") -> list[str]:
