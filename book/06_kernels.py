@@ -21,10 +21,11 @@
 # # 6. Our own kernels and a whole-step engine
 #
 # **The question.** Chapter 3 found the compiler hard to beat: reduce-overhead, with the
-# optimizer placed well, is the fastest standard way to run either model, and the post's own
-# hand-written GPT-2 engine did not beat it. Can kernels written for these models, and an
-# engine that runs the whole training step in one CUDA graph, beat the strongest compiled step
-# of the same model and precision, and where does the time go?
+# optimizer placed well, is the fastest standard way to run either model, and the post reports
+# that its own hand-written GPT-2 engine did not beat it (on the T4; chapter 7 lists the claim).
+# Can kernels written for these models, and an engine that runs the whole training step in one
+# CUDA graph, beat the strongest compiled step of the same model and precision, and where does the
+# time go?
 #
 # This chapter writes Triton kernels (`kernels/`), each checked against a plain PyTorch
 # reference and timed two ways, then an engine (`ftlib.training.engine`) that runs the whole step on
@@ -562,8 +563,8 @@ if len(ktable):
 #
 # * In strict fp32 the engine keeps SDPA's memory-efficient attention: our kernel's dots would run as
 #   FMA instructions there, without tensor cores, and only run in fp32 when asked
-#   (`attention_precision`). The attention rows of the kernel table, which would say by how much,
-#   are not measured yet (`python -m benchmarks.kernels.suite --ops attention` on a GPU).
+#   (`attention_precision`). The fp32 attention rows of section 2's kernel table say by how much on
+#   the GPUs that measured them (`python -m benchmarks.kernels.suite --ops attention` adds another).
 # * Attention reads q, k and v straight from the packed projection output and writes (B, T, C)
 #   (`attention_layout='packed'`), and every residual add is fused into the norm after it
 #   (`kernels/residual_norm.py`); the `heads layout` and `unfused residual-norm` variants of "What each kernel buys"
@@ -787,7 +788,9 @@ if len(ktable):
 #   edges, or the `wait` each kernel now opens with.
 #
 # The lines under the table give, per option, how often it was faster beyond the spread, its 100-step
-# check, and whether the engine's defaults set it.
+# check, and whether the engine's defaults set it. A case whose `changes the step` is False ran the
+# same step as its default (the option does not apply to that model or precision): it does not count
+# for or against the option; `–` marks rows stored before the engine described that option.
 
 # %%
 if cand_rows:

@@ -157,6 +157,24 @@ def test_a_default_that_lost_its_own_trial_names_the_trial_that_set_it():
     assert "since its trial **+split** on the H100 80GB HBM3 won" in line
 
 
+def test_a_case_an_option_does_not_apply_to_is_no_case_of_its_trial():
+    """The fused K/V split sum changes nothing where attention has no split to sum (GPT-2's own heads): its
+    stored description equals the default's there, so its trial counts the cases it applied to and says how many
+    more it ran unchanged. A description that does not report the option says nothing either way."""
+    def row(label, ms, prec, kv, extra=None, engine=True):
+        return {"device_slug": "h200", "run_id": "r1", "precision": prec, "mode": "engine", "label": label,
+                "median_ms": ms, "p20_ms": ms - 0.001, "p80_ms": ms + 0.001, "check_ok": True,
+                "extra": extra or {}, **({"engine": {"fuse_kv_split_sum": kv}} if engine else {})}
+
+    on = {"fuse_kv_split_sum": True}
+    rows = [row("ft", 2.0, "bf16", False), row("ft +sum", 1.9, "bf16", True, on),
+            row("gpt2", 3.0, "bf16", False), row("gpt2 +sum", 3.0, "bf16", False, on),
+            row("gpt2", 4.0, "tf32", False), row("gpt2 +sum", 4.01, "tf32", False, on)]
+    line = next(x for x in option_trials.candidate_summary(rows, []).splitlines() if "**+sum**" in x)
+    assert "in 1 of 1 case (in 2 more it does not apply: the step ran unchanged); the step changed by -100 µs" in line
+    assert engineview.changes_the_step(rows[2], {**rows[3], "extra": {"other_option": True}}) is None
+
+
 def test_candidates_pair_with_the_default_of_their_own_run():
     def row(label, ms, run="r1", prec="bf16", spread=0.01):
         extra = {"run": run, **({"opt": True} if label.endswith("+opt") else {}),

@@ -120,17 +120,24 @@ def _spread(r: dict[str, Any]) -> str | None:
 
 # Fields of an engine's ``describe()`` that say what was asked of it, not what its step ran.
 _NOT_THE_STEP = ("requested_off", "notes")
+# Case settings that are no engine option: the run's id, and the kernels asked off (``requested_off``).
+_ASKED_OFF = ("run", "use_kernels")
 
 
 def changes_the_step(default: dict[str, Any], variant: dict[str, Any]) -> bool | None:
     """Whether a variant's engine ran another step than its run's default engine, by their stored
     ``describe()``: False where the two differ only in what was asked (switching off a kernel the default
     did not run, such as the attention kernel where strict fp32 keeps PyTorch's SDPA), so the variant's
-    delta measures only noise; None where either row does not describe its engine."""
+    delta measures only noise; None where either row does not describe its engine, or where the variant set an
+    option its engine's description does not report."""
     a, b = default.get("engine"), variant.get("engine")
     if not isinstance(a, dict) or not isinstance(b, dict):
         return None
-    return any(a.get(k) != b.get(k) for k in set(a) | set(b) if k not in _NOT_THE_STEP)
+    if any(a.get(k) != b.get(k) for k in set(a) | set(b) if k not in _NOT_THE_STEP):
+        return True
+    # Equal descriptions say nothing of an option the engine did not describe yet (rows stored before it did).
+    asked = set(variant.get("extra") or {}) - set(_ASKED_OFF)
+    return None if asked - set(b) else False
 
 
 @table_view

@@ -13,6 +13,7 @@ from typing import Any
 from ftlib.harness.engine_suites import CANDIDATES
 from ftlib.training.engine.options import EngineOptions
 from ftlib.views.bench import gpu_of
+from ftlib.views.engine import changes_the_step
 from ftlib.views.tables import table_view
 
 
@@ -21,7 +22,8 @@ def candidate_table(candidate_rows: Iterable[dict[str, Any]]) -> list[dict[str, 
     """Engine options on trial, each against the default engine case of the same run, model and precision:
     the base is the case whose label the option's label extends (a case that another extends is a default
     case). ``beyond spread``: the two cases' p20-p80 ranges do not overlap; only a win beyond the spread,
-    with a passing 100-step check, makes an option a default.
+    with a passing 100-step check, makes an option a default. ``changes the step`` is False where the option
+    does not apply to the case (:func:`ftlib.views.engine.changes_the_step`): its delta is only noise.
     """
     rows = [r for r in candidate_rows if r.get("mode") == "engine" and r.get("median_ms") is not None]
 
@@ -43,6 +45,7 @@ def candidate_table(candidate_rows: Iterable[dict[str, Any]]) -> list[dict[str, 
                     "option ms": r["median_ms"], "delta us": 1e3 * (r["median_ms"] - base["median_ms"]),
                     "speed-up": base["median_ms"] / r["median_ms"],
                     "beyond spread": bool(r["p80_ms"] < base["p20_ms"] or r["p20_ms"] > base["p80_ms"]),
+                    "changes the step": changes_the_step(base, r),
                     "check ok": r.get("check_ok"), "run": r.get("run_id"), "options": options})
     return sorted(out, key=lambda d: (d["device"], d["precision"], d["engine"], d["option"]))
 
@@ -61,10 +64,14 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
     def is_default(options: dict[str, Any]) -> bool:
         return bool(options) and all(getattr(defaults, k, None) == v for k, v in options.items())
 
-    trials = {}  # (device, option) -> (its cases, the cases it won beyond the spread)
+    # (device, option) -> (its cases, the cases it won beyond the spread); a case the option does not apply to
+    # (the step ran unchanged) is no case of its trial.
+    trials, idle = {}, {}
     for key in dict.fromkeys((d["device"], d["option"]) for d in table):
         mine = [d for d in table if (d["device"], d["option"]) == key]
-        trials[key] = mine, [d for d in mine if d["beyond spread"] and d["delta us"] < 0]
+        applied = [d for d in mine if d["changes the step"] is not False] or mine
+        idle[key] = len(mine) - len(applied)
+        trials[key] = applied, [d for d in applied if d["beyond spread"] and d["delta us"] < 0]
 
     def won_by(dev: str, option: str, options: dict[str, Any]) -> str:
         """Where a default lost its own trial: the winning trial (most of its cases) that set it, the same
@@ -99,9 +106,11 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
                  f"{lo:+.0f} to {hi:+.0f} µs ({s_lo:.3f}x to {s_hi:.3f}x)")
         default = ("the engine's defaults do not set it" if not is_default(options) else "the engine's defaults set it"
                    + (won_by(dev, option, options) if 2 * len(wins) <= len(mine) else ""))
+        unchanged = idle[(dev, option)]
+        where = (f" (in {unchanged} more it does not apply: the step ran unchanged)" if unchanged else "")
         lines.append(f"* **{option}** on the {gpu_of(candidate_rows, dev)}: faster than the default engine of the "
-                     f"same run beyond the spread in {len(wins)} of {len(mine)} case{'s' * (len(mine) != 1)}; the "
-                     f"step changed by {moved}; {check}; {default}.")
+                     f"same run beyond the spread in {len(wins)} of {len(mine)} case{'s' * (len(mine) != 1)}{where}; "
+                     f"the step changed by {moved}; {check}; {default}.")
     return "\n".join(lines) or "No engine option is waiting to be measured."
 
 
