@@ -70,3 +70,19 @@ def test_runs_that_name_no_host_say_nothing_of_hosts_beside_runs_that_do():
     text = st.steadiness_findings(bv.load(CASES, rows=named + unnamed))
     assert "more than 5% apart" in text and "(3 graph breaks)" in text
     assert "hosts: nan" not in text and "(hosts:" not in text
+
+
+def test_each_strongest_configuration_names_its_own_host_work():
+    """Where the strongest configuration differs between runs, each one's host work is named with it, the graph
+    breaks of the whole-step compile not lent to a manual CUDA graph that won the other runs."""
+    rows = []
+    for i, (whole, graphed) in enumerate([(1.5, 1.6), (1.8, 1.7), (1.9, 1.7)]):
+        rows += run_rows(f"r{i}", f"m{i % 2}", fast(fasttransformer__compile_ro__whole_step=whole,
+                                                    fasttransformer__cudagraph__fused=graphed,
+                                                    fasttransformer__engine__default=1.0),
+                         bad={("fasttransformer", "compile-ro", "whole-step"): {"graph_breaks": 3},
+                              ("fasttransformer", "cudagraph", "fused"): {"graph_breaks": 0}})
+    tab = st.steadiness_table(bv.load(CASES, rows=rows)).set_index("model").loc["FastTransformer"]
+    assert tab["strongest configurations"] == ("manual CUDA graph of the eager step (2); "
+                                               "compile reduce-overhead, whole step compiled (1)")
+    assert tab["host work each step"] == "compile reduce-overhead, whole step compiled: 3 graph breaks"

@@ -64,7 +64,10 @@ def steadiness_table(df: pd.DataFrame) -> pd.DataFrame:
     for (dev, label, prec), g in rows.groupby(["device_slug", "label", "precision"], sort=True):
         text, spread = _span(g["baseline_ms"])
         breaks = None if g["graph_breaks"].isna().all() else int(g["graph_breaks"].max())
-        work = sorted({w for c in g["baseline"].unique() if (w := host_work(c, breaks))})
+        # Each configuration's own host work, with its own graph breaks; named where the strongest one varied.
+        configs = g.groupby("baseline")["graph_breaks"].max()
+        work = sorted({(f"{c}: {w}" if len(configs) > 1 else w) for c, n in configs.items()
+                       if (w := host_work(c, None if pd.isna(n) else int(n)))})
         line = {"device": dev, "model": model_title(label), "precision": prec,
                 "runs": g["run_id"].nunique(), "strongest baseline ms (min–max)": text,
                 "compiled spread %": round(spread, 1) if g["run_id"].nunique() > 1 else None,  # one run: no spread
