@@ -39,6 +39,12 @@ def test_a_win_is_called_only_beyond_the_spread():
     assert "the engine runs it by default" in text[0] and "worth a trial" not in text[0]
     other = [_row("norm_bwd_grid", base, 24.0), _row("norm_bwd_grid", "atomic 4 rows 2/SM", 21.0)]
     assert "worth a trial in the engine" in sweeps.sweep_findings(other)[0]
+    # The engine runs another grid than the launcher's: the fastest is set against the engine's too.
+    other += [_row("norm_bwd_grid", "atomic 8 rows 4/SM", 22.0)]
+    assert ("the engine runs atomic 8 rows 4/SM (22.0 µs here, 1.05× the fastest), beyond the spread too: worth a "
+            "trial in the engine") in sweeps.sweep_findings(other)[0]
+    other[-1] = _row("norm_bwd_grid", "atomic 8 rows 4/SM", 21.2)
+    assert "1.01× the fastest), within the spread of the fastest." in sweeps.sweep_findings(other)[0]
     close = [_row("norm_bwd_grid", base, 24.0, 1.0), _row("norm_bwd_grid", "atomic 8 rows 4/SM", 23.5, 1.0)]
     assert "within the spread" in sweeps.sweep_findings(close)[0]
     table = sweeps.sweep_table.rows(rows, top=1)

@@ -85,11 +85,21 @@ def sweep_findings(rows: Iterable[dict[str, Any]]) -> list[str]:
             out.append(f"{name}: the default, {base['variant']}, is the fastest "
                        f"({base['graph µs']:.1f} µs in a graph).")
             continue
+        choice = engine_choice(op, p)
+        ran = g[g["variant"] == choice]
         verdict = ("within the spread of the replays: no reason to change the default" if not win["beyond spread"]
                    else ("beyond the spread of the replays; the engine runs it by default (its trial is in the "
                          "table of options)")
-                   if win["variant"] == engine_choice(op, p)
+                   if win["variant"] == choice
                    else "beyond the spread of the replays: worth a trial in the engine")
+        if win["beyond spread"] and choice not in (None, win["variant"], base["variant"]) and len(ran):
+            # The engine already runs another variant than the launcher's default: the winner is set against it.
+            e = ran.iloc[0]
+            apart = e["p20 µs"] > win["p80 µs"]
+            verdict = (f"beyond the spread of the replays; the engine runs {choice} ({e['graph µs']:.1f} µs here, "
+                       f"{e['graph µs'] / win['graph µs']:.2f}× the fastest" + (
+                           "), beyond the spread too: worth a trial in the engine (the table of options below says "
+                           "whether one ran)" if apart else "), within the spread of the fastest"))
         out.append(f"{name}: fastest {win['variant']} at {win['graph µs']:.1f} µs against the default "
                    f"{base['variant']} at {base['graph µs']:.1f} µs ({win['default / variant']:.2f}×), {verdict}.")
     return out
