@@ -125,9 +125,11 @@ for dev in fp32_devices:  # a device whose runs measured other precisions only h
 # %% [markdown]
 # ## FastTransformer against GPT-2, configuration by configuration
 # Each ratio divides two rows of the same run (same process, same machine), then the ratios of
-# the runs are summarized. The verdict is given only when every run agrees: eager and the
-# default compile mode launch their kernels from Python and follow the host CPU, so their runs
-# scatter. The last line compares each model at its own fastest compiled configuration.
+# the runs are summarized: a line's ratio is the median of its runs' ratios, which need not equal
+# the quotient of the two medians in its ms columns when the runs scatter. The verdict is given
+# only when every run agrees: eager and the default compile mode launch their kernels from
+# Python and follow the host CPU, so their runs scatter. The last line compares each model at its
+# own fastest compiled configuration.
 
 # %%
 ft_vs_gpt2 = br.model_table(runs)
@@ -136,8 +138,8 @@ show_frame(ft_vs_gpt2[ft_vs_gpt2["precision"] == "fp32"] if not ft_vs_gpt2.empty
 # %% [markdown]
 # ## Is there a ceiling?
 # A CUDA graph of the *eager* kernels removes the launch gaps without any compiler; what
-# separates it from the compiled step is fusion. In fp32, the post's precision, or, on a GPU
-# whose runs measured no fp32, in the first precision they did.
+# separates it from the compiled step is fusion. Each GPU is read in fp32, the post's precision;
+# a GPU whose runs measured no fp32 is read in the first precision they did.
 
 # %%
 for dev in sorted(set(runs["device_slug"])):

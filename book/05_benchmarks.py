@@ -113,8 +113,9 @@ show_frame(br.post_throughput_table())
 # ## Speed-up of FastTransformer over GPT-2, per precision
 # The post claims +44.5% (1.445×) in fp32 under reduce-overhead on a T4 and expects more from
 # lower precision. Each ratio divides the two models' steps of one run; the median over runs
-# stands with the slowest and fastest run's ratio. "Strongest baseline of each" puts each model
-# in its own fastest compiled configuration.
+# stands with the slowest and fastest run's ratio. The ms columns are each model's own median over
+# the same runs, so where the runs scatter their quotient need not equal the median ratio.
+# "Strongest baseline of each" puts each model in its own fastest compiled configuration.
 
 # %%
 show_frame(br.precision_table(runs))
@@ -126,7 +127,10 @@ show_frame(br.precision_table(runs))
 # table below), "so the gain isn't a compiler trick". At B = 32, T = 256 from the repeated runs, then
 # along the sequence sweep. Each ratio divides GPT-2's compiled step by FastTransformer's eager
 # step of the same run; the tables show its median over runs with the slowest and fastest run.
-# The inversion holds (or does not) only where every run agrees, in at least 3 runs on 2 machine
+# Each line's ms columns are medians over its own runs: the lines against GPT-2's fastest compiled
+# configuration count only the runs that measured every configuration that was the strongest in
+# some run, so their FastTransformer eager time can differ from the line of the same GPU and
+# precision above it. The inversion holds (or does not) only where every run agrees, in at least 3 runs on 2 machine
 # starts; rows that do not name their run cannot be paired and are left out.
 
 # %%

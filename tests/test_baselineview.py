@@ -145,9 +145,14 @@ def test_the_findings_are_computed_from_the_rows():
     assert ceiling.chapter3_findings(bv.load(CASES, rows=[])).startswith("No complete run")
     # A device without runs in the chapter's precision says so, not "0 runs on 0 machine starts".
     other = ceiling.chapter3_findings(bv.load(CASES, rows=rows), precision="fp32")
-    assert other.startswith("**H200** (no fp32 runs; 3 runs on 2 machine starts, bf16):")
+    assert other.startswith("**H200** (no fp32 runs; bf16: 3 runs on 2 machine starts):")
     assert "0 runs" not in other and "1.52× (1.50–1.53× over runs)" in other  # the precision it has, read instead
     assert "the post claims" not in other  # the post's 1.445× is an fp32 claim
+    # A run that measured one model alone counts for that model: the heading gives each model's runs.
+    alone = [r for r in run_rows("r9", "m9", {}) if r["label"] == "fasttransformer"]
+    both = ceiling.chapter3_findings(bv.load(CASES, rows=rows + alone), precision="bf16")
+    assert both.startswith("**H200** (bf16: GPT-2 3 runs on 2 machine starts, FastTransformer 4 runs on 3 machine "
+                           "starts):")
 
 
 def test_a_run_cut_short_keeps_the_precisions_it_completed():

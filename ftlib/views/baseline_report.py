@@ -225,7 +225,7 @@ def eager_inversion(df: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame({
         "device": tab["device_slug"], "precision": tab["precision"], "GPT-2 compiled as": tab["GPT-2 compiled as"],
         "FastTransformer eager ms": tab["ft"], "GPT-2 compiled ms": tab["gpt2"],
-        "GPT-2 compiled / FT eager (median, min–max)": [fmt_range(m, lo, hi) for m, lo, hi in
+        "GPT-2 compiled / FastTransformer eager (median, min–max)": [fmt_range(m, lo, hi) for m, lo, hi in
                                                         zip(tab["median"], tab["min"], tab["max"])],
         "inversion": ["holds" if v == "faster" else "does not hold" if v in ("slower", "ties") else v
                       for v in tab["verdict"]]})

@@ -99,7 +99,7 @@ def _headline_inversion(runs: pd.DataFrame, device: str) -> list[str]:
     return [f"The eager inversion at B = 32, T = 256, fp32: FastTransformer run eagerly takes "
             f"{row['FastTransformer eager ms']:.2f} ms per step, GPT-2 compiled as the post compiled it "
             f"{row['GPT-2 compiled ms']:.2f} ms (medians; GPT-2's over FastTransformer's "
-            f"{row['GPT-2 compiled / FT eager (median, min–max)']}, "
+            f"{row['GPT-2 compiled / FastTransformer eager (median, min–max)']}, "
             f"{runs_on_starts(n['run_id'].nunique(), n['machine_id'].nunique())}): the inversion "
             f"{row['inversion']}."]
 

@@ -51,9 +51,13 @@ def chapter3_findings(df: pd.DataFrame, precision: str = "fp32") -> str:
     for dev in sorted(set(df["device_slug"])):
         prec = ceiling_precision(df, dev, precision)
         runs = df[(df["device_slug"] == dev) & (df["precision"] == prec)]
-        n = runs_on_starts(runs["run_id"].nunique(), runs["machine_id"].nunique())
-        lines = [f"**{gpu_label(dev)}** ({n}, {prec}):" if prec == precision
-                 else f"**{gpu_label(dev)}** (no {precision} runs; {n}, {prec}):"]
+        # Per model where the two differ: some runs measured one model alone.
+        each = {MODEL_NAMES[label]: runs_on_starts(g["run_id"].nunique(), g["machine_id"].nunique())
+                for label, g in runs.groupby("label", sort=False) if label in MODEL_NAMES}
+        n = (next(iter(each.values())) if len(set(each.values())) == 1
+             else ", ".join(f"{name} {text}" for name, text in sorted(each.items(), reverse=True)))
+        lines = [f"**{gpu_label(dev)}** ({prec}: {n}):" if prec == precision
+                 else f"**{gpu_label(dev)}** (no {precision} runs; {prec}: {n}):"]
         post = lookup_row(tab, device_slug=dev, precision=prec, config=config_name(*POST_CONFIG))
         best = lookup_row(tab, device_slug=dev, precision=prec, config="strongest baseline of each")
         if post is not None:
