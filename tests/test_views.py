@@ -110,10 +110,10 @@ def test_compile_time_prefers_the_cold_process_rows():
           step_row("compile_time", "fasttransformer", f, 32, 256, "compile-ro", "fp32", 6.0, first_step_s=5.0, **run),
           step_row("compile_time", "gpt2", g, 32, 256, "cudagraph", "fp32", 11.0, first_step_s=0.5, **run))
     table = sweepview.compile_time_table.rows(SLUG)
-    assert table[0]["source"].startswith("compile_time") and table[0]["gpt2 / FT (median, min–max)"] == "4.00×"
+    assert table[0]["source"].startswith("the compile-time runs") and table[0]["gpt2 / FT (median, min–max)"] == "4.00×"
     assert table[0]["runs"] == "1 run on 1 machine start"
     assert not [r for r in table if r["mode"] == "cudagraph"]  # no run measured both models there
-    assert all(r["source"].startswith(("compile_time", "post")) for r in table)  # a warm process's first step
+    assert all(r["source"].startswith(("the compile-time runs", "post")) for r in table)  # a warm process's first step
     post = table[-1]
     assert post["device"] == POST_GPU and post["gpt2 / FT (median, min–max)"] == f"{4.31 / 1.22:.2f}×"
 
@@ -151,7 +151,7 @@ def test_eager_inversion_verdicts_come_from_the_rows():
     lines = sweepview.eager_inversion_table.rows(SLUG)
     assert lines[0]["source"].startswith("post") and lines[0]["verdict"] == "holds in the post's numbers"
     measured = {(r["source"].split(",")[0], r["T"]): r["verdict"] for r in lines[1:]}
-    assert measured == {("tsweep suite", 128): "too few runs (1 run on 1 machine start; a verdict needs 3 on 2)"}
+    assert measured == {("the sequence sweep", 128): "too few runs (1 run on 1 machine start; a verdict needs 3 on 2)"}
     write(*inversion_pair(128, 5.0, 6.0, "r1", "m1"), *inversion_pair(128, 5.0, 6.0, "r2", "m0"))
     (line,) = sweepview.eager_inversion_table.rows(SLUG)[1:]
     assert line["verdict"] == "holds" and line["runs"] == "3 runs on 2 machine starts"
@@ -233,7 +233,8 @@ def test_audit_compile_time_claim_uses_compile_time_rows_first():
     assert _claim(audit.audit_table.rows(SLUG), "first step (compile)")["verdict"] == "too few runs"  # 1 run
     write(*pair("r1", "m1"), *pair("r2", "m0"))
     row = _claim(audit.audit_table.rows(SLUG), "first step (compile)")
-    assert row["verdict"] == "holds on H200 only" and row["from"].startswith("compile_time")  # 4.0x
+    assert row["verdict"] == "holds on H200 only"  # 4.0x
+    assert row["from"].startswith("the compile-time runs (chapter 5)")
     assert ("20.0 s -> 5.0 s (medians over runs); GPT-2's over FastTransformer's in each run, the median: 4.0× "
             "(4.0× in every one of 3 runs" in row["book finds"])
 
@@ -331,3 +332,13 @@ def test_gpu_of_names_the_gpu_as_its_rows_do_without_the_vendor():
     assert gpu_label("cpu") == "CPU" and gpu_label("h200 (this run)") == "H200 (this run)"
     assert gpu_label("t4") == "Tesla T4" and gpu_label("h200-nvl") == "H200 NVL"
     assert gpu_label(None) == "no GPU rows"  # a chapter with no stored rows at all
+
+
+def test_a_claims_source_reads_in_words_with_its_runs_kept():
+    assert audit.source_words("tsweep suite") == "the sequence sweep (chapter 5)"
+    assert audit.source_words("baselines suite, 3 runs on 2 machine starts") == (
+        "chapter 3's repeated runs, 3 runs on 2 machine starts")
+    assert audit.source_words("ftlib.analysis.accounting rules") == "the accounting's SDPA backend rules (chapter 2)"
+    assert audit.source_words("arithmetic on the post's numbers") == "arithmetic on the post's numbers"
+    sources = {r["from"] for r in audit.audit_table.rows(SLUG)}
+    assert not [s for s in sources if "suite" in s or "ftlib." in s or s == "config"]  # no code names left

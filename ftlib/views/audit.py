@@ -176,7 +176,7 @@ def _traced_elsewhere(device: str) -> tuple[str, str] | None:
     """(another device, the SDPA backend its profiler trace shows) for the original (B,1,T,d) K/V layout in fp32,
     the first device with such a trace; None where none has one. The backend follows the GPU's architecture and
     the PyTorch version, so another GPU's trace is a pointer, not this GPU's verdict."""
-    for dev in sorted({r["device_slug"] for r in ok_rows("profile")} - {device}):
+    for dev in sorted({r["device_slug"] for r in ok_rows("profile") if r.get("sdpa_backend")} - {device}):
         kernels = {r["model"]: r for r in backend_table.rows(dev, precisions=("fp32",))}
         row = kernels.get("fasttransformer-broadcast")
         if row and row["step ms (profiler run)"] is not None:
@@ -225,7 +225,7 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
                         f"{cs['fasttransformer']} s ({r_post:.1f}x)",
                         f"{g_s:.1f} s -> {f_s:.1f} s (medians over runs); GPT-2's over FastTransformer's in each "
                         f"run, the median: {_runs_text(ct_runs, 1)} on the {gpu}",
-                        _runs_verdict(ct_runs, r_post), f"{COMPILE_SOURCE}, first_step_s"))
+                        _runs_verdict(ct_runs, r_post), f"{COMPILE_SOURCE}, the first step's time"))
     else:
         out.append(_row("first step (compile) time GPT-2 -> FastTransformer", f"{cs['gpt2']} s -> "
                         f"{cs['fasttransformer']} s ({r_post:.1f}x)", not_measured("compile_time"),
@@ -301,7 +301,30 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
                         "not measured yet: python ci/gpu_train.py --suites convergence-original,convergence",
                         NOT_MEASURED, "convergence-original suite"))
     here = holds_only_on(device)
-    return [dict(r, verdict=here) if r["verdict"] == ELSEWHERE else r for r in out]
+    return [dict(r, verdict=here if r["verdict"] == ELSEWHERE else r["verdict"], **{"from": source_words(r["from"])})
+            for r in out]
+
+
+# Where a claim's numbers come from, in a reader's words: (the code's name for the source, the words), the
+# first whose name starts the source applying; what follows the name (the runs behind it) is kept.
+SOURCE_WORDS = (("ftlib.analysis.accounting rules", "the accounting's SDPA backend rules (chapter 2)"),
+                ("ftlib.analysis.accounting", "the FLOP and byte accounting (chapter 2)"),
+                ("ftlib.model.gpt", "the models' parameter counts (chapter 2)"),
+                ("config", "the two models' configurations (chapter 2)"),
+                ("baselines suite", "chapter 3's repeated runs"),
+                ("tsweep suite", "the sequence sweep (chapter 5)"),
+                ("compile_time suite", "the compile-time runs (chapter 5)"),
+                (COMPILE_SOURCE, "the compile-time runs (chapter 5): a fresh process, empty compile caches"),
+                ("profile suite (trace)", "the profiler trace (chapter 1)"),
+                ("convergence-original suite", "the post's training recipe, rerun (chapter 8)"))
+
+
+def source_words(source: str) -> str:
+    """A claim's source (:data:`SOURCE_WORDS`) in words, with what followed the code's name kept."""
+    for name, words in SOURCE_WORDS:
+        if source.startswith(name):
+            return words + source[len(name):]
+    return source
 
 
 def verdict_counts(table: pd.DataFrame) -> pd.DataFrame:

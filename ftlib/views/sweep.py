@@ -124,7 +124,7 @@ def compile_time_runs(device: str, mode: str = "compile-ro", include_cpu: bool =
     return run_ratios(rows, "first_step_s", mode=mode)
 
 
-COMPILE_SOURCE = "compile_time suite: a fresh process, empty compile caches"
+COMPILE_SOURCE = "the compile-time runs: a fresh process, empty compile caches"
 
 
 @table_view
@@ -178,7 +178,8 @@ def eager_inversion_table(device: str, include_cpu: bool = False, tokens: int = 
                                 {"label": "fasttransformer", "mode": "eager"}, precision=prec, T=T)
             s = summary(per_run)
             if s:
-                out.append({"source": f"tsweep suite, {gpu_label(device)}", "precision": prec, "T": T, "B": tokens // T,
+                out.append({"source": f"the sequence sweep, {gpu_label(device)}", "precision": prec, "T": T,
+                            "B": tokens // T,
                             "FastTransformer eager ms": float(per_run["fast"].median()),
                             "GPT-2 reduce-overhead ms": float(per_run["slow"].median()),
                             ratio: s["range"], "runs": s["runs text"],
