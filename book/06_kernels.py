@@ -646,7 +646,9 @@ if len(ktable):
 # * `fuse_mlp_act` puts each MLP's GELU in the epilogues of a Triton tile GEMM (`kernels/gelu_mlp.py`;
 #   forward the up-projection stores z and gelu(z), backward the product through the down-projection is
 #   multiplied by gelu'(z) before it is stored). It removes the two elementwise GELU kernels of every
-#   block, and its GEMMs run on Triton instead of cuBLAS.
+#   block, and its GEMMs run on Triton instead of cuBLAS. In GPT-2 the step ends up with more kernels,
+#   not fewer: the up-projection's bias gradient, which the default path sums inside its GELU kernel
+#   (`fc_bias_into_gelu`), takes a column sum and a reduction of its own (the probe's kernel list).
 # * The `persistent norm dw` variant of "What each kernel buys" puts the norm backwards' weight-gradient partials
 #   one per program instead of one per row tile.
 # * `wgrad_splitk` (an option) adds each Linear's weight gradient into the flat gradient from a split-K Triton GEMM.
@@ -795,7 +797,7 @@ if len(ktable):
 # %%
 if cand_rows:
     show_frame(option_trials.candidate_table(cand_rows), digits=3,
-               preview=["device", "precision", "engine", "option", "default ms", "option ms", "delta us",
+               preview=["device", "precision", "engine", "option", "default ms", "option ms", "delta µs",
                         "beyond spread"])
     display(Markdown(option_trials.candidate_summary(cand_rows, crows)))
 else:

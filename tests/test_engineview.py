@@ -187,7 +187,7 @@ def test_candidates_pair_with_the_default_of_their_own_run():
     table = option_trials.candidate_table.rows(rows)
     got = {(d["engine"], d["option"]): d for d in table}
     assert set(got) == {("ft", "+opt"), ("gpt2 +flash", "+opt")}  # "gpt2 +flash" is a default: "+opt" extends it
-    assert got[("ft", "+opt")]["delta us"] == pytest.approx(-200) and got[("ft", "+opt")]["beyond spread"]
+    assert got[("ft", "+opt")]["delta µs"] == pytest.approx(-200) and got[("ft", "+opt")]["beyond spread"]
     assert not got[("gpt2 +flash", "+opt")]["beyond spread"]  # 10 µs faster, inside the spread
     assert got[("gpt2 +flash", "+opt")]["options"] == {"opt": True}  # the base's own options are not the option's
     checks = [{"device_slug": "h200", "precision": "bf16", "extra": {"opt": True}, "ok": False}]

@@ -374,7 +374,7 @@ def headroom(df: pd.DataFrame) -> pd.DataFrame:
         compiled = None if b is None else b["compiled"]
         out.append({"device": dev, "model": MODEL_NAMES[label], "precision": prec,
                     "eager ms": t.get(config_name("eager", "default")),
-                    "CUDA graph ms": t.get(config_name("cudagraph", "fused")),
+                    "eager step in a CUDA graph ms": t.get(config_name("cudagraph", "fused")),
                     "fastest compiled ms": compiled, "engine ms": t.get(config_name("engine", "default")),
                     "FLOP floor ms": flops_floor(palm_flops(cfg, B, T), peaks, prec) * 1e3,
                     "eager-step floor ms": roof,

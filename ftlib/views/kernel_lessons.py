@@ -134,7 +134,7 @@ def _buffer_lines(candidate_rows: list[dict[str, Any]], device: str) -> list[str
                          ("+norm-dw-into-buffer", "the norms' weight gradients added straight into the flat buffer")):
         mine = [d for d in table if d["option"] == option]
         if mine:
-            lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
+            lo, hi = min(d["delta µs"] for d in mine), max(d["delta µs"] for d in mine)
             lines.append(f"{option} ({what}) changes the step by "
                          f"{lo:+.0f} to {hi:+.0f} µs against the default engine of the same run, {len(mine)} cases "
                          f"in {len({d['run'] for d in mine})} run{'s' * (len({d['run'] for d in mine}) != 1)}")

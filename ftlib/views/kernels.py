@@ -99,7 +99,7 @@ def ceiling_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
         table.append({"device": r["device_slug"], "ceiling": r["case"], "median µs": r["median_us"],
                       "measured": r["gb_s"] if copy else r["tflop_s"], "unit": "GB/s" if copy else "TFLOP/s",
                       "datasheet": r.get("peak"), "of datasheet": r.get("frac_peak"),
-                      "check err": r.get("check_err")})
+                      "max rel. error vs reference": r.get("check_err")})
     return table
 
 
@@ -204,7 +204,7 @@ def kernel_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
             "floor µs": fl, "of ceiling": (fl / us) if (fl and us) else None,
             "vs PyTorch": (b["pytorch"] / g_us) if (g_us and "pytorch" in b) else None,
             "vs compile": (b["compile"] / g_us) if (g_us and "compile" in b) else None,
-            "check err": any_row.get("check_err"), "note": "; ".join(notes),
+            "max rel. error vs reference": any_row.get("check_err"), "note": "; ".join(notes),
         })
     return table
 

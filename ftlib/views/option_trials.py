@@ -42,7 +42,7 @@ def candidate_table(candidate_rows: Iterable[dict[str, Any]]) -> list[dict[str, 
         options = {k: v for k, v in own.items() if k != "run" and base_extra.get(k) != v}
         out.append({"device": r["device_slug"], "precision": r["precision"], "engine": base["label"],
                     "option": r["label"][len(base["label"]):].strip(), "default ms": base["median_ms"],
-                    "option ms": r["median_ms"], "delta us": 1e3 * (r["median_ms"] - base["median_ms"]),
+                    "option ms": r["median_ms"], "delta µs": 1e3 * (r["median_ms"] - base["median_ms"]),
                     "speed-up": base["median_ms"] / r["median_ms"],
                     "beyond spread": bool(r["p80_ms"] < base["p20_ms"] or r["p20_ms"] > base["p80_ms"]),
                     "changes the step": changes_the_step(base, r),
@@ -71,7 +71,7 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
         mine = [d for d in table if (d["device"], d["option"]) == key]
         applied = [d for d in mine if d["changes the step"] is not False] or mine
         idle[key] = len(mine) - len(applied)
-        trials[key] = applied, [d for d in applied if d["beyond spread"] and d["delta us"] < 0]
+        trials[key] = applied, [d for d in applied if d["beyond spread"] and d["delta µs"] < 0]
 
     def won_by(dev: str, option: str, options: dict[str, Any]) -> str:
         """Where a default lost its own trial: the winning trial (most of its cases) that set it, the same
@@ -100,7 +100,7 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
                  "its 100-step check passed" if not unchecked else
                  f"its 100-step check passed in {', '.join(p for p in precs if p not in unchecked)}; none is stored "
                  f"in {', '.join(unchecked)}")
-        lo, hi = min(d["delta us"] for d in mine), max(d["delta us"] for d in mine)
+        lo, hi = min(d["delta µs"] for d in mine), max(d["delta µs"] for d in mine)
         s_lo, s_hi = min(d["speed-up"] for d in mine), max(d["speed-up"] for d in mine)
         moved = (f"{lo:+.0f} µs ({s_lo:.3f}x)" if len(mine) == 1 else
                  f"{lo:+.0f} to {hi:+.0f} µs ({s_lo:.3f}x to {s_hi:.3f}x)")
