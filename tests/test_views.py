@@ -276,6 +276,7 @@ def test_audit_compiler_ceiling_from_the_repeated_baselines_runs():
     ceiling = [r for r in audit.audit_table.rows(SLUG) if r["claim"].startswith("compiler ceiling")]
     assert [r["verdict"] for r in ceiling] == ["holds on H200 only"] * 3  # fp32, tf32, bf16: slower in every run
     assert "0.82× (0.78–0.86× over runs)" in ceiling[0]["book finds"] and "107.21" in ceiling[0]["post says"]
+    assert "measured fp32 only" in ceiling[1]["post says"] and "only" not in ceiling[0]["post says"]  # tf32, fp32
     speedup = _claim(audit.audit_table.rows(SLUG), "FastTransformer over GPT-2, compiled, fp32 (the post's setup")
     assert speedup["verdict"] == "does not hold" and speedup["book finds"].startswith("1.00×")  # 10 vs 10 ms
 
