@@ -341,5 +341,6 @@ def test_a_claims_source_reads_in_words_with_its_runs_kept():
         "chapter 3's repeated runs, 3 runs on 2 machine starts")
     assert audit.source_words("ftlib.analysis.accounting rules") == "the accounting's SDPA backend rules (chapter 2)"
     assert audit.source_words("arithmetic on the post's numbers") == "arithmetic on the post's numbers"
+    assert audit.source_words("configurations elsewhere") == "configurations elsewhere"  # a name, not a prefix
     sources = {r["from"] for r in audit.audit_table.rows(SLUG)}
     assert not [s for s in sources if "suite" in s or "ftlib." in s or s == "config"]  # no code names left

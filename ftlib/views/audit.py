@@ -323,8 +323,9 @@ SOURCE_WORDS = (("ftlib.analysis.accounting rules", "the accounting's SDPA backe
 def source_words(source: str) -> str:
     """A claim's source (:data:`SOURCE_WORDS`) in words, with what followed the code's name kept."""
     for name, words in SOURCE_WORDS:
-        if source.startswith(name):
-            return words + source[len(name):]
+        rest = source[len(name):]
+        if source.startswith(name) and rest[:1] in ("", ",", ":"):  # the whole name, not a longer word
+            return words + rest
     return source
 
 

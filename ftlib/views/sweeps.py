@@ -98,7 +98,7 @@ def sweep_findings(rows: Iterable[dict[str, Any]]) -> list[str]:
             apart = e["p20 µs"] > win["p80 µs"]
             verdict = (f"beyond the spread of the replays; the engine runs {choice} ({e['graph µs']:.1f} µs here, "
                        f"{e['graph µs'] / win['graph µs']:.2f}× the fastest" + (
-                           "), beyond the spread too: worth a trial in the engine (the table of options below says "
+                           "), beyond the spread too: worth a trial in the engine (the table of engine options says "
                            "whether one ran)" if apart else "), within the spread of the fastest"))
         out.append(f"{name}: fastest {win['variant']} at {win['graph µs']:.1f} µs against the default "
                    f"{base['variant']} at {base['graph µs']:.1f} µs ({win['default / variant']:.2f}×), {verdict}.")
