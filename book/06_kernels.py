@@ -80,7 +80,16 @@ from ftlib.training.engine.options import EngineOptions
 from ftlib.views import baseline_report as br
 from ftlib.views import baselines as bv
 from ftlib.views import engine as engineview
-from ftlib.views import engine_check, engine_config, engine_goals, kernel_lessons, option_trials, steadiness, sweeps
+from ftlib.views import (
+    engine_check,
+    engine_config,
+    engine_findings,
+    engine_goals,
+    kernel_lessons,
+    option_trials,
+    steadiness,
+    sweeps,
+)
 from ftlib.views import kernels as kernelview
 from ftlib.views import ledger as ledgerview
 from ftlib.views.bench import devices, gpu_label, ok_rows, provenance_line
@@ -235,11 +244,15 @@ show_frame(br.placement_effect(runs))
 # A step that leaves work to the host every step (a graph break, an optimizer launched from Python)
 # takes as long as the host lets it once its GPU work is short: then its time moves with the machine
 # start, and so does the engine's ratio against it. The engine replays one CUDA graph. Below, the
-# strongest baseline of each run over all runs, beside the current engine.
+# strongest baseline of each run over all runs, beside the current engine; then, per GPU, the engine
+# lines whose own runs got a slower compiled step than that GPU's runs did as a rule.
 
 # %%
 show_frame(steadiness.steadiness_table(runs))
 display(Markdown("\n".join(steadiness.steadiness_findings(runs, model) for model in ("fasttransformer", "gpt2"))))
+slow = [f"- **{gpu_label(dev)}:** {text}" for dev in sorted(set(runs["device_slug"]))
+        if (text := engine_findings.slow_baseline_runs(dev, runs))]
+display(Markdown("\n".join(slow) or "No engine line's runs had a slower compiled step than their GPU's other runs."))
 
 # %% [markdown]
 # ### Where the engine's step goes
