@@ -146,9 +146,9 @@ for dev in devices(ok_rows("tsweep", include_cpu=MEASURE)):
 # Wall time of the first step, which includes tracing and compilation (the post's
 # "compile time", claimed 4.31 s for GPT-2 and 1.22 s for FastTransformer on its machine).
 # The `compile_time` suite runs each case in a fresh process with empty compile caches, the
-# closest to what a user meets; every case is fp32 at B = 32, T = 256, as the post's. The ratio, GPT-2's first step over FastTransformer's, is the
-# post's "3.5× faster" form; it is taken within each run and shown as its median over runs with
-# the slowest and fastest run. Chapter 7's audit reads the same numbers.
+# closest to what a user meets; every case is fp32 at B = 32, T = 256, as the post's. The ratio,
+# GPT-2's first step over FastTransformer's, is the post's "3.5× faster" form; it is taken within
+# each run and shown as its median over runs with the slowest and fastest run. Chapter 7's audit reads the same numbers.
 
 # %%
 compile_times = {}  # device -> its compile-time table, for the findings below
