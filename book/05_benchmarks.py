@@ -124,15 +124,16 @@ show_frame(br.precision_table(runs))
 # ## The eager inversion
 # The post: FastTransformer in plain eager mode beats compiled GPT-2 (98 ms vs 102 ms on its
 # T4, in its closing section; its Figure 1 gives compiled GPT-2 as 101.30 ms, the 101 of the
-# table below), "so the gain isn't a compiler trick". At B = 32, T = 256 from the repeated runs, then
-# along the sequence sweep: two suites with runs of their own, so an eager step, which follows the
-# host, can read differently in each at the same T. Each ratio divides GPT-2's compiled step by FastTransformer's eager
-# step of the same run; the tables show its median over runs with the slowest and fastest run.
-# Each line's ms columns are medians over its own runs: the lines against GPT-2's fastest compiled
-# configuration count only the runs that measured every configuration that was the strongest in
-# some run, so their FastTransformer eager time can differ from the line of the same GPU and
-# precision above it. The inversion holds (or does not) only where every run agrees, in at least 3 runs on 2 machine
-# starts; rows that do not name their run cannot be paired and are left out.
+# table below), "so the gain isn't a compiler trick". At B = 32, T = 256 from the repeated runs,
+# then along the sequence sweep: two suites with runs of their own, so an eager step, which follows
+# the host, can read differently in each at the same T. Each ratio divides GPT-2's compiled step by
+# FastTransformer's eager step of the same run; the tables show its median over runs with the
+# slowest and fastest run. Each line's ms columns are medians over its own runs: the lines against
+# GPT-2's fastest compiled configuration count only the runs that measured every configuration
+# that was the strongest in some run, so their FastTransformer eager time can differ from the line
+# of the same GPU and precision above it. The inversion holds (or does not) only where every run
+# agrees, in at least 3 runs on 2 machine starts; rows that do not name their run cannot be paired
+# and are left out.
 
 # %%
 show_frame(br.eager_inversion(runs))
@@ -148,7 +149,8 @@ for dev in devices(ok_rows("tsweep", include_cpu=MEASURE)):
 # The `compile_time` suite runs each case in a fresh process with empty compile caches, the
 # closest to what a user meets; every case is fp32 at B = 32, T = 256, as the post's. The ratio,
 # GPT-2's first step over FastTransformer's, is the post's "3.5× faster" form; it is taken within
-# each run and shown as its median over runs with the slowest and fastest run. Chapter 7's audit reads the same numbers.
+# each run and shown as its median over runs with the slowest and fastest run. Chapter 7's audit
+# reads the same numbers.
 
 # %%
 compile_times = {}  # device -> its compile-time table, for the findings below

@@ -31,9 +31,10 @@
 # * **not measured yet** where the verdict needs a measurement that is not stored (the expected
 #   outcome, where the book has one, is given beside it);
 # * a timing claim was made on a Tesla T4: measured on another GPU it can at most **hold on
-#   <that GPU> only** (the H200 or the H100), and it needs every repeated run on the claim's side (the tolerance below
-#   allows for the run-to-run spread of the original's own measurements); otherwise **does not
-#   hold**, or **no verdict** where the runs disagree;
+#   H200 only** or **hold on H100 80GB HBM3 only** (the GPU it was measured on), and it needs every
+#   repeated run on the claim's side (the tolerance below allows for the run-to-run spread of the
+#   original's own measurements); otherwise **does not hold**, or **no verdict** where the runs
+#   disagree;
 # * **too few runs** where it is measured, but in fewer runs than a verdict needs
 #   (the runs and machine starts chapter 0's verdict rule names);
 # * **cannot test here** where no stored measurement can answer it.
