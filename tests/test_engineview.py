@@ -173,6 +173,9 @@ def test_a_case_an_option_does_not_apply_to_is_no_case_of_its_trial():
     line = next(x for x in option_trials.candidate_summary(rows, []).splitlines() if "**+sum**" in x)
     assert "in 1 of 1 case (in 2 more it does not apply: the step ran unchanged); the step changed by -100 µs" in line
     assert engineview.changes_the_step(rows[2], {**rows[3], "extra": {"other_option": True}}) is None
+    # An option that applied nowhere keeps its cases, and says that it changed none of them.
+    line = next(x for x in option_trials.candidate_summary(rows[2:], []).splitlines() if "**+sum**" in x)
+    assert "in 0 of 2 cases (in none of them did it change the step: it does not apply here)" in line
 
 
 def test_candidates_pair_with_the_default_of_their_own_run():

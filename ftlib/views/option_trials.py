@@ -107,7 +107,9 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
         default = ("the engine's defaults do not set it" if not is_default(options) else "the engine's defaults set it"
                    + (won_by(dev, option, options) if 2 * len(wins) <= len(mine) else ""))
         unchanged = idle[(dev, option)]
-        where = (f" (in {unchanged} more it does not apply: the step ran unchanged)" if unchanged else "")
+        where = (f" (in {unchanged} more it does not apply: the step ran unchanged)" if unchanged else
+                 " (in none of them did it change the step: it does not apply here)"
+                 if all(d["changes the step"] is False for d in mine) else "")
         lines.append(f"* **{option}** on the {gpu_of(candidate_rows, dev)}: faster than the default engine of the "
                      f"same run beyond the spread in {len(wins)} of {len(mine)} case{'s' * (len(mine) != 1)}{where}; "
                      f"the step changed by {moved}; {check}; {default}.")
