@@ -172,6 +172,11 @@ def test_a_case_an_option_does_not_apply_to_is_no_case_of_its_trial():
             row("gpt2", 4.0, "tf32", False), row("gpt2 +sum", 4.01, "tf32", False, on)]
     line = next(x for x in option_trials.candidate_summary(rows, []).splitlines() if "**+sum**" in x)
     assert "in 1 of 1 case (in 2 more it does not apply: the step ran unchanged); the step changed by -100 µs" in line
+    # A default that won only some of the cases it applied to names the ones it won.
+    won_half = rows + [row("ft", 2.0, "tf32", False), row("ft +sum", 2.0, "tf32", True, on)]  # a default today
+    line = next(x for x in option_trials.candidate_summary(won_half, []).splitlines() if "**+sum**" in x)
+    assert "in 1 of 2 cases" in line and line.endswith("the engine's defaults set it, having won its cases of "
+                                                       "ft bf16.")
     assert engineview.changes_the_step(rows[2], {**rows[3], "extra": {"other_option": True}}) is None
     # An option that applied nowhere keeps its cases, and says that it changed none of them.
     line = next(x for x in option_trials.candidate_summary(rows[2:], []).splitlines() if "**+sum**" in x)

@@ -12,8 +12,9 @@ from typing import Any
 
 from ftlib.harness.engine_suites import CANDIDATES
 from ftlib.training.engine.options import EngineOptions
-from ftlib.views.bench import gpu_of
+from ftlib.views.bench import gpu_of, model_title
 from ftlib.views.engine import changes_the_step
+from ftlib.views.per_run import and_list
 from ftlib.views.tables import table_view
 
 
@@ -104,8 +105,13 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
         s_lo, s_hi = min(d["speed-up"] for d in mine), max(d["speed-up"] for d in mine)
         moved = (f"{lo:+.0f} µs ({s_lo:.3f}x)" if len(mine) == 1 else
                  f"{lo:+.0f} to {hi:+.0f} µs ({s_lo:.3f}x to {s_hi:.3f}x)")
+        split = is_default(options) and 2 * len(wins) <= len(mine)
         default = ("the engine's defaults do not set it" if not is_default(options) else "the engine's defaults set it"
-                   + (won_by(dev, option, options) if 2 * len(wins) <= len(mine) else ""))
+                   + (won_by(dev, option, options) if split else ""))
+        if split and wins and not won_by(dev, option, options):
+            # A default that won only some of its cases: the cases it won, by model and precision.
+            won = sorted({f"{model_title(d['engine'])} {d['precision']}" for d in wins})
+            default += f", having won its cases of {and_list(won)}"
         unchanged = idle[(dev, option)]
         where = (f" (in {unchanged} more it does not apply: the step ran unchanged)" if unchanged else
                  " (in none of them did it change the step: it does not apply here)"
