@@ -22,6 +22,17 @@ def test_triton_against_compile_takes_both_from_the_newest_run_that_timed_both()
     assert d["compile / triton"] == pytest.approx(10.0 / 12.0) and d["outcome"] == "compile faster"
 
 
+def test_the_closing_tally_splits_the_engines_kernels_from_the_gemms_it_leaves_off():
+    """Where the cases mix the kernels the engine runs with the GEMM kernels it leaves off (most of a GPU's
+    cases can be weight-gradient shapes), the tally says how each kind fared; one kind alone needs no split."""
+    table = [{"op": "rmsnorm", "outcome": "Triton faster"}, {"op": "attention", "outcome": "tie"},
+             {"op": "wgrad", "outcome": "compile faster"}, {"op": "wgrad", "outcome": "Triton faster"},
+             {"op": "head_loss", "outcome": "compile faster"}]
+    assert kl._tally_split(table) == (" (1 of 2 among the kernels the engine runs by default, 1 of 3 among the "
+                                      "GEMM kernels it leaves off)")
+    assert kl._tally_split(table[:2]) == "" and kl._tally_split(table[2:]) == ""
+
+
 def test_overlapping_spreads_tie_and_a_case_without_a_shared_run_has_no_ratio():
     rows = [_row("v2 torch.compile", "compile", 10.0, "r1", spread=1.0, N=256),
             _row("v3 triton column sum", "triton", 10.5, "r1", spread=1.0, N=256),

@@ -14,7 +14,7 @@ from ftlib.views import engine as ev
 from ftlib.views import ledger as lv
 from ftlib.views.bench import gpu_label, model_title
 from ftlib.views.engine_findings import engine_results
-from ftlib.views.kernels import KERNEL_TABLE_OPS, OP_NAMES, case_label, row_impl, run_of
+from ftlib.views.kernels import GEMM_OPS, KERNEL_TABLE_OPS, OP_NAMES, case_label, row_impl, run_of
 from ftlib.views.tables import table_view
 
 
@@ -165,6 +165,18 @@ def _kernel_count_lines(probe_rows: list[dict[str, Any]], device: str) -> list[s
     return lines
 
 
+def _tally_split(table: list[dict[str, Any]]) -> str:
+    """' (w of n among the kernels the engine runs by default, w of n among ...)': the closing's tally split between the
+    engine's default kernels and the GEMM kernels it leaves off, whose cases the ops a GPU timed can be most of;
+    '' where the cases are all of one kind."""
+    parts = []
+    for what, mine in (("the kernels the engine runs by default", [d for d in table if d["op"] not in GEMM_OPS]),
+                       ("the GEMM kernels it leaves off", [d for d in table if d["op"] in GEMM_OPS])):
+        if mine:
+            parts.append(f"{sum(d['outcome'] == 'Triton faster' for d in mine)} of {len(mine)} among {what}")
+    return f" ({', '.join(parts)})" if len(parts) == 2 else ""
+
+
 def closing(kernel_rows: Iterable[dict[str, Any]], engine_rows: Iterable[dict[str, Any]],
             probe_rows: Iterable[dict[str, Any]], candidate_rows: Iterable[dict[str, Any]],
             devices: Iterable[str]) -> str:
@@ -178,9 +190,9 @@ def closing(kernel_rows: Iterable[dict[str, Any]], engine_rows: Iterable[dict[st
         if table:
             wins = sum(d["outcome"] == "Triton faster" for d in table)
             text.append(f"Op for op, in isolation, our Triton kernels are faster than torch.compile's generated "
-                        f"kernels beyond the spread in {wins} of {len(table)} cases and tie or lose in the other "
-                        f"{len(table) - wins} (the fastest variant of each side, in a CUDA graph, both from one run; "
-                        f"cases no run timed both ways are left out):\n")
+                        f"kernels beyond the spread in {wins} of {len(table)} cases{_tally_split(table)} and tie or "
+                        f"lose in the other {len(table) - wins} (the fastest variant of each side, in a CUDA graph, "
+                        f"both from one run; cases no run timed both ways are left out):\n")
             text += [f"- {line}" for line in kernel_lines([r for r in krows if r.get("device_slug") == dev])]
         eng, faster, tentative = _engine_lines(dev)
         if eng:
