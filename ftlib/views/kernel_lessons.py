@@ -15,6 +15,7 @@ from ftlib.views import ledger as lv
 from ftlib.views.bench import gpu_label, model_title
 from ftlib.views.engine_findings import engine_results
 from ftlib.views.kernels import GEMM_OPS, KERNEL_TABLE_OPS, OP_NAMES, case_label, row_impl, run_of
+from ftlib.views.per_run import span_text
 from ftlib.views.tables import table_view
 
 
@@ -64,7 +65,7 @@ def kernel_lines(kernel_rows: Iterable[dict[str, Any]]) -> list[str]:
         mine = [d for d in table if (d["device"], d["op"]) == (dev, op)]
         count = {k: sum(d["outcome"] == k for d in mine) for k in ("Triton faster", "tie", "compile faster")}
         lo, hi = min(d["compile / triton"] for d in mine), max(d["compile / triton"] for d in mine)
-        span = f"{lo:.2f}×" if f"{lo:.2f}" == f"{hi:.2f}" else f"{lo:.2f}–{hi:.2f}×"
+        span = f"{span_text(lo, hi, '.2f')}×"
         lines.append(f"{OP_NAMES.get(op, op)}, {len(mine)} case{'s' * (len(mine) != 1)}: Triton faster "
                      f"in {count['Triton faster']}, tied in {count['tie']}, compile faster in "
                      f"{count['compile faster']}; compile's time over Triton's {span} (each case's two from one run).")

@@ -55,6 +55,12 @@ def summary(per_run: pd.DataFrame, value: str = "ratio") -> dict[str, Any] | Non
             "range": fmt_range(float(v.median()), lo, hi), "runs text": runs_on_starts(n, m)}
 
 
+def span_text(lo: float, hi: float, fmt: str) -> str:
+    """'1.4–2.8' (``lo`` and ``hi`` in ``fmt``), or one value where both print the same."""
+    a, b = format(lo, fmt), format(hi, fmt)
+    return a if a == b else f"{a}–{b}"
+
+
 def and_list(items: Sequence[Any]) -> str:
     """'128', '128 and 256', '128, 256 and 512': a list as prose."""
     words = [str(x) for x in items]

@@ -15,6 +15,7 @@ from ftlib.harness.results import load_rows
 from ftlib.harness.trace import CATEGORIES, OTHER_PHASE, PHASES, STEP_PHASE
 from ftlib.model.config import preset
 from ftlib.views.bench import gpu_of, model_title
+from ftlib.views.per_run import span_text
 from ftlib.views.tables import to_frame
 
 _ID_FIELDS = ("key", "preset", "config_hash", "B", "T", "precision", "mode", "device_slug")
@@ -227,17 +228,11 @@ def findings(rows: list[dict[str, Any]]) -> str:
                    if min(ratios) > 1 else "does not hold for every profile: in some the backward takes no more "
                    "GPU time than the forward")
         shares = [x for x, _ in eager_gaps]
-        gaps = (f"; but an eager step waits on its launches for {_span(min(shares), max(shares), '.0%')} of its "
+        gaps = (f"; but an eager step waits on its launches for {span_text(min(shares), max(shares), '.0%')} of its "
                 "time, longer than its longest phase in every eager profile, so at this size how the step is run "
                 "matters more than which phase dominates" if eager_gaps and all(m for _, m in eager_gaps) else "")
         out.append(f"**The post's caption, \"backward and MLP phases dominate\",** {verdict} "
-                   f"({_span(min(ratios), max(ratios), '.1f')}×){gaps}.")
+                   f"({span_text(min(ratios), max(ratios), '.1f')}×){gaps}.")
     out.append("The post's \"MLP phase\" is a component, not a phase: kernel names do not tell the MLP's GEMMs "
                "from the attention projections', so chapter 2 counts it by FLOPs and bytes instead.")
     return "\n\n".join(out)
-
-
-def _span(lo: float, hi: float, fmt: str) -> str:
-    """'1.4–2.8', or one value where both print the same."""
-    a, b = format(lo, fmt), format(hi, fmt)
-    return a if a == b else f"{a}–{b}"
