@@ -174,14 +174,15 @@ def _timing_rows(device: str) -> list[dict[str, Any]]:
 
 
 def _traced_elsewhere(device: str) -> tuple[str, str] | None:
-    """(another device, the SDPA backend its profiler trace shows) for the original (B,1,T,d) K/V layout in fp32,
-    the first device with such a trace; None where none has one. The backend follows the GPU's architecture and
-    the PyTorch version, so another GPU's trace is a pointer, not this GPU's verdict."""
-    for dev in sorted({r["device_slug"] for r in ok_rows("profile") if r.get("sdpa_backend")} - {device}):
+    """(another GPU's name, the SDPA backend its profiler trace shows) for the original (B,1,T,d) K/V layout in
+    fp32, the first device with such a trace; None where none has one. The backend follows the GPU's architecture
+    and the PyTorch version, so another GPU's trace is a pointer, not this GPU's verdict."""
+    profiles = ok_rows("profile")
+    for dev in sorted({r["device_slug"] for r in profiles if r.get("sdpa_backend")} - {device}):
         kernels = {r["model"]: r for r in backend_table.rows(dev, precisions=("fp32",))}
         row = kernels.get("fasttransformer-broadcast")
         if row and row["step ms (profiler run)"] is not None:
-            return dev, row["SDPA backend (from trace)"]
+            return gpu_of(profiles, dev), row["SDPA backend (from trace)"]
     return None
 
 
@@ -272,7 +273,7 @@ def audit_table(device: str = "h200") -> list[dict[str, Any]]:
     fb, fx = ms("fasttransformer-broadcast", "eager"), ms("fasttransformer", "eager")
     how = "from its trace" if traced else f"expected by the kernel rules; trace {not_measured('profile')}"
     if not traced and (other := _traced_elsewhere(device)):
-        how += f"; the {gpu_of(ok_rows('profile'), other[0])}'s trace shows '{other[1]}' (chapter 1)"
+        how += f"; the {other[0]}'s trace shows '{other[1]}' (chapter 1)"
     out.append(_row("SDPA keeps (B,H,T,T) out of DRAM ('zero bytes')", "zero bytes",
                     f"original (B,1,T,d) K/V in fp32 -> '{seen}' ({how})"
                     + f"; expanded (B,H,T,d) view -> {seen_x}"

@@ -106,9 +106,10 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
         moved = (f"{lo:+.0f} µs ({s_lo:.3f}x)" if len(mine) == 1 else
                  f"{lo:+.0f} to {hi:+.0f} µs ({s_lo:.3f}x to {s_hi:.3f}x)")
         split = is_default(options) and 2 * len(wins) <= len(mine)
+        setter = won_by(dev, option, options) if split else ""
         default = ("the engine's defaults do not set it" if not is_default(options) else "the engine's defaults set it"
-                   + (won_by(dev, option, options) if split else ""))
-        if split and wins and not won_by(dev, option, options):
+                   + setter)
+        if split and wins and not setter:
             # A default that won only some of its cases: the cases it won, by model and precision.
             won = sorted({f"{model_title(d['engine'])} {d['precision']}" for d in wins})
             default += f", having won its cases of {and_list(won)}"
