@@ -74,7 +74,7 @@ def test_runs_that_name_no_host_say_nothing_of_hosts_beside_runs_that_do():
 
 def test_each_strongest_configuration_names_its_own_host_work():
     """Where the strongest configuration differs between runs, each one's host work is named with it, the graph
-    breaks of the whole-step compile not lent to a manual CUDA graph that won the other runs."""
+    breaks of the whole-step compile not credited to a manual CUDA graph that won the other runs."""
     rows = []
     for i, (whole, graphed) in enumerate([(1.5, 1.6), (1.8, 1.7), (1.9, 1.7)]):
         rows += run_rows(f"r{i}", f"m{i % 2}", fast(fasttransformer__compile_ro__whole_step=whole,
