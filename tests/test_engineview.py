@@ -183,6 +183,26 @@ def test_a_case_an_option_does_not_apply_to_is_no_case_of_its_trial():
     assert "in 0 of 2 cases (in none of them did it change the step: it does not apply here)" in line
 
 
+def test_a_default_narrowed_to_some_precisions_says_where_it_applies():
+    """The weight gradients' side stream was timed in bf16 and tf32 and is a default in bf16/fp16 only: its line
+    says so, by today's engine, though the tf32 rows ran it (their engine noted it as applied)."""
+    def row(label, ms, prec, extra=None):
+        return {"device_slug": "h200", "run_id": "r1", "precision": prec, "mode": "engine", "label": label,
+                "median_ms": ms, "p20_ms": ms - 0.001, "p80_ms": ms + 0.001, "check_ok": True,
+                "extra": extra or {}, "engine": {"wgrad_side_stream": bool(extra), "grad_into_buffer": True}}
+
+    on = {"wgrad_side_stream": True}
+    rows = [row("ft", 2.0, "bf16"), row("ft +side", 1.9, "bf16", on),
+            row("ft", 3.0, "tf32"), row("ft +side", 2.9, "tf32", on)]
+    line = next(x for x in option_trials.candidate_summary(rows, []).splitlines() if "**+side**" in x)
+    assert line.endswith("the engine's defaults set it in bf16 only, not in tf32, where the current engine does "
+                         "not apply it.")
+    assert ec.applies_now("wgrad_side_stream", rows[3]) is False and ec.applies_now("wgrad_side_stream", rows[1])
+    # Timed in bf16 alone: nothing to add.
+    line = next(x for x in option_trials.candidate_summary(rows[:2], []).splitlines() if "**+side**" in x)
+    assert line.endswith("the engine's defaults set it.")
+
+
 def test_candidates_pair_with_the_default_of_their_own_run():
     def row(label, ms, run="r1", prec="bf16", spread=0.01):
         extra = {"run": run, **({"opt": True} if label.endswith("+opt") else {}),

@@ -85,6 +85,14 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
     return "\n".join(lines)
 
 
+def applies_now(name: str, row: dict[str, Any]) -> bool:
+    """Whether the current engine would apply option ``name`` to the case of an engine row (its model,
+    precision and kernels), whatever the engine that ran the row noted: a row stored before an option was
+    narrowed (the weight gradients' side stream, now bf16/fp16 only) ran it where today's engine does not."""
+    ran = row.get("engine") if isinstance(row.get("engine"), dict) else {}
+    return _applies(name, {**row, "engine": {k: v for k, v in ran.items() if k != "notes"}})
+
+
 def _applies(name: str, row: dict[str, Any]) -> bool:
     """Whether option ``name`` could change ``row``'s step, by what its engine reported: not where the engine
     noted it as not applied or not applicable; the split sum needs multi-query attention on the attention
