@@ -349,7 +349,8 @@ def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():
     assert ec.engine_words("without fuse_kv_split_sum") == (
         "an earlier engine: 1 of today's default option off; chapter 6 names them")
     assert ec.engine_words("without grad_into_buffer, fuse_kv_split_sum").startswith("an earlier engine: 2 of ")
-    assert ec.engine_words("options not recorded") == "an earlier engine: options not recorded"
+    assert ec.engine_words("options not recorded") == "an engine whose options were not recorded"
+    assert ec.engine_words("without a, b", named=True) == "an earlier engine, without a, b"
     # An option the engine noted as not applied to the step is not missing from it.
     none = row(with_attention, {"grad_into_buffer": "not applied: no plain, bf16-shadow or bias-kernel Linear"},
                grad_into_buffer=False, fuse_kv_split_sum=True)

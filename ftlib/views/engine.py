@@ -25,7 +25,7 @@ import plotly.graph_objects as go
 from ftlib.harness.suites import SUITES
 from ftlib.training.engine.options import EngineOptions
 from ftlib.views.bench import gpu_label, model_title, select
-from ftlib.views.engine_config import TODAY, TRIAL_WINNERS, engine_config, options_off
+from ftlib.views.engine_config import TRIAL_WINNERS, engine_config, engine_words, options_off
 from ftlib.views.plots import PALETTE, legend_below
 from ftlib.views.tables import table_view
 
@@ -186,8 +186,7 @@ def deltas_note(engine_rows: Iterable[dict[str, Any]]) -> str:
                 case = f"{model_title(model)} {prec}"
                 by_run.setdefault(run_name(run), {}).setdefault(engine_config(full), []).append(case)
         for run, configs in by_run.items():
-            said = {TODAY: "the current engine", "options not recorded": "an engine whose options were not recorded"}
-            engines = "; ".join(f"{', '.join(cases)} ran {said.get(config, f'an earlier engine, {config}')}"
+            engines = "; ".join(f"{', '.join(cases)} ran {engine_words(config, named=True)}"
                                 for config, cases in configs.items())
             lines.append(f"* {gpu_label(dev)}: the rows come from the run of {run}: {engines}.")
         shown = {variant_name(r) for run in runs.values() for r in run if r.get("device_slug") == dev}

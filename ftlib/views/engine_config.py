@@ -51,14 +51,17 @@ def engine_config(row: dict[str, Any]) -> str:
     return "options not recorded" if off is None else "without " + ", ".join(off) if off else TODAY
 
 
-def engine_words(config: str) -> str:
-    """An :func:`engine_config` value in words for pages that do not define each option (chapter 6 does):
-    'the current engine', or 'an earlier engine: N of today's default options off; chapter 6 names them'
-    (its engine tables list them by name)."""
+def engine_words(config: str, named: bool = False) -> str:
+    """An :func:`engine_config` value in words: 'the current engine', 'an engine whose options were not
+    recorded', or an earlier engine's: with ``named``, for chapter 6, which defines each option, 'an earlier
+    engine, without <options>'; else, for pages that do not, 'an earlier engine: N of today's default options
+    off; chapter 6 names them' (its engine tables list them by name)."""
     if config == TODAY:
         return "the current engine"
     if not config.startswith("without "):
-        return f"an earlier engine: {config}"
+        return "an engine whose options were not recorded"
+    if named:
+        return f"an earlier engine, {config}"
     n = len(config.removeprefix("without ").split(", "))
     return f"an earlier engine: {n} of today's default option{'s' * (n != 1)} off; chapter 6 names them"
 
