@@ -88,12 +88,11 @@ def options_behind(engine_rows: Iterable[dict[str, Any]], run_ids: Iterable[str]
     return "\n".join(lines)
 
 
-def applies_now(name: str, row: dict[str, Any]) -> bool:
-    """Whether the current engine would apply option ``name`` to the case of an engine row (its model,
-    precision and kernels), whatever the engine that ran the row noted: a row stored before an option was
-    narrowed (the weight gradients' side stream, now bf16/fp16 only) ran it where today's engine does not."""
-    ran = row.get("engine") if isinstance(row.get("engine"), dict) else {}
-    return _applies(name, {**row, "engine": {k: v for k, v in ran.items() if k != "notes"}})
+# Options the current engine applies in some precisions only (ftlib.training.engine.options says why of each):
+# a trial that timed them in others ran an engine from before they were narrowed.
+PRECISIONS: dict[str, tuple[str, ...]] = {
+    "wgrad_side_stream": ("bf16", "fp16"), "fuse_head_loss": ("bf16", "fp16"),
+    "explicit_heavy_first": ("bf16", "fp16"), "bf16_bias_weights": ("bf16",)}
 
 
 def _applies(name: str, row: dict[str, Any]) -> bool:
@@ -113,7 +112,7 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
     if name == "explicit_dq_one_pass":  # a tile of that kernel's dQ pass, over whole rows (swaps.py)
         return _dq_one_pass_fits(row, ran)
     if name == "wgrad_side_stream":  # CUDA, bf16/fp16, the Linears writing into the flat gradient (linears.py)
-        return (row.get("precision") in ("bf16", "fp16") and ran.get("grad_into_buffer") is not False
+        return (row.get("precision") in PRECISIONS[name] and ran.get("grad_into_buffer") is not False
                 and row.get("device_type", "cuda") == "cuda")
     if name == "attention_kv_split":  # the flash kernel's dK/dV split, where 2 divides the query heads per K/V head
         cfg = row.get("config") or {}
@@ -124,7 +123,7 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
         return kernels is None or "embedding" in kernels
     if name == "fuse_head_loss":  # bf16/fp16, the cross-entropy kernel, the head on the flat gradient (head_loss.py)
         kernels = ran.get("kernels")
-        return (row.get("precision") in ("bf16", "fp16") and ran.get("grad_into_buffer") is not False
+        return (row.get("precision") in PRECISIONS[name] and ran.get("grad_into_buffer") is not False
                 and (kernels is None or "cross_entropy" in kernels))
     if name == "relaxed_atomics":  # a gradient kernel that adds atomically ran (engine/atomics.py)
         return (ran.get("norm_dw_into_buffer") is True and _needs_met("norm_dw_into_buffer", row, ran)
@@ -132,7 +131,7 @@ def _applies(name: str, row: dict[str, Any]) -> bool:
     if name == "attention_heavy_first":  # the flash kernel's grids, on the packed layout (as its two-stream backward)
         return _applies("attention_bwd_streams", row)
     if name == "explicit_heavy_first":  # GPT-2's explicit-attention kernels, under bf16/fp16 (swaps.py)
-        return row.get("precision") in ("bf16", "fp16") and _explicit_kernel_fits(row, ran)
+        return row.get("precision") in PRECISIONS[name] and _explicit_kernel_fits(row, ran)
     if name == "attention_bwd_streams":  # the flash kernel's backward, on the packed layout
         kernels = ran.get("kernels")
         if kernels is None:  # not recorded: where the flash kernel takes the attention (not GPT-2's as written)
@@ -168,7 +167,7 @@ def _needs_met(name: str, row: dict[str, Any], ran: dict[str, Any]) -> bool:
     if (bias and not cfg.get("bias")) or any(ran.get(f) is False for f in fields):
         return False
     if name == "bf16_bias_weights":
-        return row.get("precision") == "bf16"
+        return row.get("precision") in PRECISIONS[name]
     if name == "branch_bias_into_norm":
         return not ran.get("fuse_mlp_act") and not (cfg.get("dropout", 0.0) > 0 and ran.get("fuse_dropout") is False)
     if name == "fc_bias_into_gelu":  # GELU's backward does the sum; the GELU-epilogue GEMM sums its own

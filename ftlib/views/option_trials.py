@@ -14,7 +14,7 @@ from ftlib.harness.engine_suites import CANDIDATES
 from ftlib.training.engine.options import EngineOptions
 from ftlib.views.bench import gpu_of, model_title
 from ftlib.views.engine import changes_the_step
-from ftlib.views.engine_config import applies_now
+from ftlib.views.engine_config import PRECISIONS
 from ftlib.views.per_run import and_list
 from ftlib.views.tables import table_view
 
@@ -109,7 +109,7 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
         split = is_default(options) and 2 * len(wins) <= len(mine)
         setter = won_by(dev, option, options) if split else ""
         default = ("the engine's defaults do not set it" if not is_default(options) else "the engine's defaults set it"
-                   + _only_in(candidate_rows, mine, options) + setter)
+                   + _only_in(mine, options) + setter)
         if split and wins and not setter:
             # A default that won only some of its cases: the cases it won, by model and precision.
             won = sorted({f"{model_title(d['engine'])} {d['precision']}" for d in wins})
@@ -124,21 +124,18 @@ def candidate_summary(candidate_rows: Iterable[dict[str, Any]], check_rows: Iter
     return "\n".join(lines) or "No engine option is waiting to be measured."
 
 
-def _only_in(candidate_rows: list[dict[str, Any]], cases: list[dict[str, Any]], options: dict[str, Any]) -> str:
-    """' in bf16 only, not in tf32, where the current engine does not apply it' for a default whose trial
-    timed precisions that today's engine leaves it off in (:func:`ftlib.views.engine_config.applies_now`, by
-    each case's default engine row); '' where it applies in all of them."""
-    def base(d: dict[str, Any]) -> dict[str, Any]:
-        return next((r for r in candidate_rows if (r.get("device_slug"), r.get("run_id"), r.get("precision"),
-                                                   r.get("label")) == (d["device"], d["run"], d["precision"],
-                                                                       d["engine"])), {"precision": d["precision"]})
-    precs = dict.fromkeys(d["precision"] for d in cases)
-    off = {d["precision"] for d in cases if not all(applies_now(k, base(d)) for k in options)}
-    on = [p for p in precs if p not in off]
-    if not off or not on:
-        return ""
-    return (f" in {and_list(on)} only, not in {and_list([p for p in precs if p in off])}, where the current engine "
-            "does not apply it")
+def _only_in(cases: list[dict[str, Any]], options: dict[str, Any]) -> str:
+    """For a default whose trial timed precisions that the current engine leaves it off in, wholly or in part
+    (:data:`ftlib.views.engine_config.PRECISIONS`): ', but not in tf32, where the current engine does not apply
+    it', or ', though in tf32 the current engine leaves fuse_head_loss off' for a trial of several options; ''
+    where all of it applies in every precision it was timed in."""
+    left = {p: [k for k in options if p not in PRECISIONS.get(k, (p,))] for p in dict.fromkeys(
+        d["precision"] for d in cases)}
+    whole = [p for p, names in left.items() if names and len(names) == len(options)]
+    part = [f"in {p} the current engine leaves {and_list(names)} off" for p, names in left.items()
+            if names and p not in whole]
+    return ((f", but not in {and_list(whole)}, where the current engine does not apply it" if whole else "")
+            + (f", though {'; '.join(part)}" if part else ""))
 
 
 def unmeasured(candidate_rows: Iterable[dict[str, Any]]) -> list[tuple[str, str]]:
