@@ -111,3 +111,22 @@ def test_an_ablation_that_ran_the_default_step_is_left_out_said_so():
         r.pop("engine")
     (line,) = [x for x in kl._ablation_lines(rows, "h200") if "(-attention)" in x]
     assert "fp32 -0.01 ms" in line and "left out" not in line
+
+
+def test_an_ablation_line_sets_the_step_without_the_piece_against_the_compiled_step_and_names_untimed_cases():
+    """Switching the attention kernel off takes the tf32 step back to the compiled step's time: the line says so
+    beside the delta, so that a reader sees which piece holds the engine's lead; a default engine of the run
+    that had no such case (bf16) is named, not passed over."""
+    def row(label, ms, prec):
+        return {"device_slug": "h200", "label": label, "preset": "fasttransformer", "precision": prec,
+                "mode": "engine", "median_ms": ms, "p20_ms": ms - 0.01, "p80_ms": ms + 0.01, "B": 32, "T": 256,
+                "run_id": "r1", "date": "2026-01-01", "commit": "c1"}
+
+    rows = [row("fasttransformer", 2.0, "tf32"), row("fasttransformer -attention", 3.8, "tf32"),
+            row("fasttransformer", 1.2, "bf16"), row("fasttransformer -rmsnorm", 1.3, "bf16")]
+    (line,) = [x for x in kl._ablation_lines(rows, "h200", {("FastTransformer", "tf32"): 3.82})
+               if "(-attention)" in x]
+    assert "FastTransformer tf32 +1.80 ms (+90%; 3.80 ms against the compiled step's 3.82 ms)" in line
+    assert "(not timed in FastTransformer bf16, whose run had no such case)" in line
+    (line,) = [x for x in kl._ablation_lines(rows, "h200") if "(-attention)" in x]
+    assert "+1.80 ms (+90%)" in line  # no compiled step known: the delta alone

@@ -22,8 +22,9 @@ def engine_variants() -> list[Case]:
     kernel in place of its explicit softmax (the same function) and with its fused softmax
     off; the fp32-accurate tensor-core routes (3xTF32) in fp32; in tf32 and fp32 each kernel
     off on its own, none at all, uncaptured, the residual add unfused, PyTorch's bias
-    gradients, and the heads layout. The norms' persistent weight-gradient partials come right after
-    the defaults. Variants carry their engine options in ``extra``.
+    gradients, and the heads layout; in bf16 too, last, each kernel off, none at all and
+    uncaptured. The norms' persistent weight-gradient partials come right after the defaults.
+    Variants carry their engine options in ``extra``.
     """
     configs = headline_models()
     B, T = HEADLINE_B, HEADLINE_T
@@ -129,6 +130,13 @@ def engine_variants() -> list[Case]:
     cases += [case("fasttransformer -heavy-first", "fasttransformer", prec, {"attention_heavy_first": False})
               for prec in ("bf16", "tf32")]
     cases += [case("gpt2 -explicit-heavy-first", "gpt2", "bf16", {"explicit_heavy_first": False})]
+    # The bf16 step's pieces switched off one at a time, as the tf32 and fp32 ones above: each kernel, all of
+    # them, the graph (bf16, the precision of the engine's goals, was timed only with its options off before).
+    for name, cfg in configs.items():
+        ops = [cfg.norm] + (["attention"] if cfg.attn_impl == "sdpa" else []) + ["embedding", "cross_entropy", "adamw"]
+        cases += [case(f"{name} -{op}", name, "bf16", {"use_kernels": {op: False}}) for op in ops]
+        cases += [case(f"{name} no-kernels", name, "bf16", {"use_kernels": False}),
+                  case(f"{name} uncaptured", name, "bf16", {"capture": False})]
     return cases
 
 

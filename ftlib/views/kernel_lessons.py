@@ -15,7 +15,7 @@ from ftlib.views import ledger as lv
 from ftlib.views.bench import gpu_label, model_title
 from ftlib.views.engine_findings import engine_results
 from ftlib.views.kernels import GEMM_OPS, KERNEL_TABLE_OPS, OP_NAMES, case_label, row_impl, run_of
-from ftlib.views.per_run import span_text
+from ftlib.views.per_run import and_list, span_text
 from ftlib.views.tables import table_view
 
 
@@ -72,12 +72,13 @@ def kernel_lines(kernel_rows: Iterable[dict[str, Any]]) -> list[str]:
     return lines
 
 
-def _engine_lines(device: str) -> tuple[list[str], list[str], list[str]]:
+def _engine_lines(device: str) -> tuple[list[str], list[str], list[str], dict[tuple[str, str], float]]:
     """Lines of ``engine_results``: the engine against the strongest compiled step, baseline and runs named;
-    the cases where the engine is faster (verdict 'faster'); and those with a median above 1 on too few runs
-    for a verdict."""
+    the cases where the engine is faster (verdict 'faster'); those with a median above 1 on too few runs
+    for a verdict; and the strongest compiled step's ms by (model, precision)."""
     tab = engine_results(device)
     lines, faster, tentative = [], [], []
+    compiled = {(e["model"], e["precision"]): float(e["its ms"]) for _, e in tab.iterrows()}
     for _, e in tab.iterrows():
         engine = "the " + e["engine"] if e["engine"] == "current engine" else e["engine"]
         lines.append(f"{e['model']} {e['precision']} ({engine}): {e['engine speed-up']} against "
@@ -86,7 +87,7 @@ def _engine_lines(device: str) -> tuple[list[str], list[str], list[str]]:
             faster.append(f"{e['model']} {e['precision']}")
         elif e["verdict"] == "too few runs" and float(str(e["engine speed-up"]).split("×")[0]) > 1:
             tentative.append(f"{e['model']} {e['precision']}")
-    return lines, faster, tentative
+    return lines, faster, tentative, compiled
 
 
 def _engine_sentence(faster: list[str], tentative: list[str]) -> str:
@@ -100,25 +101,40 @@ def _engine_sentence(faster: list[str], tentative: list[str]) -> str:
     return f"{head} {'; '.join(parts) or 'is faster for no case'}:\n"
 
 
-def _ablation_lines(engine_rows: list[dict[str, Any]], device: str) -> list[str]:
-    """What switching one piece off costs the engine of its own run: the graph, all our kernels, fused attention."""
+def _ablation_lines(engine_rows: list[dict[str, Any]], device: str,
+                    compiled: dict[tuple[str, str], float] | None = None) -> list[str]:
+    """What switching one piece off costs the engine of its own run: the graph, all our kernels, fused attention;
+    beside each, where ``compiled`` has its model and precision (model title, precision -> ms), the step without
+    the piece against the strongest compiled step (its median over the runs of the engine's table)."""
+    compiled = compiled or {}
+
+    def beside(d: dict[str, Any]) -> str:
+        ms = compiled.get((model_title(d["model"]), d["precision"]))
+        return f"; {d['ms']:.2f} ms against the compiled step's {ms:.2f} ms" if ms else ""
+
     deltas = [d for d in ev.kernel_deltas.rows(engine_rows) if d["device"] == device]
     what = {"uncaptured": "the whole step in one CUDA graph", "no-kernels": "all of our kernels together",
-            "-fused-softmax": "GPT-2's fused softmax", "-attention": "the fused attention kernel"}
+            "-fused-softmax": "GPT-2's fused softmax (and with it the products fused around it)",
+            "-attention": "the fused attention kernel"}
+    cases = dict.fromkeys((d["model"], d["precision"]) for d in deltas)  # each default engine with ablations
     lines = []
     for variant, text in what.items():
         mine = [d for d in deltas if d["variant"] == variant]
+        models = {d["model"] for d in mine}
+        untimed = [f"{model_title(m)} {p}" for m, p in cases if m in models
+                   and not any((d["model"], d["precision"]) == (m, p) for d in mine)]
         # A variant whose engine ran the default's step (the attention kernel switched off where strict fp32
         # keeps PyTorch's SDPA anyway) switched nothing off: its row measures only the noise, and is left
         # out, said so.
         kept = [d for d in mine if d["changes the step"] is not False]
         same = [f"{model_title(d['model'])} {d['precision']}" for d in mine if d["changes the step"] is False]
         if kept:
-            cases = ", ".join(f"{model_title(d['model'])} {d['precision']} {d['delta ms']:+.2f} ms "
-                              f"({d['delta %']:+.0f}%)" for d in kept)
-            lines.append(f"switching off {text} ({variant}) changes the step by {cases}"
+            by = ", ".join(f"{model_title(d['model'])} {d['precision']} {d['delta ms']:+.2f} ms "
+                           f"({d['delta %']:+.0f}%{beside(d)})" for d in kept)
+            lines.append(f"switching off {text} ({variant}) changes the step by {by}"
                          + (f" (left out: {', '.join(same)}, whose engine did not run it, so nothing was "
-                            "switched off)" if same else ""))
+                            "switched off)" if same else "")
+                         + (f" (not timed in {and_list(untimed)}, whose run had no such case)" if untimed else ""))
     if lines:
         lines[0] += (f" (the engine's ablations, from the run of {deltas[0]['run']}, each against the default "
                      "engine of that run)")
@@ -195,15 +211,17 @@ def closing(kernel_rows: Iterable[dict[str, Any]], engine_rows: Iterable[dict[st
                         f"lose in the other {len(table) - wins} (the fastest variant of each side, in a CUDA graph, "
                         f"both from one run; cases no run timed both ways are left out):\n")
             text += [f"- {line}" for line in kernel_lines([r for r in krows if r.get("device_slug") == dev])]
-        eng, faster, tentative = _engine_lines(dev)
+        eng, faster, tentative, compiled = _engine_lines(dev)
         if eng:
             text.append(_engine_sentence(faster, tentative))
             text += [f"- {line}" for line in eng]
-        why = _ablation_lines(erows, dev) + _buffer_lines(crows, dev) + _kernel_count_lines(prows, dev)
+        why = _ablation_lines(erows, dev, compiled) + _buffer_lines(crows, dev) + _kernel_count_lines(prows, dev)
         if why:
-            text.append("\nNo single kernel holds that gain: the engine's step is one CUDA graph over flat "
-                        "parameter and gradient buffers, with fused attention and fewer kernels. What its own "
-                        "rows say of each:\n")
+            text.append("\nWhere that gain comes from, by the engine's own rows: each piece switched off alone "
+                        "against the default engine of the same run, and the step without it against the strongest "
+                        "compiled step above (a piece without which the engine is no faster than the compiler holds "
+                        "its whole lead); the options that write gradients into the flat buffers; the profiled "
+                        "variants' kernel counts:\n")
             text += [f"- {line}." for line in why]
         parts.append("\n".join(text))
     return "\n\n".join(parts)
