@@ -155,12 +155,16 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
             marker_color=MODEL_COLORS.get(label),
             error_x=dict(type="data", symmetric=False, array=t["max_ms"] - t["median_ms"],
                          arrayminus=t["median_ms"] - t["min_ms"])))
-    runs = int(tab["runs"].max()) if not tab.empty else 0
-    eng = tab[tab["config"] == config_name("engine", "default")]
+    engine = config_name("engine", "default")
+    eng = tab[tab["config"] == engine]
+    rest = tab[~tab["config"].str.startswith("engine")]  # the compiled and eager bars (not any engine's)
+    # Configurations added to the suite later have fewer runs than the first ones: the subtitle gives the range.
+    lo, hi = (int(rest["runs"].min()), int(rest["runs"].max())) if not rest.empty else (0, 0)
+    runs = f"median of {hi} run{'s' * (hi != 1)}" if lo == hi else f"median over each bar's runs ({lo}–{hi})"
     # Runs that measured an earlier engine count for the compiled bars, not for the current engine: each model's
     # engine bar whose run count differs says its own.
     own = [f"{model_title(label)}'s {int(n)}" for label, n in zip(eng["label"], eng["runs"])
-           if int(n) != runs]
+           if not lo == int(n) == hi]
     eng_runs = f" (the engine bars over fewer: {', '.join(own)})" if own else ""
     if earlier:  # chapter 6's engine table names the defaults each earlier engine lacked
         owners = " and ".join(f"{model_title(x)}'s" for x in earlier)
@@ -171,7 +175,7 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
                       xaxis_title="ms per step (lower is faster)", yaxis=dict(autorange="reversed"),
                       margin=dict(l=330))
     with_subtitle(fig, f"Training step time per configuration, {gpu_label(device)}, {precision}",
-                  f"median of {runs} run{'s' * (runs != 1)}{eng_runs}; bars span min–max"
+                  f"{runs}{eng_runs}; bars span min–max"
                   + ("; a missing bar: no run here measured that model in that configuration" if gaps else ""))
     return legend_below(fig)
 
