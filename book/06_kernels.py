@@ -93,6 +93,7 @@ from ftlib.views import (
 from ftlib.views import kernels as kernelview
 from ftlib.views import ledger as ledgerview
 from ftlib.views.bench import devices, gpu_label, ok_rows, provenance_line
+from ftlib.views.engine_findings import weaker_set
 from ftlib.views.plots import show
 from ftlib.views.tables import show_frame
 
@@ -221,6 +222,8 @@ else:
 speedups = br.engine_speedup_table(runs)
 show_frame(speedups, preview=list(speedups.columns))
 display(Markdown(br.left_out_note(runs)))  # runs without a configuration that won elsewhere, if any
+# A device none of whose runs measured a configuration that was strongest on another: its ratios are against less.
+display(Markdown("\n\n".join(s for dev in sorted(set(runs["device_slug"])) if (s := weaker_set(dev)))))
 # Runs whose engine ran without one of the current defaults measured an earlier engine: its own lines, said here.
 display(Markdown(engine_config.options_behind(baseline_rows, set(runs["run_id"])) if len(runs) else ""))
 for dev in sorted(set(runs["device_slug"])):
