@@ -174,8 +174,10 @@ def write_kernel_rows(root: Path) -> None:
     att = {"B": 32, "nh": 8, "nkv": 1, "T": 256, "hs": 32}
     fl = 4 * 32 * 8 * 256 * 256 * 32 / 2 * 3.5
     ab = 6 * (32 * 8 * 256 * 32 + 32 * 256 * 32) * 4
-    for variant, impl, prec, g in (("v2 sdpa expand", "pytorch", "fp32", 300.0), ("v4 triton tf32", "triton", "tf32",
-                                                                                   150.0)):
+    # fp32 operands: SDPA and a strict-fp32 Triton variant are one case, the TF32-product variant another
+    for variant, impl, prec, g in (("v2 sdpa expand", "pytorch", "fp32", 300.0), ("v3 triton ieee", "triton", "fp32",
+                                                                                   600.0),
+                                   ("v4 triton tf32", "triton", "tf32", 150.0)):
         for timing, us in (("eager", 2 * g), ("graph", g)):
             store.append(_krow("attention", att, "fp32", variant, impl, timing, us, ab, fl, "compute", precision=prec))
 

@@ -104,8 +104,11 @@ def ceiling_table(rows: Iterable[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def case_label(r: dict[str, Any]) -> str:
-    """A short name for a row's case: its shape and dtype."""
+    """A short name for a row's case: its shape and dtype, and for fp32 operands whose products ran in TF32 or
+    3xTF32, that precision: those variants are another case than strict fp32's, never ranked against it."""
     s, dt = r.get("shape") or {}, r.get("dtype", "")
+    if dt == "fp32":
+        dt += {"tf32": " (TF32 products)", "tf32x3": " (3xTF32 products)"}.get(products_precision(r), "")
     if r.get("op") == "attention":
         return f"B={s.get('B')} nh={s.get('nh')} nkv={s.get('nkv')} T={s.get('T')} hs={s.get('hs')} {dt}"
     if r.get("op") == "explicit_attention":  # multi-head: no nkv
@@ -119,8 +122,7 @@ def case_label(r: dict[str, Any]) -> str:
     if r.get("op") == "embedding_sum":  # idx (B, T) into the tables (V, C) and (T, C)
         return f"B={s.get('B')} T={s.get('T')} V={s.get('V')} C={s.get('C')} {dt}"
     if r.get("op") == "wgrad":  # dW (N, K) = dY^T X for dY (M, N), X (M, K)
-        products = " (TF32 products)" if dt == "fp32" and products_precision(r) == "tf32" else ""
-        return f"dW ({s.get('N')}, {s.get('K')}) over M={s.get('M')} {dt}{products}"
+        return f"dW ({s.get('N')}, {s.get('K')}) over M={s.get('M')} {dt}"
     return f"({', '.join(str(v) for v in s.values())}) {dt}"
 
 
