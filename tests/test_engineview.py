@@ -328,6 +328,9 @@ def test_probes_are_named_against_todays_defaults():
     words = [engineview.case_name({"label": x["label"]}) for x in engineview.latest_probes(rows)]
     assert words == ["FastTransformer norm gradients summed by torch", "FastTransformer",
                      "FastTransformer dK/dV splits summed by torch"]  # and the model as the book names it
+    # GPT-2's default engine fuses its attention too: the variant on the flash kernel is named for what it swaps.
+    assert engineview.case_name({"label": "gpt2 attention_for_explicit=True"}) == (
+        "GPT-2 flash attention in place of its explicit softmax")
 
 
 def test_an_option_that_could_not_apply_does_not_make_an_earlier_engine():

@@ -284,7 +284,7 @@ SHORT_OPTIONS = (("bf16_norm_out=True bf16_weights=True", ""), ("fuse_dropout=Tr
                  ("fuse_dropout=True dropout_rng4=False", "fused dropout, one draw per element"),
                  ("fuse_dropout=False dropout_rng4=False", "unfused dropout"),
                  ("linear_precision=tf32x3 attention_precision=tf32x3", "3xTF32"),
-                 ("attention_for_explicit=True", "fused attention"),
+                 ("attention_for_explicit=True", "flash attention in place of its explicit softmax"),
                  ("bias_into_buffer=False bf16_bias_weights=False branch_bias_into_norm=False "
                   "first_norm_into_buffer=False", "without the bias and first-norm options"),
                  ("bias_into_buffer=False branch_bias_into_norm=False first_norm_into_buffer=False",
