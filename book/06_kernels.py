@@ -543,8 +543,9 @@ display(Markdown(kernelview.kernel_math("adamw")))
 #   slices with a second kernel. This kernel adds each slice into the fp32 gradient with atomic adds
 #   instead: one kernel per gradient.
 #
-# Both are Triton tile GEMMs, and at these skinny shapes cuBLAS's Hopper kernels are faster by more
-# than the work each fusion removes. They stay as engine options, off by default.
+# Both are Triton tile GEMMs. Alone, the weight-gradient kernel ties or beats cuBLAS in some cases and loses in
+# others (section 2's table); in the engine's step neither won its trial against cuBLAS's GEMMs (the option
+# trials below), so both stay engine options, off by default.
 
 # %% tags=["remove-input", "hide-output"]
 display(Markdown(kernelview.kernel_math("gelu_mlp") + "\n\n" + kernelview.kernel_math("wgrad")))
@@ -635,7 +636,7 @@ if len(ktable):
 #   `tl.dot`, which this kernel has none of, so each tile's loads wait for the previous tile's arithmetic. The grid
 #   '8 rows 4/SM s2' asks for the loop to be pipelined over two tiles (`tl.range`'s `num_stages`): the next
 #   tile's loads are in flight while one is computed. The same tiles, the same sums, in the same order. It won
-#   some cases and lost others, GPT-2 in bf16 in every run (the table below), so it is not a default.
+#   some cases (the FastTransformer in bf16) and tied or lost others (the table below), so it is not a default.
 # * `fused-embedding` (`fuse_embedding`; it won its trial and is a default now, `-fused-embedding` switches it off):
 #   the step's input is x = wte[idx] + wpe[t], which PyTorch runs
 #   as a position index, two gathers and an add, and backward as two zeroed tables, two scatter-adds and
@@ -792,10 +793,10 @@ if len(ktable):
 #   launched while the one before it still runs: its programs wait on the GPU (`griddepcontrol.wait`) until that
 #   kernel's writes are visible, then go on. Every kernel of ours waits first thing, before any load or store
 #   (`kernels/pdl.py`), so the results are the same bit for bit; what can change is the gap between kernels. cuBLAS's
-#   GEMMs between them are launched as before. The step got slower, not faster (the table below). A likely reading,
-#   not measured apart: a kernel's programs launched early sit on the SMs waiting, and in this step those SMs are
-#   wanted by the weight-gradient GEMMs and the attention kernel of the other stream, which run beside the main
-#   stream's chain.
+#   GEMMs between them are launched as before. The FastTransformer's step got slower, not faster, and GPT-2's did
+#   not change beyond the spread (the table below). A likely reading of the slowdown, not measured apart: a
+#   kernel's programs launched early sit on the SMs waiting, and in this step those SMs are wanted by the
+#   weight-gradient GEMMs and the attention kernel of the other stream, which run beside the main stream's chain.
 # * `pdl-exit` (`programmatic_launch` with `programmatic_trigger='exit'`; lost its trial too: an option, off) tested
 #   that reading: the same launches, but no kernel of ours signals early (`griddepcontrol.launch_dependents`), so the
 #   next kernel is launched only as each one's programs end, by the implicit trigger at a program's exit, and takes
