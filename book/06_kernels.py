@@ -833,9 +833,10 @@ display(Markdown(option_trials.unmeasured_text(cand_rows)))
 # kernel and try each tile on the dK/dV kernel), and
 # the residual-norm backward's grid (rows per tile, programs per SM;
 # `benchmarks/kernels/norm_bwd_grid_dev.py`). Each variant is checked against the
-# fp64 reference, then timed in a CUDA graph; below, each sweep's fastest variants and the default,
-# and whether the fastest differs from the default by more than the spread of the replays. Only such
-# a difference goes on trial in the engine, where the whole step decides.
+# fp64 reference, then timed in a CUDA graph; below, each sweep's fastest variants, the launcher's default
+# and the variant the engine runs (`the engine's`), and whether the fastest differs from the default by more
+# than the spread of the replays. Only such a difference goes on trial in the engine, where the whole step
+# decides.
 
 # %%
 sweep_tab = sweeps.sweep_table(krows)

@@ -49,6 +49,12 @@ def test_a_win_is_called_only_beyond_the_spread():
     assert "within the spread" in sweeps.sweep_findings(close)[0]
     table = sweeps.sweep_table.rows(rows, top=1)
     assert [(r["variant"], r["rank"]) for r in table] == [("atomic 8 rows 4/SM", 1), (base, 2)]  # top 1 + default
+    assert [r["the engine's"] for r in table] == [True, False]  # the engine's grid, not the launcher's, is marked
+    # The engine's grid is shown wherever it ranks, beside the top and the launcher's default.
+    slow = [_row("norm_bwd_grid", base, 24.0), _row("norm_bwd_grid", "atomic 4 rows 2/SM", 21.0),
+            _row("norm_bwd_grid", "atomic 8 rows 4/SM", 30.0)]
+    assert [r["variant"] for r in sweeps.sweep_table.rows(slow, top=1)] == ["atomic 4 rows 2/SM", base,
+                                                                            "atomic 8 rows 4/SM"]
 
 
 def test_each_pass_has_its_own_default_and_the_newest_run_counts():
@@ -57,8 +63,9 @@ def test_each_pass_has_its_own_default_and_the_newest_run_counts():
             _row("attention_tiles", "bwd 64x64 w4 s2", 45.0, pass_="bwd"),
             _row("attention_tiles", "bwd 128x64 w4 s2", 49.0, pass_="bwd")]
     text = sweeps.sweep_findings(rows)
-    assert text[0].startswith("H200, attention tiles (bwd), 2 variants: the default, bwd 64x64 w4 s2, is the fastest")
-    assert "(fwd), 1 variants: the default, fwd 64x64 w4 s2, is the fastest (18.0 µs" in text[1]
+    assert text[0].startswith("H200, attention tiles (bwd), 2 variants: the launcher's default, bwd 64x64 w4 s2, is "
+                              "the fastest")
+    assert "(fwd), 1 variants: the launcher's default, fwd 64x64 w4 s2, is the fastest (18.0 µs" in text[1]
     assert sweeps.sweep_findings([]) == [] and sweeps.sweep_table.rows([]) == []
 
 
@@ -70,7 +77,8 @@ def test_the_explicit_tile_sweep_is_read_per_pass_and_precision():
     text = sweeps.sweep_findings(rows)
     assert len(text) == 2  # one per precision: bf16's default is fastest, tf32's is beaten beyond the spread
     bf16, tf32 = text
-    assert "explicit-attention tiles (fwd bf16), 2 variants: the default, fwd 64x64 w4 s2, is the fastest" in bf16
+    assert ("explicit-attention tiles (fwd bf16), 2 variants: the launcher's default, fwd 64x64 w4 s2, is the "
+            "fastest") in bf16
     assert "fastest fwd 128x64 w8 s2 at 40.0 µs" in tf32 and "worth a trial in the engine" in tf32
     assert sweeps.engine_choice("explicit_tiles", "fwd tf32") is None  # the engine leaves the launchers' tiles
 
