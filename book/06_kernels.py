@@ -183,7 +183,7 @@ else:
 # `run` column names it: the run's id, or for rows stored without one, the commit and day of the
 # driver's run. `vs compile` and `vs PyTorch` are the other's time over Triton's (above 1: the kernel is
 # faster); where that run timed no such variant the cell is "–", since a time from another run is never
-# divided into it. The kernels the engine runs come first, then the GEMM kernels it leaves off.
+# divided into it.
 # Under the figure, every variant (eager and in a graph, its rate against the measured ceilings, its
 # run) is in the collapsed table; rows with a status other than ok say why in `note`.
 
