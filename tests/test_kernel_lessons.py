@@ -129,3 +129,10 @@ def test_an_ablation_line_sets_the_step_without_the_piece_against_the_compiled_s
     assert "(not timed in FastTransformer bf16, whose run had no such case)" in line
     (line,) = [x for x in kl._ablation_lines(rows, "h200") if "(-attention)" in x]
     assert "+1.80 ms (+90%)" in line  # no compiled step known: the delta alone
+    # The norm kernel's line, and a first line that names both runs the ablations came from.
+    for r in rows[2:]:
+        r["run_id"] = "r2"
+    lines = kl._ablation_lines(rows, "h200")
+    assert lines[0].endswith("(the engine's ablations, from 2 runs, each against the default engine of its own run; "
+                             "the notes under the table of what each kernel buys name which)")
+    assert any(x.startswith("switching off the RMSNorm kernel (and with it the residual adds") for x in lines)

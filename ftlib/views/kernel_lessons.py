@@ -115,7 +115,9 @@ def _ablation_lines(engine_rows: list[dict[str, Any]], device: str,
     deltas = [d for d in ev.kernel_deltas.rows(engine_rows) if d["device"] == device]
     what = {"uncaptured": "the whole step in one CUDA graph", "no-kernels": "all of our kernels together",
             "-fused-softmax": "GPT-2's fused softmax (and with it the products fused around it)",
-            "-attention": "the fused attention kernel"}
+            "-attention": "the fused attention kernel",
+            "-rmsnorm": "the RMSNorm kernel (and with it the residual adds and weight-gradient sums fused into it)",
+            "-layernorm": "the LayerNorm kernel (and with it the residual adds and gradient sums fused into it)"}
     cases = dict.fromkeys((d["model"], d["precision"]) for d in deltas)  # each default engine with ablations
     lines = []
     for variant, text in what.items():
@@ -135,9 +137,12 @@ def _ablation_lines(engine_rows: list[dict[str, Any]], device: str,
                          + (f" (left out: {', '.join(same)}, whose engine did not run it, so nothing was "
                             "switched off)" if same else "")
                          + (f" (not timed in {and_list(untimed)}, whose run had no such case)" if untimed else ""))
+    runs = sorted({d["run"] for d in deltas if d["variant"] in what})
     if lines:
-        lines[0] += (f" (the engine's ablations, from the run of {deltas[0]['run']}, each against the default "
-                     "engine of that run)")
+        lines[0] += (f" (the engine's ablations, from the run of {runs[0]}, each against the default engine of that "
+                     "run)" if len(runs) == 1 else
+                     f" (the engine's ablations, from {len(runs)} runs, each against the default engine of its own "
+                     "run; the notes under the table of what each kernel buys name which)")
     return lines
 
 
