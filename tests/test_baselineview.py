@@ -258,7 +258,7 @@ def test_the_step_time_figure_names_each_engine_bar_with_fewer_runs():
     late = [c for c in CASES if not (c.label == "gpt2" and c.mode == "eager")]
     mixed = bv.load(CASES, rows=run_rows("r5", "m4", {}, cases=late) + run_rows("r6", "m5", {}))
     title = br.config_figure(mixed, dev, prec).layout.title.text
-    assert "median over each bar's runs (1–2) (the engine bars over fewer: " in title, title
+    assert "median over each bar's runs, 1–2 (the engine bars over fewer: " in title, title
     fewer = [c for c in CASES if not (c.label == "gpt2" and c.mode == "eager")]  # a suite without GPT-2 eager
     gap = br.config_figure(bv.load(fewer, rows=run_rows("r4", "m3", {}, cases=fewer)), dev, prec).layout.title.text
     assert "a missing bar: no run here measured that model in that configuration" in gap, gap

@@ -160,7 +160,7 @@ def config_figure(df: pd.DataFrame, device: str, precision: str, labels: Sequenc
     rest = tab[~tab["config"].str.startswith("engine")]  # the compiled and eager bars (not any engine's)
     # Configurations added to the suite later have fewer runs than the first ones: the subtitle gives the range.
     lo, hi = (int(rest["runs"].min()), int(rest["runs"].max())) if not rest.empty else (0, 0)
-    runs = f"median of {hi} run{'s' * (hi != 1)}" if lo == hi else f"median over each bar's runs ({lo}–{hi})"
+    runs = f"median of {hi} run{'s' * (hi != 1)}" if lo == hi else f"median over each bar's runs, {lo}–{hi}"
     # Runs that measured an earlier engine count for the compiled bars, not for the current engine: each model's
     # engine bar whose run count differs says its own.
     own = [f"{model_title(label)}'s {int(n)}" for label, n in zip(eng["label"], eng["runs"])
