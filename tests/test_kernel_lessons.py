@@ -136,3 +136,30 @@ def test_an_ablation_line_sets_the_step_without_the_piece_against_the_compiled_s
     assert lines[0].endswith("(the engine's ablations, from 2 runs, each against the default engine of its own run; "
                              "the notes under the table of what each kernel buys name which)")
     assert any(x.startswith("switching off the RMSNorm kernel (and with it the residual adds") for x in lines)
+
+
+def test_the_lead_holder_is_the_piece_whose_loss_slows_the_current_engine_most():
+    """Per model and precision of the current engine's ablations, the piece without which the step is slowest,
+    beside the compiled step; an ablation of an earlier engine, or a case with no compiled step, says nothing."""
+    import dataclasses
+
+    from ftlib.training.engine.options import EngineOptions
+    from ftlib.views.engine_config import TRIAL_WINNERS
+
+    today = {n: v for n, v in dataclasses.asdict(EngineOptions()).items() if n in TRIAL_WINNERS}
+
+    def row(label, ms, prec):
+        return {"device_slug": "h200", "label": label, "preset": "fasttransformer", "precision": prec,
+                "mode": "engine", "median_ms": ms, "p20_ms": ms - 0.01, "p80_ms": ms + 0.01, "B": 32, "T": 256,
+                "run_id": "r1", "date": "2026-01-01", "commit": "c1",
+                "engine": {**today, "kernels": ["rmsnorm"] if label == "fasttransformer" else []}}  # a variant's differ
+
+    rows = [row("fasttransformer", 1.2, "bf16"), row("fasttransformer -rmsnorm", 2.9, "bf16"),
+            row("fasttransformer -attention", 1.5, "bf16"), row("fasttransformer uncaptured", 30.0, "bf16"),
+            row("fasttransformer", 2.0, "tf32"), row("fasttransformer -attention", 3.8, "tf32")]
+    text = kl.lead_holder(rows, "h200", {("FastTransformer", "bf16"): 1.76})
+    assert text.endswith("engine table above: FastTransformer bf16, the fused RMSNorm kernel: 2.90 ms without it, "
+                         "against 1.76 ms.")  # not the graph (uncaptured), and tf32 has no compiled step here
+    assert kl.lead_holder(rows, "h200", {}) is None
+    earlier = [{**r, "engine": {**today, "grad_into_buffer": False}} for r in rows]  # an earlier engine's
+    assert kl.lead_holder(earlier, "h200", {("FastTransformer", "bf16"): 1.76}) is None

@@ -13,6 +13,7 @@ import pandas as pd
 from ftlib.views import engine as ev
 from ftlib.views import ledger as lv
 from ftlib.views.bench import gpu_label, model_title
+from ftlib.views.engine_config import TODAY
 from ftlib.views.engine_findings import engine_results
 from ftlib.views.kernels import GEMM_OPS, KERNEL_TABLE_OPS, OP_NAMES, case_label, row_impl, run_of
 from ftlib.views.per_run import and_list, span_text
@@ -144,6 +145,35 @@ def _ablation_lines(engine_rows: list[dict[str, Any]], device: str,
                      f" (the engine's ablations, from {len(runs)} runs, each against the default engine of its own "
                      "run; the notes under the table of what each kernel buys name which)")
     return lines
+
+
+# The pieces whose ablation says where the engine's lead sits (switching off the graph or every kernel at once
+# says only that the whole is needed), in words for pages that do not define the variants.
+PIECES = {"-attention": "the attention kernel", "-rmsnorm": "the fused RMSNorm kernel",
+          "-layernorm": "the fused LayerNorm kernel", "-fused-softmax": "the fused softmax and its products"}
+
+
+def lead_holder(engine_rows: Iterable[dict[str, Any]], device: str,
+                compiled: dict[tuple[str, str], float] | None = None) -> str | None:
+    """A sentence, per model and precision of the current engine's ablations on ``device``: the one piece
+    (:data:`PIECES`) without which its step is slowest, that step against the strongest compiled step
+    (``compiled``: (model title, precision) -> its median over the runs of the engine's table, read from the
+    stored rows where not given). None where no case has both."""
+    compiled = _engine_lines(device)[3] if compiled is None else compiled
+    deltas = [d for d in ev.kernel_deltas.rows(list(engine_rows)) if d["device"] == device and d["variant"] in PIECES
+              and d["changes the step"] is not False and d["engine"] == TODAY]
+    parts = []
+    for model, prec in dict.fromkeys((d["model"], d["precision"]) for d in deltas):
+        ms = compiled.get((model_title(model), prec))
+        if ms:
+            d = max((d for d in deltas if (d["model"], d["precision"]) == (model, prec)), key=lambda d: d["ms"])
+            parts.append(f"{model_title(model)} {prec}, {PIECES[d['variant']]}: {d['ms']:.2f} ms without it, "
+                         f"against {ms:.2f} ms")
+    if not parts:
+        return None
+    return (f"Where the current engine's lead sits on the {gpu_label(device)}: switching off one piece at a time "
+            "(chapter 6's ablations), the piece whose loss slows the step most, and the step without it against "
+            "the strongest compiled step's median in the engine table above: " + "; ".join(parts) + ".")
 
 
 def _buffer_lines(candidate_rows: list[dict[str, Any]], device: str) -> list[str]:
