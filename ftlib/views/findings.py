@@ -68,15 +68,17 @@ def additions(device: str = "h200", runs: pd.DataFrame | None = None) -> list[st
     """What the book measured beyond the post besides the engine's table, one sentence each; ``runs``:
     :func:`ftlib.views.engine_findings.device_runs`."""
     runs = ef.device_runs(device) if runs is None else runs
-    return [s for s in (*ef.engine_notes(device, runs), _lead(device), ef.weaker_set(device), _speedrun(device)) if s]
+    return [s for s in (*ef.engine_notes(device, runs), _lead(device, runs), ef.weaker_set(device),
+                        _speedrun(device)) if s]
 
 
-def _lead(device: str) -> str | None:
-    """Where the current engine's lead sits on ``device``, by its ablations (chapter 6's closing says more)."""
+def _lead(device: str, runs: pd.DataFrame) -> str | None:
+    """Where the current engine's lead sits on ``device``, by its ablations (chapter 6's closing says more), against
+    the compiled steps of ``runs`` (:func:`ftlib.views.engine_findings.device_runs`, already loaded)."""
     from ftlib.views.bench import ok_rows
-    from ftlib.views.kernel_lessons import lead_holder
+    from ftlib.views.kernel_lessons import compiled_ms, lead_holder
 
-    return lead_holder(ok_rows("engine"), device)
+    return lead_holder(ok_rows("engine"), device, compiled_ms(ef.engine_results(device, runs)))
 
 
 def _speedrun(device: str) -> str | None:
@@ -187,7 +189,7 @@ def markdown(device: str = "h200") -> str:
         lines += ["", adds]
     for dev in ef.other_devices(device):
         dev_runs = ef.device_runs(dev)
-        notes = [s for s in (*ef.engine_notes(dev, dev_runs), _lead(dev)) if s]
+        notes = [s for s in (*ef.engine_notes(dev, dev_runs), _lead(dev, dev_runs)) if s]
         lines += ["", ef.other_device_intro(dev, device, dev_runs), ""] + _md_table(ef.engine_results(dev, dev_runs))
         lines += ["", "\n".join(f"- {n}" for n in notes)] if notes else []
     gaps = unmeasured_markdown(device)

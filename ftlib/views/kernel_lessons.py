@@ -79,7 +79,6 @@ def _engine_lines(device: str) -> tuple[list[str], list[str], list[str], dict[tu
     for a verdict; and the strongest compiled step's ms by (model, precision)."""
     tab = engine_results(device)
     lines, faster, tentative = [], [], []
-    compiled = {(e["model"], e["precision"]): float(e["its ms"]) for _, e in tab.iterrows()}
     for _, e in tab.iterrows():
         engine = "the " + e["engine"] if e["engine"] == "current engine" else e["engine"]
         lines.append(f"{e['model']} {e['precision']} ({engine}): {e['engine speed-up']} against "
@@ -88,7 +87,13 @@ def _engine_lines(device: str) -> tuple[list[str], list[str], list[str], dict[tu
             faster.append(f"{e['model']} {e['precision']}")
         elif e["verdict"] == "too few runs" and float(str(e["engine speed-up"]).split("×")[0]) > 1:
             tentative.append(f"{e['model']} {e['precision']}")
-    return lines, faster, tentative, compiled
+    return lines, faster, tentative, compiled_ms(tab)
+
+
+def compiled_ms(engine_table: pd.DataFrame) -> dict[tuple[str, str], float]:
+    """(model title, precision) -> the strongest compiled step's ms (its median over the runs of the line) of an
+    :func:`ftlib.views.engine_findings.engine_results` table."""
+    return {(e["model"], e["precision"]): float(e["its ms"]) for _, e in engine_table.iterrows()}
 
 
 def _engine_sentence(faster: list[str], tentative: list[str]) -> str:
@@ -159,7 +164,7 @@ def lead_holder(engine_rows: Iterable[dict[str, Any]], device: str,
     (:data:`PIECES`) without which its step is slowest, that step against the strongest compiled step
     (``compiled``: (model title, precision) -> its median over the runs of the engine's table, read from the
     stored rows where not given). None where no case has both."""
-    compiled = _engine_lines(device)[3] if compiled is None else compiled
+    compiled = compiled_ms(engine_results(device)) if compiled is None else compiled
     deltas = [d for d in ev.kernel_deltas.rows(list(engine_rows)) if d["device"] == device and d["variant"] in PIECES
               and d["changes the step"] is not False and d["engine"] == TODAY]
     parts = []
